@@ -1,0 +1,270 @@
+"""Every event PAI publishes on the bus, declared once.
+
+Each event is a frozen `msgspec.Struct` tagged with its `Kind` (the subject
+middle), so one typed decoder per subject decodes it and handlers `match` on the
+class. Every event carries:
+
+- `id`: deterministic (`job/attempt/kind/...`), used as `Nats-Msg-Id` so a
+  retried publish is deduplicated by JetStream and a redelivered one is
+  recognised by idempotent handlers;
+- `job`: the job id `user~name` (node and alert events carry what they are about);
+- `cause`: the id of the event that led to this one ("" for user actions);
+- `at`: wall-clock seconds when the fact happened.
+
+Evolution: new fields get defaults; no field changes type; a breaking change is a
+new subject version (see libs.common.subjects).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Union
+
+import msgspec
+
+from libs.common.protocol.model import JobSpec
+from libs.common.subjects import Kind, alert_subject, job_subject, node_subject
+
+
+class JobState(StrEnum):
+    """OpenPAI's job states."""
+
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
+
+
+class TaskState(StrEnum):
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+class Reaction(StrEnum):
+    """What the launcher does with a failed task (OpenPAI exit spec)."""
+
+    ALWAYS_RETRY = "ALWAYS_RETRY"  # retry, not counted against jobRetryCount
+    ALWAYS_BACKOFF_RETRY = "ALWAYS_BACKOFF_RETRY"  # same, after a growing delay
+    RETRY_TO_MAX = "RETRY_TO_MAX"  # retry while the budget lasts
+    NEVER_RETRY = "NEVER_RETRY"  # fail now, whatever the budget
+
+
+class ExitSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """The explanation of one exit, shaped like OpenPAI's exit spec."""
+
+    code: int
+    phrase: str
+    issuer: str = ""
+    causer: str = ""
+    type: str = ""
+    stage: str = ""
+    behavior: str = ""
+    reaction: Reaction = Reaction.RETRY_TO_MAX
+    reason: str = ""
+    repro: list[str] = []
+    solution: list[str] = []
+
+
+class TaskPlacement(msgspec.Struct, frozen=True, kw_only=True):
+    """Where one task instance runs."""
+
+    role: str
+    index: int
+    node: str
+    hostIp: str = "127.0.0.1"
+    gpus: list[int] = []  # physical GPU indices on the node -> CUDA_VISIBLE_DEVICES
+    leafCells: list[str] = []  # cell addresses, for recovery and display
+    skuType: str = ""
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    id: str
+    job: str
+    cause: str = ""
+    at: float = 0.0
+
+
+# --- rest -------------------------------------------------------------------
+
+
+class JobSubmitted(Event, kw_only=True, frozen=True, tag=Kind.JOB_SUBMITTED.value):
+    spec: JobSpec
+
+
+class StopRequested(Event, kw_only=True, frozen=True, tag=Kind.JOB_STOP_REQUESTED.value):
+    vc: str
+    by: str
+
+
+# --- scheduler --------------------------------------------------------------
+
+
+class JobPlaced(Event, kw_only=True, frozen=True, tag=Kind.JOB_PLACED.value):
+    vc: str
+    attempt: int
+    tasks: list[TaskPlacement]
+    # The placement of only some tasks (gangAllocation: false); more follow.
+    partial: bool = False
+
+
+class JobWaiting(Event, kw_only=True, frozen=True, tag=Kind.JOB_WAITING.value):
+    vc: str
+    attempt: int
+    reason: str
+
+
+class PreemptRequested(Event, kw_only=True, frozen=True, tag=Kind.JOB_PREEMPT.value):
+    vc: str
+    attempt: int
+    by: str  # the job that needs the cells
+    reason: str = ""
+
+
+# --- launcher ---------------------------------------------------------------
+
+
+class JobStateChanged(Event, kw_only=True, frozen=True, tag=Kind.JOB_STATE.value):
+    vc: str
+    user: str
+    attempt: int
+    state: JobState
+    previous: JobState | None = None
+    exitCode: int | None = None
+    exitSpec: ExitSpec | None = None
+    # Seconds from submission to this state (for the submit-to-running histogram).
+    sinceSubmit: float | None = None
+
+
+class JobReleased(Event, kw_only=True, frozen=True, tag=Kind.JOB_RELEASED.value):
+    """The launcher no longer uses the cells of this attempt."""
+
+    vc: str
+    attempt: int
+    # Queue the job again as attempt `attempt + 1` (retry or preemption).
+    requeue: bool = False
+
+
+class TaskStarted(Event, kw_only=True, frozen=True, tag=Kind.TASK_STARTED.value):
+    vc: str
+    attempt: int
+    role: str
+    index: int
+    taskAttempt: int = 0
+    node: str = ""
+
+
+class TaskExited(Event, kw_only=True, frozen=True, tag=Kind.TASK_EXITED.value):
+    vc: str
+    attempt: int
+    role: str
+    index: int
+    taskAttempt: int = 0
+    exitCode: int
+    signal: int | None = None
+    # What the platform saw (e.g. "OOMKilled", "Evicted", "NodeLost", "Stopped",
+    # "Preempted"), matched by platform-log rules.
+    platformReason: str = ""
+    platformMessage: str = ""
+    userLogTail: str = ""  # at most the last 64 KiB of the task's output
+    logPath: str = ""
+    memoryPeakMB: int | None = None
+
+
+class TaskVerdict(Event, kw_only=True, frozen=True, tag=Kind.TASK_VERDICT.value):
+    vc: str
+    attempt: int
+    role: str
+    index: int
+    taskAttempt: int = 0
+    exitCode: int
+    spec: ExitSpec
+    diagnostics: list[str] = []  # the log lines that matched
+
+
+# --- monitor ----------------------------------------------------------------
+
+
+class NodeStatus(Event, kw_only=True, frozen=True, tag=Kind.NODE_STATUS.value):
+    node: str
+    healthy: bool
+    reason: str = ""
+
+
+class AlertFiring(Event, kw_only=True, frozen=True, tag=Kind.ALERT_FIRING.value):
+    rule: str
+    severity: str = "warning"
+    summary: str = ""
+    labels: dict[str, str] = {}
+
+
+class AlertResolved(Event, kw_only=True, frozen=True, tag=Kind.ALERT_RESOLVED.value):
+    rule: str
+    summary: str = ""
+    labels: dict[str, str] = {}
+
+
+AnyEvent = Union[
+    JobSubmitted,
+    StopRequested,
+    JobPlaced,
+    JobWaiting,
+    PreemptRequested,
+    JobStateChanged,
+    JobReleased,
+    TaskStarted,
+    TaskExited,
+    TaskVerdict,
+    NodeStatus,
+    AlertFiring,
+    AlertResolved,
+]
+
+EVENT_TYPES: dict[Kind, type[Event]] = {
+    Kind(t.__struct_config__.tag): t for t in AnyEvent.__args__  # type: ignore[attr-defined]
+}
+
+
+def subject_of(event: Event) -> str:
+    kind = Kind(event.__struct_config__.tag)
+    match event:
+        case NodeStatus(node=node):
+            return node_subject(kind, node)
+        case AlertFiring(rule=rule) | AlertResolved(rule=rule):
+            return alert_subject(kind, rule)
+        case JobSubmitted(spec=spec):
+            return job_subject(kind, spec.virtualCluster, event.job)
+        case _:
+            return job_subject(kind, event.vc, event.job)  # type: ignore[attr-defined]
+
+
+def task_event_id(job: str, attempt: int, role: str, index: int, task_attempt: int, what: str) -> str:
+    return f"{job}/{attempt}/{role}/{index}/{task_attempt}/{what}"
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+def encode(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode(data: bytes) -> AnyEvent:
+    """Decode any event; raises msgspec.ValidationError/DecodeError on bad input."""
+    return _decoder.decode(data)
+
+
+def decoder_for(*types: type[Event]) -> msgspec.json.Decoder:
+    """A decoder that accepts only the given event types (one per consumer)."""
+    if len(types) == 1:
+        return msgspec.json.Decoder(types[0])
+    return msgspec.json.Decoder(Union[types])  # type: ignore[valid-type]

@@ -1,0 +1,82 @@
+"""Every NATS subject, stream and KV bucket name of PAI, declared once.
+
+Job events are published on `pai.v1.<entity>.<event>.<vc>.<user>.<job>` so an
+integrator can filter by kind, VC, user and job with wildcards, e.g.
+`pai.v1.job.*.vc1.>` (every job event of vc1) or `pai.v1.*.*.*.alice.>`.
+Node and alert events use `pai.v1.node.<event>.<node>` and
+`pai.v1.alert.<event>.<rule>`.
+
+Versioning: a breaking change to a message is a new `pai.v2...` subject.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from libs.common.ids import node_token, split_job_id
+
+PREFIX = "pai.v1"
+STREAM = "PAI_EVENTS"
+STREAM_SUBJECTS = [f"{PREFIX}.>"]
+
+
+class Kind(StrEnum):
+    """`<entity>.<event>` of every event; the value is the subject middle."""
+
+    JOB_SUBMITTED = "job.submitted"
+    JOB_STOP_REQUESTED = "job.stop_requested"
+    JOB_PLACED = "job.placed"
+    JOB_WAITING = "job.waiting"
+    JOB_PREEMPT = "job.preempt"
+    JOB_STATE = "job.state"
+    JOB_RELEASED = "job.released"
+    TASK_STARTED = "task.started"
+    TASK_EXITED = "task.exited"
+    TASK_VERDICT = "task.verdict"
+    NODE_STATUS = "node.status"
+    ALERT_FIRING = "alert.firing"
+    ALERT_RESOLVED = "alert.resolved"
+
+
+def job_subject(kind: Kind, vc: str, job: str) -> str:
+    user, name = split_job_id(job)
+    return f"{PREFIX}.{kind.value}.{vc}.{user}.{name}"
+
+
+def node_subject(kind: Kind, node: str) -> str:
+    return f"{PREFIX}.{kind.value}.{node_token(node)}"
+
+
+def alert_subject(kind: Kind, rule: str) -> str:
+    return f"{PREFIX}.{kind.value}.{node_token(rule)}"
+
+
+def kind_filter(kind: Kind) -> str:
+    """Every event of one kind, whatever VC, user, job or node."""
+    return f"{PREFIX}.{kind.value}.>"
+
+
+def kind_of(subject: str) -> Kind:
+    parts = subject.split(".")
+    return Kind(f"{parts[2]}.{parts[3]}")
+
+
+class Bucket(StrEnum):
+    """KV buckets; each has exactly one writing service (see DESIGN.md)."""
+
+    JOBS = "pai_jobs"  # rest: the submitted job (spec + raw config), key user.name
+    USERS = "pai_users"  # rest: users and their token hashes
+    JOB_STATUS = "pai_job_status"  # launcher: lifecycle document per job
+    SCHEDULE = "pai_schedule"  # scheduler: placement or waiting reason per job
+    CLUSTER = "pai_cluster"  # scheduler: VC and node view for the API
+    RULES = "pai_rules"  # runtime: failure rules changed at run time
+    NODES = "pai_nodes"  # monitor: latest node sample and health
+    LEASES = "pai_leases"  # single-active services: leader lease
+
+
+# Durable consumer names, one per consuming service.
+class Durable(StrEnum):
+    SCHEDULER = "scheduler"
+    LAUNCHER = "launcher"
+    RUNTIME = "runtime"
+    MONITOR = "monitor"
