@@ -1,0 +1,249 @@
+"""The JetStream bus: connection, idempotent bootstrap, deduplicated publish and a
+durable pull consumer implementing PAI's ack rules.
+
+Ack rules (DESIGN.md):
+- a handler returns normally        -> ack (its effect is durable by then);
+- it raises `errors.BadInput`, or the message does not decode -> term, reason logged;
+- it raises `errors.Transient` or a NATS timeout -> nak with a growing delay;
+- anything else is a bug: logged loudly, then re-raised so the process exits and
+  is restarted; the message is redelivered to the next incarnation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.kv import KeyValue
+
+from libs.common import telemetry
+from libs.common.errors import BadInput, Transient
+from libs.common.messages import AnyEvent, Event, decoder_for, encode, subject_of
+from libs.common.subjects import STREAM, STREAM_SUBJECTS, Bucket, Durable, Kind, kind_filter
+
+log = logging.getLogger("pai.bus")
+
+# JetStream drops a publish whose Nats-Msg-Id it saw within this window.
+DUPLICATE_WINDOW_SECONDS = 600.0
+# A message not acked within this time is redelivered (the handler died or hung).
+ACK_WAIT_SECONDS = 30.0
+NAK_DELAYS = (0.2, 1.0, 5.0, 15.0, 60.0)
+
+Handler = Callable[[AnyEvent], Awaitable[None]]
+
+
+class Bus:
+    """One NATS connection with its JetStream context and opened KV buckets."""
+
+    def __init__(self, nc: nats.NATS, name: str):
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.name = name
+        self._kv: dict[Bucket, KeyValue] = {}
+
+    @classmethod
+    async def connect(cls, url: str, *, name: str, connect_timeout: float = 30.0) -> Bus:
+        """Connect, retrying until NATS answers or `connect_timeout` passes.
+
+        NATS may be restarting (chaos, `pai up` resuming); once connected the
+        client reconnects by itself forever.
+        """
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            try:
+                nc = await nats.connect(
+                    url,
+                    name=name,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    connect_timeout=2,
+                    error_cb=_log_nats_error,
+                    disconnected_cb=_log_disconnected,
+                )
+                return cls(nc, name)
+            except (OSError, nats.errors.NoServersError, asyncio.TimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("NATS at %s not reachable yet (%s); retrying", url, exc)
+                await asyncio.sleep(0.3)
+
+    async def bootstrap(self) -> None:
+        """Create the event stream and every KV bucket; safe to run by every service at start."""
+        config = api.StreamConfig(
+            name=STREAM,
+            subjects=STREAM_SUBJECTS,
+            storage=api.StorageType.FILE,
+            retention=api.RetentionPolicy.LIMITS,
+            duplicate_window=DUPLICATE_WINDOW_SECONDS,
+            max_age=7 * 24 * 3600,
+        )
+        try:
+            await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError:
+            await self.js.update_stream(config)
+        for bucket in Bucket:
+            await self.kv(bucket)
+
+    async def kv(self, bucket: Bucket) -> KeyValue:
+        if bucket not in self._kv:
+            try:
+                self._kv[bucket] = await self.js.key_value(bucket.value)
+            except nats.js.errors.BucketNotFoundError:
+                try:
+                    self._kv[bucket] = await self.js.create_key_value(
+                        bucket=bucket.value, history=1, storage=api.StorageType.FILE
+                    )
+                except nats.js.errors.BadRequestError:  # another service created it first
+                    self._kv[bucket] = await self.js.key_value(bucket.value)
+        return self._kv[bucket]
+
+    async def publish(self, event: Event, *, attempts: int = 5) -> None:
+        """Publish with `Nats-Msg-Id = event.id`: a retried publish is stored once."""
+        headers = {"Nats-Msg-Id": event.id}
+        telemetry.inject(headers)
+        subject = subject_of(event)
+        data = encode(event)
+        for attempt in range(attempts):
+            try:
+                await self.js.publish(subject, data, headers=headers, timeout=5)
+                return
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
+                if attempt == attempts - 1:
+                    raise Transient(f"publish of {event.id} failed: {exc!r}") from exc
+                await asyncio.sleep(0.2 * (attempt + 1))
+
+    async def consume(
+        self,
+        durable: Durable,
+        kinds: Sequence[Kind],
+        types: Sequence[type[Event]],
+        handler: Handler,
+        *,
+        batch: int = 128,
+        stopping: asyncio.Event | None = None,
+    ) -> None:
+        """Run `handler` on every event of `kinds`, in stream order, until `stopping` is set.
+
+        Events are handled one at a time: the single-active services rely on order.
+        """
+        consumer = await self._pull_subscription(durable, kinds)
+        decoder = decoder_for(*types)
+        stopping = stopping or asyncio.Event()
+        while not stopping.is_set():
+            msgs = await _fetch(consumer, batch)
+            for msg in msgs:
+                await self._dispatch(msg, decoder, handler, durable)
+
+    async def _pull_subscription(self, durable: Durable, kinds: Sequence[Kind]) -> Any:
+        filters = [kind_filter(k) for k in kinds]
+        config = api.ConsumerConfig(
+            durable_name=durable.value,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=ACK_WAIT_SECONDS,
+            deliver_policy=api.DeliverPolicy.ALL,
+            max_ack_pending=10_000,
+            filter_subjects=filters if len(filters) > 1 else None,
+            filter_subject=filters[0] if len(filters) == 1 else None,
+        )
+        try:
+            await self.js.add_consumer(STREAM, config)
+        except nats.js.errors.BadRequestError:
+            # The consumer exists with another filter set (an upgrade added a kind).
+            await self.js.delete_consumer(STREAM, durable.value)
+            await self.js.add_consumer(STREAM, config)
+        return await self.js.pull_subscribe_bind(durable=durable.value, stream=STREAM)
+
+    async def _dispatch(self, msg: Msg, decoder: msgspec.json.Decoder, handler: Handler, durable: Durable) -> None:
+        try:
+            event = decoder.decode(msg.data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            log.error(
+                "terminating undecodable message",
+                extra={"subject": msg.subject, "consumer": durable.value, "error": str(exc)},
+            )
+            await msg.term()
+            return
+        with telemetry.span_from_headers(f"{durable.value} {msg.subject}", msg.headers, job=event.job):
+            try:
+                await handler(event)
+            except BadInput as exc:
+                log.error("terminating bad event %s: %s", event.id, exc.message, extra={"job": event.job})
+                await msg.term()
+                return
+            except (Transient, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
+                delivered = msg.metadata.num_delivered or 1
+                delay = NAK_DELAYS[min(delivered - 1, len(NAK_DELAYS) - 1)]
+                log.warning("retrying %s in %.1fs: %r", event.id, delay, exc, extra={"job": event.job})
+                await msg.nak(delay=delay)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("bug while handling %s; exiting so the service restarts", event.id, extra={"job": event.job})
+                raise
+        await msg.ack()
+
+    async def close(self) -> None:
+        try:
+            await self.nc.drain()
+        except Exception:  # closing after NATS vanished: nothing left to flush
+            await self.nc.close()
+
+
+async def _fetch(consumer: Any, batch: int) -> list[Msg]:
+    """Block until the next message.
+
+    One message per pull request: nats-py's batched fetch lingers until its
+    timeout once the first message is in (adding that timeout to every hop's
+    latency), and cutting it short can drop messages already on their way.
+    `batch` is kept for a future server-side no-wait batch pull.
+    """
+    try:
+        return [await consumer.fetch(1, timeout=5.0)][0]
+    except (nats.errors.TimeoutError, asyncio.TimeoutError):
+        return []
+
+
+async def get_json(kv: KeyValue, key: str, type_: type[Any]) -> tuple[Any, int] | None:
+    """Value and revision of a key, decoded as `type_`; None when absent or deleted."""
+    try:
+        entry = await kv.get(key)
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    if entry.value is None:
+        return None
+    return msgspec.json.decode(entry.value, type=type_), entry.revision or 0
+
+
+async def all_keys(kv: KeyValue) -> list[str]:
+    try:
+        return await kv.keys()
+    except nats.js.errors.NoKeysError:
+        return []
+
+
+async def load_all(kv: KeyValue, type_: type[Any]) -> dict[str, Any]:
+    """Every live value of a bucket, decoded; used by services rebuilding state at start."""
+    out: dict[str, Any] = {}
+    for key in await all_keys(kv):
+        got = await get_json(kv, key, type_)
+        if got is not None:
+            out[key] = got[0]
+    return out
+
+
+async def _log_nats_error(exc: Exception) -> None:
+    log.warning("NATS error: %r", exc)
+
+
+async def _log_disconnected() -> None:
+    log.warning("disconnected from NATS; reconnecting")

@@ -1,0 +1,85 @@
+"""PAI configuration: one flat Struct, read from a YAML file and then the environment.
+
+Precedence: defaults < file named by `PAI_CONFIG` (or passed explicitly) < `PAI_<FIELD>`
+environment variables (upper-case field name, e.g. `PAI_NATS_URL`, `PAI_REST_PORT`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from libs.common.errors import BadInput
+
+
+class Config(msgspec.Struct, kw_only=True, frozen=True):
+    nats_url: str = "nats://127.0.0.1:4222"
+    data_dir: str = ".pai"
+    # HiveD-format cluster file; empty: this machine as a one-node cluster.
+    cluster_file: str = ""
+    backend: str = "local"  # "local" or "kubernetes"
+    host: str = "127.0.0.1"
+    # HTTP ports (each service serves /healthz, /readyz, /metrics; rest also the API).
+    rest_port: int = 9186
+    scheduler_port: int = 9187
+    launcher_port: int = 9188
+    runtime_port: int = 9189
+    monitor_port: int = 9190
+    admin_user: str = "admin"
+    # Where `pai up` writes the admin token it created at first start.
+    admin_token_file: str = ""
+    # Seconds between SIGTERM and SIGKILL when a task is stopped or preempted.
+    grace_seconds: float = 10.0
+    task_log_cap_bytes: int = 64 * 1024 * 1024
+    node_sample_seconds: float = 10.0
+    rules_file: str = ""  # failure rules to load instead of the shipped defaults
+    smtp_host: str = ""
+    smtp_port: int = 25
+    mail_from: str = "pai@localhost"
+    admin_emails: str = ""  # comma-separated recipients of alert mail
+    alert_rules_file: str = ""
+    kube_namespace: str = "default"
+    kube_api_url: str = ""  # empty: in-cluster config or kubeconfig
+    log_level: str = "INFO"
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser()
+
+    @property
+    def token_path(self) -> Path:
+        return Path(self.admin_token_file).expanduser() if self.admin_token_file else self.data_path / "admin-token"
+
+    def port_of(self, service: str) -> int:
+        return int(getattr(self, f"{service}_port"))
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process load this same config."""
+        return {f"PAI_{k.upper()}": str(v) for k, v in msgspec.structs.asdict(self).items()}
+
+
+def load_config(path: str | Path | None = None, *, env: dict[str, str] | None = None, **overrides: Any) -> Config:
+    env = dict(os.environ if env is None else env)
+    values: dict[str, Any] = {}
+    path = path or env.get("PAI_CONFIG")
+    if path:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise BadInput(f"config file {path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise BadInput(f"config file {path}: expected a mapping at the top level")
+        values.update(loaded)
+    for field in msgspec.structs.fields(Config):
+        key = f"PAI_{field.name.upper()}"
+        if key in env:
+            values[field.name] = env[key]
+    values.update(overrides)
+    try:
+        return msgspec.convert(values, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        raise BadInput(f"configuration: {exc}") from exc

@@ -1,0 +1,202 @@
+"""Decode a submitted body into a plain document plus the line of every path.
+
+YAML is read with PyYAML's safe loader (JSON bodies with the json module); the
+composed node tree is kept just long enough to learn the line of each key, so
+that validation errors can point at a line of the user's file.
+"""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import yaml
+
+from libs.common.protocol.model import FieldError, ProtocolError
+from libs.common.protocol.paths import DocPath, format_path
+
+# The C loader is much faster on large documents; fall back when PyYAML was built without libyaml.
+_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+# Aliases let a small document expand into a huge one ("billion laughs"); anything
+# beyond this many nodes after expansion is not a job anybody writes by hand.
+MAX_EXPANDED_NODES = 200_000
+
+YAML_TYPES = frozenset({"text/yaml", "application/yaml", "application/x-yaml", "text/x-yaml"})
+JSON_TYPES = frozenset({"application/json"})
+# No content type, or a plain-text one, is read as YAML (YAML also reads JSON).
+LENIENT_TYPES = frozenset({"", "text/plain", "application/octet-stream"})
+
+
+class Document(msgspec.Struct, frozen=True, kw_only=True):
+    data: dict
+    lines: dict[DocPath, int]
+
+    def line_of(self, path: DocPath) -> int | None:
+        """The line of `path`, or of its nearest ancestor that has one."""
+        while path:
+            line = self.lines.get(path)
+            if line is not None:
+                return line
+            path = path[:-1]
+        return None
+
+
+def media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def load_document(body: bytes | str, content_type: str | None) -> Document:
+    """Raises ProtocolError (path "$") for bodies that are not one YAML/JSON mapping."""
+    kind = media_type(content_type)
+    is_json = kind in JSON_TYPES or kind.endswith("+json")
+    if not is_json and kind not in YAML_TYPES and kind not in LENIENT_TYPES and not kind.endswith("+yaml"):
+        _fail("content_type", f"content type {kind!r} is not supported; send text/yaml or application/json")
+    text = _decode_text(body)
+    if is_json:
+        data = _load_json(text)
+        lines, duplicates = _lines_or_nothing(text)
+    else:
+        data, lines, duplicates = _load_yaml(text)
+    if duplicates:
+        raise ProtocolError(duplicates)
+    if data is None:
+        _fail("required", "the job document is empty")
+    if not isinstance(data, dict):
+        _fail("type", f"the job document must be a mapping, not {type_name(data)}")
+    return Document(data=data, lines=lines)
+
+
+def type_name(value: object) -> str:
+    match value:
+        case bool():
+            return "a boolean"
+        case int() | float():
+            return "a number"
+        case str():
+            return "a string"
+        case list():
+            return "a list"
+        case dict():
+            return "a mapping"
+        case None:
+            return "null"
+        case _:
+            return f"a {type(value).__name__}"
+
+
+def _fail(rule: str, message: str, line: int | None = None) -> None:
+    raise ProtocolError([FieldError(path="$", rule=rule, message=message, line=line)])
+
+
+def _decode_text(body: bytes | str) -> str:
+    if isinstance(body, str):
+        return body
+    try:
+        return body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        _fail("encoding", f"the job document is not valid UTF-8 (byte {exc.start})")
+    raise AssertionError("unreachable")
+
+
+def _load_json(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        _fail("json_syntax", f"JSON syntax error: {exc.msg} (column {exc.colno})", exc.lineno)
+    except RecursionError:
+        _fail("too_complex", "the job document is nested too deeply")
+    raise AssertionError("unreachable")
+
+
+def _load_yaml(text: str) -> tuple[object, dict[DocPath, int], list[FieldError]]:
+    loader = _YamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}, []
+        _check_expansion(node)
+        lines, duplicates = _walk_lines(node)
+        return loader.construct_document(node), lines, duplicates
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        # Only the problem text: a snippet of the document could hold a secret.
+        problem = exc.problem or exc.context or "invalid YAML"
+        line = mark.line + 1 if mark is not None else None
+        where = f" (line {line}, column {mark.column + 1})" if mark is not None else ""
+        _fail("yaml_syntax", f"YAML syntax error: {problem}{where}", line)
+    except yaml.YAMLError as exc:
+        _fail("yaml_syntax", f"YAML syntax error: {type(exc).__name__}")
+    except RecursionError:
+        _fail("too_complex", "the job document is nested too deeply")
+    finally:
+        loader.dispose()
+    raise AssertionError("unreachable")
+
+
+def _lines_or_nothing(text: str) -> tuple[dict[DocPath, int], list[FieldError]]:
+    """Lines for a JSON body: JSON is (nearly always) YAML, so reuse the YAML walk."""
+    loader = _YamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        return _walk_lines(node) if node is not None else ({}, [])
+    except (yaml.YAMLError, RecursionError):
+        return {}, []
+    finally:
+        loader.dispose()
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    sizes: dict[int, int] = {}
+    in_progress: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in in_progress:
+            _fail("too_complex", "the job document refers to itself through an alias", node.start_mark.line + 1)
+        in_progress.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(item) for item in node.value)
+        if total > MAX_EXPANDED_NODES:
+            _fail("too_complex", f"the job document expands to more than {MAX_EXPANDED_NODES} values through aliases")
+        in_progress.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root)
+
+
+def _walk_lines(root: yaml.Node) -> tuple[dict[DocPath, int], list[FieldError]]:
+    lines: dict[DocPath, int] = {}
+    duplicates: list[FieldError] = []
+    seen: set[int] = set()
+
+    def walk(node: yaml.Node, path: DocPath) -> None:
+        if id(node) in seen:  # an alias: its lines were recorded where it was defined
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys_here: set[str] = set()
+            for key_node, value_node in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.start_mark)
+                child = (*path, key)
+                line = key_node.start_mark.line + 1
+                if key in keys_here and key != "<<":
+                    duplicates.append(FieldError(path=format_path(child), rule="duplicate_key",
+                                                 message=f"key {key!r} appears more than once", line=line))
+                keys_here.add(key)
+                lines.setdefault(child, line)
+                walk(value_node, child)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                child = (*path, index)
+                lines.setdefault(child, item.start_mark.line + 1)
+                walk(item, child)
+
+    walk(root, ())
+    return lines, duplicates

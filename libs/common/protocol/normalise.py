@@ -1,0 +1,85 @@
+"""Turn a valid job document into the JobSpec every service reads.
+
+Runs only after validation found no error, so it may index without checking.
+Defaults are the protocol's where it has one (instances 1, retries 0,
+completion 1 / -1, gangAllocation true) and the JobSpec model's otherwise
+(a missing resourcePerInstance field: cpu 1, memoryMB 1024, gpu 0).
+"""
+
+from __future__ import annotations
+
+from libs.common.protocol.commands import prerequisites_by_name, rendered_commands
+from libs.common.protocol.model import (
+    DEFAULT_PRIORITY_CLASS,
+    PRIORITY_CLASSES,
+    Completion,
+    JobSpec,
+    Resources,
+    TaskRole,
+)
+
+DEFAULT_VIRTUAL_CLUSTER = "default"
+
+
+def build_job_spec(data: dict, *, user: str, ignored_fields: list[str]) -> JobSpec:
+    extras = data.get("extras", {})
+    hived = extras.get("hivedScheduler", {})
+    hived_roles = hived.get("taskRoles", {})
+    priority_class = hived.get("jobPriorityClass", DEFAULT_PRIORITY_CLASS)
+    defaults = data.get("defaults", {})
+    return JobSpec(
+        name=data["name"],
+        user=user,
+        virtualCluster=defaults.get("virtualCluster", DEFAULT_VIRTUAL_CLUSTER),
+        jobRetryCount=data.get("jobRetryCount", 0),
+        priorityClass=priority_class,
+        priority=PRIORITY_CLASSES[priority_class],
+        gangAllocation=extras.get("gangAllocation", True),
+        lazyPreemptionEnable=hived.get("lazyPreemptionEnable", False),
+        skuType=hived.get("skuType"),
+        pinnedCellId=hived.get("pinnedCellId"),
+        taskRoles=[
+            _task_role(data, name, role, hived_roles.get(name, {}))
+            for name, role in data["taskRoles"].items()
+        ],
+        notifyOnStateChange=_wants_notification(extras.get("jobStatusChangeNotification", False)),
+        notifyEmails=_emails(extras.get("notifyEmails", [])),
+        ignoredFields=ignored_fields,
+    )
+
+
+def _task_role(data: dict, name: str, role: dict, hived: dict) -> TaskRole:
+    image = role.get("dockerImage")
+    completion = role.get("completion", {})
+    resources = role.get("resourcePerInstance", {})
+    model_defaults = Resources()
+    return TaskRole(
+        name=name,
+        instances=role.get("instances", 1),
+        completion=Completion(
+            minFailedInstances=completion.get("minFailedInstances", 1),
+            minSucceededInstances=completion.get("minSucceededInstances", -1),
+        ),
+        taskRetryCount=role.get("taskRetryCount", 0),
+        dockerImage=image,
+        dockerImageUri=prerequisites_by_name(data)[image]["uri"] if image is not None else None,
+        resources=Resources(
+            cpu=resources.get("cpu", model_defaults.cpu),
+            memoryMB=resources.get("memoryMB", model_defaults.memoryMB),
+            gpu=resources.get("gpu", model_defaults.gpu),
+            ports=dict(resources.get("ports", {})),
+        ),
+        commands=rendered_commands(data, name),
+        skuType=hived.get("skuType"),
+        affinityGroupName=hived.get("affinityGroupName"),
+    )
+
+
+def _wants_notification(setting: bool | dict) -> bool:
+    if isinstance(setting, dict):
+        return any(setting.values())
+    return setting
+
+
+def _emails(setting: str | list[str]) -> list[str]:
+    return [setting] if isinstance(setting, str) else list(setting)

@@ -1,0 +1,128 @@
+"""OpenPAI's command templates: `<% $parameters.x %>`, `<% $secrets.x %>`, `<% $data.uri[0] %>`.
+
+A reference is `$<root>` followed by `.key` and `[index]` steps. Roots:
+
+- `parameters`, `secrets`: the job's top-level sections, shared by all task roles;
+- `script`, `data`, `output`: the prerequisite the task role selects with its
+  `script:` / `data:` / `output:` field (any of its fields: name, uri, version, ...).
+
+Spaces inside the brackets are optional (`<%$parameters.x%>` is OpenPAI's own
+spelling too). Values are rendered the way OpenPAI's JavaScript renderer prints
+them: booleans as `true`/`false`, null as empty, a list of plain values joined by
+commas; a mapping is rendered as JSON. Shell variables (`$PAI_WORK_DIR`) are not
+templates and are left for the shell.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import msgspec
+
+TEMPLATE = re.compile(r"<%\s*(\$[^%]*?)\s*%>")
+REFERENCE = re.compile(r"^\$(?P<root>[A-Za-z_][A-Za-z0-9_]*)(?P<steps>(?:\.[A-Za-z0-9_-]+|\[\d+\])*)$")
+STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]")
+
+SHARED_ROOTS = ("parameters", "secrets")
+PREREQUISITE_ROOTS = ("script", "data", "output")
+
+
+class UnknownReference(Exception):
+    """A template names something the job does not define; the message never holds a value."""
+
+
+class RenderContext(msgspec.Struct, frozen=True, kw_only=True):
+    parameters: dict = {}
+    secrets: dict = {}
+    # "script" / "data" / "output" -> the prerequisite the task role selected
+    selected: dict[str, dict] = {}
+
+
+def references(text: str) -> list[str]:
+    return [match.group(1) for match in TEMPLATE.finditer(text)]
+
+
+def render(text: str, context: RenderContext) -> str:
+    """Replace every template in `text`; raises UnknownReference for the first unresolved one."""
+    return TEMPLATE.sub(lambda match: _to_text(resolve(match.group(1), context)), text)
+
+
+def unresolved(text: str, context: RenderContext) -> list[str]:
+    """Messages for every template in `text` that cannot be resolved (for validation)."""
+    problems = []
+    for reference in references(text):
+        try:
+            resolve(reference, context)
+        except UnknownReference as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def resolve(reference: str, context: RenderContext) -> object:
+    parsed = REFERENCE.match(reference)
+    if parsed is None:
+        raise UnknownReference(f"'<% {reference} %>' is not a reference PAI understands "
+                               "(expected e.g. <% $parameters.name %>)")
+    root = parsed.group("root")
+    if root in SHARED_ROOTS:
+        value: object = context.parameters if root == "parameters" else context.secrets
+    elif root in PREREQUISITE_ROOTS:
+        if root not in context.selected:
+            raise UnknownReference(f"{reference} is used but this task role selects no {root} prerequisite "
+                                   f"(set `{root}:` in the task role)")
+        value = context.selected[root]
+    else:
+        raise UnknownReference(f"{reference}: ${root} is not a known reference; use one of "
+                               "$parameters, $secrets, $script, $data, $output")
+    walked = f"${root}"
+    for step in STEP.finditer(parsed.group("steps")):
+        key, index = step.group(1), step.group(2)
+        if key is not None:
+            if not isinstance(value, dict) or _lookup(value, key) is _MISSING:
+                raise UnknownReference(f"{reference}: {walked} has no {key!r}" if walked != f"${root}"
+                                       else _missing_message(root, key, reference))
+            value = _lookup(value, key)
+            walked += f".{key}"
+        else:
+            position = int(index)
+            if not isinstance(value, list) or position >= len(value):
+                raise UnknownReference(f"{reference}: {walked} has no item [{position}]")
+            value = value[position]
+            walked += f"[{position}]"
+    return value
+
+
+_MISSING = object()
+
+
+def _lookup(mapping: dict, key: str) -> object:
+    if key in mapping:
+        return mapping[key]
+    # YAML keys may be numbers or booleans (`1: x`); a template can only spell them as text.
+    for candidate, value in mapping.items():
+        if not isinstance(candidate, str) and _to_text(candidate) == key:
+            return value
+    return _MISSING
+
+
+def _missing_message(root: str, key: str, reference: str) -> str:
+    if root in SHARED_ROOTS:
+        return f"{reference}: no {root[:-1]} named {key!r} is defined in `{root}`"
+    return f"{reference}: the selected {root} prerequisite has no field {key!r}"
+
+
+def _to_text(value: object) -> str:
+    match value:
+        case bool():
+            return "true" if value else "false"
+        case None:
+            return ""
+        case str():
+            return value
+        case list() if all(not isinstance(item, (dict, list)) for item in value):
+            return ",".join(_to_text(item) for item in value)
+        case dict() | list():
+            return json.dumps(value, default=str, separators=(",", ":"))
+        case _:
+            return str(value)

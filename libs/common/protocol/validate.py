@@ -1,0 +1,199 @@
+"""Check a decoded job document against OpenPAI's protocol v2 schema.
+
+Returns every problem found (not just the first) and the fields PAI keeps but
+does not act on. The top level, prerequisites, deployments and defaults live
+here; task roles and extras have their own modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from libs.common.ids import NAME_PATTERN
+from libs.common.protocol.checks import Checker, Ignored
+from libs.common.protocol.model import FieldError
+from libs.common.protocol.paths import DocPath
+from libs.common.protocol.validate_extras import check_extras
+from libs.common.protocol.validate_roles import check_task_roles
+
+TOP_LEVEL_KEYS = frozenset({
+    "protocolVersion", "name", "type", "version", "contributor", "description", "prerequisites", "parameters",
+    "secrets", "jobRetryCount", "taskRoles", "deployments", "defaults", "extras",
+})
+PREREQUISITE_TYPES = ("dockerimage", "script", "data", "output")
+# Only docker image prerequisites are closed by the schema; script, data and
+# output prerequisites allow extra fields for the plugins that read them.
+DOCKER_IMAGE_KEYS = frozenset({
+    "protocolVersion", "name", "version", "contributor", "description", "type", "auth", "uri",
+})
+AUTH_KEYS = frozenset({"username", "password", "registryuri"})
+PLUGIN_PREREQUISITE_KEYS = frozenset({
+    "protocolVersion", "name", "version", "contributor", "description", "type", "plugin", "require", "uri",
+})
+DEPLOYMENT_KEYS = frozenset({"name", "taskRoles"})
+DEPLOYMENT_ROLE_KEYS = frozenset({"preCommands", "postCommands"})
+DEFAULTS_KEYS = frozenset({"virtualCluster", "deployment"})
+MAX_NAME_LENGTH = 255
+
+
+def validate_document(data: dict, line_of: Callable[[DocPath], int | None]) -> tuple[list[FieldError], list[Ignored]]:
+    check = Checker(line_of)
+    check.known_keys(data, (), TOP_LEVEL_KEYS)
+    _check_header(check, data)
+    for section in ("parameters", "secrets"):
+        if section in data:
+            check.mapping(data[section], (section,))
+    if "jobRetryCount" in data:
+        check.integer(data["jobRetryCount"], ("jobRetryCount",), minimum=0)
+    prerequisite_types = _check_prerequisites(check, data)
+    check_task_roles(check, data, prerequisite_types)
+    deployment_names = _check_deployments(check, data)
+    _check_defaults(check, data, deployment_names)
+    check_extras(check, data)
+    return check.errors, check.ignored
+
+
+def _check_header(check: Checker, data: dict) -> None:
+    if "protocolVersion" not in data:
+        check.error(("protocolVersion",), "required", "'protocolVersion' is required; use 2")
+    else:
+        _check_protocol_version(check, data["protocolVersion"], ("protocolVersion",))
+    if "name" not in data:
+        check.error(("name",), "required", "'name' is required: the job's name")
+    else:
+        _check_name(check, data["name"], ("name",), "job name")
+    if "type" in data and data["type"] != "job":
+        check.error(("type",), "enum", "must be 'job'")
+    for key in ("version", "contributor", "description"):
+        if key in data:
+            check.text(data[key], (key,))
+
+
+def _check_protocol_version(check: Checker, value: object, path: DocPath) -> None:
+    # The schema allows the number 2 or the string "2"; `2.0` is the number 2 too.
+    if isinstance(value, bool) or value not in (2, "2"):
+        check.error(path, "enum", "must be 2 (this is protocol version 2)")
+
+
+def _check_name(check: Checker, value: object, path: DocPath, what: str) -> bool:
+    if not check.string(value, path, non_empty=True):
+        return False
+    if len(value) > MAX_NAME_LENGTH:
+        check.error(path, "maxLength", f"must be at most {MAX_NAME_LENGTH} characters, got {len(value)}")
+        return False
+    return check.pattern(value, path, NAME_PATTERN, what)
+
+
+def _check_prerequisites(check: Checker, data: dict) -> dict[str, str]:
+    """name -> type of every prerequisite well-formed enough to be referred to."""
+    types: dict[str, str] = {}
+    prerequisites = data.get("prerequisites", [])
+    if not isinstance(prerequisites, list):
+        check.error(("prerequisites",), "type", "must be a list of prerequisites")
+        return types
+    for index, prerequisite in enumerate(prerequisites):
+        path: DocPath = ("prerequisites", index)
+        if not check.mapping(prerequisite, path):
+            continue
+        kind = prerequisite.get("type")
+        if kind not in PREREQUISITE_TYPES:
+            rule, message = ("required", "'type' is required") if "type" not in prerequisite else (
+                "enum", f"must be one of {', '.join(PREREQUISITE_TYPES)}")
+            check.error((*path, "type"), rule, message)
+            continue
+        # The schema lets a data prerequisite go unnamed; every other kind needs a name.
+        if kind != "data" or "name" in prerequisite:
+            if "name" not in prerequisite:
+                check.error((*path, "name"), "required", f"a {kind} prerequisite needs a 'name'")
+            elif _check_name(check, prerequisite["name"], (*path, "name"), "prerequisite name"):
+                name = prerequisite["name"]
+                if name in types:
+                    check.error((*path, "name"), "duplicate", f"another prerequisite is already named {name!r}")
+                else:
+                    types[name] = kind
+        if "protocolVersion" in prerequisite:
+            _check_protocol_version(check, prerequisite["protocolVersion"], (*path, "protocolVersion"))
+        for key in ("version", "contributor", "description"):
+            if key in prerequisite:
+                check.text(prerequisite[key], (*path, key))
+        if kind == "dockerimage":
+            _check_docker_image(check, prerequisite, path)
+        else:
+            _check_plugin_prerequisite(check, prerequisite, path, kind)
+    return types
+
+
+def _check_docker_image(check: Checker, prerequisite: dict, path: DocPath) -> None:
+    check.known_keys(prerequisite, path, DOCKER_IMAGE_KEYS)
+    if "uri" not in prerequisite:
+        check.error((*path, "uri"), "required", "a dockerimage prerequisite needs the image 'uri'")
+    else:
+        check.string(prerequisite["uri"], (*path, "uri"), non_empty=True)
+    if "auth" in prerequisite and check.mapping(prerequisite["auth"], (*path, "auth")):
+        auth = prerequisite["auth"]
+        check.known_keys(auth, (*path, "auth"), AUTH_KEYS)
+        for key in AUTH_KEYS & auth.keys():
+            check.string(auth[key], (*path, "auth", key))
+        check.ignore((*path, "auth"), "registry credentials are not used to pull images yet")
+
+
+def _check_plugin_prerequisite(check: Checker, prerequisite: dict, path: DocPath, kind: str) -> None:
+    if "uri" in prerequisite:
+        if kind == "data":
+            check.string_list(prerequisite["uri"], (*path, "uri"), non_empty=True)
+        else:
+            check.string(prerequisite["uri"], (*path, "uri"))
+    if "plugin" in prerequisite:
+        check.string(prerequisite["plugin"], (*path, "plugin"))
+    if "require" in prerequisite:
+        check.string_list(prerequisite["require"], (*path, "require"), non_empty=False)
+    check.ignore(path, f"PAI does not fetch {kind} prerequisites; commands can still use "
+                       f"<% ${kind}.uri %> and the other fields")
+
+
+def _check_deployments(check: Checker, data: dict) -> set[str]:
+    names: set[str] = set()
+    if "deployments" not in data:
+        return names
+    deployments = data["deployments"]
+    if not isinstance(deployments, list):
+        check.error(("deployments",), "type", "must be a list of deployments")
+        return names
+    roles = data.get("taskRoles") if isinstance(data.get("taskRoles"), dict) else {}
+    for index, deployment in enumerate(deployments):
+        path: DocPath = ("deployments", index)
+        if not check.mapping(deployment, path):
+            continue
+        check.known_keys(deployment, path, DEPLOYMENT_KEYS)
+        if "name" not in deployment:
+            check.error((*path, "name"), "required", "a deployment needs a 'name'")
+        elif check.string(deployment["name"], (*path, "name"), non_empty=True):
+            if deployment["name"] in names:
+                check.error((*path, "name"), "duplicate", f"another deployment is already named {deployment['name']!r}")
+            names.add(deployment["name"])
+        if "taskRoles" in deployment and check.mapping(deployment["taskRoles"], (*path, "taskRoles")):
+            for role, hooks in deployment["taskRoles"].items():
+                where = (*path, "taskRoles", str(role))
+                if role not in roles:
+                    check.error(where, "unknown_task_role", f"{str(role)!r} is not a task role of this job")
+                if not check.mapping(hooks, where):
+                    continue
+                check.known_keys(hooks, where, DEPLOYMENT_ROLE_KEYS)
+                for key in DEPLOYMENT_ROLE_KEYS & hooks.keys():
+                    check.string_list(hooks[key], (*where, key), non_empty=True)
+    return names
+
+
+def _check_defaults(check: Checker, data: dict, deployment_names: set[str]) -> None:
+    if "defaults" not in data or not check.mapping(data["defaults"], ("defaults",)):
+        return
+    defaults = data["defaults"]
+    check.known_keys(defaults, ("defaults",), DEFAULTS_KEYS)
+    if "virtualCluster" in defaults:
+        _check_name(check, defaults["virtualCluster"], ("defaults", "virtualCluster"), "virtual cluster name")
+    if "deployment" in defaults and check.string(defaults["deployment"], ("defaults", "deployment")):
+        wanted = defaults["deployment"]
+        if wanted not in deployment_names:
+            known = ", ".join(sorted(deployment_names)) or "none"
+            check.error(("defaults", "deployment"), "unknown_deployment",
+                        f"{wanted!r} names no deployment of this job (defined: {known})")

@@ -1,0 +1,193 @@
+"""The shell every PAI service runs in: logs, bus, leader lease, health and metrics HTTP.
+
+A service provides `body(ctx)`: rebuild state, call `ctx.set_ready()`, then consume
+until `ctx.stopping` is set. An exception escaping `body` is a bug: it is logged
+and the process exits non-zero so its supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import msgspec
+import nats.js.errors
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from libs.common import telemetry
+from libs.common.bus import Bus
+from libs.common.config import Config
+from libs.common.subjects import Bucket
+
+log = logging.getLogger("pai.service")
+
+LEASE_SECONDS = 10.0
+
+
+@dataclass
+class ServiceContext:
+    name: str
+    config: Config
+    bus: Bus
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: bool = False
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    def set_ready(self) -> None:
+        self.ready = True
+        log.info("%s ready", self.name)
+
+    def spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task:
+        """A background task whose failure takes the service down (a bug, never swallowed)."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        task.add_done_callback(self._check_background)
+        self.tasks.append(task)
+        return task
+
+    def _check_background(self, task: asyncio.Task) -> None:
+        if task.cancelled() or self.stopping.is_set():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("background task %s failed: %r; stopping", task.get_name(), exc, exc_info=exc)
+            self.failed = exc
+            self.stopping.set()
+
+
+def health_routes(ctx_getter: Callable[[], ServiceContext | None]) -> list[web.RouteDef]:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        ctx = ctx_getter()
+        if ctx is not None and ctx.ready and ctx.bus.nc.is_connected:
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "not ready"}, status=503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return [web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/metrics", metrics)]
+
+
+class _Lease(msgspec.Struct):
+    holder: str
+    expires: float
+
+
+async def hold_leadership(ctx: ServiceContext) -> None:
+    """Single-active services: wait for the lease in KV, then keep renewing it.
+
+    Losing the lease (another replica took over after we stalled) ends the
+    process: two active schedulers or launchers must never run at once.
+    """
+    kv = await ctx.bus.kv(Bucket.LEASES)
+    me = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+    revision = None
+    while revision is None:
+        revision = await _try_take(kv, ctx.name, me)
+        if revision is None:
+            log.info("standing by: another %s holds the lease", ctx.name)
+            await asyncio.sleep(LEASE_SECONDS / 3)
+
+    async def renew() -> None:
+        nonlocal revision
+        while not ctx.stopping.is_set():
+            await asyncio.sleep(LEASE_SECONDS / 3)
+            value = msgspec.json.encode(_Lease(holder=me, expires=time.time() + LEASE_SECONDS))
+            try:
+                revision = await kv.update(ctx.name, value, last=revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                log.error("lost the %s lease; exiting", ctx.name)
+                os._exit(3)
+
+    ctx.spawn(renew(), "lease-renew")
+
+
+async def _try_take(kv, key: str, me: str) -> int | None:
+    value = msgspec.json.encode(_Lease(holder=me, expires=time.time() + LEASE_SECONDS))
+    try:
+        return await kv.create(key, value)
+    except nats.js.errors.KeyWrongLastSequenceError:
+        pass
+    entry = await kv.get(key)
+    current = msgspec.json.decode(entry.value, type=_Lease) if entry.value else None
+    if current is None or current.expires < time.time() or current.holder.split("/")[:2] == me.split("/")[:2]:
+        try:
+            return await kv.update(key, value, last=entry.revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return None
+    return None
+
+
+def run(
+    name: str,
+    config: Config,
+    body: Callable[[ServiceContext], Awaitable[None]],
+    *,
+    single_active: bool = False,
+    app_factory: Callable[[ServiceContext], Awaitable[web.Application]] | None = None,
+) -> None:
+    """Entry point of `python -m services.<name>`."""
+    telemetry.setup(name, level=config.log_level)
+    try:
+        asyncio.run(_main(name, config, body, single_active, app_factory))
+    except KeyboardInterrupt:
+        pass
+    except Exception:
+        log.exception("%s crashed", name)
+        sys.exit(1)
+
+
+async def _main(name, config, body, single_active, app_factory) -> None:
+    bus = await Bus.connect(config.nats_url, name=f"pai-{name}")
+    ctx = ServiceContext(name=name, config=config, bus=bus)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, ctx.stopping.set)
+    if app_factory is not None:
+        app = await app_factory(ctx)
+    else:
+        app = web.Application()
+        app.add_routes(health_routes(lambda: ctx))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port_of(name), reuse_address=True)
+    await site.start()
+    log.info("%s serving on %s:%s", name, config.host, config.port_of(name))
+    try:
+        await bus.bootstrap()
+        if single_active:
+            await hold_leadership(ctx)
+        body_task = asyncio.ensure_future(body(ctx))
+        stop_task = asyncio.ensure_future(ctx.stopping.wait())
+        done, _ = await asyncio.wait({body_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        if body_task in done:
+            body_task.result()  # re-raise a bug
+        else:
+            body_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await body_task
+        failed = getattr(ctx, "failed", None)
+        if failed is not None:
+            raise failed
+    finally:
+        for task in ctx.tasks:
+            task.cancel()
+        await runner.cleanup()
+        if single_active:
+            with contextlib.suppress(Exception):
+                await (await bus.kv(Bucket.LEASES)).delete(name)
+        await bus.close()
+        log.info("%s stopped", name)

@@ -1,0 +1,122 @@
+"""The bus against a real nats-server: dedupe, ack rules, redelivery."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from libs.common.bus import Bus
+from libs.common.errors import BadInput, Transient
+from libs.common.messages import NodeStatus, StopRequested
+from libs.common.subjects import STREAM, Bucket, Durable, Kind
+
+
+@pytest.fixture
+async def bus(nats_server):
+    b = await Bus.connect(nats_server.url, name="test")
+    await b.bootstrap()
+    # Each test gets a clean stream so consumers start from nothing.
+    await b.js.purge_stream(STREAM)
+    for durable in Durable:
+        try:
+            await b.js.delete_consumer(STREAM, durable.value)
+        except Exception:
+            pass
+    yield b
+    await b.close()
+
+
+RUN = uuid.uuid4().hex[:6]  # ids stay unique across runs on one server: JetStream dedupes by id
+
+
+def stop_event(n: int) -> StopRequested:
+    return StopRequested(id=f"alice~job{n}/stop/{RUN}/{uuid.uuid4().hex[:6]}", job=f"alice~job{n}", vc="default", by="alice")
+
+
+async def consume_until(bus, handler, count_fn, want, kinds=(Kind.JOB_STOP_REQUESTED,), types=(StopRequested,)):
+    stopping = asyncio.Event()
+    task = asyncio.create_task(bus.consume(Durable.MONITOR, kinds, types, handler, stopping=stopping))
+    for _ in range(200):
+        if count_fn() >= want:
+            break
+        await asyncio.sleep(0.05)
+    stopping.set()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+
+async def test_bootstrap_is_idempotent_and_creates_every_bucket(bus):
+    await bus.bootstrap()
+    for bucket in Bucket:
+        kv = await bus.kv(bucket)
+        await kv.put("probe", b"1")
+        assert (await kv.get("probe")).value == b"1"
+
+
+async def test_publishing_the_same_event_twice_stores_it_once(bus):
+    once = stop_event(1)
+    await bus.publish(once)
+    await bus.publish(once)
+    await bus.publish(stop_event(2))
+    info = await bus.js.stream_info(STREAM)
+    assert info.state.messages == 2
+
+
+async def test_events_are_handled_in_order_and_acked(bus):
+    seen: list[str] = []
+
+    async def handler(event):
+        seen.append(event.job)
+
+    for n in range(5):
+        await bus.publish(stop_event(n))
+    await consume_until(bus, handler, lambda: len(seen), 5)
+    assert seen == [f"alice~job{n}" for n in range(5)]
+    info = await bus.js.consumer_info(STREAM, Durable.MONITOR.value)
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_transient_failure_is_redelivered_and_bad_input_is_dropped(bus):
+    calls: dict[str, int] = {}
+
+    async def handler(event):
+        calls[event.job] = calls.get(event.job, 0) + 1
+        if event.job == "alice~job1" and calls[event.job] == 1:
+            raise Transient("database away")
+        if event.job == "alice~job2":
+            raise BadInput("never valid")
+
+    for n in (1, 2):
+        await bus.publish(stop_event(n))
+    await consume_until(bus, handler, lambda: calls.get("alice~job1", 0), 2)
+    assert calls == {"alice~job1": 2, "alice~job2": 1}
+
+
+async def test_undecodable_message_is_terminated_not_fatal(bus):
+    seen = []
+
+    async def handler(event):
+        seen.append(event.job)
+
+    await bus.js.publish("pai.v1.job.stop_requested.default.alice.bad", b"{not json", headers={"Nats-Msg-Id": str(uuid.uuid4())})
+    await bus.publish(stop_event(3))
+    await consume_until(bus, handler, lambda: len(seen), 1)
+    assert seen == ["alice~job3"]
+
+
+async def test_consumer_filters_by_kind(bus):
+    seen = []
+
+    async def handler(event):
+        seen.append(type(event).__name__)
+
+    await bus.publish(NodeStatus(id=f"node/a/{RUN}", job="", node="10.0.0.1", healthy=False))
+    await bus.publish(stop_event(4))
+    await consume_until(bus, handler, lambda: len(seen), 1)
+    await asyncio.sleep(0.1)
+    assert seen == ["StopRequested"]
