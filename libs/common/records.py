@@ -23,7 +23,7 @@ from enum import StrEnum
 
 import msgspec
 
-from libs.common.messages import ExitSpec, JobState, TaskState
+from libs.common.messages import AnyEvent, ExitSpec, JobState, TaskState
 from libs.common.protocol.model import JobSpec
 
 
@@ -181,6 +181,11 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     appExitTriggerTaskIndex: int | None = None
     stopRequestedBy: str | None = None
     history: list[Transition] = []
+    # The events published by the change that produced this version of the
+    # document. The launcher publishes them after saving it; if it stops in
+    # between, it publishes them again on recovery (same ids, so consumers and
+    # JetStream deduplicate).
+    outbox: list[AnyEvent] = []
 
     @property
     def current(self) -> AttemptRecord:

@@ -1,0 +1,40 @@
+"""The launcher's pure core: job and task lifecycle (see `lifecycle.LauncherCore`)."""
+
+from services.launcher.core.actions import Action, ForgetTask, KillTask, Publish, SaveJob, StartTask, StartTimer
+from services.launcher.core.env import PeerAddress, task_env
+from services.launcher.core.events import (
+    BackoffElapsed,
+    LauncherEvent,
+    Placed,
+    PreemptRequested,
+    StopRequested,
+    Submitted,
+    Verdict,
+    from_message,
+)
+from services.launcher.core.invariants import InvariantViolation
+from services.launcher.core.lifecycle import LauncherCore
+from services.launcher.core.transitions import IllegalTransition
+
+__all__ = [
+    "Action",
+    "BackoffElapsed",
+    "ForgetTask",
+    "IllegalTransition",
+    "InvariantViolation",
+    "KillTask",
+    "LauncherCore",
+    "LauncherEvent",
+    "PeerAddress",
+    "Placed",
+    "PreemptRequested",
+    "Publish",
+    "SaveJob",
+    "StartTask",
+    "StartTimer",
+    "StopRequested",
+    "Submitted",
+    "Verdict",
+    "from_message",
+    "task_env",
+]

@@ -1,0 +1,36 @@
+# PAI's two entry points: `make up` runs the platform, `make test` runs the tests.
+# Both create the virtualenv .venv and install what they need into it.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: up test test-fast install clean lint bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[test,sim]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Run nats-server and the five services on this machine, submit an example job.
+up: $(STAMP)
+	$(BIN)/pai up --example examples/hello.yaml
+
+## Install everything the tests need, then run every test tier.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -x tests/unit
+
+bench: $(STAMP)
+	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done
+
+clean:
+	rm -rf $(VENV) .pai .pytest_cache

@@ -1,0 +1,228 @@
+"""Scheduler core throughput on a heterogeneous cluster built from Alibaba PAI's machine list.
+
+Builds a HiveD-format cluster from `shared/data/traces/pai_machine_spec.csv` (GPU machines
+only; one sku per GPU model; racks of nodes; 20 VCs sharing every sku), then drives
+100,000 jobs of mixed gang sizes and priorities through `SchedulerCore` with a virtual
+clock: Poisson arrivals, exponential run times, preempted jobs released one second
+after the Preempt. Prints one JSON object:
+
+    decisions_per_second  Place + Preempt + Wait decisions per second of time spent in handle()
+    events_per_second     events handled per second of time spent in handle()
+    p50_ms, p99_ms, max_ms   latency of one handle() call (one event)
+    jobs, placed, preemptions, waits, ...
+
+Usage: python benchmarks/scheduler_throughput.py [--jobs N] [--seed S] [--data PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
+from services.scheduler.core import (  # noqa: E402
+    Place,
+    Preempt,
+    Release,
+    SchedulerCore,
+    Submit,
+    Wait,
+    load_cluster_config,
+)
+
+DEFAULT_DATA = ROOT / ".." / "shared" / "data" / "traces" / "pai_machine_spec.csv"
+VC_COUNT = 20
+RACK_NODES = {2: 8, 8: 4}  # nodes per rack cell, by GPUs per node
+
+
+def read_machines(path: Path) -> list[dict]:
+    header_path = path.with_suffix(".header")
+    header = header_path.read_text().strip().split(",") if header_path.exists() else [
+        "machine", "gpu_type", "cap_cpu", "cap_mem", "cap_gpu"]
+    with path.open() as handle:
+        rows = [dict(zip(header, row)) for row in csv.reader(handle) if row]
+    return [row for row in rows if int(row["cap_gpu"]) > 0]
+
+
+def cluster_config(machines: list[dict]) -> dict:
+    """HiveD config: per GPU model a node type (buddy halves inside), a rack type, VCs by node."""
+    by_model: dict[str, list[dict]] = defaultdict(list)
+    for row in machines:
+        by_model[row["gpu_type"]].append(row)
+    skus, cell_types, physical = {}, {}, []
+    vcs: dict[str, list[dict]] = {f"vc{i:02d}": [] for i in range(VC_COUNT)}
+    for model in sorted(by_model):
+        rows = by_model[model]
+        gpus = int(rows[0]["cap_gpu"])
+        cpu = min(int(r["cap_cpu"]) // int(r["cap_gpu"]) for r in rows)
+        memory_gb = min(int(r["cap_mem"]) // int(r["cap_gpu"]) for r in rows)
+        skus[model] = {"gpu": 1, "cpu": cpu, "memory": f"{memory_gb}Gi"}
+        child, size = model, 1
+        while size * 2 < gpus:  # buddy levels inside the node: 2-GPU, 4-GPU, ...
+            name = f"{model}-{size * 2}GPU"
+            cell_types[name] = {"childCellType": child, "childCellNumber": 2}
+            child, size = name, size * 2
+        node_type = f"{model}-NODE"
+        cell_types[node_type] = {"childCellType": child, "childCellNumber": gpus // size, "isNodeLevel": True}
+        rack_nodes = RACK_NODES.get(gpus, 4)
+        rack_type = f"{model}-RACK"
+        cell_types[rack_type] = {"childCellType": node_type, "childCellNumber": rack_nodes}
+        racks, loose = divmod(len(rows), rack_nodes)
+        names = [r["machine"] for r in rows]
+        for rack in range(racks):
+            physical.append({"cellType": rack_type, "cellChildren": [
+                {"cellAddress": name} for name in names[rack * rack_nodes:(rack + 1) * rack_nodes]]})
+        for name in names[racks * rack_nodes:]:
+            physical.append({"cellType": node_type, "cellAddress": name})
+        # Split the rack nodes and the loose nodes of this model over the VCs.
+        for chain, count, path in ((rack_type, racks * rack_nodes, f"{rack_type}.{node_type}"),
+                                   (node_type, loose, node_type)):
+            share, extra = divmod(count, VC_COUNT)
+            for index, vc in enumerate(vcs):
+                number = share + (1 if index < extra else 0)
+                if number:
+                    vcs[vc].append({"cellType": path, "cellNumber": number})
+    return {
+        "physicalCluster": {"skuTypes": skus, "cellTypes": cell_types, "physicalCells": physical},
+        "virtualClusters": {vc: {"virtualCells": cells} for vc, cells in vcs.items()},
+    }
+
+
+SHAPES = [  # (weight, instances, gpus per instance)
+    (50, 1, 1), (12, 1, 2), (8, 2, 1), (8, 1, 4), (6, 1, 8), (5, 2, 4), (4, 4, 2), (4, 2, 8), (2, 4, 8), (1, 8, 8),
+]
+PRIORITIES = [(5, 120), (35, 100), (40, 10), (20, -1)]
+
+
+def pick(rng: random.Random, table: list[tuple]) -> tuple:
+    total = sum(row[0] for row in table)
+    point = rng.uniform(0, total)
+    for row in table:
+        point -= row[0]
+        if point <= 0:
+            return row
+    return table[-1]
+
+
+def make_job(rng: random.Random, number: int, skus: dict[str, int], vc_names: list[str]) -> JobSpec:
+    _, instances, gpus = pick(rng, SHAPES)
+    sku = rng.choice(list(skus)) if rng.random() < 0.7 else None
+    max_gpus = min(skus.values()) if sku is None else skus[sku]
+    gpus = min(gpus, max_gpus)
+    _, priority = pick(rng, PRIORITIES)
+    return JobSpec(
+        name=f"job{number}", user=f"user{number % 97}", virtualCluster=rng.choice(vc_names),
+        priority=priority, priorityClass={120: "crit", 100: "prod", 10: "test", -1: "oppo"}[priority],
+        skuType=sku, gangAllocation=rng.random() < 0.9, lazyPreemptionEnable=rng.random() < 0.2,
+        taskRoles=[TaskRole(name="worker", instances=instances,
+                            resources=Resources(gpu=gpus, cpu=gpus * 2, memoryMB=gpus * 4096))],
+    )
+
+
+def run(jobs: int, seed: int, data: Path) -> dict:
+    machines = read_machines(data)
+    config = load_cluster_config(cluster_config(machines))
+    gpus_per_sku = {model: int(rows["cap_gpu"]) for model, rows in
+                    {r["gpu_type"]: r for r in machines}.items()}
+    total_gpus = sum(int(r["cap_gpu"]) for r in machines)
+    rng = random.Random(seed)
+    now = [0.0]
+    core = SchedulerCore(config, clock=lambda: now[0])
+    vc_names = list(config.virtualClusters)
+    mean_gpus = sum(w * i * g for w, i, g in SHAPES) / sum(w for w, _, _ in SHAPES)
+    mean_runtime = 3600.0
+    # Offered load ~95% of the GPUs: arrivals per second = load * gpus / (gpus per job * runtime).
+    arrival_rate = 0.95 * total_gpus / (mean_gpus * mean_runtime)
+    events: list[tuple[float, int, str, str, int]] = []
+    sequence = 0
+    arrival = 0.0
+    specs: dict[str, JobSpec] = {}
+    for number in range(jobs):
+        arrival += rng.expovariate(arrival_rate)
+        spec = make_job(rng, number, gpus_per_sku, vc_names)
+        job_id = f"{spec.user}~{spec.name}"
+        specs[job_id] = spec
+        events.append((arrival, sequence, "submit", job_id, 0))
+        sequence += 1
+    heapq.heapify(events)
+    runtime = {job_id: rng.expovariate(1 / mean_runtime) for job_id in specs}
+    latencies: list[float] = []
+    counts = defaultdict(int)
+    busy = 0.0
+    while events:
+        at, _, kind, job_id, attempt = heapq.heappop(events)
+        now[0] = at
+        if kind == "submit":
+            event = Submit(job=job_id, attempt=attempt, spec=specs[job_id])
+        elif kind == "finish":
+            event = Release(job=job_id, attempt=attempt, requeue=False)
+        else:
+            event = Release(job=job_id, attempt=attempt, requeue=True)
+        started = time.perf_counter()
+        decisions = core.handle(event)
+        elapsed = time.perf_counter() - started
+        busy += elapsed
+        latencies.append(elapsed)
+        counts["events"] += 1
+        for decision in decisions:
+            counts["decisions"] += 1
+            if isinstance(decision, Place):
+                counts["placements"] += 1
+                if not decision.partial:
+                    heapq.heappush(events, (at + runtime[decision.job], sequence, "finish", decision.job,
+                                            decision.attempt))
+                    sequence += 1
+            elif isinstance(decision, Preempt):
+                counts["preemptions"] += 1
+                heapq.heappush(events, (at + 1.0, sequence, "preempted", decision.job, decision.attempt))
+                sequence += 1
+            elif isinstance(decision, Wait):
+                counts["waits"] += 1
+    latencies.sort()
+    return {
+        "decisions_per_second": round(counts["decisions"] / busy),
+        "events_per_second": round(counts["events"] / busy),
+        "p50_ms": round(statistics.median(latencies) * 1000, 3),
+        "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 3),
+        "max_ms": round(latencies[-1] * 1000, 3),
+        "jobs": jobs,
+        "events": counts["events"],
+        "decisions": counts["decisions"],
+        "placements": counts["placements"],
+        "preemptions": counts["preemptions"],
+        "waits": counts["waits"],
+        "machines": len(machines),
+        "gpus": total_gpus,
+        "skus": len(config.skuTypes),
+        "vcs": len(config.virtualClusters),
+        "busy_seconds": round(busy, 2),
+        "simulated_days": round(now[0] / 86400, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    args = parser.parse_args()
+    if not args.data.exists():
+        sys.exit(f"machine list not found: {args.data} (the Alibaba PAI trace lives in "
+                 f"shared/data/traces/pai_machine_spec.csv; pass --data PATH)")
+    print(json.dumps(run(args.jobs, args.seed, args.data), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""The `pai` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from cli.client import ApiError, Client, resolve
+
+console = Console()
+err_console = Console(stderr=True)
+
+STATE_STYLE = {
+    "WAITING": "yellow",
+    "RUNNING": "cyan",
+    "STOPPING": "magenta",
+    "SUCCEEDED": "green",
+    "FAILED": "red",
+    "STOPPED": "dim",
+}
+
+
+def _when(ms: int | None) -> str:
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") if ms else "-"
+
+
+def _state(state: str) -> str:
+    return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from cli.up import Platform
+    from libs.common.config import load_config
+
+    overrides: dict[str, Any] = {}
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    if args.cluster:
+        overrides["cluster_file"] = str(Path(args.cluster).resolve())
+    if args.port:
+        overrides["rest_port"] = args.port
+    config = load_config(args.config, **overrides)
+    platform = Platform(config, print_fn=console.print)
+    signal.signal(signal.SIGTERM, platform.request_stop)
+    signal.signal(signal.SIGINT, platform.request_stop)
+    try:
+        with console.status("starting nats-server and the five services..."):
+            conn = platform.start()
+        console.print(f"[bold green]PAI is up[/] at [bold]{conn.url}[/]")
+        console.print(f"admin token: [bold]{conn.token}[/]")
+        console.print(f"data: {platform.data}   logs: {platform.logs}")
+        if args.example:
+            _submit_example(conn, args.example)
+        if args.detach_after_example:
+            return 0
+        console.print("press Ctrl-C to stop")
+        platform.supervise()
+    except RuntimeError as exc:
+        err_console.print(f"[red]{exc}[/]")
+        return 1
+    finally:
+        with console.status("stopping..."):
+            platform.stop()
+        console.print("PAI stopped")
+    return 0
+
+
+def _submit_example(conn, path: str) -> None:
+    client = Client(conn)
+    body = Path(path).read_bytes()
+    try:
+        result = asyncio.run(client.request("POST", "/api/v2/jobs", data=body, content_type="text/yaml"))
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        result = {"job": None}
+    job = result.get("job")
+    if job is None:
+        console.print(f"example {path} was submitted before; see `pai list`")
+        return
+    console.print(f"submitted example job [bold]{job}[/]")
+    deadline = time.monotonic() + 60
+    state = "WAITING"
+    while time.monotonic() < deadline:
+        detail = asyncio.run(client.request("GET", f"/api/v2/jobs/{job}"))
+        state = detail["jobStatus"]["state"]
+        if state in ("SUCCEEDED", "FAILED", "STOPPED"):
+            break
+        time.sleep(0.3)
+    console.print(f"example job {job}: {_state(state)}")
+    try:
+        log = asyncio.run(client.request("GET", f"/api/v2/jobs/{job}/logs", raw=True))
+        console.print(log.decode(errors="replace").rstrip(), markup=False, highlight=False)
+    except ApiError:
+        pass
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(resolve(args.url, args.token, args.data_dir))
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    body = Path(args.file).read_bytes() if args.file != "-" else sys.stdin.buffer.read()
+    ctype = "application/json" if args.file.endswith(".json") else "text/yaml"
+    result = asyncio.run(_client(args).request("POST", "/api/v2/jobs", data=body, content_type=ctype))
+    console.print(f"submitted [bold]{result['job']}[/]")
+    for warning in result.get("warnings", []):
+        console.print(f"[yellow]note:[/] {warning}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    params = {k: v for k, v in (("username", args.user), ("vc", args.vc), ("state", args.state)) if v}
+    rows = asyncio.run(_client(args).request("GET", "/api/v2/jobs", params=params))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table("job", "state", "vc", "tasks", "gpus", "retries", "submitted", "why waiting")
+    for row in rows:
+        table.add_row(
+            f"{row['username']}~{row['name']}",
+            _state(row["state"]),
+            row["virtualCluster"],
+            str(row["totalTaskNumber"]),
+            str(row["totalGpuNumber"]),
+            str(row["retries"]),
+            _when(row["createdTime"]),
+            row.get("waitingReason") or "",
+        )
+    console.print(table)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    detail = asyncio.run(_client(args).request("GET", f"/api/v2/jobs/{args.job}"))
+    if args.json:
+        print(json.dumps(detail, indent=2))
+        return 0
+    s = detail["jobStatus"]
+    console.print(f"[bold]{s['username']}~{detail['name']}[/]  {_state(s['state'])}  vc={s['virtualCluster']}  "
+                  f"attempt={s['attempt']}  retries={s['retries']}")
+    console.print(f"submitted {_when(s['createdTime'])}  launched {_when(s['appLaunchedTime'])}  "
+                  f"completed {_when(s['completedTime'])}")
+    if s.get("waitingReason"):
+        console.print(f"[yellow]waiting:[/] {s['waitingReason']}")
+    spec = s.get("appExitSpec")
+    if spec:
+        console.print(f"[red]exit {s['appExitCode']}[/]: {spec.get('phrase')} "
+                      f"(task {s.get('appExitTriggerTaskRoleName')}[{s.get('appExitTriggerTaskIndex')}])")
+        if spec.get("reason"):
+            console.print(f"  why: {spec['reason']}")
+        for line in spec.get("solution") or []:
+            console.print(f"  fix: {line}")
+    if s.get("appExitDiagnostics"):
+        console.print("[dim]" + s["appExitDiagnostics"] + "[/]", markup=True, highlight=False)
+    table = Table("task", "state", "node", "ip", "gpus", "exit", "retries")
+    for role, info in detail["taskRoles"].items():
+        for t in info["taskStatuses"]:
+            table.add_row(f"{role}[{t['taskIndex']}]", _state(t["taskState"]), t.get("containerNodeName") or "-",
+                          t.get("containerIp") or "-", t.get("containerGpus") or "-",
+                          "-" if t.get("containerExitCode") is None else str(t["containerExitCode"]), str(t.get("retries", 0)))
+    console.print(table)
+    for note in detail.get("notes", []) + [f"kept, not acted on: {f}" for f in detail.get("ignoredFields", [])]:
+        console.print(f"[dim]note: {note}[/]")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = _client(args)
+    params: dict[str, Any] = {"taskIndex": args.index}
+    if args.role:
+        params["taskRole"] = args.role
+    if args.tail:
+        params["tailBytes"] = args.tail
+    if not args.follow:
+        sys.stdout.buffer.write(asyncio.run(client.request("GET", f"/api/v2/jobs/{args.job}/logs", params=params, raw=True)))
+        return 0
+    return asyncio.run(_follow(client, args.job, params))
+
+
+async def _follow(client: Client, job: str, params: dict[str, Any]) -> int:
+    """Print the log as it grows until the job is final."""
+    shown = 0
+    while True:
+        detail = await client.request("GET", f"/api/v2/jobs/{job}")
+        try:
+            data = await client.request("GET", f"/api/v2/jobs/{job}/logs", params=params, raw=True)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            data = b""
+        if len(data) > shown:
+            sys.stdout.buffer.write(data[shown:])
+            sys.stdout.flush()
+            shown = len(data)
+        if detail["jobStatus"]["state"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+            return 0
+        await asyncio.sleep(0.5)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    asyncio.run(_client(args).request("PUT", f"/api/v2/jobs/{args.job}/executionType", json_body={"value": "STOP"}))
+    console.print(f"stop of [bold]{args.job}[/] requested")
+    return 0
+
+
+def cmd_vcs(args: argparse.Namespace) -> int:
+    vcs = asyncio.run(_client(args).request("GET", "/api/v2/virtual-clusters"))
+    if args.json:
+        print(json.dumps(vcs, indent=2))
+        return 0
+    table = Table("vc", "sku", "guaranteed", "used", "opportunistic", "total", "queued", "running")
+    for name, vc in vcs.items():
+        for sku in vc.get("skus", []):
+            table.add_row(name, sku["sku"], str(sku["guaranteed"]), str(sku["used"]), str(sku["opportunistic"]),
+                          str(sku["total"]), str(vc.get("queued", 0)), str(vc.get("running", 0)))
+    console.print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pai", description="PAI: run AI jobs on a shared GPU cluster")
+    parser.add_argument("--url", help="API URL (default: PAI_URL or the running `pai up`)")
+    parser.add_argument("--token", help="bearer token (default: PAI_TOKEN or the running `pai up`)")
+    parser.add_argument("--data-dir", help="PAI data directory (default: PAI_DATA_DIR or .pai)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run nats-server and all five services on this machine")
+    up.add_argument("--cluster", help="HiveD-format cluster file (default: this machine as one node)")
+    up.add_argument("--config", help="PAI config file (YAML)")
+    up.add_argument("--port", type=int, help="API port (default 9186)")
+    up.add_argument("--example", help="submit this job file once the platform is up and show how it ends")
+    up.add_argument("--detach-after-example", action="store_true", help=argparse.SUPPRESS)
+    up.set_defaults(func=cmd_up)
+
+    s = sub.add_parser("submit", help="submit an OpenPAI v2 job file (YAML or JSON; - for stdin)")
+    s.add_argument("file")
+    s.set_defaults(func=cmd_submit)
+
+    ls = sub.add_parser("list", help="list jobs")
+    ls.add_argument("--user")
+    ls.add_argument("--vc")
+    ls.add_argument("--state")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+
+    st = sub.add_parser("status", help="show one job: state, tasks, why it waits or failed")
+    st.add_argument("job", help="user~name")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+
+    lg = sub.add_parser("logs", help="show a task's output")
+    lg.add_argument("job")
+    lg.add_argument("--role")
+    lg.add_argument("--index", type=int, default=0)
+    lg.add_argument("--tail", type=int, help="only the last N bytes")
+    lg.add_argument("-f", "--follow", action="store_true")
+    lg.set_defaults(func=cmd_logs)
+
+    sp = sub.add_parser("stop", help="stop a job")
+    sp.add_argument("job")
+    sp.set_defaults(func=cmd_stop)
+
+    vc = sub.add_parser("vcs", help="virtual clusters: quota, use and queue")
+    vc.add_argument("--json", action="store_true")
+    vc.set_defaults(func=cmd_vcs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ApiError as exc:
+        body = exc.body
+        err_console.print(f"[red]error {exc.status}[/]: {body.get('message') if isinstance(body, dict) else body}")
+        if isinstance(body, dict):
+            for e in body.get("errors", []) + (body.get("details") or {}).get("errors", []):
+                line = f" (line {e['line']})" if e.get("line") else ""
+                err_console.print(f"  {e['path']}{line}: {e['message']} [{e['rule']}]")
+        return 2
+    except OSError as exc:
+        err_console.print(f"[red]cannot reach PAI[/]: {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

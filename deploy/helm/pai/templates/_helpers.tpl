@@ -1,0 +1,76 @@
+{{/* Names, labels and small values shared by every template of the PAI chart. */}}
+
+{{- define "pai.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "pai.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "<fullname>-<component>", kept within the 63 characters of a DNS label. */}}
+{{- define "pai.componentName" -}}
+{{- printf "%s-%s" (include "pai.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "pai.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "pai.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: pai
+{{- end -}}
+
+{{/* Selector of one component; `dict "root" $ "component" "rest"`. */}}
+{{- define "pai.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pai.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "pai.componentLabels" -}}
+{{ include "pai.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Image reference of a PAI service; `dict "root" $ "svc" <its values>`. */}}
+{{- define "pai.image" -}}
+{{- $tag := .svc.image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion -}}
+{{- printf "%s%s:%s" .root.Values.image.registry .svc.image.repository (toString $tag) -}}
+{{- end -}}
+
+{{/* The URL every service connects to: the bundled NATS or the external one. */}}
+{{- define "pai.natsUrl" -}}
+{{- if .Values.nats.enabled -}}
+{{- printf "nats://%s:%v" (include "pai.componentName" (dict "root" . "component" "nats")) .Values.nats.port -}}
+{{- else -}}
+{{- required "nats.externalUrl is required when nats.enabled is false" .Values.nats.externalUrl -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pai.launcherServiceAccount" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "pai.componentName" (dict "root" . "component" "launcher")) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pai.jobNamespace" -}}
+{{- default .Release.Namespace .Values.services.launcher.jobNamespace -}}
+{{- end -}}
+
+{{/* The cluster config as the scheduler reads it; hashed into a pod annotation so a change restarts it. */}}
+{{- define "pai.clusterYaml" -}}
+{{- toYaml .Values.cluster -}}
+{{- end -}}

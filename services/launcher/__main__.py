@@ -1,0 +1,3 @@
+from services.launcher.service import main
+
+main()

@@ -1,0 +1,112 @@
+"""Task logs with a size cap that keeps the end.
+
+The end of a log is what explains a failure (the runtime's rules match on the
+log tail), so a capped log keeps its newest bytes: each file is written in two
+segments of half the cap; when the current one is full it becomes `<name>.1`
+(replacing the older one) and a new one starts. On disk a log never exceeds the
+cap, and at least the last half of the cap is always kept. Reading joins the two
+segments and says how much was dropped before them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DROPPED_NOTE = "[PAI: log capped at {cap} bytes; {dropped} earlier bytes were dropped]\n"
+
+
+def previous_segment(path: Path) -> Path:
+    return path.with_name(path.name + ".1")
+
+
+def dropped_note(path: Path) -> Path:
+    """Holds how many bytes the cap dropped; absent while nothing was."""
+    return path.with_name(path.name + ".dropped")
+
+
+def dropped_bytes(path: Path) -> int:
+    try:
+        return int(dropped_note(path).read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+class CappedLog:
+    """Append-only file with rotation; created on first write (most tasks are quiet)."""
+
+    def __init__(self, path: Path, cap_bytes: int):
+        self.path = path
+        self.segment_bytes = max(1, cap_bytes // 2)
+        self.dropped_bytes = 0
+        self._fd: int | None = None
+        self._size = 0
+
+    def write(self, data: bytes) -> None:
+        if len(data) > self.segment_bytes:
+            # Only the end of an oversized chunk survives; all before it is older.
+            self._drop_all()
+            self._count_dropped(len(data) - self.segment_bytes)
+            data = data[-self.segment_bytes :]
+        elif self._size + len(data) > self.segment_bytes:
+            self._rotate()
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(self._fd, data)
+        self._size += len(data)
+
+    def _rotate(self) -> None:
+        self.close()
+        previous = previous_segment(self.path)
+        if previous.exists():
+            self._count_dropped(previous.stat().st_size)
+        os.replace(self.path, previous)
+        self._size = 0
+
+    def _drop_all(self) -> None:
+        self.close()
+        for segment in (self.path, previous_segment(self.path)):
+            try:
+                size = segment.stat().st_size
+                segment.unlink()
+            except FileNotFoundError:
+                continue
+            self._count_dropped(size)
+        self._size = 0
+
+    def _count_dropped(self, count: int) -> None:
+        if count:
+            self.dropped_bytes += count
+            dropped_note(self.path).write_text(str(self.dropped_bytes))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_log(path: Path, *, cap_bytes: int, tail_bytes: int | None = None) -> bytes:
+    """The log as kept: both segments, with a note first if the cap dropped output.
+
+    `tail_bytes` returns at most that many bytes from the end (no note).
+    """
+    current = _read_end(path, tail_bytes)
+    if tail_bytes is not None and len(current) >= tail_bytes:
+        return current
+    remaining = None if tail_bytes is None else tail_bytes - len(current)
+    kept = _read_end(previous_segment(path), remaining) + current
+    dropped = dropped_bytes(path)
+    if tail_bytes is None and dropped:
+        return DROPPED_NOTE.format(cap=cap_bytes, dropped=dropped).encode() + kept
+    return kept
+
+
+def _read_end(path: Path, count: int | None) -> bytes:
+    try:
+        with open(path, "rb") as log:
+            if count is not None:
+                size = os.fstat(log.fileno()).st_size
+                log.seek(max(0, size - count))
+            return log.read()
+    except FileNotFoundError:
+        return b""

@@ -1,0 +1,121 @@
+"""Finding and signalling a task's processes through /proc (Linux).
+
+Stdlib only, because the shim imports it: the task is found three ways, each
+catching what the others can miss:
+- its process group (the task leader's pid), for the ordinary case;
+- the shim's descendants: the shim is a child subreaper, so a grandchild that
+  started its own session and lost its parent is re-parented to the shim, not init;
+- the `PAI_TASK_KEY` marker in /proc/<pid>/environ, for when the shim is gone
+  (a process that scrubs its environment escapes this last net; its cgroup, where
+  there is one, does not).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from collections.abc import Iterable
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_child_subreaper() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (which may hold spaces)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            raw = stat.read()
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 2 :].decode().split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """Kernel start time of a live process (None if gone or a zombie).
+
+    Together with the pid it names one process: a reused pid has another start time.
+    """
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def is_alive(pid: int, ticks: int) -> bool:
+    return pid > 0 and start_ticks(pid) == ticks
+
+
+def _parents() -> dict[int, int]:
+    parent_of: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(int(name))
+            if fields is not None and fields[0] not in ("Z", "X"):
+                parent_of[int(name)] = int(fields[1])
+    return parent_of
+
+
+def descendants(root: int) -> list[int]:
+    """Live (non-zombie) descendants of `root`, parents before children."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parents().items():
+        children.setdefault(ppid, []).append(pid)
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        for child in children.get(pid, ()):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+def marked(task_slug: str, marker: str) -> list[int]:
+    """Live processes whose environment carries `marker=task_slug`."""
+    needle = f"{marker}={task_slug}".encode()
+    own = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == own:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as environ:
+                entries = environ.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in entries and start_ticks(int(name)) is not None:
+            found.append(int(name))
+    return found
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    if pgid > 0:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def signal_each(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def sweep_marked(task_slug: str, marker: str) -> None:
+    """SIGKILL every process of a task whose shim is gone."""
+    for _ in range(5):  # strays may fork while we look; a killed one cannot
+        strays = marked(task_slug, marker)
+        if not strays:
+            return
+        signal_each(strays, signal.SIGKILL)

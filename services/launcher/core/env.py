@@ -1,0 +1,102 @@
+"""The environment a task sees: OpenPAI's PAI_* variables, computed from the placement.
+
+Pure, shared by every backend (local processes and Kubernetes Pods get the same
+variables). Names follow OpenPAI's runtime:
+
+- `PAI_JOB_NAME`: the job id `user~name`, as OpenPAI sets it;
+- `PAI_USER_NAME`, `PAI_VIRTUAL_CLUSTER`;
+- `PAI_TASK_ROLE_LIST`: role names, comma-separated, in the job's order;
+- `PAI_TASK_ROLE_TASK_COUNT_<role>`: instances of each role;
+- `PAI_CURRENT_TASK_ROLE_NAME`, `PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX`;
+- `PAI_HOST_IP_<role>_<i>` and `PAI_PORT_LIST_<role>_<i>_<label>` (comma-separated
+  ports) for every placed task of the job;
+- `PAI_TASK_ROLE_<role>_HOST_LIST`: comma-separated, one entry per placed task in
+  index order. OpenPAI writes `ip:port` with the first port of the `http` label
+  (its rest server always reserves `http` and `ssh` ports). PAI reserves only the
+  ports a job asks for, so the entry is `ip:port` with the first port of `http`
+  when the role declares that label, else of the role's first declared label,
+  else the bare `ip`;
+- `PAI_TASK_ROLE_INSTANCES`: `role:index` of every placed task, comma-separated;
+- `PAI_JOB_ATTEMPT_ID` (from 1, as the API shows attempts) and
+  `PAI_TASK_ATTEMPT_ID` (from 0, bumped by each retry of the task alone);
+- `CUDA_VISIBLE_DEVICES`: the placed GPU indices, comma-separated; empty when
+  the task got no GPU, so that it cannot use any GPU of the node;
+- `PAI_GPU_COUNT`: how many GPUs were placed.
+
+With `gangAllocation: false` a task starts before its peers are placed; it sees
+the addresses of the tasks placed so far only (OpenPAI does the same: peers
+without an IP are left out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from libs.common.protocol.model import JobSpec, TaskRole
+
+HOST_LIST_PREFERRED_LABEL = "http"
+
+
+class PeerAddress(msgspec.Struct, frozen=True, kw_only=True):
+    """Where one task of the job can be reached."""
+
+    hostIp: str
+    ports: dict[str, list[int]] = {}
+
+
+def host_list_label(role: TaskRole) -> str | None:
+    """The port label whose first port goes into the role's host list, if any."""
+    labels = list(role.resources.ports)
+    if HOST_LIST_PREFERRED_LABEL in labels:
+        return HOST_LIST_PREFERRED_LABEL
+    return labels[0] if labels else None
+
+
+def host_list_entry(address: PeerAddress, label: str | None) -> str:
+    ports = address.ports.get(label, []) if label is not None else []
+    return f"{address.hostIp}:{ports[0]}" if ports else address.hostIp
+
+
+def task_env(
+    *,
+    spec: JobSpec,
+    job: str,
+    attempt: int,
+    role: str,
+    index: int,
+    task_attempt: int,
+    peers: Mapping[tuple[str, int], PeerAddress],
+    gpus: Sequence[int],
+) -> dict[str, str]:
+    """Environment of task `role`/`index`; `peers` holds every placed task, itself included."""
+    env: dict[str, str] = {
+        "PAI_JOB_NAME": job,
+        "PAI_USER_NAME": spec.user,
+        "PAI_VIRTUAL_CLUSTER": spec.virtualCluster,
+        "PAI_TASK_ROLE_LIST": ",".join(r.name for r in spec.taskRoles),
+        "PAI_CURRENT_TASK_ROLE_NAME": role,
+        "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": str(index),
+        "PAI_JOB_ATTEMPT_ID": str(attempt),
+        "PAI_TASK_ATTEMPT_ID": str(task_attempt),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+        "PAI_GPU_COUNT": str(len(gpus)),
+    }
+    instances: list[str] = []
+    for task_role in spec.taskRoles:
+        env[f"PAI_TASK_ROLE_TASK_COUNT_{task_role.name}"] = str(task_role.instances)
+        label = host_list_label(task_role)
+        host_list: list[str] = []
+        for i in range(task_role.instances):
+            address = peers.get((task_role.name, i))
+            if address is None:
+                continue
+            instances.append(f"{task_role.name}:{i}")
+            env[f"PAI_HOST_IP_{task_role.name}_{i}"] = address.hostIp
+            for port_label, ports in address.ports.items():
+                env[f"PAI_PORT_LIST_{task_role.name}_{i}_{port_label}"] = ",".join(str(p) for p in ports)
+            host_list.append(host_list_entry(address, label))
+        env[f"PAI_TASK_ROLE_{task_role.name}_HOST_LIST"] = ",".join(host_list)
+    env["PAI_TASK_ROLE_INSTANCES"] = ",".join(instances)
+    return env

@@ -1,0 +1,106 @@
+"""What the launcher core reacts to.
+
+Bus events are translated by `from_message`; backend events (`TaskRunning`,
+`TaskFinished`) are the backend interface's own Structs; `BackoffElapsed` comes
+from the shell's timers (ordered by a `StartTimer` action).
+
+`id` is the id of the bus event (or "" when there is none); it becomes the
+`cause` of what the core publishes in response.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from libs.common import messages
+from libs.common.messages import ExitSpec, TaskPlacement
+from libs.common.protocol.model import JobSpec
+from services.launcher.backends.base import TaskFinished, TaskKey, TaskRunning
+
+
+class Submitted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    job: str
+    spec: JobSpec
+    at: float
+    id: str = ""
+
+
+class Placed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    job: str
+    attempt: int
+    tasks: list[TaskPlacement]
+    # Only some tasks are placed (gangAllocation: false); more placements follow.
+    partial: bool = False
+    id: str = ""
+
+
+class PreemptRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    job: str
+    attempt: int
+    by: str
+    reason: str = ""
+    id: str = ""
+
+
+class StopRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    job: str
+    by: str
+    id: str = ""
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The runtime's explanation of a failed task attempt."""
+
+    key: TaskKey
+    exitCode: int
+    spec: ExitSpec
+    diagnostics: list[str] = []
+    id: str = ""
+
+
+class BackoffElapsed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    job: str
+    attempt: int
+
+
+LauncherEvent = Union[
+    Submitted,
+    Placed,
+    PreemptRequested,
+    StopRequested,
+    Verdict,
+    BackoffElapsed,
+    TaskRunning,
+    TaskFinished,
+]
+
+
+def from_message(message: messages.Event) -> LauncherEvent | None:
+    """The core event for a bus event, or None for a kind the launcher ignores."""
+    match message:
+        case messages.JobSubmitted(spec=spec):
+            return Submitted(job=message.job, spec=spec, at=message.at, id=message.id)
+        case messages.JobPlaced(attempt=attempt, tasks=tasks, partial=partial):
+            return Placed(job=message.job, attempt=attempt, tasks=tasks, partial=partial, id=message.id)
+        case messages.PreemptRequested(attempt=attempt, by=by, reason=reason):
+            return PreemptRequested(job=message.job, attempt=attempt, by=by, reason=reason, id=message.id)
+        case messages.StopRequested(by=by):
+            return StopRequested(job=message.job, by=by, id=message.id)
+        case messages.TaskVerdict():
+            key = TaskKey(
+                job=message.job,
+                attempt=message.attempt,
+                role=message.role,
+                index=message.index,
+                taskAttempt=message.taskAttempt,
+            )
+            return Verdict(
+                key=key,
+                exitCode=message.exitCode,
+                spec=message.spec,
+                diagnostics=message.diagnostics,
+                id=message.id,
+            )
+    return None

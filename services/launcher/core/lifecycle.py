@@ -1,0 +1,918 @@
+"""The launcher core: job and task lifecycle, pure and deterministic.
+
+`LauncherCore.handle(*events)` applies events (see `events.py`) to the job
+records and returns the actions (see `actions.py`) the shell must carry out.
+Nothing here does I/O or reads the time except through the injected clock.
+
+Contracts:
+- Every handler is idempotent: an event delivered again changes nothing and
+  returns no action (the record says it was done).
+- `handle` is all-or-nothing: if it raises, no record has changed.
+- An event the core cannot use *yet* (a placement, stop or preemption for a job
+  whose submission it has not seen) raises `Transient`; a placement naming tasks
+  the job does not have raises `BadInput`; `IllegalTransition` is a bug.
+- An attempt ends in two steps: the outcome is decided (`AttemptRecord.ending`),
+  remaining tasks are killed, and only once none is live is the outcome applied
+  (job state, `JobReleased`, next attempt). So the scheduler never gets cells
+  back while a process of the attempt may still use them.
+- Start-up: `load()` every record, then `recover()` with the task keys the
+  backend still knows, then consume events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from libs.common import messages
+from libs.common.errors import BadInput, Transient
+from libs.common.messages import JobState, TaskPlacement, TaskState
+from libs.common.records import (
+    AttemptEnding,
+    AttemptRecord,
+    EndOutcome,
+    JobRecord,
+    TaskAttemptSummary,
+    TaskRecord,
+    Transition,
+)
+from services.launcher.backends.base import TaskFinished, TaskKey, TaskLaunch, TaskRunning
+from services.launcher.core import exits
+from services.launcher.core.actions import Action, ForgetTask, KillTask, Publish, SaveJob, StartTask, StartTimer
+from services.launcher.core.env import PeerAddress, task_env
+from services.launcher.core.events import (
+    BackoffElapsed,
+    LauncherEvent,
+    Placed,
+    PreemptRequested,
+    StopRequested,
+    Submitted,
+    Verdict,
+)
+from services.launcher.core.invariants import check_invariants
+from services.launcher.core.policy import (
+    Completion,
+    attempt_completion,
+    backoff_seconds,
+    job_retry,
+    task_retry_allowed,
+)
+from services.launcher.core.ports import PortBook
+from services.launcher.core.recordops import exit_recorded, find_task, new_attempt, replace, task_key, with_task
+from services.launcher.core.transitions import transition
+
+ACTIVE_STATES = (JobState.WAITING, JobState.RUNNING)
+ATTEMPT_STATE_AFTER = {
+    EndOutcome.SUCCEEDED: JobState.SUCCEEDED,
+    EndOutcome.FAILED: JobState.FAILED,
+    EndOutcome.RETRY: JobState.FAILED,
+    EndOutcome.STOPPED: JobState.STOPPED,
+    EndOutcome.PREEMPTED: JobState.STOPPED,
+}
+
+
+def released_id(job: str, attempt: int) -> str:
+    return f"{job}/{attempt}/released"
+
+
+def state_id(job: str, attempt: int, state: JobState) -> str:
+    return f"{job}/{attempt}/state/{state}"
+
+
+def describe_exit(code: int | None, spec: messages.ExitSpec | None) -> str:
+    phrase = f" ({spec.phrase})" if spec is not None and spec.phrase else ""
+    return f"exit code {code}{phrase}"
+
+
+class LauncherCore:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        port_range: tuple[int, int] = (20000, 30000),
+        backoff_base_seconds: float = 10.0,
+        backoff_max_seconds: float = 600.0,
+        kill_grace_seconds: float = 30.0,
+    ):
+        self._clock = clock
+        self._ports = PortBook(port_range)
+        self._backoff_base = backoff_base_seconds
+        self._backoff_max = backoff_max_seconds
+        self._grace = kill_grace_seconds
+        self._jobs: dict[str, JobRecord] = {}
+        # Per handle() call: records as they were before it, and actions so far.
+        self._before: dict[str, JobRecord | None] = {}
+        self._actions: list[Action] = []
+
+    # --- public API -----------------------------------------------------------
+
+    def handle(self, *events: LauncherEvent) -> list[Action]:
+        return self._transaction(lambda: [self._dispatch(event) for event in events])
+
+    def load(self, record: JobRecord) -> None:
+        """Restore a job from its stored record (after a restart, before `recover`)."""
+        self._jobs[record.job] = record
+        self._ports.update(record)
+
+    def job(self, job_id: str) -> JobRecord | None:
+        return self._jobs.get(job_id)
+
+    def job_ids(self) -> list[str]:
+        return sorted(self._jobs)
+
+    def recover(self, known: set[TaskKey]) -> list[Action]:
+        """Reconcile the records with the task keys the backend still knows, after a restart.
+
+        - the publications of each job's last change are published again (the
+          launcher may have stopped between saving a record and publishing);
+        - a live task the backend does not know: recorded RUNNING (or killed) -> reported
+          lost (exit code -1001, platform reason "Lost"); ordered to start but never
+          started -> started now, once;
+        - a task the backend knows whose exit is recorded -> forgotten;
+        - a task the launcher ordered killed -> the kill is ordered again;
+        - a task the backend knows but no record mentions -> killed;
+        - a pending backoff -> its timer is started again.
+        """
+        replays: list[Action] = [
+            Publish(event=event) for job in sorted(self._jobs) for event in self._jobs[job].outbox
+        ]
+        actions = self._transaction(lambda: self._recover(known))
+        saves = [a for a in actions if isinstance(a, SaveJob)]
+        return saves + replays + [a for a in actions if not isinstance(a, SaveJob)]
+
+    def validate_state(self) -> None:
+        """Raise `InvariantViolation` if the records break an invariant of the lifecycle."""
+        check_invariants(self._jobs.values(), port_range=(self._ports.low, self._ports.high))
+
+    # --- plumbing ---------------------------------------------------------------
+
+    def _transaction(self, work: Callable[[], object]) -> list[Action]:
+        self._before, self._actions = {}, []
+        try:
+            work()
+        except BaseException:
+            for job, record in self._before.items():
+                if record is None:
+                    self._jobs.pop(job, None)
+                    self._ports.remove(job)
+                else:
+                    self._jobs[job] = record
+                    self._ports.update(record)
+            raise
+        finally:
+            before, actions = self._before, self._actions
+            self._before, self._actions = {}, []
+        return self._saves(before, actions) + actions
+
+    def _saves(self, before: dict[str, JobRecord | None], actions: list[Action]) -> list[Action]:
+        """One SaveJob per changed job, carrying this call's publications as its outbox."""
+        outboxes: dict[str, list[messages.AnyEvent]] = {}
+        for action in actions:
+            if isinstance(action, Publish):
+                outboxes.setdefault(action.event.job, []).append(action.event)  # type: ignore[arg-type]
+        saves: list[Action] = []
+        for job in [*before, *(j for j in outboxes if j not in before)]:
+            record = self._jobs[job]
+            old = before.get(job, record)
+            outbox = outboxes.get(job, [])
+            if (record is old or record == old) and not outbox:
+                continue
+            record = replace(record, outbox=outbox)
+            self._jobs[job] = record
+            saves.append(SaveJob(record=record))
+        return saves
+
+    def _put(self, record: JobRecord) -> JobRecord:
+        if record.job not in self._before:
+            self._before[record.job] = self._jobs.get(record.job)
+        self._jobs[record.job] = record
+        self._ports.update(record)
+        return record
+
+    def _emit(self, action: Action) -> None:
+        self._actions.append(action)
+
+    def _publish(self, event: messages.Event) -> None:
+        self._emit(Publish(event=event))
+
+    def _now(self) -> float:
+        return self._clock()
+
+    def _known_job(self, job: str, what: str) -> JobRecord:
+        record = self._jobs.get(job)
+        if record is None:
+            # Submission and this event travel on different subjects; the
+            # submission may simply not have been applied yet.
+            raise Transient(f"{what} for job {job}, whose submission the launcher has not seen yet", delay=1.0)
+        return record
+
+    def _dispatch(self, event: LauncherEvent) -> None:
+        match event:
+            case Submitted():
+                self._on_submitted(event)
+            case Placed():
+                self._on_placed(event)
+            case TaskRunning():
+                self._on_task_running(event)
+            case TaskFinished():
+                self._on_task_finished(event)
+            case Verdict():
+                self._on_verdict(event)
+            case StopRequested():
+                self._on_stop(event)
+            case PreemptRequested():
+                self._on_preempt(event)
+            case BackoffElapsed():
+                self._on_backoff_elapsed(event)
+            case _:
+                raise TypeError(f"not a launcher event: {event!r}")
+
+    def _move(self, record: JobRecord, to: JobState, *, why: str, cause: str) -> JobRecord:
+        """Change the job's state through the transition table and announce it."""
+        now = self._now()
+        previous = record.state
+        record = self._put(transition(record, to, at=now, why=why))
+        final = to.is_final
+        self._publish(
+            messages.JobStateChanged(
+                id=state_id(record.job, record.attempt, to),
+                job=record.job,
+                cause=cause,
+                at=now,
+                vc=record.vc,
+                user=record.user,
+                attempt=record.attempt,
+                state=to,
+                previous=previous,
+                exitCode=record.appExitCode if final else None,
+                exitSpec=record.appExitSpec if final else None,
+                sinceSubmit=max(0.0, now - record.createdTime),
+            )
+        )
+        return record
+
+    # --- submission and placement -------------------------------------------------
+
+    def _on_submitted(self, event: Submitted) -> None:
+        if event.job in self._jobs:
+            return
+        spec = event.spec
+        at = event.at or self._now()
+        record = JobRecord(
+            job=event.job,
+            name=spec.name,
+            user=spec.user,
+            vc=spec.virtualCluster,
+            spec=spec,
+            createdTime=at,
+            attempts=[new_attempt(spec, 1, at)],
+            history=[Transition(at=at, to=JobState.WAITING, why="submitted", attempt=1)],
+        )
+        self._put(record)
+        self._publish(
+            messages.JobStateChanged(
+                id=state_id(record.job, 1, JobState.WAITING),
+                job=record.job,
+                cause=event.id,
+                at=at,
+                vc=record.vc,
+                user=record.user,
+                attempt=1,
+                state=JobState.WAITING,
+                sinceSubmit=0.0,
+            )
+        )
+
+    def _on_placed(self, event: Placed) -> None:
+        record = self._known_job(event.job, "a placement")
+        attempt = record.current
+        if (
+            event.attempt != record.attempt
+            or record.state not in ACTIVE_STATES
+            or attempt.ending is not None
+            or attempt.ended
+        ):
+            self._late_placement(record, event)
+            return
+        self._check_placement(record, event.tasks)
+        new = self._new_placements(attempt, event.tasks)
+        if not new:
+            return
+        self._place(record, new, cause=event.id)
+
+    def _check_placement(self, record: JobRecord, placements: list[TaskPlacement]) -> None:
+        unknown = [f"{p.role}[{p.index}]" for p in placements if record.current.task(p.role, p.index) is None]
+        if unknown:
+            raise BadInput(f"placement of job {record.job} names tasks it does not have: {', '.join(unknown)}")
+
+    def _new_placements(self, attempt: AttemptRecord, placements: list[TaskPlacement]) -> list[TaskPlacement]:
+        """Placements of tasks not placed yet, one per task, in the job's task order."""
+        order = {(t.role, t.index): i for i, t in enumerate(attempt.tasks)}
+        chosen: dict[tuple[str, int], TaskPlacement] = {}
+        for placement in placements:
+            slot = (placement.role, placement.index)
+            task = attempt.task(*slot)
+            if task is not None and not task.placed and slot not in chosen:
+                chosen[slot] = placement  # the first placement of a task wins
+        return sorted(chosen.values(), key=lambda p: order[(p.role, p.index)])
+
+    def _place(self, record: JobRecord, placements: list[TaskPlacement], *, cause: str) -> None:
+        number = record.attempt
+        taken_now: dict[str, set[int]] = {}
+        exhausted: TaskPlacement | None = None
+        for placement in placements:
+            role = record.spec.role(placement.role)
+            ports = self._ports.allocate(placement.node, role.resources.ports, taken_now.get(placement.node, ()))
+            if ports is None:
+                exhausted = exhausted or placement
+                ports = {}
+            for values in ports.values():
+                taken_now.setdefault(placement.node, set()).update(values)
+            task = record.current.task(placement.role, placement.index)
+            assert task is not None
+            task = replace(
+                task,
+                node=placement.node,
+                hostIp=placement.hostIp,
+                gpus=list(placement.gpus),
+                leafCells=list(placement.leafCells),
+                skuType=placement.skuType,
+                ports=ports,
+            )
+            record = with_task(record, number, task)
+        record = self._put(record)
+        if exhausted is not None:
+            self._fail_attempt(
+                record,
+                exit_code=exits.PORTS_EXHAUSTED_EXIT_CODE,
+                spec=exits.PORTS_EXHAUSTED,
+                diagnostics=[f"no free port on node {exhausted.node} in [{self._ports.low}, {self._ports.high})"],
+                trigger=(exhausted.role, exhausted.index),
+                cause=cause,
+            )
+            return
+        self._start_ready(record, cause=cause)
+
+    def _late_placement(self, record: JobRecord, event: Placed) -> None:
+        """A placement the job cannot use: make sure the scheduler gets those cells back."""
+        target = record.attempt_record(event.attempt)
+        if target is not None and target.released:
+            return  # our release of that attempt follows the placement and frees all of it
+        if target is not None and not target.ended:
+            # The attempt is ending; record where its tasks were placed so that
+            # its release, once the live tasks are gone, covers these cells.
+            changed = record
+            for placement in self._new_placements(target, event.tasks):
+                task = target.task(placement.role, placement.index)
+                assert task is not None
+                changed = with_task(changed, target.attempt, replace(task, node=placement.node, hostIp=placement.hostIp))
+            if changed is not record:
+                self._put(changed)
+            return
+        if target is not None:
+            # Ended without ever being placed (stopped while waiting): release it now.
+            self._put(replace(record, attempts=[replace(a, released=True) if a is target else a for a in record.attempts]))
+            self._publish_release(record, event.attempt, requeue=False, event_id=released_id(record.job, event.attempt), cause=event.id)
+            return
+        # An attempt this job never had: answer with an id of its own so it is not
+        # mistaken for (and deduplicated against) a real release of that number.
+        late_id = f"{released_id(record.job, event.attempt)}/late/{event.id or self._placement_digest(event)}"
+        current = record.current
+        if late_id in current.lateReleases:
+            return
+        current = replace(current, lateReleases=[*current.lateReleases, late_id])
+        self._put(replace(record, attempts=[*record.attempts[:-1], current]))
+        self._publish_release(record, event.attempt, requeue=False, event_id=late_id, cause=event.id)
+
+    @staticmethod
+    def _placement_digest(event: Placed) -> str:
+        return "+".join(sorted(f"{p.role}.{p.index}@{p.node}" for p in event.tasks))
+
+    def _publish_release(self, record: JobRecord, attempt: int, *, requeue: bool, event_id: str, cause: str) -> None:
+        self._publish(
+            messages.JobReleased(
+                id=event_id,
+                job=record.job,
+                cause=cause,
+                at=self._now(),
+                vc=record.vc,
+                attempt=attempt,
+                requeue=requeue,
+            )
+        )
+
+    # --- starting tasks -------------------------------------------------------------
+
+    def _start_ready(self, record: JobRecord, *, cause: str) -> JobRecord:
+        """Order the start of every task that may start now."""
+        attempt = record.current
+        if record.state not in ACTIVE_STATES or attempt.ending is not None or attempt.ended:
+            return record
+        if attempt.backoffUntil is not None:
+            if self._now() < attempt.backoffUntil:
+                return record
+            attempt = replace(attempt, backoffUntil=None)
+            record = self._put(replace(record, attempts=[*record.attempts[:-1], attempt]))
+        if record.spec.gangAllocation and not all(t.placed for t in attempt.tasks):
+            return record
+        ready = [
+            t
+            for t in attempt.tasks
+            if t.placed and not t.startRequested and t.state == TaskState.WAITING and t.killReason is None
+        ]
+        if not ready:
+            return record
+        for task in ready:
+            task = replace(task, startRequested=True)
+            record = with_task(record, attempt.attempt, task)
+            self._emit(StartTask(launch=self._launch(record, record.current, task)))
+        return self._put(record)
+
+    def _launch(self, record: JobRecord, attempt: AttemptRecord, task: TaskRecord) -> TaskLaunch:
+        assert task.node is not None and task.hostIp is not None
+        role = record.spec.role(task.role)
+        peers = {
+            (t.role, t.index): PeerAddress(hostIp=t.hostIp, ports=t.ports)
+            for t in attempt.tasks
+            if t.hostIp is not None
+        }
+        env = task_env(
+            spec=record.spec,
+            job=record.job,
+            attempt=attempt.attempt,
+            role=task.role,
+            index=task.index,
+            task_attempt=task.taskAttempt,
+            peers=peers,
+            gpus=task.gpus,
+        )
+        placement = TaskPlacement(
+            role=task.role,
+            index=task.index,
+            node=task.node,
+            hostIp=task.hostIp,
+            gpus=list(task.gpus),
+            leafCells=list(task.leafCells),
+            skuType=task.skuType,
+        )
+        return TaskLaunch(
+            key=task_key(record, attempt, task),
+            vc=record.vc,
+            user=record.user,
+            placement=placement,
+            commands=list(role.commands),
+            env=env,
+            cpu=role.resources.cpu,
+            memoryMB=role.resources.memoryMB,
+            gpu=role.resources.gpu,
+            ports={label: list(ports) for label, ports in task.ports.items()},
+            dockerImageUri=role.dockerImageUri,
+        )
+
+    # --- what the backend saw -----------------------------------------------------------
+
+    def _on_task_running(self, event: TaskRunning) -> None:
+        record = self._jobs.get(event.key.job)
+        found = find_task(record, event.key) if record is not None else None
+        if record is None or found is None:
+            if record is None or not exit_recorded(record, event.key):
+                # Nothing the launcher ordered: do not let it hold resources.
+                self._emit(KillTask(key=event.key, reason="not known to the launcher", grace_seconds=self._grace))
+            return
+        attempt, task = found
+        if task.state != TaskState.WAITING or task.exited or not task.startRequested:
+            return
+        now = self._now()
+        record = self._put(
+            with_task(record, attempt.attempt, replace(task, state=TaskState.RUNNING, launchedTime=now))
+        )
+        started_id = messages.task_event_id(
+            record.job, attempt.attempt, task.role, task.index, task.taskAttempt, "started"
+        )
+        self._publish(
+            messages.TaskStarted(
+                id=started_id,
+                job=record.job,
+                at=now,
+                vc=record.vc,
+                attempt=attempt.attempt,
+                role=task.role,
+                index=task.index,
+                taskAttempt=task.taskAttempt,
+                node=event.node or task.node or "",
+            )
+        )
+        self._maybe_running(record, cause=started_id)
+
+    def _on_task_finished(self, event: TaskFinished) -> None:
+        key = event.key
+        record = self._jobs.get(key.job)
+        found = find_task(record, key) if record is not None else None
+        if record is None or found is None:
+            if record is None or not exit_recorded(record, key):
+                self._emit(ForgetTask(key=key))  # nothing of ours to record
+            return
+        attempt, task = found
+        if task.exited or not task.startRequested:
+            return
+        now = self._now()
+        exited_id = messages.task_event_id(record.job, key.attempt, key.role, key.index, key.taskAttempt, "exited")
+        task = replace(
+            task,
+            exitCode=event.exitCode,
+            completedTime=now,
+            launchedTime=task.launchedTime if task.launchedTime is not None else now,
+            logPath=event.logPath,
+            platformReason=event.platformReason,
+        )
+        if task.killReason is not None and event.exitCode != 0:
+            task = replace(task, state=TaskState.STOPPED, exitSpec=self._kill_spec(attempt))
+        elif event.exitCode == 0:
+            task = replace(task, state=TaskState.SUCCEEDED, exitSpec=exits.SUCCEEDED)
+        else:
+            task = replace(task, state=TaskState.FAILED, verdictPending=True)
+        record = self._put(with_task(record, attempt.attempt, task))
+        self._publish(
+            messages.TaskExited(
+                id=exited_id,
+                job=record.job,
+                at=now,
+                vc=record.vc,
+                attempt=key.attempt,
+                role=key.role,
+                index=key.index,
+                taskAttempt=key.taskAttempt,
+                exitCode=event.exitCode,
+                signal=event.signal,
+                platformReason=event.platformReason,
+                platformMessage=event.platformMessage,
+                userLogTail=event.userLogTail,
+                logPath=event.logPath,
+                memoryPeakMB=event.memoryPeakMB,
+            )
+        )
+        self._emit(ForgetTask(key=key))
+        record = self._maybe_running(record, cause=exited_id)
+        if task.killReason is None and task.state == TaskState.SUCCEEDED:
+            record = self._settle(record, task, cause=exited_id)
+        self._maybe_finalize(record, cause=exited_id)
+
+    @staticmethod
+    def _kill_spec(attempt: AttemptRecord) -> messages.ExitSpec:
+        ending = attempt.ending
+        if ending is not None and ending.outcome in (EndOutcome.STOPPED, EndOutcome.PREEMPTED) and ending.exitSpec:
+            return ending.exitSpec
+        return exits.ATTEMPT_COMPLETION
+
+    def _on_verdict(self, event: Verdict) -> None:
+        record = self._jobs.get(event.key.job)
+        found = find_task(record, event.key) if record is not None else None
+        if record is None or found is None:
+            return
+        attempt, task = found
+        if not task.verdictPending:
+            return
+        task = replace(task, exitSpec=event.spec, diagnostics=list(event.diagnostics), verdictPending=False)
+        record = self._put(with_task(record, attempt.attempt, task))
+        if attempt.attempt != record.attempt:
+            return
+        role = record.spec.role(task.role)
+        if record.state in ACTIVE_STATES and record.current.ending is None and task_retry_allowed(
+            event.spec.reaction,
+            gang_allocation=record.spec.gangAllocation,
+            retries=task.retries,
+            task_retry_count=role.taskRetryCount,
+        ):
+            self._retry_task(record, task, cause=event.id)
+            return
+        self._settle(record, task, cause=event.id)
+
+    def _retry_task(self, record: JobRecord, task: TaskRecord, *, cause: str) -> None:
+        summary = TaskAttemptSummary(
+            taskAttempt=task.taskAttempt,
+            state=task.state,
+            node=task.node,
+            launchedTime=task.launchedTime,
+            completedTime=task.completedTime,
+            exitCode=task.exitCode,
+            exitSpec=task.exitSpec,
+            diagnostics=task.diagnostics,
+            logPath=task.logPath,
+        )
+        retried = replace(
+            task,
+            taskAttempt=task.taskAttempt + 1,
+            state=TaskState.WAITING,
+            launchedTime=None,
+            completedTime=None,
+            exitCode=None,
+            exitSpec=None,
+            diagnostics=[],
+            platformReason="",
+            logPath="",
+            retries=task.retries + 1,
+            taskAttempts=[*task.taskAttempts, summary],
+            startRequested=False,
+            killReason=None,
+            verdictPending=False,
+        )
+        record = self._put(with_task(record, record.attempt, retried))
+        self._start_ready(record, cause=cause)
+
+    def _maybe_running(self, record: JobRecord, *, cause: str) -> JobRecord:
+        """WAITING -> RUNNING once the whole gang (or, without gang, any task) has started."""
+        attempt = record.current
+        if record.state != JobState.WAITING or attempt.ending is not None or attempt.ended:
+            return record
+
+        def started(task: TaskRecord) -> bool:
+            return task.state != TaskState.WAITING or bool(task.taskAttempts)
+
+        check = all if record.spec.gangAllocation else any
+        if not attempt.tasks or not check(started(t) for t in attempt.tasks):
+            return record
+        now = self._now()
+        attempt = replace(attempt, state=JobState.RUNNING, launchedTime=now)
+        record = replace(record, launchedTime=now, attempts=[*record.attempts[:-1], attempt])
+        why = "all tasks started" if record.spec.gangAllocation else "first task started"
+        return self._move(record, JobState.RUNNING, why=why, cause=cause)
+
+    # --- deciding the end of an attempt ------------------------------------------------------
+
+    def _settle(self, record: JobRecord, task: TaskRecord, *, cause: str) -> JobRecord:
+        """A task attempt is settled: check the completion policy."""
+        attempt = record.current
+        if record.state not in ACTIVE_STATES or attempt.ending is not None or attempt.ended:
+            return record
+        result = attempt_completion(record.spec, attempt.tasks, task)
+        if result is None:
+            return record
+        trigger = (task.role, task.index)
+        if result.completion == Completion.SUCCEEDED:
+            ending = AttemptEnding(
+                outcome=EndOutcome.SUCCEEDED,
+                decidedTime=self._now(),
+                reason="succeeded",
+                exitCode=exits.SUCCEEDED_EXIT_CODE,
+                exitSpec=exits.SUCCEEDED,
+                diagnostics=[result.why],
+                triggerTaskRoleName=trigger[0],
+                triggerTaskIndex=trigger[1],
+                cause=cause,
+            )
+            return self._begin_ending(record, ending, cause=cause)
+        return self._fail_attempt(
+            record,
+            exit_code=task.exitCode,
+            spec=task.exitSpec,
+            diagnostics=[*task.diagnostics, result.why],
+            trigger=trigger,
+            cause=cause,
+        )
+
+    def _fail_attempt(
+        self,
+        record: JobRecord,
+        *,
+        exit_code: int | None,
+        spec: messages.ExitSpec | None,
+        diagnostics: list[str],
+        trigger: tuple[str, int],
+        cause: str,
+    ) -> JobRecord:
+        """The attempt failed: fail the job, or retry it as its exit spec's reaction says."""
+        reaction = spec.reaction if spec is not None else messages.Reaction.RETRY_TO_MAX
+        decision = job_retry(reaction, retries=record.retries, job_retry_count=record.spec.jobRetryCount)
+        exit_text = describe_exit(exit_code, spec)
+        backoff: float | None = None
+        if not decision.retry:
+            outcome, reason = EndOutcome.FAILED, f"failed: {exit_text}"
+        elif decision.backoff:
+            backoff = backoff_seconds(record.backoffRetries, base=self._backoff_base, maximum=self._backoff_max)
+            outcome, reason = EndOutcome.RETRY, f"retry after {backoff:g}s backoff: {exit_text}"
+        elif decision.counted:
+            budget = f"{record.retries + 1}/{record.spec.jobRetryCount}"
+            outcome, reason = EndOutcome.RETRY, f"retry {budget} after {exit_text}"
+        else:
+            outcome, reason = EndOutcome.RETRY, f"retry after {exit_text}, not counted ({reaction})"
+        ending = AttemptEnding(
+            outcome=outcome,
+            decidedTime=self._now(),
+            reason=reason,
+            exitCode=exit_code,
+            exitSpec=spec,
+            diagnostics=diagnostics,
+            triggerTaskRoleName=trigger[0],
+            triggerTaskIndex=trigger[1],
+            retryCounted=decision.counted,
+            backoffSeconds=backoff,
+            cause=cause,
+        )
+        return self._begin_ending(record, ending, cause=cause)
+
+    def _begin_ending(self, record: JobRecord, ending: AttemptEnding, *, cause: str) -> JobRecord:
+        """Record the decided outcome, kill what still runs, and finish if nothing does."""
+        attempt = replace(record.current, ending=ending)
+        kill_reason = self._kill_reason(ending)
+        kills: list[TaskKey] = []
+        for task in attempt.tasks:
+            if task.live and task.killReason is None:
+                kills.append(task_key(record, attempt, task))
+        tasks = [
+            replace(t, killReason=kill_reason) if t.live and t.killReason is None else t for t in attempt.tasks
+        ]
+        attempt = replace(attempt, tasks=tasks)
+        record = self._put(replace(record, attempts=[*record.attempts[:-1], attempt]))
+        for key in kills:
+            self._emit(KillTask(key=key, reason=kill_reason, grace_seconds=self._grace))
+        if ending.outcome == EndOutcome.STOPPED and any(t.live for t in attempt.tasks):
+            record = self._move(record, JobState.STOPPING, why=ending.reason, cause=cause)
+        return self._maybe_finalize(record, cause=cause)
+
+    @staticmethod
+    def _kill_reason(ending: AttemptEnding) -> str:
+        if ending.outcome in (EndOutcome.STOPPED, EndOutcome.PREEMPTED):
+            return ending.reason
+        return f"attempt completing ({ending.reason})"
+
+    def _maybe_finalize(self, record: JobRecord, *, cause: str) -> JobRecord:
+        """Apply the decided outcome once no task of the attempt is live."""
+        attempt = record.current
+        ending = attempt.ending
+        if ending is None or attempt.ended or any(t.live for t in attempt.tasks):
+            return record
+        now = self._now()
+        # Tasks that never started end as STOPPED, without an exit code.
+        tasks = [
+            replace(t, state=TaskState.STOPPED) if t.state in (TaskState.WAITING, TaskState.RUNNING) else t
+            for t in attempt.tasks
+        ]
+        placed = any(t.placed for t in tasks)
+        follows = ending.outcome in (EndOutcome.RETRY, EndOutcome.PREEMPTED)
+        release = follows or placed
+        attempt = replace(
+            attempt,
+            tasks=tasks,
+            state=ATTEMPT_STATE_AFTER[ending.outcome],
+            completedTime=now,
+            exitCode=ending.exitCode,
+            exitSpec=ending.exitSpec,
+            endReason=ending.reason,
+            preemptedBy=ending.preemptedBy,
+            isRetryCounted=ending.retryCounted,
+            released=attempt.released or release,
+        )
+        record = replace(
+            record,
+            attempts=[*record.attempts[:-1], attempt],
+            appExitCode=ending.exitCode,
+            appExitSpec=ending.exitSpec,
+            appExitDiagnostics=list(ending.diagnostics),
+            appExitTriggerTaskRoleName=ending.triggerTaskRoleName,
+            appExitTriggerTaskIndex=ending.triggerTaskIndex,
+        )
+        if release:
+            self._publish_release(
+                record,
+                attempt.attempt,
+                requeue=follows,
+                event_id=released_id(record.job, attempt.attempt),
+                cause=cause,
+            )
+        if not follows:
+            record = replace(record, completedTime=now)
+            return self._move(record, ATTEMPT_STATE_AFTER[ending.outcome], why=ending.reason, cause=cause)
+        following = new_attempt(record.spec, attempt.attempt + 1, now)
+        if ending.backoffSeconds is not None:
+            following = replace(following, backoffUntil=now + ending.backoffSeconds)
+            self._emit(StartTimer(job=record.job, attempt=following.attempt, at=now + ending.backoffSeconds))
+        record = replace(
+            record,
+            attempt=following.attempt,
+            attempts=[*record.attempts, following],
+            retries=record.retries + (1 if ending.retryCounted else 0),
+            backoffRetries=record.backoffRetries + (1 if ending.backoffSeconds is not None else 0),
+            launchedTime=None,
+        )
+        return self._move(record, JobState.WAITING, why=ending.reason, cause=cause)
+
+    # --- requests from users and the scheduler -------------------------------------------
+
+    def _on_stop(self, event: StopRequested) -> None:
+        record = self._known_job(event.job, "a stop request")
+        if record.state not in ACTIVE_STATES:
+            return  # already stopping or final
+        ending = record.current.ending
+        if ending is not None and ending.outcome in (EndOutcome.SUCCEEDED, EndOutcome.FAILED):
+            # The job is completing anyway; its outcome stands, the request is noted.
+            if record.stopRequestedBy is None:
+                self._put(replace(record, stopRequestedBy=event.by))
+            return
+        record = self._put(replace(record, stopRequestedBy=event.by))
+        reason = f"stopped by {event.by}" if event.by else "stopped"
+        self._begin_ending(
+            record,
+            AttemptEnding(
+                outcome=EndOutcome.STOPPED,
+                decidedTime=self._now(),
+                reason=reason,
+                exitCode=exits.STOP_EXIT_CODE,
+                exitSpec=exits.stopped(event.by),
+                diagnostics=[reason],
+                cause=event.id,
+            ),
+            cause=event.id,
+        )
+
+    def _on_preempt(self, event: PreemptRequested) -> None:
+        record = self._known_job(event.job, "a preemption")
+        if event.attempt != record.attempt or record.state not in ACTIVE_STATES:
+            return  # that attempt is gone, or its release is on its way
+        if record.current.ending is not None:
+            return  # already ending: its release follows
+        reason = f"preempted by {event.by}"
+        spec = exits.preempted(event.by, event.reason)
+        self._begin_ending(
+            record,
+            AttemptEnding(
+                outcome=EndOutcome.PREEMPTED,
+                decidedTime=self._now(),
+                reason=reason,
+                exitCode=exits.PREEMPTED_EXIT_CODE,
+                exitSpec=spec,
+                diagnostics=[spec.reason],
+                preemptedBy=event.by,
+                cause=event.id,
+            ),
+            cause=event.id,
+        )
+
+    def _on_backoff_elapsed(self, event: BackoffElapsed) -> None:
+        record = self._jobs.get(event.job)
+        if record is None or event.attempt != record.attempt or record.current.backoffUntil is None:
+            return
+        attempt = replace(record.current, backoffUntil=None)
+        record = self._put(replace(record, attempts=[*record.attempts[:-1], attempt]))
+        self._start_ready(record, cause="")
+
+    # --- recovery ------------------------------------------------------------------------
+
+    def _recover(self, known: set[TaskKey]) -> None:
+        recorded: set[TaskKey] = set()
+        for job in sorted(self._jobs):
+            record = self._jobs[job]
+            for attempt in record.attempts:
+                for task in attempt.tasks:
+                    recorded.update(
+                        TaskKey(job=job, attempt=attempt.attempt, role=task.role, index=task.index, taskAttempt=s.taskAttempt)
+                        for s in task.taskAttempts
+                    )
+                    if task.startRequested:
+                        recorded.add(task_key(record, attempt, task))
+            self._recover_job(record, known)
+        for key in sorted(known - recorded):
+            self._emit(KillTask(key=key, reason="not known to the launcher", grace_seconds=self._grace))
+
+    def _recover_job(self, record: JobRecord, known: set[TaskKey]) -> None:
+        for attempt in record.attempts:
+            for task in attempt.tasks:
+                for summary in task.taskAttempts:
+                    old = TaskKey(
+                        job=record.job, attempt=attempt.attempt, role=task.role, index=task.index,
+                        taskAttempt=summary.taskAttempt,
+                    )
+                    if old in known:
+                        self._emit(ForgetTask(key=old))
+                key = task_key(record, attempt, task)
+                if task.exited and task.startRequested and key in known:
+                    self._emit(ForgetTask(key=key))
+        number = record.attempt
+        for role, index in [(t.role, t.index) for t in record.current.tasks]:
+            # Re-read: reporting one task lost may already have changed the record.
+            current = self._jobs[record.job]
+            if current.attempt != number:
+                break
+            attempt = current.current
+            task = attempt.task(role, index)
+            if task is None or not task.live:
+                continue
+            key = task_key(current, attempt, task)
+            if key in known:
+                if task.killReason is not None:
+                    self._emit(KillTask(key=key, reason=task.killReason, grace_seconds=self._grace))
+            elif task.state == TaskState.RUNNING or task.killReason is not None:
+                self._dispatch(
+                    TaskFinished(
+                        key=key,
+                        exitCode=exits.LOST_EXIT_CODE,
+                        platformReason=exits.LOST_PLATFORM_REASON,
+                        platformMessage="the backend no longer knows this task after a launcher restart",
+                    )
+                )
+            else:
+                # Ordered to start, but the backend never started it (the shell
+                # stopped between saving the record and starting the task).
+                self._emit(StartTask(launch=self._launch(current, attempt, task)))
+        current = self._jobs[record.job]
+        if current.current.backoffUntil is not None and current.state in ACTIVE_STATES:
+            self._emit(StartTimer(job=current.job, attempt=current.attempt, at=current.current.backoffUntil))
+        self._maybe_finalize(current, cause="")

@@ -1,0 +1,83 @@
+"""What the monitor stores about a node: one `NodeSample` per node in the `pai_nodes` bucket.
+
+The monitor is the only writer of `pai_nodes`; the key is the node name (see
+`node_key`), the value the JSON of the latest sample. Readers (the portal, the
+scheduler's node health, alert rules) decode it with `decode_node_sample`.
+
+Field names are camelCase like every other document on the bus. Schema
+evolution: new fields get defaults; no field changes type.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+
+class GpuProcess(msgspec.Struct, frozen=True, kw_only=True):
+    """A process holding a GPU context, as NVML lists it."""
+
+    pid: int
+    # None where the driver cannot tell (e.g. inside some containers).
+    usedMemoryBytes: int | None = None
+
+
+class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU at sample time. A reading NVML could not give is None, not 0:
+    "unknown" and "idle" must not look alike on a dashboard."""
+
+    index: int
+    uuid: str
+    minorNumber: int | None = None
+    name: str = ""
+    utilizationGpuPercent: float | None = None
+    utilizationMemoryPercent: float | None = None
+    memoryUsedBytes: int | None = None
+    memoryTotalBytes: int | None = None
+    temperatureCelsius: float | None = None
+    processes: list[GpuProcess] = []
+    # Why some readings are missing ("memory: Not Supported", "GPU is lost", ...).
+    errors: list[str] = []
+
+
+class NodeSample(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    at: float  # wall-clock seconds of the sample
+    cpuCount: int = 0
+    cpuPercent: float = 0.0
+    memoryUsedBytes: int = 0
+    memoryTotalBytes: int = 0
+    load1: float = 0.0
+    load5: float = 0.0
+    load15: float = 0.0
+    # The file system holding PAI's data dir (task logs, the NATS store).
+    diskPath: str = ""
+    diskUsedBytes: int = 0
+    diskTotalBytes: int = 0
+    gpus: list[GpuSample] = []
+    # Why `gpus` is empty when it is: "" with GPUs, else e.g. "NVML not available:
+    # NVML Shared Library Not Found" (a node without GPUs is a normal node).
+    gpuNote: str = ""
+
+
+_KV_KEY_FORBIDDEN = re.compile(r"[^-/_=.a-zA-Z0-9]")
+
+
+def node_key(node: str) -> str:
+    """The `pai_nodes` key of a node: its name with characters KV keys refuse replaced."""
+    key = _KV_KEY_FORBIDDEN.sub("_", node).strip(".")
+    return key or "_"
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(NodeSample)
+
+
+def encode_node_sample(sample: NodeSample) -> bytes:
+    return _encoder.encode(sample)
+
+
+def decode_node_sample(data: bytes) -> NodeSample:
+    """Raises msgspec.ValidationError/DecodeError on a value that is not a NodeSample."""
+    return _decoder.decode(data)

@@ -1,0 +1,62 @@
+"""A node sample as Prometheus series: which gauge gets which value under which labels.
+
+Pure, so the mapping (names, labels, units, what is left out when NVML could
+not read a value) is tested without a registry; `services.monitor.metrics`
+applies the result to the real gauges.
+
+Names follow OpenPAI's job-exporter (`nvidiasmi_*`) and node-exporter (`node_load1`)
+where those exist. GPU series are labelled with `minor_number` (what
+`/dev/nvidiaN` and OpenPAI's dashboards use) and `uuid` (stable when a board is
+swapped or the index order changes).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from services.monitor.core.samples import GpuSample, NodeSample
+
+GPU_LABELS = ("minor_number", "uuid")
+
+
+class Series(msgspec.Struct, frozen=True):
+    name: str
+    labels: tuple[str, ...]  # values, in the order of the gauge's label names
+    value: float
+
+
+def node_series(sample: NodeSample) -> list[Series]:
+    out = [
+        Series("node_cpu_percent", (), sample.cpuPercent),
+        Series("node_memory_used_bytes", (), float(sample.memoryUsedBytes)),
+        Series("node_memory_total_bytes", (), float(sample.memoryTotalBytes)),
+        Series("node_load1", (), sample.load1),
+        Series("node_load5", (), sample.load5),
+        Series("node_load15", (), sample.load15),
+        Series("node_data_disk_used_bytes", (), float(sample.diskUsedBytes)),
+        Series("node_data_disk_total_bytes", (), float(sample.diskTotalBytes)),
+        Series("nvidiasmi_attached_gpus", (), float(len(sample.gpus))),
+    ]
+    for gpu in sample.gpus:
+        out.extend(gpu_series(gpu))
+    return out
+
+
+def gpu_labels(gpu: GpuSample) -> tuple[str, str]:
+    minor = gpu.minorNumber if gpu.minorNumber is not None else gpu.index
+    return (str(minor), gpu.uuid)
+
+
+def gpu_series(gpu: GpuSample) -> list[Series]:
+    """The series of one GPU; a reading NVML could not give is left out (no series),
+    so a dashboard shows a gap rather than a false 0."""
+    labels = gpu_labels(gpu)
+    readings = {
+        "nvidiasmi_utilization_gpu": gpu.utilizationGpuPercent,
+        "nvidiasmi_utilization_memory": gpu.utilizationMemoryPercent,
+        "nvidiasmi_memory_used_bytes": gpu.memoryUsedBytes,
+        "nvidiasmi_memory_total_bytes": gpu.memoryTotalBytes,
+        "nvidiasmi_temperature": gpu.temperatureCelsius,
+        "nvidiasmi_process_count": len(gpu.processes),
+    }
+    return [Series(name, labels, float(value)) for name, value in readings.items() if value is not None]

@@ -1,0 +1,194 @@
+"""The monitor's view of jobs and nodes, built from events: what its gauges show.
+
+Contracts:
+- `handle(event)` is idempotent: handling an event a second time (JetStream
+  redelivers an event whose ack was lost) returns no counter or histogram
+  update and leaves every gauge as it was.
+- A job's state only moves forward. Within an attempt the launcher's states
+  go WAITING -> RUNNING -> STOPPING -> final; a new attempt starts at a higher
+  attempt number. An event that is older than what the monitor already knows
+  (redelivered late, or replayed from the stream after `restore` loaded a newer
+  state from the launcher's records) does not move the job back.
+- `pai_job_submit_to_running_seconds` gets one observation per job: the first
+  time it runs. A retried job reaching RUNNING again would otherwise add its
+  earlier attempts' run time to a queueing figure.
+- Task exits are counted once each: successes from `TaskExited` (exit code 0),
+  failures from the runtime's `TaskVerdict`, labelled with its phrase, so the
+  label tells people what went wrong while staying a short, fixed vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+import msgspec
+
+from libs.common.messages import (
+    Event,
+    JobState,
+    JobStateChanged,
+    JobSubmitted,
+    NodeStatus,
+    TaskExited,
+    TaskVerdict,
+)
+from services.monitor.core.recent import DEFAULT_CAPACITY, RecentIds
+from services.monitor.core.stored import StoredJob
+from services.monitor.core.updates import (
+    EventCounted,
+    JobsGauge,
+    NodeCount,
+    NodeUp,
+    SubmitToRunning,
+    TaskExitCounted,
+    Update,
+)
+
+# Order of the states within one attempt.
+_RANK = {
+    JobState.WAITING: 0,
+    JobState.RUNNING: 1,
+    JobState.STOPPING: 2,
+    JobState.SUCCEEDED: 3,
+    JobState.FAILED: 3,
+    JobState.STOPPED: 3,
+}
+
+SUCCESS_OUTCOME = "success"
+FAILURE_OUTCOME = "failure"  # a verdict without a phrase
+MAX_OUTCOME_LENGTH = 64
+
+
+class _Job(msgspec.Struct, frozen=True, kw_only=True):
+    vc: str
+    state: JobState
+    attempt: int
+    ran: bool = False  # its submit-to-running time was observed
+
+    def is_behind(self, attempt: int, state: JobState) -> bool:
+        """True when (attempt, state) is later than what this view holds."""
+        return (self.attempt, _RANK[self.state]) < (attempt, _RANK[state])
+
+
+class MonitorCore:
+    def __init__(self, *, recent_capacity: int = DEFAULT_CAPACITY):
+        self._jobs: dict[str, _Job] = {}
+        self._counts: Counter[tuple[str, JobState]] = Counter()
+        self._vcs: set[str] = set()
+        self._nodes: dict[str, tuple[float, bool]] = {}
+        self._recent = RecentIds(recent_capacity)
+
+    # --- inputs ---------------------------------------------------------------
+
+    def restore(self, jobs: Iterable[StoredJob]) -> list[Update]:
+        """Load the launcher's records before consuming: gauges right after a restart."""
+        touched: set[tuple[str, JobState]] = set()
+        for stored in jobs:
+            current = self._jobs.get(stored.job)
+            if current is not None and not current.is_behind(stored.attempt, stored.state):
+                continue
+            self._put(stored.job, _Job(vc=stored.vc, state=stored.state, attempt=stored.attempt), touched)
+        return self._gauges(touched)
+
+    def handle(self, event: Event) -> list[Update]:
+        updates: list[Update] = []
+        if self._recent.add(event.id):
+            updates.append(EventCounted(kind=str(event.__struct_config__.tag)))
+            updates.extend(_task_exit(event))
+        match event:
+            case JobSubmitted(spec=spec):
+                updates.extend(self._submitted(event.job, spec.virtualCluster))
+            case JobStateChanged():
+                updates.extend(self._state_changed(event))
+            case NodeStatus(node=node, healthy=healthy):
+                updates.extend(self._node_seen(node, event.at, healthy))
+        return updates
+
+    def node_sampled(self, node: str, at: float) -> list[Update]:
+        """This monitor sampled `node` at `at`: it is up."""
+        return self._node_seen(node, at, True)
+
+    # --- queries --------------------------------------------------------------
+
+    def jobs_in(self, vc: str, state: JobState) -> int:
+        return self._counts[(vc, state)]
+
+    def state_of(self, job: str) -> JobState | None:
+        view = self._jobs.get(job)
+        return view.state if view else None
+
+    @property
+    def job_count(self) -> int:
+        return len(self._jobs)
+
+    def validate_state(self) -> None:
+        recount = Counter((view.vc, view.state) for view in self._jobs.values())
+        live_counts = {key: n for key, n in self._counts.items() if n}
+        assert live_counts == dict(recount), f"job counts {live_counts} != recount {dict(recount)}"
+        assert all(n >= 0 for n in self._counts.values()), f"negative job count in {self._counts}"
+        assert {view.vc for view in self._jobs.values()} <= self._vcs, "a job's VC has no gauges"
+
+    # --- jobs -----------------------------------------------------------------
+
+    def _submitted(self, job: str, vc: str) -> list[Update]:
+        if job in self._jobs:
+            return []
+        touched: set[tuple[str, JobState]] = set()
+        self._put(job, _Job(vc=vc, state=JobState.WAITING, attempt=1), touched)
+        return self._gauges(touched)
+
+    def _state_changed(self, event: JobStateChanged) -> list[Update]:
+        updates: list[Update] = []
+        current = self._jobs.get(event.job)
+        vc = current.vc if current else event.vc
+        ran = current.ran if current else False
+        if event.state == JobState.RUNNING and not ran and event.sinceSubmit is not None:
+            updates.append(SubmitToRunning(vc=vc, seconds=max(0.0, event.sinceSubmit)))
+            ran = True
+        touched: set[tuple[str, JobState]] = set()
+        if current is None or current.is_behind(event.attempt, event.state):
+            self._put(event.job, _Job(vc=vc, state=event.state, attempt=event.attempt, ran=ran), touched)
+        elif ran != current.ran:
+            self._jobs[event.job] = msgspec.structs.replace(current, ran=ran)
+        return updates + self._gauges(touched)
+
+    def _put(self, job: str, view: _Job, touched: set[tuple[str, JobState]]) -> None:
+        previous = self._jobs.get(job)
+        if previous is not None:
+            self._counts[(previous.vc, previous.state)] -= 1
+            touched.add((previous.vc, previous.state))
+        self._jobs[job] = view
+        self._counts[(view.vc, view.state)] += 1
+        touched.add((view.vc, view.state))
+
+    def _gauges(self, touched: set[tuple[str, JobState]]) -> list[Update]:
+        """Absolute gauge values for the touched pairs; every state of a VC seen for
+        the first time, so its zeros show instead of missing series."""
+        keys = set(touched)
+        for vc in {vc for vc, _ in touched} - self._vcs:
+            self._vcs.add(vc)
+            keys.update((vc, state) for state in JobState)
+        return [
+            JobsGauge(vc=vc, state=str(state), count=self._counts[(vc, state)])
+            for vc, state in sorted(keys)
+        ]
+
+    # --- nodes ----------------------------------------------------------------
+
+    def _node_seen(self, node: str, at: float, healthy: bool) -> list[Update]:
+        last = self._nodes.get(node)
+        if last is not None and at < last[0]:
+            return []  # an older report than the one shown
+        self._nodes[node] = (at, healthy)
+        return [NodeUp(node=node, up=healthy), NodeCount(count=len(self._nodes))]
+
+
+def _task_exit(event: Event) -> list[Update]:
+    match event:
+        case TaskExited(exitCode=0, vc=vc):
+            return [TaskExitCounted(vc=vc, outcome=SUCCESS_OUTCOME)]
+        case TaskVerdict(vc=vc, exitCode=code, spec=spec) if code != 0:
+            outcome = (spec.phrase.strip() or FAILURE_OUTCOME)[:MAX_OUTCOME_LENGTH]
+            return [TaskExitCounted(vc=vc, outcome=outcome)]
+    return []

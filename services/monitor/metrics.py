@@ -1,0 +1,107 @@
+"""Every Prometheus metric of the monitor, and how core updates and node samples set them.
+
+All live in prometheus-client's default registry, which the service shell serves
+on `/metrics`. Names follow OpenPAI where it has one (`pai_node_count`,
+`nvidiasmi_utilization_gpu`, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.monitor.core.samples import NodeSample
+from services.monitor.core.series import GPU_LABELS, node_series
+from services.monitor.core.updates import (
+    EventCounted,
+    JobsGauge,
+    NodeCount,
+    NodeUp,
+    SubmitToRunning,
+    TaskExitCounted,
+    Update,
+)
+
+# From 5 ms (an idle local cluster) to an hour (a busy VC's queue); about three
+# buckets per decade so the quantiles stay meaningful at every scale.
+SUBMIT_TO_RUNNING_BUCKETS = (
+    0.005, 0.01, 0.02, 0.05, 0.075, 0.1, 0.2, 0.35, 0.5, 0.75,
+    1.0, 2.0, 3.5, 5.0, 7.5, 10.0, 20.0, 30.0, 45.0, 60.0,
+    120.0, 300.0, 600.0, 1800.0, 3600.0,
+)  # fmt: skip
+
+jobs = Gauge("pai_jobs", "Jobs by current state, per virtual cluster.", ["state", "vc"])
+submit_to_running_seconds = Histogram(
+    "pai_job_submit_to_running_seconds",
+    "Seconds from a job's submission to the first time it runs.",
+    ["vc"],
+    buckets=SUBMIT_TO_RUNNING_BUCKETS,
+)
+events_total = Counter("pai_events_total", "Events seen on the bus, by kind.", ["kind"])
+task_exits_total = Counter(
+    "pai_task_exits_total",
+    'Task exits by virtual cluster and outcome: "success", or the phrase of the failure verdict.',
+    ["vc", "outcome"],
+)
+node_count = Gauge("pai_node_count", "Nodes known to the monitor.")
+node_up = Gauge("pai_node_up", "1 while a node is healthy, 0 when it is reported unhealthy.", ["node"])
+
+# Gauges of this machine, set from each node sample.
+_NODE_GAUGES: dict[str, Gauge] = {
+    "node_cpu_percent": Gauge("node_cpu_percent", "CPU busy percent over the last sample period."),
+    "node_memory_used_bytes": Gauge("node_memory_used_bytes", "Memory in use (total minus available)."),
+    "node_memory_total_bytes": Gauge("node_memory_total_bytes", "Physical memory."),
+    "node_load1": Gauge("node_load1", "1-minute load average."),
+    "node_load5": Gauge("node_load5", "5-minute load average."),
+    "node_load15": Gauge("node_load15", "15-minute load average."),
+    "node_data_disk_used_bytes": Gauge("node_data_disk_used_bytes", "Used bytes of the file system of PAI's data dir."),
+    "node_data_disk_total_bytes": Gauge("node_data_disk_total_bytes", "Size of the file system of PAI's data dir."),
+    "nvidiasmi_attached_gpus": Gauge("nvidiasmi_attached_gpus", "GPUs NVML reports on this machine."),
+}
+_GPU_GAUGES: dict[str, Gauge] = {
+    name: Gauge(name, doc, list(GPU_LABELS))
+    for name, doc in {
+        "nvidiasmi_utilization_gpu": "GPU busy percent (NVML utilization.gpu).",
+        "nvidiasmi_utilization_memory": "GPU memory-controller busy percent (NVML utilization.memory).",
+        "nvidiasmi_memory_used_bytes": "GPU memory in use.",
+        "nvidiasmi_memory_total_bytes": "GPU memory.",
+        "nvidiasmi_temperature": "GPU core temperature in degrees Celsius.",
+        "nvidiasmi_process_count": "Processes holding a context on the GPU.",
+    }.items()
+}
+# GPU label sets set by the previous sample, to drop the series of a GPU that went away.
+_gpu_series_shown: dict[str, set[tuple[str, ...]]] = {name: set() for name in _GPU_GAUGES}
+
+
+def apply(updates: Iterable[Update]) -> None:
+    for update in updates:
+        match update:
+            case JobsGauge(vc=vc, state=state, count=count):
+                jobs.labels(state=state, vc=vc).set(count)
+            case SubmitToRunning(vc=vc, seconds=seconds):
+                submit_to_running_seconds.labels(vc=vc).observe(seconds)
+            case EventCounted(kind=kind):
+                events_total.labels(kind=kind).inc()
+            case TaskExitCounted(vc=vc, outcome=outcome):
+                task_exits_total.labels(vc=vc, outcome=outcome).inc()
+            case NodeUp(node=node, up=up):
+                node_up.labels(node=node).set(1 if up else 0)
+            case NodeCount(count=count):
+                node_count.set(count)
+            case _:
+                raise TypeError(f"not a monitor update: {update!r}")
+
+
+def record_node_sample(sample: NodeSample) -> None:
+    shown: dict[str, set[tuple[str, ...]]] = {name: set() for name in _GPU_GAUGES}
+    for series in node_series(sample):
+        if series.name in _GPU_GAUGES:
+            _GPU_GAUGES[series.name].labels(*series.labels).set(series.value)
+            shown[series.name].add(series.labels)
+        else:
+            _NODE_GAUGES[series.name].set(series.value)
+    for name, gauge in _GPU_GAUGES.items():
+        for labels in _gpu_series_shown[name] - shown[name]:
+            gauge.remove(*labels)
+        _gpu_series_shown[name] = shown[name]

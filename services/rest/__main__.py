@@ -1,0 +1,3 @@
+from services.rest.service import main
+
+main()

@@ -1,0 +1,312 @@
+"""rest: the HTTP API (OpenPAI v2 paths), users and tokens, job intake.
+
+Job intake is crash-safe: the job record is created in KV first (atomically, so a
+duplicate name is a 409), then `JobSubmitted` is published with a deterministic id,
+then the record is marked published. A record left unpublished by a crash is
+published again at start-up; JetStream and the idempotent consumers absorb the
+repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import msgspec
+import nats.js.errors
+import yaml
+from aiohttp import web
+
+from libs.common import ids
+from libs.common.bus import all_keys, get_json
+from libs.common.errors import BadInput, Conflict, Forbidden, NotFound, PaiError, TooLarge
+from libs.common.messages import JobSubmitted, StopRequested
+from libs.common.protocol import MAX_BODY_BYTES, parse_job, protocol_error_body
+from libs.common.protocol.model import ProtocolError
+from libs.common.records import JobRecord
+from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
+from libs.common.service import ServiceContext, health_routes
+from libs.common.subjects import Bucket
+from services.rest import auth, metrics, views
+from services.rest.records import SubmittedJob
+
+log = logging.getLogger("pai.rest")
+
+CTX = web.AppKey("ctx", ServiceContext)
+USER = "pai_user"  # request key holding the authenticated `records.User`
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    """Domain errors become JSON bodies with OpenPAI's `code` and a message."""
+    try:
+        return await handler(request)
+    except ProtocolError as exc:
+        return web.json_response(protocol_error_body(exc), status=400)
+    except PaiError as exc:
+        body: dict[str, Any] = {"code": exc.code, "message": exc.message}
+        if exc.details is not None:
+            body["details"] = exc.details
+        return web.json_response(body, status=exc.status)
+
+
+async def create_app(ctx: ServiceContext) -> web.Application:
+    app = web.Application(middlewares=[error_middleware, auth.middleware], client_max_size=MAX_BODY_BYTES * 2)
+    app[CTX] = ctx
+    app.add_routes(health_routes(lambda: ctx))
+    app.add_routes(
+        [
+            web.post("/api/v2/jobs", submit_job),
+            web.get("/api/v2/jobs", list_jobs),
+            web.get("/api/v2/jobs/{job}", get_job),
+            web.get("/api/v2/jobs/{job}/config", get_job_config),
+            web.get("/api/v2/jobs/{job}/job-attempts", get_job_attempts),
+            web.get("/api/v2/jobs/{job}/logs", get_job_logs),
+            web.put("/api/v2/jobs/{job}/executionType", put_execution_type),
+            web.get("/api/v2/virtual-clusters", list_virtual_clusters),
+            web.get("/api/v2/users/me", whoami),
+            web.post("/api/v2/users", create_user),
+        ]
+    )
+    return app
+
+
+def _ctx(request: web.Request) -> ServiceContext:
+    return request.app[CTX]
+
+
+async def _read_body(request: web.Request) -> bytes:
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise TooLarge(f"job body is {request.content_length} bytes; the limit is {MAX_BODY_BYTES} bytes (1 MiB)")
+    body = await request.content.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:
+        raise TooLarge(f"job body exceeds the limit of {MAX_BODY_BYTES} bytes (1 MiB)")
+    return body
+
+
+async def submit_job(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    user = request[USER]
+    body = await _read_body(request)
+    parsed = parse_job(body, content_type=request.content_type, user=user.username)
+    spec = parsed.spec
+    await _check_virtual_cluster(ctx, user, spec.virtualCluster)
+    jid = ids.job_id(user.username, spec.name)
+    record = SubmittedJob(
+        job=jid,
+        user=user.username,
+        name=spec.name,
+        vc=spec.virtualCluster,
+        spec=spec,
+        config=parsed.config,
+        warnings=parsed.warnings,
+        submittedAt=time.time(),
+    )
+    kv = await ctx.bus.kv(Bucket.JOBS)
+    key = ids.job_key(jid)
+    try:
+        revision = await kv.create(key, msgspec.json.encode(record))
+    except nats.js.errors.KeyWrongLastSequenceError:
+        raise Conflict(f"job {jid} already exists; job names are unique per user") from None
+    await _publish_submitted(ctx, record, revision)
+    metrics.JOBS_SUBMITTED.labels(vc=record.vc).inc()
+    return web.json_response(
+        {"job": jid, "name": spec.name, "state": "WAITING", "warnings": parsed.warnings, "ignoredFields": spec.ignoredFields},
+        status=202,
+    )
+
+
+async def _publish_submitted(ctx: ServiceContext, record: SubmittedJob, revision: int) -> None:
+    await ctx.bus.publish(JobSubmitted(id=f"{record.job}/submitted", job=record.job, at=record.submittedAt, spec=record.spec))
+    kv = await ctx.bus.kv(Bucket.JOBS)
+    try:
+        await kv.update(ids.job_key(record.job), msgspec.json.encode(msgspec.structs.replace(record, published=True)), last=revision)
+    except nats.js.errors.KeyWrongLastSequenceError:
+        pass  # another replica finished the same intake
+
+
+async def publish_pending_submissions(ctx: ServiceContext) -> int:
+    """At start-up: publish every job whose intake was cut short by a crash."""
+    kv = await ctx.bus.kv(Bucket.JOBS)
+    count = 0
+    for key in await all_keys(kv):
+        got = await get_json(kv, key, SubmittedJob)
+        if got is not None and not got[0].published:
+            await _publish_submitted(ctx, got[0], got[1])
+            count += 1
+    return count
+
+
+async def _check_virtual_cluster(ctx: ServiceContext, user, vc: str) -> None:
+    if user.virtualClusters and vc not in user.virtualClusters and not user.admin:
+        raise Forbidden(f"user {user.username} may not submit to virtual cluster {vc}")
+    view = await _cluster_view(ctx)
+    known = {v.get("name") for v in view.virtualClusters}
+    if known and vc not in known:
+        raise BadInput(
+            f"virtual cluster {vc!r} does not exist; known: {', '.join(sorted(known))}",
+            details={"errors": [{"path": "defaults.virtualCluster", "rule": "unknown_virtual_cluster", "message": f"no virtual cluster {vc!r}"}]},
+        )
+
+
+async def _cluster_view(ctx: ServiceContext) -> ClusterView:
+    got = await get_json(await ctx.bus.kv(Bucket.CLUSTER), CLUSTER_VCS_KEY, ClusterView)
+    return got[0] if got else ClusterView()
+
+
+def _job_param(request: web.Request) -> str:
+    jid = request.match_info["job"]
+    try:
+        ids.split_job_id(jid)
+    except ValueError:
+        raise NotFound(f"no job {jid!r}: job ids look like user~name") from None
+    return jid
+
+
+async def _load(ctx: ServiceContext, jid: str) -> tuple[SubmittedJob, JobRecord | None, ScheduleEntry | None]:
+    key = ids.job_key(jid)
+    sub = await get_json(await ctx.bus.kv(Bucket.JOBS), key, SubmittedJob)
+    if sub is None:
+        raise NotFound(f"job {jid} not found")
+    rec = await get_json(await ctx.bus.kv(Bucket.JOB_STATUS), key, JobRecord)
+    sched = await get_json(await ctx.bus.kv(Bucket.SCHEDULE), key, ScheduleEntry)
+    return sub[0], rec[0] if rec else None, sched[0] if sched else None
+
+
+def _reason(rec: JobRecord | None, sched: ScheduleEntry | None) -> str | None:
+    if sched is None or sched.placed:
+        return None if sched else "submitted; the scheduler has not seen it yet"
+    if rec is not None and sched.attempt != rec.attempt:
+        return None
+    return sched.reason or None
+
+
+async def get_job(request: web.Request) -> web.Response:
+    sub, rec, sched = await _load(_ctx(request), _job_param(request))
+    return web.json_response(views.job_detail(sub, rec, _reason(rec, sched)))
+
+
+async def get_job_attempts(request: web.Request) -> web.Response:
+    _, rec, _ = await _load(_ctx(request), _job_param(request))
+    return web.json_response(views.job_attempts(rec))
+
+
+async def get_job_config(request: web.Request) -> web.Response:
+    sub, _, _ = await _load(_ctx(request), _job_param(request))
+    if "yaml" in request.headers.get("Accept", ""):
+        return web.Response(text=yaml.safe_dump(sub.config, sort_keys=False), content_type="text/yaml")
+    return web.json_response(sub.config)
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    q = request.query
+    try:
+        offset = int(q.get("offset", 0))
+        limit = int(q.get("limit", 1000))
+    except ValueError:
+        raise BadInput("offset and limit must be integers") from None
+    if offset < 0 or not 1 <= limit <= 10_000:
+        raise BadInput("offset must be >= 0 and limit between 1 and 10000")
+    jobs_kv = await ctx.bus.kv(Bucket.JOBS)
+    keys = await all_keys(jobs_kv)
+    if "username" in q:
+        keys = [k for k in keys if k.split(".", 1)[0] == q["username"]]
+    rows = []
+    for key in keys:
+        sub = await get_json(jobs_kv, key, SubmittedJob)
+        if sub is None or ("vc" in q and sub[0].vc != q["vc"]):
+            continue
+        rec = await get_json(await ctx.bus.kv(Bucket.JOB_STATUS), key, JobRecord)
+        sched = await get_json(await ctx.bus.kv(Bucket.SCHEDULE), key, ScheduleEntry)
+        r, s = (rec[0] if rec else None), (sched[0] if sched else None)
+        row = views.job_summary(sub[0], r, _reason(r, s))
+        if "state" in q and row["state"] != q["state"].upper():
+            continue
+        rows.append(row)
+    rows.sort(key=lambda r: r["createdTime"], reverse=True)
+    return web.json_response(rows[offset : offset + limit])
+
+
+async def put_execution_type(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    jid = _job_param(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadInput('body must be JSON like {"value": "STOP"}') from None
+    value = body.get("value") if isinstance(body, dict) else None
+    if value not in ("STOP", "START"):
+        raise BadInput(
+            f"value must be STOP (got {value!r})",
+            details={"errors": [{"path": "value", "rule": "enum", "message": "one of STOP"}]},
+        )
+    sub, rec, _ = await _load(ctx, jid)
+    user = request[USER]
+    if not user.admin and user.username != sub.user:
+        raise Forbidden(f"only {sub.user} or an admin may stop {jid}")
+    if value == "START":
+        raise BadInput("a stopped job cannot be started again; submit it under a new name")
+    await ctx.bus.publish(StopRequested(id=f"{jid}/stop", job=jid, vc=sub.vc, by=user.username, at=time.time()))
+    return web.json_response({"message": f"stop of {jid} requested"}, status=202)
+
+
+async def get_job_logs(request: web.Request) -> web.Response:
+    """Proxy to the launcher over NATS request/reply (it owns the task logs)."""
+    from libs.common.logs import LogRequest, request_log
+
+    ctx = _ctx(request)
+    jid = _job_param(request)
+    sub, rec, _ = await _load(ctx, jid)
+    q = request.query
+    role = q.get("taskRole") or sub.spec.taskRoles[0].name
+    try:
+        index = int(q.get("taskIndex", 0))
+        tail = int(q["tailBytes"]) if "tailBytes" in q else None
+        attempt = int(q.get("attempt", rec.attempt if rec else 1))
+    except ValueError:
+        raise BadInput("taskIndex, attempt and tailBytes must be integers") from None
+    reply = await request_log(ctx.bus, LogRequest(job=jid, attempt=attempt, role=role, index=index, tailBytes=tail))
+    return web.Response(body=reply, content_type="text/plain")
+
+
+async def list_virtual_clusters(request: web.Request) -> web.Response:
+    view = await _cluster_view(_ctx(request))
+    return web.json_response({vc["name"]: vc for vc in view.virtualClusters})
+
+
+async def whoami(request: web.Request) -> web.Response:
+    return web.json_response(msgspec.to_builtins(request[USER]))
+
+
+async def create_user(request: web.Request) -> web.Response:
+    if not request[USER].admin:
+        raise Forbidden("only an admin may create users")
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadInput('body must be JSON like {"username": "alice"}') from None
+    username = body.get("username") if isinstance(body, dict) else None
+    if not isinstance(username, str) or not ids.NAME_PATTERN.match(username):
+        raise BadInput(
+            "username must match ^[a-zA-Z0-9_-]+$",
+            details={"errors": [{"path": "username", "rule": "pattern", "message": "letters, digits, _ and - only"}]},
+        )
+    token = await auth.create_user(
+        _ctx(request).bus, username, admin=bool(body.get("admin", False)), email=str(body.get("email", ""))
+    )
+    return web.json_response({"username": username, "token": token}, status=201)
+
+
+async def startup(ctx: ServiceContext) -> None:
+    token = await auth.ensure_admin(ctx.bus, ctx.config.admin_user)
+    if token is not None:
+        path = ctx.config.token_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(token + "\n")
+        path.chmod(0o600)
+        log.info("created admin user %s; token written to %s", ctx.config.admin_user, path)
+    republished = await publish_pending_submissions(ctx)
+    if republished:
+        log.info("published %d submissions left over by an earlier crash", republished)

@@ -1,0 +1,136 @@
+"""OpenPAI-shaped JSON views of PAI's records (pure functions).
+
+OpenPAI reports times in milliseconds since the epoch; so do we.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from libs.common.messages import JobState
+from libs.common.records import JobRecord, TaskRecord
+from services.rest.records import SubmittedJob
+
+
+def _ms(t: float | None) -> int | None:
+    return None if t is None else int(t * 1000)
+
+
+def _spec(spec: Any) -> Any:
+    return None if spec is None else msgspec.to_builtins(spec)
+
+
+def job_summary(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | None) -> dict[str, Any]:
+    """One row of GET /api/v2/jobs."""
+    state = rec.state if rec else JobState.WAITING
+    return {
+        "debugId": sub.job,
+        "name": sub.name,
+        "username": sub.user,
+        "state": state.value,
+        "subState": state.value,
+        "executionType": "STOP" if rec and rec.stopRequestedBy else "START",
+        "retries": rec.retries if rec else 0,
+        "totalTaskNumber": sub.spec.task_count,
+        "totalGpuNumber": sum(r.instances * r.resources.gpu for r in sub.spec.taskRoles),
+        "createdTime": _ms(sub.submittedAt),
+        "completedTime": _ms(rec.completedTime) if rec else None,
+        "appExitCode": rec.appExitCode if rec else None,
+        "virtualCluster": sub.vc,
+        "priority": sub.spec.priority,
+        "waitingReason": waiting_reason if state == JobState.WAITING else None,
+    }
+
+
+def _task_status(task: TaskRecord) -> dict[str, Any]:
+    return {
+        "taskIndex": task.index,
+        "taskState": task.state.value,
+        "retries": task.retries,
+        "containerId": None,
+        "containerIp": task.hostIp,
+        "containerNodeName": task.node,
+        "containerPorts": {label: ",".join(map(str, ports)) for label, ports in task.ports.items()},
+        "containerGpus": ",".join(map(str, task.gpus)) if task.gpus else None,
+        "containerLog": task.logPath or None,
+        "containerExitCode": task.exitCode,
+        "containerExitSpec": _spec(task.exitSpec),
+        "containerExitDiagnostics": "\n".join(task.diagnostics) or None,
+        "launchedTime": _ms(task.launchedTime),
+        "completedTime": _ms(task.completedTime),
+    }
+
+
+def job_detail(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | None) -> dict[str, Any]:
+    """GET /api/v2/jobs/{user}~{name}."""
+    summary = job_summary(sub, rec, waiting_reason)
+    status = {
+        "username": sub.user,
+        "state": summary["state"],
+        "subState": summary["subState"],
+        "executionType": summary["executionType"],
+        "retries": summary["retries"],
+        "attempt": rec.attempt if rec else 1,
+        "createdTime": summary["createdTime"],
+        "completedTime": summary["completedTime"],
+        "appLaunchedTime": _ms(rec.launchedTime) if rec else None,
+        "virtualCluster": sub.vc,
+        "priority": sub.spec.priority,
+        "appExitCode": rec.appExitCode if rec else None,
+        "appExitSpec": _spec(rec.appExitSpec) if rec else None,
+        "appExitDiagnostics": "\n".join(rec.appExitDiagnostics) if rec and rec.appExitDiagnostics else None,
+        "appExitTriggerTaskRoleName": rec.appExitTriggerTaskRoleName if rec else None,
+        "appExitTriggerTaskIndex": rec.appExitTriggerTaskIndex if rec else None,
+        "waitingReason": summary["waitingReason"],
+    }
+    current = {(t.role, t.index): t for t in rec.current.tasks} if rec and rec.attempts else {}
+    roles: dict[str, Any] = {}
+    for role in sub.spec.taskRoles:
+        statuses = []
+        for index in range(role.instances):
+            task = current.get((role.name, index))
+            statuses.append(_task_status(task) if task else {"taskIndex": index, "taskState": "WAITING", "retries": 0})
+        roles[role.name] = {"taskRoleStatus": {"name": role.name}, "taskStatuses": statuses}
+    notes = []
+    if any(r.dockerImageUri for r in sub.spec.taskRoles):
+        notes.append("dockerImage is recorded but not used by the local backend")
+    return {
+        "name": sub.name,
+        "jobStatus": status,
+        "taskRoles": roles,
+        "ignoredFields": sub.spec.ignoredFields,
+        "warnings": sub.warnings,
+        "notes": notes,
+    }
+
+
+def job_attempts(rec: JobRecord | None) -> list[dict[str, Any]]:
+    """GET /api/v2/jobs/{id}/job-attempts: every attempt, newest first."""
+    if rec is None:
+        return []
+    out = []
+    for attempt in reversed(rec.attempts):
+        roles: dict[str, list[dict[str, Any]]] = {}
+        for task in attempt.tasks:
+            roles.setdefault(task.role, []).append(
+                _task_status(task) | {"taskAttempts": [msgspec.to_builtins(a) for a in task.taskAttempts]}
+            )
+        out.append(
+            {
+                "attemptIndex": attempt.attempt,
+                "isLatest": attempt.attempt == rec.attempt,
+                "state": attempt.state.value,
+                "createdTime": _ms(attempt.createdTime),
+                "launchedTime": _ms(attempt.launchedTime),
+                "completedTime": _ms(attempt.completedTime),
+                "exitCode": attempt.exitCode,
+                "exitSpec": _spec(attempt.exitSpec),
+                "endReason": attempt.endReason,
+                "preemptedBy": attempt.preemptedBy,
+                "isRetryCounted": attempt.isRetryCounted,
+                "taskRoles": roles,
+            }
+        )
+    return out

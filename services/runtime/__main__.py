@@ -1,0 +1,3 @@
+from services.runtime.service import main
+
+main()

@@ -1,0 +1,10 @@
+"""Every metric the runtime exports."""
+
+from prometheus_client import Counter, Histogram
+
+VERDICTS = Counter("pai_runtime_verdicts_total", "Verdicts given on failed or finished tasks", ["phrase", "reaction"])
+CLASSIFY_SECONDS = Histogram(
+    "pai_runtime_classify_seconds",
+    "Time to classify one task exit",
+    buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1),
+)

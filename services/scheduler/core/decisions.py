@@ -1,0 +1,41 @@
+"""What the scheduler core decides (the service shell publishes these as events)."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from libs.common.messages import TaskPlacement
+
+
+class Place(msgspec.Struct, frozen=True, kw_only=True, tag="place"):
+    """Run these tasks of the attempt here. `partial`: more tasks of the attempt follow later."""
+
+    job: str
+    attempt: int
+    vc: str
+    tasks: list[TaskPlacement]
+    partial: bool = False
+
+
+class Preempt(msgspec.Struct, frozen=True, kw_only=True, tag="preempt"):
+    """Kill this attempt to free its cells for job `by`; the launcher answers with Release(requeue=True)."""
+
+    job: str
+    attempt: int
+    vc: str
+    by: str
+    reason: str
+
+
+class Wait(msgspec.Struct, frozen=True, kw_only=True, tag="wait"):
+    """The attempt waits, for a reason a person can act on (sent when the reason is new or changed)."""
+
+    job: str
+    attempt: int
+    vc: str
+    reason: str
+
+
+Decision = Union[Place, Preempt, Wait]

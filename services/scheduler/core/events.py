@@ -1,0 +1,54 @@
+"""What the scheduler core is told (the service shell turns bus messages into these)."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from libs.common.messages import TaskPlacement
+from libs.common.protocol.model import JobSpec
+
+
+class Submit(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
+    """A job (id "user~name") wants cells for this attempt."""
+
+    job: str
+    attempt: int
+    spec: JobSpec
+
+
+class Release(msgspec.Struct, frozen=True, kw_only=True, tag="release"):
+    """The launcher freed every cell of this attempt; with `requeue` the job waits again as attempt+1."""
+
+    job: str
+    attempt: int
+    requeue: bool = False
+
+
+class Cancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):
+    """The user stopped the job: a waiting job leaves the queue; a placed one waits for its Release."""
+
+    job: str
+
+
+class NodeHealth(msgspec.Struct, frozen=True, kw_only=True, tag="node_health"):
+    node: str
+    healthy: bool
+    reason: str = ""
+
+
+class Restore(msgspec.Struct, frozen=True, kw_only=True, tag="restore"):
+    """At start-up, before other events: this attempt already runs on exactly these cells."""
+
+    job: str
+    attempt: int
+    spec: JobSpec
+    tasks: list[TaskPlacement]
+
+
+class Tick(msgspec.Struct, frozen=True, kw_only=True, tag="tick"):
+    """Time passed (read from the injected clock): queues are looked at again."""
+
+
+SchedulerEvent = Union[Submit, Release, Cancel, NodeHealth, Restore, Tick]

@@ -1,0 +1,62 @@
+"""The scheduler's record of one job attempt."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from libs.common.protocol.model import OPPORTUNISTIC_PRIORITY, JobSpec
+from services.scheduler.core.demand import GroupDemand, TaskDemand, affinity_groups
+
+if TYPE_CHECKING:
+    from services.scheduler.core.cells import Cell
+
+
+class JobRecord:
+    __slots__ = (
+        "id", "attempt", "spec", "vc", "priority", "opportunistic", "lazy", "seq", "queued_at", "groups",
+        "placed", "pending_groups", "preempting", "victims", "reserved", "cancelled", "reason_key", "reason",
+        "ever_placed", "restored",
+    )
+
+    def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float):
+        self.id = job
+        self.attempt = attempt
+        self.spec = spec
+        self.vc = spec.virtualCluster
+        self.priority = spec.priority
+        # Opportunistic jobs run on idle cells anywhere and may be preempted by any
+        # guaranteed job; a lazily preempted guaranteed job becomes one.
+        self.opportunistic = spec.priority <= OPPORTUNISTIC_PRIORITY
+        self.lazy = spec.lazyPreemptionEnable
+        self.seq = seq  # arrival order; kept across attempts so a requeued job keeps its place
+        self.queued_at = now
+        self.groups: list[GroupDemand] = affinity_groups(spec)
+        self.placed: dict[tuple[str, int], list[Cell]] = {}  # (role, index) -> leaves
+        self.pending_groups: list[GroupDemand] = list(self.groups)
+        self.preempting = False  # a Preempt was sent; its cells are on their way to another job
+        self.victims: set[str] = set()  # attempts preempted for this one, not yet released
+        self.reserved: list[tuple[GroupDemand, list[TaskDemand], list[list[Cell]]]] = []
+        self.cancelled = False
+        self.reason_key: tuple | None = None
+        self.reason: str | None = None
+        self.ever_placed = False
+        self.restored = False
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Queue order: higher priority first, then arrival."""
+        return (-self.priority, self.seq)
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.pending_groups) and not self.cancelled
+
+    @property
+    def holds_cells(self) -> bool:
+        return bool(self.placed)
+
+    def leaves(self) -> list[Cell]:
+        return [leaf for leaves in self.placed.values() for leaf in leaves]
+
+    def __repr__(self) -> str:
+        return f"JobRecord({self.id}#{self.attempt})"

@@ -1,0 +1,109 @@
+"""Where a group of tasks can go: inside its VC's cells, or anywhere for opportunistic work.
+
+A plan lists the leaves of each task and the VC cells it needs bound. Binding
+during planning is real (so buddy splitting is exact) and is undone when the plan
+is dropped: `Plan.abandon`.
+"""
+
+from __future__ import annotations
+
+from services.scheduler.core.cells import Cell
+from services.scheduler.core.jobs import JobRecord
+from services.scheduler.core.search import View, fit_across, fit_group
+from services.scheduler.core.state import ClusterState, Quota, VcRecord
+
+
+class Plan:
+    __slots__ = ("leaves", "new_units")
+
+    def __init__(self, leaves: list[list[Cell]], new_units: list[tuple[Quota, Cell]]):
+        self.leaves = leaves  # per task, in the order of the sizes asked for
+        self.new_units = new_units  # taken from the free lists, not yet bound to the VC
+
+    def abandon(self) -> None:
+        for quota, cell in reversed(self.new_units):
+            quota.chain.give_back(cell)
+        self.new_units = []
+
+
+def plan_opportunistic(state: ClusterState, sku: str, sizes: list[int], view: View) -> Plan | None:
+    """Idle cells anywhere in the cluster; cells no VC has bound first, so the job is less likely preempted."""
+    tops = [top for chain in state.tree.sku_chains.get(sku, ()) for top in chain.tops]
+    leaves = fit_group(tops, sizes, view)
+    return Plan(leaves, []) if leaves is not None else None
+
+
+def plan_guaranteed(state: ClusterState, job: JobRecord, vc: VcRecord, sku: str, sizes: list[int],
+                    view: View) -> Plan | None:
+    """Inside the VC's bound cells, binding more of its quota (buddy allocation) when needed."""
+    if job.spec.pinnedCellId is not None:
+        pinned = vc.pinned.get(job.spec.pinnedCellId)
+        if pinned is None or pinned.sku != sku:
+            return None
+        leaves = fit_group([pinned], sizes, view)
+        return Plan(leaves, []) if leaves is not None else None
+    units = vc.units.get(sku, {})
+    leaves = fit_group(list(units), sizes, view)
+    if leaves is not None:
+        return Plan(leaves, [])
+    total = sum(sizes)
+    quotas = [quota for quota in vc.sku_quotas.get(sku, ()) if quota.unbound > 0]
+    if not quotas:
+        return _plan_across(list(units), [], sizes, view)
+    # One more VC cell: the bindable one with the most usable leaves (fewest to preempt).
+    for quota in quotas:
+        if quota.leaf_count < total:
+            continue
+        candidates = []
+        for cell in quota.chain.bindable(quota.type):
+            usable = view.avail(cell)
+            if usable >= total:
+                candidates.append((-usable, cell.order, cell))
+                if usable == cell.leaf_count:
+                    break
+        candidates.sort(key=lambda c: c[:2])
+        for _, _, cell in candidates[:8]:
+            leaves = fit_group([cell], sizes, view)
+            if leaves is not None:
+                quota.chain.take(cell)
+                return Plan(leaves, [(quota, cell)])
+    return _plan_across(list(units), quotas, sizes, view)
+
+
+def _plan_across(units: list[Cell], quotas: list[Quota], sizes: list[int], view: View) -> Plan | None:
+    """A group bigger than one VC cell: across bound cells, binding more one at a time."""
+    total = sum(sizes)
+    roots = [unit for unit in units if view.avail(unit) > 0]
+    usable = sum(view.avail(unit) for unit in roots)
+    plan = Plan([], [])
+    taken_per_quota: dict[int, int] = {}
+    while True:
+        if usable >= total:
+            node_cells = [node for root in roots for node in (root.node_cells if not root.in_node else [root])]
+            leaves = fit_across(node_cells, sizes, view)
+            if leaves is not None:
+                plan.leaves = leaves
+                return plan
+        added = None
+        for index, quota in enumerate(quotas):
+            if quota.unbound - taken_per_quota.get(index, 0) <= 0:
+                continue
+            best = None
+            best_usable = 0
+            for cell in quota.chain.bindable(quota.type):
+                cell_usable = view.avail(cell)
+                if cell_usable > best_usable:
+                    best, best_usable = cell, cell_usable
+                    if cell_usable == cell.leaf_count:
+                        break
+            if best is not None:
+                quota.chain.take(best)
+                plan.new_units.append((quota, best))
+                taken_per_quota[index] = taken_per_quota.get(index, 0) + 1
+                added = best
+                break
+        if added is None:
+            plan.abandon()
+            return None
+        roots.append(added)
+        usable += view.avail(added)

@@ -1,0 +1,198 @@
+"""Finding leaf cells for a group of tasks: pure functions over the cell counters.
+
+A `View` says which leaves a job may use in one attempt at placing it (free ones;
+with `take_oppo` also those of opportunistic work; plus `extra` leaves such as those
+of chosen victims or the job's own reservation; minus `excluded` ones) and records
+the leaves tentatively taken so far, so several tasks can be fitted before anything
+is committed.
+
+Topology: a group goes into the lowest cell that can hold it, chosen by best fit
+(the cell with the fewest usable leaves that is still enough), so two 1-GPU tasks
+land on buddy GPUs and large cells stay whole for large jobs.
+"""
+
+from __future__ import annotations
+
+from services.scheduler.core.cells import Cell
+
+
+class View:
+    __slots__ = ("take_oppo", "extra", "extra_leaves", "excluded", "taken", "taken_leaves", "log")
+
+    def __init__(self, *, take_oppo: bool = False, extra_leaves: list[Cell] = (), excluded: list[Cell] = ()):
+        self.take_oppo = take_oppo
+        self.extra: dict[Cell, int] = {}
+        self.extra_leaves: set[Cell] = set()
+        self.excluded: set[Cell] = set()
+        self.taken: dict[Cell, int] = {}
+        self.taken_leaves: set[Cell] = set()
+        self.log: list[Cell] = []
+        for leaf in extra_leaves:
+            self.add_extra(leaf)
+        for leaf in excluded:
+            self.exclude(leaf)
+
+    def base_ok(self, leaf: Cell) -> bool:
+        return bool(leaf.free or (self.take_oppo and leaf.oppo))
+
+    def add_extra(self, leaf: Cell) -> None:
+        if leaf in self.extra_leaves or self.base_ok(leaf) or not leaf.node.healthy:
+            return
+        self.extra_leaves.add(leaf)
+        for cell in leaf.ancestors:
+            self.extra[cell] = self.extra.get(cell, 0) + 1
+
+    def exclude(self, leaf: Cell) -> None:
+        if leaf in self.excluded or not self.base_ok(leaf):
+            return
+        self.excluded.add(leaf)
+        for cell in leaf.ancestors:
+            self.extra[cell] = self.extra.get(cell, 0) - 1
+
+    def avail(self, cell: Cell) -> int:
+        count = cell.free + cell.oppo if self.take_oppo else cell.free
+        if self.extra:
+            count += self.extra.get(cell, 0)
+        if self.taken:
+            count -= self.taken.get(cell, 0)
+        return count
+
+    def leaf_ok(self, leaf: Cell) -> bool:
+        if leaf in self.taken_leaves or leaf in self.excluded:
+            return False
+        return self.base_ok(leaf) or leaf in self.extra_leaves
+
+    def take(self, leaf: Cell) -> None:
+        self.taken_leaves.add(leaf)
+        self.log.append(leaf)
+        taken = self.taken
+        for cell in leaf.ancestors:
+            taken[cell] = taken.get(cell, 0) + 1
+
+    def mark(self) -> int:
+        return len(self.log)
+
+    def undo(self, mark: int) -> None:
+        while len(self.log) > mark:
+            leaf = self.log.pop()
+            self.taken_leaves.discard(leaf)
+            for cell in leaf.ancestors:
+                self.taken[cell] -= 1
+
+
+def take_in(cell: Cell, need: int, view: View) -> list[Cell] | None:
+    """Take `need` usable leaves inside `cell` (all on its node), as close together as possible."""
+    avail = view.avail
+    if avail(cell) < need:
+        return None
+    # Descend to the smallest cell that still has enough (best fit keeps buddies together).
+    while cell.children:
+        best = None
+        best_avail = 0
+        for child in cell.children:
+            child_avail = avail(child)
+            if child_avail >= need and (best is None or child_avail < best_avail):
+                best, best_avail = child, child_avail
+        if best is None:
+            break
+        cell = best
+    if not cell.children:
+        if view.leaf_ok(cell):
+            view.take(cell)
+            return [cell]
+        return None
+    taken: list[Cell] = []
+    # No single child is enough: fill from the fullest children first.
+    for child in sorted(cell.children, key=lambda c: -avail(c)):
+        remaining = need - len(taken)
+        if remaining == 0:
+            break
+        child_avail = avail(child)
+        if child_avail <= 0:
+            continue
+        part = take_in(child, min(child_avail, remaining), view)
+        if part is None:
+            return None
+        taken.extend(part)
+    return taken if len(taken) == need else None
+
+
+def fit_in(cell: Cell, sizes: list[int], view: View) -> list[list[Cell]] | None:
+    """Leaves for each task (sizes in leaf cells, largest first) inside `cell`, or None (view unchanged)."""
+    mark = view.mark()
+    result: list[list[Cell]] = []
+    if cell.in_node:
+        for size in sizes:
+            leaves = take_in(cell, size, view)
+            if leaves is None:
+                view.undo(mark)
+                return None
+            result.append(leaves)
+        return result
+    return fit_across(cell.node_cells, sizes, view, mark)
+
+
+def fit_across(node_cells: list[Cell], sizes: list[int], view: View, mark: int | None = None) -> list[list[Cell]] | None:
+    """Each task on one node among `node_cells`, best fit, or None (view unchanged)."""
+    if mark is None:
+        mark = view.mark()
+    avail = view.avail
+    result: list[list[Cell]] = []
+    for size in sizes:
+        best = None
+        best_avail = 0
+        for node_cell in node_cells:
+            node_avail = avail(node_cell)
+            if node_avail >= size and (best is None or node_avail < best_avail):
+                best, best_avail = node_cell, node_avail
+                if node_avail == size:
+                    break
+        leaves = take_in(best, size, view) if best is not None else None
+        if leaves is None:
+            view.undo(mark)
+            return None
+        result.append(leaves)
+    return result
+
+
+def fit_group(roots: list[Cell], sizes: list[int], view: View, *, max_tries: int = 64) -> list[list[Cell]] | None:
+    """The tasks (sizes, largest first) in the lowest best-fitting cell under one of `roots`."""
+    total = sum(sizes)
+    avail = view.avail
+    candidates = [root for root in roots if avail(root) >= total]
+    if not candidates:
+        return None
+    # Fast path: walk down by best fit from the best-fitting root.
+    cell = min(candidates, key=lambda c: (avail(c), c.order))
+    while True:
+        best = None
+        best_avail = 0
+        for child in cell.children:
+            child_avail = avail(child)
+            if child_avail >= total and (best is None or child_avail < best_avail):
+                best, best_avail = child, child_avail
+        if best is None or (not best.in_node and len(best.node_cells) == 0):
+            break
+        cell = best
+    placed = fit_in(cell, sizes, view)
+    if placed is not None:
+        return placed
+    # Fragmented (enough leaves, not on the right nodes): try other cells, lowest first.
+    found: list[Cell] = []
+    stack = list(candidates)
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        for child in current.children:
+            if avail(child) >= total:
+                stack.append(child)
+    found.sort(key=lambda c: (c.level, avail(c), c.order))
+    for tries, current in enumerate(found):
+        if current is cell:
+            continue
+        if tries >= max_tries:
+            break
+        placed = fit_in(current, sizes, view)
+        if placed is not None:
+            return placed
+    return None

@@ -1,0 +1,97 @@
+"""The whole platform as real processes: nats-server and the five services."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli.client import ApiError, Client, Connection
+from cli.up import Platform
+from libs.common.config import load_config
+from libs.common.natsserver import free_port
+
+HERE = Path(__file__).resolve().parent
+FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def platform_config(data_dir: Path, **overrides: Any):
+    ports = {f"{s}_port": free_port() for s in ("rest", "scheduler", "launcher", "runtime", "monitor")}
+    return load_config(
+        env={},
+        data_dir=str(data_dir),
+        nats_url=f"nats://127.0.0.1:{free_port()}",
+        cluster_file=str(HERE / "cluster-3nodes.yaml"),
+        grace_seconds=2.0,
+        node_sample_seconds=1.0,
+        **ports,
+        **overrides,
+    )
+
+
+class Api:
+    """Test-side view of a running platform."""
+
+    def __init__(self, platform: Platform, conn: Connection):
+        self.platform = platform
+        self.client = Client(conn)
+        self.conn = conn
+
+    async def submit(self, body: str, *, content_type: str = "text/yaml") -> dict:
+        return await self.client.request("POST", "/api/v2/jobs", data=body.encode(), content_type=content_type)
+
+    async def job(self, job: str) -> dict:
+        return await self.client.request("GET", f"/api/v2/jobs/{job}")
+
+    async def wait_state(self, job: str, states: set[str] | str, timeout: float = 30.0) -> dict:
+        states = {states} if isinstance(states, str) else states
+        deadline = time.monotonic() + timeout
+        detail: dict = {}
+        while time.monotonic() < deadline:
+            try:
+                detail = await self.job(job)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+            else:
+                if detail["jobStatus"]["state"] in states:
+                    return detail
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{job} did not reach {states} in {timeout}s; last: {detail.get('jobStatus')}")
+
+    async def stop(self, job: str) -> None:
+        await self.client.request("PUT", f"/api/v2/jobs/{job}/executionType", json_body={"value": "STOP"})
+
+    async def logs(self, job: str, **params: Any) -> str:
+        data = await self.client.request("GET", f"/api/v2/jobs/{job}/logs", params=params, raw=True)
+        return data.decode()
+
+
+@pytest.fixture(scope="session")
+def platform(tmp_path_factory: pytest.TempPathFactory):
+    plat = Platform(platform_config(tmp_path_factory.mktemp("pai")), print_fn=lambda *_: None)
+    try:
+        conn = plat.start()
+        yield Api(plat, conn)
+    finally:
+        plat.stop()
+
+
+def job_yaml(name: str, commands: list[str], *, roles: dict[str, int] | None = None, retry: int = 0,
+             vc: str = "default", extra: str = "") -> str:
+    roles = roles or {"main": 1}
+    lines = [f"protocolVersion: 2", f"name: {name}", "type: job", f"jobRetryCount: {retry}", "taskRoles:"]
+    for role, instances in roles.items():
+        lines += [
+            f"  {role}:",
+            f"    instances: {instances}",
+            "    resourcePerInstance: {cpu: 1, memoryMB: 256, gpu: 0}",
+            "    commands:",
+        ]
+        lines += [f"      - {json.dumps(c)}" for c in commands]  # JSON strings are valid YAML
+    lines += ["defaults:", f"  virtualCluster: {vc}"]
+    return "\n".join(lines) + "\n" + extra
