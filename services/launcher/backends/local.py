@@ -72,7 +72,6 @@ from services.launcher.backends.local_layout import (
     OUTPUT_LOG,
     REPORTED,
     RUNNING_BELL,
-    SHIM,
     SPEC,
     TASK_KEY_ENV,
     TASKS_DIR,
@@ -83,7 +82,7 @@ from services.launcher.backends.local_layout import (
     KillRequest,
     ShimRecord,
     ShimSpec,
-    claim,
+    claim_dir,
     doorbell_address,
     doorbell_name,
     encode,
@@ -99,19 +98,16 @@ USER_LOG_TAIL_BYTES = 64 * 1024
 INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LIMIT_CHOICES = ("auto", LIMITS_CGROUP, LIMITS_RLIMIT, LIMITS_NONE)
-# A task no shim has claimed this long after it was sent is sent again (the
-# fork server may have died); the claim makes a duplicate harmless.
-RESEND_SECONDS = 2.0
 # How long past the grace period `kill` trusts the shim to finish a stop.
 STOP_MARGIN_SECONDS = 5.0
 _STOP_POLL_SECONDS = 0.05
-# A claim (shim.json) still empty after this long belongs to a shim that died
-# between creating and writing it.
+# A task directory still without its spec this long after it was created
+# belongs to a claimer that died in between.
 CLAIM_WRITE_SECONDS = 10.0
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
-class TaskSpec(ShimSpec, frozen=True, kw_only=True):
+class TaskSpec(ShimSpec, frozen=True, kw_only=True, omit_defaults=True):
     """spec.json as the backend writes it: the shim's part plus what recovery needs."""
 
     key: TaskKey
@@ -123,17 +119,21 @@ class TaskSpec(ShimSpec, frozen=True, kw_only=True):
 
 
 class _Task:
-    __slots__ = ("key", "dir", "node", "image", "running_reported", "finished", "sent_at", "shim")
+    __slots__ = (
+        "key", "dir", "node", "image", "spec_line", "sent_generation",
+        "claim", "running_reported", "finished",
+    )
 
     def __init__(self, key: TaskKey, task_dir: Path, node: str, image: str | None):
         self.key = key
         self.dir = task_dir
         self.node = node
         self.image = image
+        self.spec_line: bytes | None = None  # kept until a shim claims the task
+        self.sent_generation = -1
+        self.claim: ShimRecord | None = None
         self.running_reported = False
         self.finished = asyncio.Event()
-        self.sent_at = float("-inf")
-        self.shim: ShimRecord | None = None  # cached once the task runs
 
 
 class LocalBackend:
@@ -156,7 +156,7 @@ class LocalBackend:
     ):
         if limits not in LIMIT_CHOICES:
             raise ValueError(f"limits must be one of {LIMIT_CHOICES}, not {limits!r}")
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()
         self.tasks_dir = self.data_dir / TASKS_DIR
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
         # Every declared node maps onto this machine; placements name any of them.
@@ -172,6 +172,7 @@ class LocalBackend:
         self._base_env = _inherited_env()
         self._bell: socket.socket | None = None
         self._server: asyncio.subprocess.Process | None = None
+        self._server_generation = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -187,7 +188,7 @@ class LocalBackend:
             task = self._tasks.get(entry.name) or self._adopt(task_dir)
             if task is not None:
                 known.append(task.key)
-                self._check(task, time.monotonic())
+                self._check(task)
         return known
 
     async def start(self, launch: TaskLaunch) -> None:
@@ -196,12 +197,13 @@ class LocalBackend:
         if slug in self._tasks:
             return
         task_dir = self.tasks_dir / slug
-        try:
-            task_dir.mkdir()
-        except FileExistsError:
-            return  # started before, perhaps by an earlier launcher: never twice
         node = launch.placement.node or self.node_names[0]
+        task = _Task(launch.key, task_dir, node, launch.dockerImageUri)
+        self._tasks[slug] = task
+        if task_dir.exists():
+            return  # started before, perhaps by an earlier launcher: watch, never rerun
         spec = TaskSpec(
+            taskDir=str(task_dir),
             key=launch.key,
             slug=slug,
             node=node,
@@ -218,54 +220,53 @@ class LocalBackend:
             dockerImageUri=launch.dockerImageUri,
             submittedAt=self._clock(),
         )
-        # One write: a crash before it completes leaves a directory without a
-        # readable spec, which no shim starts and `recover` removes.
-        (task_dir / SPEC).write_bytes(encode(spec))
-        task = _Task(launch.key, task_dir, node, launch.dockerImageUri)
-        self._tasks[slug] = task
+        task.spec_line = encode(spec) + b"\n"
         self._send(task)
         # Let the doorbell be read between starts: shims wait while its queue is full.
         await asyncio.sleep(0)
 
     async def kill(self, key: TaskKey, *, grace_seconds: float, reason: str) -> None:
         await self._ensure_running()
-        task_dir = self.tasks_dir / key.slug
+        reason = reason or "Killed"
         task = self._tasks.get(key.slug)
+        task_dir = self.tasks_dir / key.slug
         if task is None:
             if not (task_dir / SPEC).exists() or (task_dir / REPORTED).exists():
                 return  # unknown, or finished and recorded
             task = self._adopt(task_dir)
             if task is None:
                 return
-        if task.finished.is_set() or (task_dir / EXIT).exists():
-            self._report_finished(task)
+        if task.finished.is_set():
             return
-        reason = reason or "Killed"
+        if claim_dir(task_dir):
+            self._cancel(task, reason)  # no shim took it yet: it never starts
+            return
+        claim = await self._wait_for_claim(task)
+        if claim is None or task.finished.is_set() or (task_dir / EXIT).exists():
+            self._check(task)
+            return
         write_replacing(task_dir / KILL, encode(KillRequest(reason=reason, graceSeconds=grace_seconds)))
-        if claim(task_dir / SHIM, encode(ShimRecord(shimPid=0, shimStartTicks=0, cancelled=True))):
-            self._record_exit(task, reason, "stopped before it started")
-            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_seconds + STOP_MARGIN_SECONDS
-        signalled = False
+        local_procs.signal_each([claim.shimPid], signal.SIGUSR1)
         while not task.finished.is_set():
-            if (task_dir / EXIT).exists():
-                self._report_finished(task)
-                return
-            shim = read_record(task_dir / SHIM, ShimRecord)
-            if shim is None or shim.cancelled:
-                pass  # being rewritten, or cancelled by a concurrent stop
-            elif not local_procs.is_alive(shim.shimPid, shim.shimStartTicks):
-                if not (task_dir / EXIT).exists():
-                    self._kill_orphans(task)
-                    self._record_exit(task, reason, "its shim was gone; its processes were killed")
+            if (task_dir / EXIT).exists() or not _alive(claim):
+                self._check(task, stop_reason=reason)
                 continue
-            elif loop.time() > deadline:
-                # The shim did not finish the stop in time: end it, then take over.
-                local_procs.signal_each([shim.shimPid], signal.SIGKILL)
-            elif not signalled:
-                local_procs.signal_each([shim.shimPid], signal.SIGTERM)
-                signalled = True
+            if loop.time() > deadline:
+                # The shim did not end the task in time; end its processes
+                # ourselves (the shim, which may run other tasks, lives on and
+                # records the exit) and give it one more margin.
+                log.error("stop of %s overran its grace period; killing it directly", key.slug)
+                self._kill_orphans(task)
+                deadline = loop.time() + STOP_MARGIN_SECONDS
+                if not _alive(claim):
+                    continue
+                try:
+                    await asyncio.wait_for(task.finished.wait(), STOP_MARGIN_SECONDS)
+                except TimeoutError:
+                    log.error("shim %d did not record the stop of %s", claim.shimPid, key.slug)
+                return
             try:
                 await asyncio.wait_for(task.finished.wait(), _STOP_POLL_SECONDS)
             except TimeoutError:
@@ -276,7 +277,7 @@ class LocalBackend:
 
     async def read_log(self, key: TaskKey, *, tail_bytes: int | None = None) -> bytes:
         task_dir = self.tasks_dir / key.slug
-        if not (task_dir / SPEC).exists():
+        if not task_dir.exists():
             raise NotFound(f"no local task {key.slug}")
         return await asyncio.to_thread(
             read_log, task_dir / OUTPUT_LOG, cap_bytes=self.log_cap_bytes, tail_bytes=tail_bytes
@@ -284,7 +285,7 @@ class LocalBackend:
 
     async def forget(self, key: TaskKey) -> None:
         task_dir = self.tasks_dir / key.slug
-        if (task_dir / SPEC).exists():
+        if task_dir.exists():
             (task_dir / REPORTED).touch()
         self._tasks.pop(key.slug, None)
 
@@ -335,16 +336,19 @@ class LocalBackend:
                 stdout=asyncio.subprocess.DEVNULL,
                 env=_fork_server_env(),
             )
+            self._server_generation += 1
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep_forever(), name="local-backend-sweep")
 
     def _send(self, task: _Task) -> None:
         assert self._server is not None and self._server.stdin is not None
-        task.sent_at = time.monotonic()
+        if task.spec_line is None:
+            return
+        task.sent_generation = self._server_generation
         try:
-            self._server.stdin.write(f"{task.dir}\n".encode())
+            self._server.stdin.write(task.spec_line)
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the sweep restarts the server and re-sends
+            pass  # the sweep restarts the server and sends again
 
     def _on_bell(self) -> None:
         assert self._bell is not None
@@ -359,6 +363,7 @@ class LocalBackend:
             if task is None:
                 continue  # forgotten, or not yet recovered: recover() will see it
             if kind == RUNNING_BELL:
+                task.spec_line = None
                 self._report_running(task, detail)
             elif kind == FINISHED_BELL:
                 self._report_finished(task)
@@ -369,55 +374,83 @@ class LocalBackend:
             try:
                 if self._server is not None and self._server.returncode is not None:
                     await self._ensure_running()
-                now = time.monotonic()
                 for task in list(self._tasks.values()):
                     if not task.finished.is_set():
-                        self._check(task, now)
+                        self._check(task)
             except Exception:  # noqa: BLE001 - a sweep must not die; the next one retries
                 log.exception("local backend sweep failed")
 
-    def _check(self, task: _Task, now: float) -> None:
-        """Look at a task's directory; report what changed, re-send, or declare it lost."""
+    def _check(self, task: _Task, *, stop_reason: str | None = None) -> None:
+        """Look at a task's directory: report what changed, send it again, or
+        declare it lost (reason `stop_reason` if we were stopping it)."""
         if task.finished.is_set():
             return
         if (task.dir / EXIT).exists():
-            self._report_finished(task)
-            return
-        shim = task.shim or read_record(task.dir / SHIM, ShimRecord)
-        if shim is None:
-            try:
-                claimed_at = os.stat(task.dir / SHIM).st_mtime
-            except FileNotFoundError:
-                if now - task.sent_at >= RESEND_SECONDS:
-                    self._send(task)
+            if self._report_finished(task):
                 return
-            if time.time() - claimed_at > CLAIM_WRITE_SECONDS:
-                self._declare_lost(task)
+        claim = task.claim or self._read_claim(task)
+        if claim is None:
+            if not task.dir.exists():
+                if task.sent_generation != self._server_generation:
+                    self._send(task)  # the server that had it is gone; claims dedupe
+            elif _age(task.dir) > CLAIM_WRITE_SECONDS:
+                # Claimed, but its spec never written: the claimer died at once.
+                self._declare_lost(task, stop_reason)
             return
-        if shim.cancelled:
-            return  # a stop is recording the exit
-        task.shim = shim
-        self._report_running(task, shim.detail)
-        if not local_procs.is_alive(shim.shimPid, shim.shimStartTicks):
-            if (task.dir / EXIT).exists():
-                self._report_finished(task)  # it ended between our two looks
-                return
-            self._declare_lost(task)
+        if claim.cancelled:
+            return  # the stop that cancelled it records the exit
+        self._report_running(task, claim.detail)
+        if not _alive(claim):
+            if (task.dir / EXIT).exists() and self._report_finished(task):
+                return  # it ended between our two looks
+            self._declare_lost(task, stop_reason)
 
-    def _declare_lost(self, task: _Task) -> None:
-        self._kill_orphans(task)
-        self._record_exit(
-            task, "Lost", "the task's shim died before recording its exit; its processes were killed"
+    def _read_claim(self, task: _Task) -> ShimRecord | None:
+        spec = read_record(task.dir / SPEC, ShimSpec)
+        if spec is not None and spec.shim is not None:
+            task.claim = spec.shim
+            task.spec_line = None
+        return task.claim
+
+    async def _wait_for_claim(self, task: _Task) -> ShimRecord | None:
+        """The claim of a directory a shim just created (its spec comes right after)."""
+        for _ in range(int(CLAIM_WRITE_SECONDS / _STOP_POLL_SECONDS)):
+            claim = task.claim or self._read_claim(task)
+            if claim is not None or task.finished.is_set():
+                return claim
+            await asyncio.sleep(_STOP_POLL_SECONDS)
+        return None
+
+    def _cancel(self, task: _Task, reason: str) -> None:
+        record = ShimRecord(shimPid=0, shimStartTicks=0, cancelled=True, claimedAt=self._clock())
+        spec = TaskSpec(
+            taskDir=str(task.dir), key=task.key, slug=task.key.slug, node=task.node,
+            commands=[], env={}, cpu=0, memoryMB=0, shim=record,
         )
+        (task.dir / SPEC).write_bytes(encode(spec))
+        task.claim = record
+        task.spec_line = None
+        self._record_exit(task, reason, "stopped before it started")
+
+    def _declare_lost(self, task: _Task, stop_reason: str | None) -> None:
+        self._kill_orphans(task)
+        if stop_reason is not None:
+            self._record_exit(task, stop_reason, "its shim was gone; its processes were killed")
+        else:
+            self._record_exit(
+                task, "Lost", "the task's shim died before recording its exit; its processes were killed"
+            )
 
     def _adopt(self, task_dir: Path) -> _Task | None:
         spec = read_record(task_dir / SPEC, TaskSpec)
         if spec is None:
-            # A start interrupted before its spec was whole: nothing ran.
-            log.warning("removing %s: the launcher died while creating it", task_dir)
-            shutil.rmtree(task_dir, ignore_errors=True)
+            if _age(task_dir) > CLAIM_WRITE_SECONDS:
+                # Claimed by a shim or a stop that died before writing the spec: nothing ran.
+                log.warning("removing %s: its claimer died before writing %s", task_dir, SPEC)
+                shutil.rmtree(task_dir, ignore_errors=True)
             return None
         task = _Task(spec.key, task_dir, spec.node, spec.dockerImageUri)
+        task.claim = spec.shim
         self._tasks[spec.key.slug] = task
         return task
 
@@ -429,18 +462,21 @@ class LocalBackend:
             detail = f"{detail}; dockerImage {task.image} ignored by the local backend"
         self._queue.put_nowait(TaskRunning(key=task.key, node=task.node, detail=detail))
 
-    def _report_finished(self, task: _Task) -> None:
+    def _report_finished(self, task: _Task) -> bool:
         if task.finished.is_set():
-            return
+            return True
         record = read_record(task.dir / EXIT, ExitRecord)
         if record is None:
-            return
+            return False
         if not task.running_reported and record.startedAt is not None:
-            shim = read_record(task.dir / SHIM, ShimRecord)
-            self._report_running(task, shim.detail if shim else "")
+            claim = task.claim or self._read_claim(task)
+            self._report_running(task, claim.detail if claim else "")
         output = task.dir / OUTPUT_LOG
-        tail = read_log(output, cap_bytes=self.log_cap_bytes, tail_bytes=USER_LOG_TAIL_BYTES)
+        tail = b""
+        if record.outputBytes:
+            tail = read_log(output, cap_bytes=self.log_cap_bytes, tail_bytes=USER_LOG_TAIL_BYTES)
         task.finished.set()
+        task.spec_line = None
         self._queue.put_nowait(
             TaskFinished(
                 key=task.key,
@@ -453,10 +489,11 @@ class LocalBackend:
                 memoryPeakMB=record.memoryPeakMB,
             )
         )
+        return True
 
     def _record_exit(self, task: _Task, reason: str, message: str) -> None:
         """The exit of a task nobody saw end; written only when no shim can be alive
-        (it never claimed the task, or it is dead), so it never races the shim's."""
+        (none claimed the task, or its shim is dead), so it never races a shim's."""
         record = ExitRecord(
             exitCode=UNKNOWN_EXIT_CODE,
             platformReason=reason,
@@ -467,7 +504,7 @@ class LocalBackend:
         self._report_finished(task)
 
     def _kill_orphans(self, task: _Task) -> None:
-        """What is left of a task whose shim is gone: its cgroup, and marked processes."""
+        """End what is left of a task without its shim: its cgroup, and marked processes."""
         if self._cgroup_parent is not None:
             local_limits.kill_cgroup(self._cgroup_parent / task.key.slug, signal.SIGKILL)
         local_procs.sweep_marked(task.key.slug, TASK_KEY_ENV)
@@ -486,6 +523,17 @@ class LocalBackend:
                 self._queue.put_nowait(None)  # let any other reader end too
                 return
             yield event
+
+
+def _alive(claim: ShimRecord) -> bool:
+    return local_procs.is_alive(claim.shimPid, claim.shimStartTicks)
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _inherited_env() -> dict[str, str]:

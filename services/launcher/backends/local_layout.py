@@ -1,14 +1,14 @@
-"""The on-disk record of one local task, shared by the local backend and its shim.
+"""The on-disk record of one local task, shared by the local backend and its shims.
 
 Each task attempt owns `<data_dir>/tasks/<key.slug>/`; the directory *is* the
 durable record, so a launcher that restarts learns everything from it:
 
-    spec.json    what to run, commands included (written by the backend right
-                 after creating the directory, before anything can start)
-    work/        the working directory (PAI_WORK_DIR)
-    shim.json    the claim: created exclusively (O_EXCL) by the shim that runs the
-                 task, or by a stop that cancels it first, so a task never starts
+    spec.json    what to run, plus the identity of the shim running it; the
+                 directory is created (mkdir, which fails if it exists) by the
+                 shim that claims the task, or by a stop that cancels it first,
+                 and spec.json is written right after, so a task never starts
                  twice
+    work/        the working directory (PAI_WORK_DIR)
     kill.json    a stop order (reason, grace) left for the shim
     output.log   stdout and stderr interleaved in arrival order (what `read_log` gives)
     stderr.log   stderr alone, so errors stay findable when stdout is chatty
@@ -18,11 +18,11 @@ durable record, so a launcher that restarts learns everything from it:
     reported     the launcher recorded the exit (`forget`); logs stay
 
 No fsync: these records must survive a launcher crash, and a machine crash
-takes the tasks with it anyway. Every file operation counts here (a few hundred
-tasks a second on a small machine), hence no staging directories.
+takes the tasks with it anyway. Every file operation counts (hundreds of tasks a
+second on a small machine), so a task costs two directories and two files.
 
-This module and the shim's import only the standard library and msgspec: every
-shim is a fork of a process that imported them, and a smaller process forks faster.
+This module and the shim's import only the standard library and msgspec: shims
+are forks of a process that imported them, and a smaller process forks faster.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import struct
 from pathlib import Path
 from typing import TypeVar
 
@@ -38,7 +39,6 @@ import msgspec
 TASKS_DIR = "tasks"
 SPEC = "spec.json"
 WORK = "work"
-SHIM = "shim.json"
 KILL = "kill.json"
 EXIT = "exit.json"
 REPORTED = "reported"
@@ -59,9 +59,25 @@ LIMITS_RLIMIT = "rlimit"
 LIMITS_NONE = "none"
 
 
-class ShimSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """The part of spec.json a shim reads (the backend writes more: see local.TaskSpec)."""
+class ShimRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Who claimed a task; pid + kernel start time name the shim even after its
+    pid is reused."""
 
+    shimPid: int
+    shimStartTicks: int
+    detail: str = ""  # the bounds in force ("limits: ...")
+    claimedAt: float = 0.0
+    cancelled: bool = False  # a stop claimed it first: it never starts
+
+
+class ShimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The part of spec.json a shim reads (the backend writes more: local.TaskSpec).
+
+    Defaults are omitted when encoding: the claim adds `shim` in front of the
+    backend's JSON (`with_claim`), which must not carry a `shim` of its own.
+    """
+
+    taskDir: str
     slug: str
     commands: list[str]
     env: dict[str, str]  # complete: inherited basics + launch env + PAI markers
@@ -71,15 +87,15 @@ class ShimSpec(msgspec.Struct, frozen=True, kw_only=True):
     cgroupParent: str = ""
     graceSeconds: float = 10.0
     logCapBytes: int = 64 * 1024 * 1024
+    shim: ShimRecord | None = None  # added by whoever claims the task
 
 
-class ShimRecord(msgspec.Struct, frozen=True, kw_only=True):
-    # pid + kernel start time identify the shim even after its pid is reused.
-    shimPid: int
-    shimStartTicks: int
-    detail: str = ""
-    claimedAt: float = 0.0
-    cancelled: bool = False  # a stop claimed it first: never start
+def with_claim(spec_json: bytes, record: ShimRecord) -> bytes:
+    """The spec as sent by the backend, with `shim` added, without decoding it
+    whole (the shim knows only its part of it)."""
+    if not spec_json.startswith(b"{") or spec_json == b"{}":
+        raise ValueError("a task spec is a non-empty JSON object")
+    return b'{"shim":' + encode(record) + b"," + spec_json[1:]
 
 
 class KillRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,25 +112,38 @@ class ExitRecord(msgspec.Struct, frozen=True, kw_only=True):
     startedAt: float | None = None
     finishedAt: float = 0.0
     logDroppedBytes: int = 0
+    outputBytes: int = 0  # all the task wrote to stdout and stderr
+    cpuSeconds: float | None = None  # user + system time of the task's processes
 
 
 T = TypeVar("T")
 
 _encoder = msgspec.json.Encoder()
+# One decoder per record type, built once: building one is costly, and in a
+# forked shim it would also copy the pages it touches.
+_decoders: dict[type, msgspec.json.Decoder] = {}
 
 
 def encode(record: msgspec.Struct) -> bytes:
     return _encoder.encode(record)
 
 
+def decoder(record_type: type[T]) -> msgspec.json.Decoder[T]:
+    found = _decoders.get(record_type)
+    if found is None:
+        found = _decoders[record_type] = msgspec.json.Decoder(record_type)
+    return found
+
+
 def read_record(path: Path, record_type: type[T]) -> T | None:
     """The record at `path`, or None when it is absent or not (yet) whole."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as record:
+            data = record.read()
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        return msgspec.json.decode(data, type=record_type)
+        return decoder(record_type).decode(data)
     except msgspec.DecodeError:
         return None
 
@@ -129,21 +158,13 @@ def write_replacing(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def claim(path: Path, data: bytes) -> bool:
-    """Create `path` exclusively and write `data`; False if it already exists.
-
-    Readers may briefly find it empty (see `read_record`); what counts is who
-    created it.
-    """
+def claim_dir(task_dir: Path) -> bool:
+    """Create the task directory; False if someone (shim or stop) already did."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        task_dir.mkdir()
+        return True
     except FileExistsError:
         return False
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    return True
 
 
 def doorbell_name(data_dir: Path) -> str:
@@ -180,8 +201,15 @@ class Doorbell:
         try:
             if self._socket is None:
                 self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                # Blocks (briefly) while the backend's queue is full rather than drop.
-                self._socket.settimeout(self.timeout)
+                # While the backend's queue is full, sleep in the kernel (up to the
+                # timeout) rather than drop the news. Not `settimeout`: Python then
+                # polls, and poll() calls an unconnected datagram socket writable
+                # even when the peer's queue is full, so it would spin.
+                seconds = int(self.timeout)
+                micros = int((self.timeout - seconds) * 1e6)
+                self._socket.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, micros)
+                )
             self._socket.sendto(message, self.address)
         except OSError:
             pass

@@ -1,13 +1,13 @@
 """Finding and signalling a task's processes through /proc (Linux).
 
-Stdlib only, because the shim imports it: the task is found three ways, each
-catching what the others can miss:
+Stdlib only, because the shim imports it. A task's processes are found by:
 - its process group (the task leader's pid), for the ordinary case;
-- the shim's descendants: the shim is a child subreaper, so a grandchild that
-  started its own session and lost its parent is re-parented to the shim, not init;
-- the `PAI_TASK_KEY` marker in /proc/<pid>/environ, for when the shim is gone
-  (a process that scrubs its environment escapes this last net; its cgroup, where
-  there is one, does not).
+- the `PAI_TASK_KEY` marker in /proc/<pid>/environ, for those that started their
+  own session. The shim is a child subreaper, so such a process stays a
+  descendant of the shim even after its parent exits; with the shim gone, a
+  scan of all processes finds them. (A process that scrubs its environment
+  escapes the marker; the shim still kills every descendant before it exits,
+  and a cgroup, where there is one, holds them all.)
 """
 
 from __future__ import annotations
@@ -78,22 +78,43 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def children(pid: int) -> list[int]:
+    """Direct children of a single-threaded process (needs CONFIG_PROC_CHILDREN,
+    which common kernels have; without it, a full `descendants` walk)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as listing:
+            return [int(child) for child in listing.read().split()]
+    except FileNotFoundError:
+        return [child for child, parent in _parents().items() if parent == pid]
+    except OSError:
+        return []
+
+
+def has_marker(pid: int, needle: bytes) -> bool:
+    """Whether the process's environment holds the entry `needle` (`NAME=value`)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            return needle in environ.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def marker_entry(marker: str, task_slug: str) -> bytes:
+    return f"{marker}={task_slug}".encode()
+
+
 def marked(task_slug: str, marker: str) -> list[int]:
     """Live processes whose environment carries `marker=task_slug`."""
-    needle = f"{marker}={task_slug}".encode()
+    needle = marker_entry(marker, task_slug)
     own = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == own:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as environ:
-                entries = environ.read().split(b"\0")
-        except OSError:
-            continue
-        if needle in entries and start_ticks(int(name)) is not None:
-            found.append(int(name))
-    return found
+    return [
+        int(name)
+        for name in os.listdir("/proc")
+        if name.isdigit()
+        and int(name) != own
+        and has_marker(int(name), needle)
+        and start_ticks(int(name)) is not None
+    ]
 
 
 def signal_group(pgid: int, sig: int) -> None:

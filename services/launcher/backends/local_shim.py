@@ -1,30 +1,36 @@
-"""The shim: one small process per local task, which outlives the launcher.
+"""Shims: small processes that run local tasks and outlive the launcher.
 
-A shim claims its task directory (so the task never starts twice), starts the
-task as `bash --noprofile --norc -e -c <commands>` in a new session, pipes its
-output into capped logs, obeys stop orders (SIGTERM to the whole task, SIGKILL
-after the grace period), and when the task ends writes `exit.json` with the
-exit code, signal and peak memory. The shim is a child subreaper, so even a
-grandchild that called setsid and lost its parent stays its descendant: nothing
-of a task outlives it. When the task's main process exits, whatever it left
-running is killed, as when a container's main process exits.
+A shim takes a batch of task specs (usually one; more under a burst, see
+below). For each it claims the task directory (mkdir: a task never starts
+twice), starts `bash --noprofile --norc -e -c <commands>` in a new session,
+pipes its output into capped logs, obeys stop orders (SIGTERM to every process
+of the task, SIGKILL after the grace period), and when the task ends writes
+`exit.json` with the exit code, signal, CPU time and peak memory. When a task's
+main process exits, whatever it left running is killed, as when a container's
+main process exits. The shim is a child subreaper, so even a grandchild that
+called setsid and lost its parent stays its descendant (and is told apart by
+its PAI_TASK_KEY): nothing of a task outlives it. The shim exits when its last
+task has ended.
 
-Cost matters (a few hundred tasks a second on two cores), so:
-- shims are forked, not executed: `python -m services.launcher.backends.local_shim
-  DOORBELL` is a fork server that the backend runs as its child. It reads task
-  directories, one per line on stdin, and forks a shim for each. It holds no
+Cost decides the shape (hundreds of tasks a second on two cores):
+- `python -m services.launcher.backends.local_shim DOORBELL` is a fork server,
+  a child of the backend, reading task specs (JSON, one per line) on stdin. It
+  forks one shim for all the specs that are waiting, up to MAX_BATCH: a single
+  task when load is light, so a crash costs one task; a shared shim under a
+  burst, because a forked Python process copies every page it touches, which
+  costs milliseconds per shim, more than running the task itself. It holds no
   state: when the launcher dies it reads EOF and exits, and its shims carry on,
-  each in its own session; a new server is simply sent what nobody claimed.
-- the task is spawned with posix_spawn (vfork + exec), not fork: no copy of the
-  shim's page tables;
-- the shim imports only the standard library and msgspec, so it forks fast.
+  each in its own session.
+- tasks are spawned with posix_spawn (vfork + exec): no copy of the shim.
 
-Every shim rings the backend's doorbell (see local_layout) when its task runs
-and when exit.json is written.
+Every shim rings the backend's doorbell (local_layout) when a task runs and
+when its exit.json is written; a stop order is signalled with SIGUSR1 (the
+shim then reads the kill.json of its tasks), and SIGTERM stops all its tasks.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import selectors
@@ -44,9 +50,9 @@ from services.launcher.backends.local_layout import (
     LIMITS_RLIMIT,
     OUTPUT_LOG,
     RUNNING_BELL,
-    SHIM,
     SPEC,
     STDERR_LOG,
+    TASK_KEY_ENV,
     UNKNOWN_EXIT_CODE,
     WORK,
     Doorbell,
@@ -54,25 +60,29 @@ from services.launcher.backends.local_layout import (
     KillRequest,
     ShimRecord,
     ShimSpec,
-    claim,
+    claim_dir,
+    decoder,
     encode,
     read_record,
+    with_claim,
     write_replacing,
 )
 from services.launcher.backends.local_logs import CappedLog
 
 BASH = shutil.which("bash") or "/bin/bash"
+MAX_BATCH = 64
 _READ_CHUNK = 65536
-# How often a stop re-sweeps for processes forked while it was killing.
+# How often leftovers are looked for again while a task is being ended.
 _RESWEEP_SECONDS = 0.05
 # How long to wait for log pipes to close once no process of the task is left
 # (a descendant could have handed its pipe to a process outside the task).
 _DRAIN_SECONDS = 1.0
 # Dispositions a task must not inherit: Python ignores SIGPIPE and SIGXFSZ, the
-# fork server ignores SIGCHLD and SIGINT.
+# fork server ignores SIGCHLD and SIGINT; our handlers do not survive exec.
 _SIGNALS_RESET_FOR_TASK = frozenset(
     {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ}
 )
+_SHIM_SIGNALS = (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM)
 
 
 class _Limits:
@@ -91,75 +101,102 @@ class _Limits:
         self.detail = local_limits.describe(self.mode, spec.cpu, spec.memoryMB)
         self.prelude = local_limits.prelude(self.mode, self.cgroup, spec.memoryMB)
 
-    def signal(self, sig: int) -> None:
-        if self.cgroup is not None:
-            local_limits.kill_cgroup(self.cgroup, sig)
 
+class _Run:
+    """One task under a shim."""
 
-class Shim:
-    def __init__(self, task_dir: Path, spec: ShimSpec, limits: _Limits, doorbell: Doorbell):
+    def __init__(self, task_dir: Path, spec: ShimSpec, limits: _Limits):
         self.dir = task_dir
         self.spec = spec
         self.limits = limits
-        self.doorbell = doorbell
+        self.marker = local_procs.marker_entry(TASK_KEY_ENV, spec.slug)
         self.output = CappedLog(task_dir / OUTPUT_LOG, spec.logCapBytes)
         self.errors = CappedLog(task_dir / STDERR_LOG, spec.logCapBytes)
-        self.task_pid = 0
-        self.main_status: int | None = None
-        self.no_children = False
-        self.term_requested = False
+        self.output_bytes = 0
+        self.pid = 0  # also its process group and session
+        self.open_pipes = 0
+        self.started_at = 0.0
+        self.shim_peak_kb = 0  # our own peak RSS when it was spawned
+        self.status: int | None = None
+        self.usage: resource.struct_rusage | None = None
         self.kill_reason: str | None = None
-        self.kill_deadline: float | None = None
         self.kill_grace = 0.0
+        self.kill_deadline: float | None = None
         self.escalated = False
-        self.started_at: float | None = None
+        self.next_sweep = 0.0
+        self.drain_deadline: float | None = None  # set once no process is left
 
-    def run(self) -> None:
+
+class Shim:
+    def __init__(self, doorbell: Doorbell):
+        self.doorbell = doorbell
+        self.pid = os.getpid()
+        self.ticks = local_procs.start_ticks(self.pid) or 0
+        self.runs: dict[int, _Run] = {}  # by main pid
+        self.pipes: dict[int, tuple[_Run, tuple[CappedLog, ...]]] = {}
+        self.selector = selectors.DefaultSelector()
+        self.orders_waiting = False
+        self.stop_everything = False
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        signal.signal(signal.SIGCHLD, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
-        # A stop order may have come since the claim: it is delivered now.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        self.selector.register(wake_r, selectors.EVENT_READ, None)
+        for sig in _SHIM_SIGNALS:
+            signal.signal(sig, self._on_signal)
         local_procs.set_child_subreaper()
-        work = self.dir / WORK
-        work.mkdir(exist_ok=True)
-        os.chdir(work)  # the task inherits it (posix_spawn cannot chdir)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if signum == signal.SIGUSR1:
+            self.orders_waiting = True
+        elif signum == signal.SIGTERM:
+            self.stop_everything = True
+
+    # -- start ---------------------------------------------------------------
+
+    def take(self, spec_json: bytes) -> None:
+        """Claim and start one task; a task someone else claimed is skipped."""
+        spec = decoder(ShimSpec).decode(spec_json)
+        task_dir = Path(spec.taskDir)
+        if not claim_dir(task_dir):
+            return
         try:
-            out_r, err_r = self._spawn()
-        except OSError as exc:
-            self._finish(
+            limits = _Limits(spec)
+            record = ShimRecord(
+                shimPid=self.pid, shimStartTicks=self.ticks, detail=limits.detail, claimedAt=time.time()
+            )
+            (task_dir / SPEC).write_bytes(with_claim(spec_json, record))
+            (task_dir / WORK).mkdir()
+            run = _Run(task_dir, spec, limits)
+            self._spawn(run)
+        except Exception as exc:  # noqa: BLE001 - recorded as the task's exit
+            (task_dir / "shim.error").write_text(traceback.format_exc())
+            self._write_exit(
+                task_dir,
+                spec.slug,
                 ExitRecord(
                     exitCode=UNKNOWN_EXIT_CODE,
                     platformReason="LaunchFailed",
-                    platformMessage=f"cannot start {BASH}: {exc}",
+                    platformMessage=f"{type(exc).__name__}: {exc}",
                     finishedAt=time.time(),
-                )
+                ),
             )
             return
-        self.doorbell.ring(RUNNING_BELL + f"{self.spec.slug}\n{self.limits.detail}".encode())
-        if (self.dir / KILL).exists():
-            self.term_requested = True  # the order came before we could be signalled
-        self._supervise(out_r, err_r, wake_r)
-        self._finish(self._exit_record())
+        self.doorbell.ring(RUNNING_BELL + f"{spec.slug}\n{limits.detail}".encode())
 
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        if signum == signal.SIGTERM:
-            self.term_requested = True
-
-    def _spawn(self) -> tuple[int, int]:
+    def _spawn(self, run: _Run) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        script = self.limits.prelude + "\n".join(self.spec.commands) + "\n"
-        argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, f"pai-task-{self.spec.slug}"]
-        self.started_at = time.time()
+        script = run.limits.prelude + "\n".join(run.spec.commands) + "\n"
+        argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, f"pai-task-{run.spec.slug}"]
+        run.started_at = time.time()
+        # posix_spawn cannot chdir: the task inherits ours, set just for it.
+        os.chdir(run.dir / WORK)
         try:
-            self.task_pid = os.posix_spawn(
+            run.pid = os.posix_spawn(
                 BASH,
                 argv,
-                self.spec.env,
+                run.spec.env,
                 file_actions=[
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                     (os.POSIX_SPAWN_DUP2, out_w, 1),
@@ -169,130 +206,219 @@ class Shim:
                 setsigdef=_SIGNALS_RESET_FOR_TASK,
                 setsigmask=(),
             )
+        except OSError:
+            os.close(out_r)
+            os.close(err_r)
+            raise
         finally:
             os.close(out_w)
             os.close(err_w)
-        return out_r, err_r
+            os.chdir("/")
+        # Read after the spawn: the exec happened inside it, so this bounds
+        # what the kernel put in the task's peak from our pages.
+        run.shim_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self.runs[run.pid] = run
+        run.open_pipes = 2
+        self.pipes[out_r] = (run, (run.output,))
+        self.pipes[err_r] = (run, (run.output, run.errors))
+        self.selector.register(out_r, selectors.EVENT_READ, out_r)
+        self.selector.register(err_r, selectors.EVENT_READ, err_r)
 
     # -- watch ---------------------------------------------------------------
 
-    def _supervise(self, out_r: int, err_r: int, wake_r: int) -> None:
-        selector = selectors.DefaultSelector()
-        selector.register(out_r, selectors.EVENT_READ, (self.output,))
-        selector.register(err_r, selectors.EVENT_READ, (self.output, self.errors))
-        selector.register(wake_r, selectors.EVENT_READ, None)
-        open_pipes = 2
-        next_sweep = 0.0
-        drain_deadline: float | None = None
-        while True:
+    def serve(self) -> None:
+        """Watch the tasks until the last has ended."""
+        while self.runs:
             self._reap()
             now = time.monotonic()
-            if self.term_requested:
-                self.term_requested = False
-                self._begin_stop(now)
-            stopping_in_grace = self.kill_deadline is not None and now < self.kill_deadline
-            leftovers = self.main_status is not None and not self.no_children
-            # After a normal exit leftovers are killed at once; after a stop
-            # order everything gets the grace period, then SIGKILL.
-            must_kill = leftovers or self.kill_deadline is not None
-            if must_kill and not self.no_children and not stopping_in_grace and now >= next_sweep:
-                self._signal_task(signal.SIGKILL)
-                self.escalated = self.escalated or self.kill_deadline is not None
-                next_sweep = now + _RESWEEP_SECONDS
-            if self.main_status is not None and self.no_children:
-                if open_pipes == 0:
-                    break
-                drain_deadline = drain_deadline or now + _DRAIN_SECONDS
-                if now >= drain_deadline:
-                    break
-            deadlines = [d for d in (drain_deadline,) if d is not None]
-            if must_kill and not self.no_children:
-                deadlines.append(max(next_sweep, self.kill_deadline or 0.0))
+            if self.orders_waiting or self.stop_everything:
+                self._take_orders(now)
+            deadlines = []
+            for run in list(self.runs.values()):
+                deadline = self._advance(run, now)
+                if deadline is not None:
+                    deadlines.append(deadline)
+            if not self.runs:
+                break
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
-            for key, _ in selector.select(timeout):
+            for key, _ in self.selector.select(timeout):
                 if key.data is None:
                     _drain(key.fd)
-                    continue
-                chunk = os.read(key.fd, _READ_CHUNK)
-                if not chunk:
-                    selector.unregister(key.fd)
-                    os.close(key.fd)
-                    open_pipes -= 1
-                    continue
-                for log in key.data:
-                    log.write(chunk)
-        selector.close()
+                else:
+                    self._read_output(key.fd)
+        self._end_strays()
+
+    def _read_output(self, fd: int) -> None:
+        run, logs = self.pipes[fd]
+        chunk = os.read(fd, _READ_CHUNK)
+        if not chunk:
+            self._close_pipe(fd)
+            return
+        run.output_bytes += len(chunk)
+        for log in logs:
+            log.write(chunk)
+
+    def _close_pipe(self, fd: int) -> None:
+        run, _ = self.pipes.pop(fd)
+        self.selector.unregister(fd)
+        os.close(fd)
+        run.open_pipes -= 1
 
     def _reap(self) -> None:
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
-                self.no_children = True
                 return
             if pid == 0:
                 return
-            if pid == self.task_pid:
-                self.main_status = status
+            run = self.runs.get(pid)
+            if run is not None and run.status is None:
+                run.status, run.usage = status, usage
 
-    def _begin_stop(self, now: float) -> None:
-        if self.kill_reason is not None:
-            return
-        order = read_record(self.dir / KILL, KillRequest) or KillRequest(
-            reason="Killed", graceSeconds=self.spec.graceSeconds
-        )
-        self.kill_reason = order.reason
-        self.kill_grace = order.graceSeconds
-        self.kill_deadline = now + max(0.0, order.graceSeconds)
-        self._signal_task(signal.SIGTERM)
+    def _take_orders(self, now: float) -> None:
+        stop_everything, self.stop_everything, self.orders_waiting = self.stop_everything, False, False
+        for run in self.runs.values():
+            if run.kill_reason is not None:
+                continue
+            order = read_record(run.dir / KILL, KillRequest)
+            if order is None and stop_everything:
+                order = KillRequest(reason="Killed", graceSeconds=run.spec.graceSeconds)
+            if order is not None:
+                run.kill_reason, run.kill_grace = order.reason, order.graceSeconds
+                run.kill_deadline = now + max(0.0, order.graceSeconds)
+                self._signal(run, signal.SIGTERM, self._descendants_of(run))
 
-    def _signal_task(self, sig: int) -> None:
-        local_procs.signal_group(self.task_pid, sig)
-        self.limits.signal(sig)
-        local_procs.signal_each(local_procs.descendants(os.getpid()), sig)
+    def _advance(self, run: _Run, now: float) -> float | None:
+        """Move one task towards its end; returns when to look at it again."""
+        in_grace = run.kill_deadline is not None and now < run.kill_deadline
+        if run.status is None:
+            if run.kill_deadline is None:
+                return None  # running: its exit or an order wakes us
+            if in_grace:
+                return run.kill_deadline
+            if now >= run.next_sweep:
+                self._signal(run, signal.SIGKILL, self._descendants_of(run))
+                run.escalated = True
+                run.next_sweep = now + _RESWEEP_SECONDS
+            return run.next_sweep
+        if run.drain_deadline is None:
+            if now < run.next_sweep:
+                return run.next_sweep
+            leftovers = self._leftovers(run)
+            if leftovers:
+                # Killed at once after a normal exit; after a stop order they
+                # get what is left of the grace period.
+                run.next_sweep = now + _RESWEEP_SECONDS
+                if in_grace:
+                    return min(run.next_sweep, run.kill_deadline or run.next_sweep)
+                self._signal(run, signal.SIGKILL, leftovers)
+                run.escalated = run.escalated or run.kill_deadline is not None
+                return run.next_sweep
+            run.drain_deadline = now + _DRAIN_SECONDS
+        if run.open_pipes and now < run.drain_deadline:
+            return run.drain_deadline
+        self._finish(run)
+        return None
+
+    def _leftovers(self, run: _Run) -> list[int]:
+        """Live processes of a task whose main process has exited.
+
+        Those still in its group, and our children that carry its marker: any
+        of its processes whose parent died was re-parented to us (subreaper),
+        so killing what we find uncovers the next generation on the next look.
+        """
+        found = [
+            pid
+            for pid in local_procs.children(self.pid)
+            if pid not in self.runs and local_procs.has_marker(pid, run.marker)
+        ]
+        try:
+            os.killpg(run.pid, 0)
+            found.append(-run.pid)  # the group still has members
+        except (ProcessLookupError, PermissionError):
+            pass
+        if run.limits.cgroup is not None:
+            found.extend(local_limits.cgroup_pids(run.limits.cgroup))
+        return found
+
+    def _descendants_of(self, run: _Run) -> list[int]:
+        return [
+            pid
+            for pid in local_procs.descendants(self.pid)
+            if pid != run.pid and local_procs.has_marker(pid, run.marker)
+        ]
+
+    def _signal(self, run: _Run, sig: int, pids: list[int]) -> None:
+        local_procs.signal_group(run.pid, sig)
+        if run.limits.cgroup is not None:
+            local_limits.kill_cgroup(run.limits.cgroup, sig)
+        local_procs.signal_each((pid for pid in pids if pid > 0), sig)
 
     # -- end -----------------------------------------------------------------
 
-    def _exit_record(self) -> ExitRecord:
-        status = self.main_status or 0
+    def _finish(self, run: _Run) -> None:
+        for fd in [fd for fd, (owner, _) in self.pipes.items() if owner is run]:
+            self._close_pipe(fd)
+        run.output.close()
+        run.errors.close()
+        del self.runs[run.pid]
+        self._write_exit(run.dir, run.spec.slug, self._exit_record(run))
+        if run.limits.cgroup is not None:
+            local_limits.remove_cgroup(run.limits.cgroup)
+
+    def _exit_record(self, run: _Run) -> ExitRecord:
+        status = run.status or 0
         signal_number = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         # Shell convention (and OpenPAI's exit spec): death by signal N reads 128+N.
         exit_code = 128 + signal_number if signal_number else os.waitstatus_to_exitcode(status)
-        cgroup = self.limits.cgroup
+        cgroup = run.limits.cgroup
+        usage = run.usage
         peak = local_limits.peak_memory_mb(cgroup) if cgroup else None
-        if peak is None:
+        if peak is None and usage is not None and usage.ru_maxrss > run.shim_peak_kb:
             # The largest single process. The kernel counts the spawning shim's
-            # pages at exec, so a task smaller than the shim reads as its size.
-            peak = -(-resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)
+            # pages at exec, so a task that stayed smaller than the shim has no
+            # peak we can tell apart from the shim's (reported as unknown).
+            peak = -(-usage.ru_maxrss // 1024)
         reason, message = "", ""
-        if self.kill_reason is not None:
-            reason = self.kill_reason
+        if run.kill_reason is not None:
+            reason = run.kill_reason
             message = (
-                f"stopped: SIGTERM, then SIGKILL after {self.kill_grace:g}s"
-                if self.escalated
+                f"stopped: SIGTERM, then SIGKILL after {run.kill_grace:g}s"
+                if run.escalated
                 else "stopped: SIGTERM"
             )
         elif cgroup is not None and local_limits.oom_killed(cgroup):
             reason = "OOMKilled"
-            message = f"memory.max {self.spec.memoryMB} MiB exceeded"
+            message = f"memory.max {run.spec.memoryMB} MiB exceeded"
         return ExitRecord(
             exitCode=exit_code,
             signal=signal_number,
             platformReason=reason,
             platformMessage=message,
             memoryPeakMB=peak,
-            startedAt=self.started_at,
+            startedAt=run.started_at,
             finishedAt=time.time(),
-            logDroppedBytes=self.output.dropped_bytes,
+            logDroppedBytes=run.output.dropped_bytes,
+            outputBytes=run.output_bytes,
+            cpuSeconds=round(usage.ru_utime + usage.ru_stime, 6) if usage else None,
         )
 
-    def _finish(self, record: ExitRecord) -> None:
-        self.output.close()
-        self.errors.close()
-        write_replacing(self.dir / EXIT, encode(record))
-        if self.limits.cgroup is not None:
-            local_limits.remove_cgroup(self.limits.cgroup)
-        self.doorbell.ring(FINISHED_BELL + self.spec.slug.encode())
+    def _write_exit(self, task_dir: Path, slug: str, record: ExitRecord) -> None:
+        write_replacing(task_dir / EXIT, encode(record))
+        self.doorbell.ring(FINISHED_BELL + slug.encode())
+
+    def _end_strays(self) -> None:
+        """Every task has ended; any descendant left (one that scrubbed its
+        marker) belongs to one of them: none may outlive the shim."""
+        for _ in range(20):
+            strays = local_procs.descendants(self.pid)
+            if not strays:
+                break
+            local_procs.signal_each(strays, signal.SIGKILL)
+            time.sleep(_RESWEEP_SECONDS)
+            self._reap()
+        self._reap()
 
 
 def _drain(fd: int) -> None:
@@ -310,58 +436,48 @@ def _detach_stdio() -> None:
     os.close(null)
 
 
-def run_shim(task_dir: Path, doorbell_name: str) -> None:
+def run_shim(specs: list[bytes], doorbell_name: str) -> None:
     """Body of a forked shim; never returns."""
-    doorbell = Doorbell(doorbell_name)
     try:
         os.setsid()  # out of the launcher's session: its ^C or hangup is not ours
         _detach_stdio()
-        spec = read_record(task_dir / SPEC, ShimSpec)
-        if spec is None:
-            os._exit(0)  # not a task directory (the backend reports such a one)
-        # The claim names our pid, so a stop order can come at once: it waits
-        # until our handler is in place.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        limits = _Limits(spec)
-        record = ShimRecord(
-            shimPid=os.getpid(),
-            shimStartTicks=local_procs.start_ticks(os.getpid()) or 0,
-            detail=limits.detail,
-            claimedAt=time.time(),
-        )
-        if not claim(task_dir / SHIM, encode(record)):
-            os._exit(0)  # another shim, or a stop that cancelled it, came first
-        try:
-            Shim(task_dir, spec, limits, doorbell).run()
-        except BaseException:  # noqa: BLE001 - the backend must hear of any failure
-            (task_dir / "shim.error").write_text(traceback.format_exc())
-            if not (task_dir / EXIT).exists():
-                write_replacing(
-                    task_dir / EXIT,
-                    encode(
-                        ExitRecord(
-                            exitCode=UNKNOWN_EXIT_CODE,
-                            platformReason="LaunchFailed",
-                            platformMessage=traceback.format_exc(limit=1),
-                            finishedAt=time.time(),
-                        )
-                    ),
-                )
-            doorbell.ring(FINISHED_BELL + task_dir.name.encode())
+        shim = Shim(Doorbell(doorbell_name))
+        for spec_json in specs:
+            try:
+                shim.take(spec_json)
+            except Exception:  # noqa: BLE001 - a bad spec must not cost the others
+                traceback.print_exc()
+        shim.serve()
     finally:
         os._exit(0)
 
 
+def _warm_up() -> None:
+    """Build, before forking, what every shim needs (decoders, type info), so
+    shims share it instead of each building (and copying) it."""
+    for record_type in (ShimSpec, KillRequest, ShimRecord, ExitRecord):
+        decoder(record_type)
+    encode(ExitRecord(exitCode=0))
+    sample = ShimSpec(taskDir="/", slug="", commands=[], env={}, cpu=0, memoryMB=0)
+    decoder(ShimSpec).decode(with_claim(encode(sample), ShimRecord(shimPid=0, shimStartTicks=0)))
+
+
 def serve(doorbell_name: str) -> None:
-    """The fork server: one task directory per line on stdin, until EOF."""
+    """The fork server: task specs, one JSON per line on stdin, until EOF."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shims are never waited for
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
-    for line in sys.stdin.buffer:
-        task_dir = Path(line.decode().rstrip("\n"))
-        if (task_dir / SHIM).exists():
-            continue
-        if os.fork() == 0:
-            run_shim(task_dir, doorbell_name)
+    _warm_up()
+    # A forked shim shares our memory until it writes to a page; a garbage
+    # collection would write to every object's header and copy them all.
+    gc.disable()
+    gc.freeze()
+    pending = b""
+    while chunk := os.read(0, 1 << 20):
+        *lines, pending = (pending + chunk).split(b"\n")
+        specs = [line for line in lines if line]
+        for start in range(0, len(specs), MAX_BATCH):
+            if os.fork() == 0:
+                run_shim(specs[start : start + MAX_BATCH], doorbell_name)
 
 
 if __name__ == "__main__":

@@ -59,29 +59,13 @@ def host_list_entry(address: PeerAddress, label: str | None) -> str:
     return f"{address.hostIp}:{ports[0]}" if ports else address.hostIp
 
 
-def task_env(
-    *,
-    spec: JobSpec,
-    job: str,
-    attempt: int,
-    role: str,
-    index: int,
-    task_attempt: int,
-    peers: Mapping[tuple[str, int], PeerAddress],
-    gpus: Sequence[int],
-) -> dict[str, str]:
-    """Environment of task `role`/`index`; `peers` holds every placed task, itself included."""
+def peers_env(*, spec: JobSpec, job: str, peers: Mapping[tuple[str, int], PeerAddress]) -> dict[str, str]:
+    """The part of the environment every task of the job shares (job, roles, peers)."""
     env: dict[str, str] = {
         "PAI_JOB_NAME": job,
         "PAI_USER_NAME": spec.user,
         "PAI_VIRTUAL_CLUSTER": spec.virtualCluster,
         "PAI_TASK_ROLE_LIST": ",".join(r.name for r in spec.taskRoles),
-        "PAI_CURRENT_TASK_ROLE_NAME": role,
-        "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": str(index),
-        "PAI_JOB_ATTEMPT_ID": str(attempt),
-        "PAI_TASK_ATTEMPT_ID": str(task_attempt),
-        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
-        "PAI_GPU_COUNT": str(len(gpus)),
     }
     instances: list[str] = []
     for task_role in spec.taskRoles:
@@ -99,4 +83,35 @@ def task_env(
             host_list.append(host_list_entry(address, label))
         env[f"PAI_TASK_ROLE_{task_role.name}_HOST_LIST"] = ",".join(host_list)
     env["PAI_TASK_ROLE_INSTANCES"] = ",".join(instances)
+    return env
+
+
+def task_env(
+    *,
+    spec: JobSpec,
+    job: str,
+    attempt: int,
+    role: str,
+    index: int,
+    task_attempt: int,
+    peers: Mapping[tuple[str, int], PeerAddress],
+    gpus: Sequence[int],
+    shared: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment of task `role`/`index`; `peers` holds every placed task, itself included.
+
+    `shared` is `peers_env(...)` for the same job and peers, when the caller
+    computes the environments of many tasks at once.
+    """
+    env = dict(shared if shared is not None else peers_env(spec=spec, job=job, peers=peers))
+    env.update(
+        {
+            "PAI_CURRENT_TASK_ROLE_NAME": role,
+            "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": str(index),
+            "PAI_JOB_ATTEMPT_ID": str(attempt),
+            "PAI_TASK_ATTEMPT_ID": str(task_attempt),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+            "PAI_GPU_COUNT": str(len(gpus)),
+        }
+    )
     return env

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import pairwise
 
-from libs.common.records import EndOutcome, JobRecord
 from libs.common.messages import JobState
+from libs.common.records import EndOutcome, JobRecord
 from services.launcher.core.ports import ports_held
 from services.launcher.core.transitions import is_legal
 
@@ -41,7 +42,7 @@ def _job_problems(record: JobRecord) -> list[str]:
     if not record.attempts:
         return [f"{job}: no attempt"]
     numbers = [a.attempt for a in record.attempts]
-    if numbers[0] != 1 or any(b <= a for a, b in zip(numbers, numbers[1:])):
+    if numbers[0] != 1 or any(b <= a for a, b in pairwise(numbers)):
         problems.append(f"{job}: attempt numbers {numbers} do not increase from 1")
     if numbers[-1] != record.attempt:
         problems.append(f"{job}: current attempt {record.attempt} is not the last one {numbers[-1]}")

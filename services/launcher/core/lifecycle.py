@@ -6,7 +6,11 @@ Nothing here does I/O or reads the time except through the injected clock.
 
 Contracts:
 - Every handler is idempotent: an event delivered again changes nothing and
-  returns no action (the record says it was done).
+  returns no action (the record says it was done). Only a task no record knows
+  is answered each time it is reported (killed if running, forgotten if exited).
+- Every change is saved with its publications (`JobRecord.outbox`); `recover()`
+  publishes the outbox again, so a crash between saving and publishing loses
+  no event.
 - `handle` is all-or-nothing: if it raises, no record has changed.
 - An event the core cannot use *yet* (a placement, stop or preemption for a job
   whose submission it has not seen) raises `Transient`; a placement naming tasks
@@ -15,6 +19,10 @@ Contracts:
   remaining tasks are killed, and only once none is live is the outcome applied
   (job state, `JobReleased`, next attempt). So the scheduler never gets cells
   back while a process of the attempt may still use them.
+- A retry or a preemption, once the attempt's tasks are gone, releases its cells
+  with `requeue` and opens the next attempt in WAITING. With ALWAYS_BACKOFF_RETRY the new
+  attempt carries `backoffUntil`: a placement that arrives earlier is recorded
+  but its tasks start only when `BackoffElapsed` comes (or the clock has passed).
 - Start-up: `load()` every record, then `recover()` with the task keys the
   backend still knows, then consume events.
 """
@@ -35,10 +43,10 @@ from libs.common.records import (
     TaskRecord,
     Transition,
 )
-from services.launcher.backends.base import TaskFinished, TaskKey, TaskLaunch, TaskRunning
-from services.launcher.core import exits
+from services.launcher.backends.base import TaskFinished, TaskKey, TaskRunning
+from services.launcher.core import announcements, exits
 from services.launcher.core.actions import Action, ForgetTask, KillTask, Publish, SaveJob, StartTask, StartTimer
-from services.launcher.core.env import PeerAddress, task_env
+from services.launcher.core.env import peers_env
 from services.launcher.core.events import (
     BackoffElapsed,
     LauncherEvent,
@@ -49,6 +57,7 @@ from services.launcher.core.events import (
     Verdict,
 )
 from services.launcher.core.invariants import check_invariants
+from services.launcher.core.launch import build_launch, peers_of
 from services.launcher.core.policy import (
     Completion,
     attempt_completion,
@@ -57,7 +66,15 @@ from services.launcher.core.policy import (
     task_retry_allowed,
 )
 from services.launcher.core.ports import PortBook
-from services.launcher.core.recordops import exit_recorded, find_task, new_attempt, replace, task_key, with_task
+from services.launcher.core.recordops import (
+    exit_recorded,
+    find_task,
+    new_attempt,
+    replace,
+    task_key,
+    with_task,
+    with_tasks,
+)
 from services.launcher.core.transitions import transition
 
 ACTIVE_STATES = (JobState.WAITING, JobState.RUNNING)
@@ -68,14 +85,6 @@ ATTEMPT_STATE_AFTER = {
     EndOutcome.STOPPED: JobState.STOPPED,
     EndOutcome.PREEMPTED: JobState.STOPPED,
 }
-
-
-def released_id(job: str, attempt: int) -> str:
-    return f"{job}/{attempt}/released"
-
-
-def state_id(job: str, attempt: int, state: JobState) -> str:
-    return f"{job}/{attempt}/state/{state}"
 
 
 def describe_exit(code: int | None, spec: messages.ExitSpec | None) -> str:
@@ -132,9 +141,7 @@ class LauncherCore:
         - a task the backend knows but no record mentions -> killed;
         - a pending backoff -> its timer is started again.
         """
-        replays: list[Action] = [
-            Publish(event=event) for job in sorted(self._jobs) for event in self._jobs[job].outbox
-        ]
+        replays: list[Action] = [Publish(event=event) for job in sorted(self._jobs) for event in self._jobs[job].outbox]
         actions = self._transaction(lambda: self._recover(known))
         saves = [a for a in actions if isinstance(a, SaveJob)]
         return saves + replays + [a for a in actions if not isinstance(a, SaveJob)]
@@ -231,23 +238,7 @@ class LauncherCore:
         now = self._now()
         previous = record.state
         record = self._put(transition(record, to, at=now, why=why))
-        final = to.is_final
-        self._publish(
-            messages.JobStateChanged(
-                id=state_id(record.job, record.attempt, to),
-                job=record.job,
-                cause=cause,
-                at=now,
-                vc=record.vc,
-                user=record.user,
-                attempt=record.attempt,
-                state=to,
-                previous=previous,
-                exitCode=record.appExitCode if final else None,
-                exitSpec=record.appExitSpec if final else None,
-                sinceSubmit=max(0.0, now - record.createdTime),
-            )
-        )
+        self._publish(announcements.state_changed(record, previous=previous, at=now, cause=cause))
         return record
 
     # --- submission and placement -------------------------------------------------
@@ -268,19 +259,7 @@ class LauncherCore:
             history=[Transition(at=at, to=JobState.WAITING, why="submitted", attempt=1)],
         )
         self._put(record)
-        self._publish(
-            messages.JobStateChanged(
-                id=state_id(record.job, 1, JobState.WAITING),
-                job=record.job,
-                cause=event.id,
-                at=at,
-                vc=record.vc,
-                user=record.user,
-                attempt=1,
-                state=JobState.WAITING,
-                sinceSubmit=0.0,
-            )
-        )
+        self._publish(announcements.state_changed(record, previous=None, at=at, cause=event.id))
 
     def _on_placed(self, event: Placed) -> None:
         record = self._known_job(event.job, "a placement")
@@ -316,9 +295,9 @@ class LauncherCore:
         return sorted(chosen.values(), key=lambda p: order[(p.role, p.index)])
 
     def _place(self, record: JobRecord, placements: list[TaskPlacement], *, cause: str) -> None:
-        number = record.attempt
         taken_now: dict[str, set[int]] = {}
         exhausted: TaskPlacement | None = None
+        placed: list[TaskRecord] = []
         for placement in placements:
             role = record.spec.role(placement.role)
             ports = self._ports.allocate(placement.node, role.resources.ports, taken_now.get(placement.node, ()))
@@ -329,17 +308,18 @@ class LauncherCore:
                 taken_now.setdefault(placement.node, set()).update(values)
             task = record.current.task(placement.role, placement.index)
             assert task is not None
-            task = replace(
-                task,
-                node=placement.node,
-                hostIp=placement.hostIp,
-                gpus=list(placement.gpus),
-                leafCells=list(placement.leafCells),
-                skuType=placement.skuType,
-                ports=ports,
+            placed.append(
+                replace(
+                    task,
+                    node=placement.node,
+                    hostIp=placement.hostIp,
+                    gpus=list(placement.gpus),
+                    leafCells=list(placement.leafCells),
+                    skuType=placement.skuType,
+                    ports=ports,
+                )
             )
-            record = with_task(record, number, task)
-        record = self._put(record)
+        record = self._put(with_tasks(record, record.attempt, placed))
         if exhausted is not None:
             self._fail_attempt(
                 record,
@@ -364,18 +344,28 @@ class LauncherCore:
             for placement in self._new_placements(target, event.tasks):
                 task = target.task(placement.role, placement.index)
                 assert task is not None
-                changed = with_task(changed, target.attempt, replace(task, node=placement.node, hostIp=placement.hostIp))
+                changed = with_task(
+                    changed, target.attempt, replace(task, node=placement.node, hostIp=placement.hostIp)
+                )
             if changed is not record:
                 self._put(changed)
             return
         if target is not None:
             # Ended without ever being placed (stopped while waiting): release it now.
-            self._put(replace(record, attempts=[replace(a, released=True) if a is target else a for a in record.attempts]))
-            self._publish_release(record, event.attempt, requeue=False, event_id=released_id(record.job, event.attempt), cause=event.id)
+            self._put(
+                replace(record, attempts=[replace(a, released=True) if a is target else a for a in record.attempts])
+            )
+            self._publish_release(
+                record,
+                event.attempt,
+                requeue=False,
+                event_id=announcements.released_id(record.job, event.attempt),
+                cause=event.id,
+            )
             return
         # An attempt this job never had: answer with an id of its own so it is not
         # mistaken for (and deduplicated against) a real release of that number.
-        late_id = f"{released_id(record.job, event.attempt)}/late/{event.id or self._placement_digest(event)}"
+        late_id = announcements.late_released_id(record.job, event.attempt, event.id or self._placement_digest(event))
         current = record.current
         if late_id in current.lateReleases:
             return
@@ -389,14 +379,8 @@ class LauncherCore:
 
     def _publish_release(self, record: JobRecord, attempt: int, *, requeue: bool, event_id: str, cause: str) -> None:
         self._publish(
-            messages.JobReleased(
-                id=event_id,
-                job=record.job,
-                cause=cause,
-                at=self._now(),
-                vc=record.vc,
-                attempt=attempt,
-                requeue=requeue,
+            announcements.released(
+                record, attempt=attempt, requeue=requeue, event_id=event_id, at=self._now(), cause=cause
             )
         )
 
@@ -415,58 +399,18 @@ class LauncherCore:
         if record.spec.gangAllocation and not all(t.placed for t in attempt.tasks):
             return record
         ready = [
-            t
+            replace(t, startRequested=True)
             for t in attempt.tasks
             if t.placed and not t.startRequested and t.state == TaskState.WAITING and t.killReason is None
         ]
         if not ready:
             return record
+        record = self._put(with_tasks(record, attempt.attempt, ready))
+        peers = peers_of(record.current)
+        shared = peers_env(spec=record.spec, job=record.job, peers=peers)
         for task in ready:
-            task = replace(task, startRequested=True)
-            record = with_task(record, attempt.attempt, task)
-            self._emit(StartTask(launch=self._launch(record, record.current, task)))
-        return self._put(record)
-
-    def _launch(self, record: JobRecord, attempt: AttemptRecord, task: TaskRecord) -> TaskLaunch:
-        assert task.node is not None and task.hostIp is not None
-        role = record.spec.role(task.role)
-        peers = {
-            (t.role, t.index): PeerAddress(hostIp=t.hostIp, ports=t.ports)
-            for t in attempt.tasks
-            if t.hostIp is not None
-        }
-        env = task_env(
-            spec=record.spec,
-            job=record.job,
-            attempt=attempt.attempt,
-            role=task.role,
-            index=task.index,
-            task_attempt=task.taskAttempt,
-            peers=peers,
-            gpus=task.gpus,
-        )
-        placement = TaskPlacement(
-            role=task.role,
-            index=task.index,
-            node=task.node,
-            hostIp=task.hostIp,
-            gpus=list(task.gpus),
-            leafCells=list(task.leafCells),
-            skuType=task.skuType,
-        )
-        return TaskLaunch(
-            key=task_key(record, attempt, task),
-            vc=record.vc,
-            user=record.user,
-            placement=placement,
-            commands=list(role.commands),
-            env=env,
-            cpu=role.resources.cpu,
-            memoryMB=role.resources.memoryMB,
-            gpu=role.resources.gpu,
-            ports={label: list(ports) for label, ports in task.ports.items()},
-            dockerImageUri=role.dockerImageUri,
-        )
+            self._emit(StartTask(launch=build_launch(record, record.current, task, peers=peers, shared_env=shared)))
+        return record
 
     # --- what the backend saw -----------------------------------------------------------
 
@@ -482,26 +426,10 @@ class LauncherCore:
         if task.state != TaskState.WAITING or task.exited or not task.startRequested:
             return
         now = self._now()
-        record = self._put(
-            with_task(record, attempt.attempt, replace(task, state=TaskState.RUNNING, launchedTime=now))
-        )
-        started_id = messages.task_event_id(
-            record.job, attempt.attempt, task.role, task.index, task.taskAttempt, "started"
-        )
-        self._publish(
-            messages.TaskStarted(
-                id=started_id,
-                job=record.job,
-                at=now,
-                vc=record.vc,
-                attempt=attempt.attempt,
-                role=task.role,
-                index=task.index,
-                taskAttempt=task.taskAttempt,
-                node=event.node or task.node or "",
-            )
-        )
-        self._maybe_running(record, cause=started_id)
+        record = self._put(with_task(record, attempt.attempt, replace(task, state=TaskState.RUNNING, launchedTime=now)))
+        started = announcements.task_started(record, event.key, node=event.node or task.node or "", at=now)
+        self._publish(started)
+        self._maybe_running(record, cause=started.id)
 
     def _on_task_finished(self, event: TaskFinished) -> None:
         key = event.key
@@ -515,7 +443,6 @@ class LauncherCore:
         if task.exited or not task.startRequested:
             return
         now = self._now()
-        exited_id = messages.task_event_id(record.job, key.attempt, key.role, key.index, key.taskAttempt, "exited")
         task = replace(
             task,
             exitCode=event.exitCode,
@@ -531,30 +458,13 @@ class LauncherCore:
         else:
             task = replace(task, state=TaskState.FAILED, verdictPending=True)
         record = self._put(with_task(record, attempt.attempt, task))
-        self._publish(
-            messages.TaskExited(
-                id=exited_id,
-                job=record.job,
-                at=now,
-                vc=record.vc,
-                attempt=key.attempt,
-                role=key.role,
-                index=key.index,
-                taskAttempt=key.taskAttempt,
-                exitCode=event.exitCode,
-                signal=event.signal,
-                platformReason=event.platformReason,
-                platformMessage=event.platformMessage,
-                userLogTail=event.userLogTail,
-                logPath=event.logPath,
-                memoryPeakMB=event.memoryPeakMB,
-            )
-        )
+        exited = announcements.task_exited(record, event, at=now)
+        self._publish(exited)
         self._emit(ForgetTask(key=key))
-        record = self._maybe_running(record, cause=exited_id)
+        record = self._maybe_running(record, cause=exited.id)
         if task.killReason is None and task.state == TaskState.SUCCEEDED:
-            record = self._settle(record, task, cause=exited_id)
-        self._maybe_finalize(record, cause=exited_id)
+            record = self._settle(record, task, cause=exited.id)
+        self._maybe_finalize(record, cause=exited.id)
 
     @staticmethod
     def _kill_spec(attempt: AttemptRecord) -> messages.ExitSpec:
@@ -576,11 +486,15 @@ class LauncherCore:
         if attempt.attempt != record.attempt:
             return
         role = record.spec.role(task.role)
-        if record.state in ACTIVE_STATES and record.current.ending is None and task_retry_allowed(
-            event.spec.reaction,
-            gang_allocation=record.spec.gangAllocation,
-            retries=task.retries,
-            task_retry_count=role.taskRetryCount,
+        if (
+            record.state in ACTIVE_STATES
+            and record.current.ending is None
+            and task_retry_allowed(
+                event.spec.reaction,
+                gang_allocation=record.spec.gangAllocation,
+                retries=task.retries,
+                task_retry_count=role.taskRetryCount,
+            )
         ):
             self._retry_task(record, task, cause=event.id)
             return
@@ -717,9 +631,7 @@ class LauncherCore:
         for task in attempt.tasks:
             if task.live and task.killReason is None:
                 kills.append(task_key(record, attempt, task))
-        tasks = [
-            replace(t, killReason=kill_reason) if t.live and t.killReason is None else t for t in attempt.tasks
-        ]
+        tasks = [replace(t, killReason=kill_reason) if t.live and t.killReason is None else t for t in attempt.tasks]
         attempt = replace(attempt, tasks=tasks)
         record = self._put(replace(record, attempts=[*record.attempts[:-1], attempt]))
         for key in kills:
@@ -775,7 +687,7 @@ class LauncherCore:
                 record,
                 attempt.attempt,
                 requeue=follows,
-                event_id=released_id(record.job, attempt.attempt),
+                event_id=announcements.released_id(record.job, attempt.attempt),
                 cause=cause,
             )
         if not follows:
@@ -863,7 +775,13 @@ class LauncherCore:
             for attempt in record.attempts:
                 for task in attempt.tasks:
                     recorded.update(
-                        TaskKey(job=job, attempt=attempt.attempt, role=task.role, index=task.index, taskAttempt=s.taskAttempt)
+                        TaskKey(
+                            job=job,
+                            attempt=attempt.attempt,
+                            role=task.role,
+                            index=task.index,
+                            taskAttempt=s.taskAttempt,
+                        )
                         for s in task.taskAttempts
                     )
                     if task.startRequested:
@@ -877,7 +795,10 @@ class LauncherCore:
             for task in attempt.tasks:
                 for summary in task.taskAttempts:
                     old = TaskKey(
-                        job=record.job, attempt=attempt.attempt, role=task.role, index=task.index,
+                        job=record.job,
+                        attempt=attempt.attempt,
+                        role=task.role,
+                        index=task.index,
                         taskAttempt=summary.taskAttempt,
                     )
                     if old in known:
@@ -911,7 +832,7 @@ class LauncherCore:
             else:
                 # Ordered to start, but the backend never started it (the shell
                 # stopped between saving the record and starting the task).
-                self._emit(StartTask(launch=self._launch(current, attempt, task)))
+                self._emit(StartTask(launch=build_launch(current, attempt, task)))
         current = self._jobs[record.job]
         if current.current.backoffUntil is not None and current.state in ACTIVE_STATES:
             self._emit(StartTimer(job=current.job, attempt=current.attempt, at=current.current.backoffUntil))

@@ -60,7 +60,9 @@ class PortBook:
                 if taken.get(port) == job:
                     del taken[port]
 
-    def allocate(self, node: str, wanted: Mapping[str, int], also_taken: Iterable[int] = ()) -> dict[str, list[int]] | None:
+    def allocate(
+        self, node: str, wanted: Mapping[str, int], also_taken: Iterable[int] = ()
+    ) -> dict[str, list[int]] | None:
         """The lowest free ports on `node` for each label (in `wanted`'s order); None if the range is full."""
         taken = set(self._by_node.get(node, {})) | set(also_taken)
         result: dict[str, list[int]] = {}

@@ -34,11 +34,16 @@ def with_attempt(record: JobRecord, attempt: AttemptRecord) -> JobRecord:
 
 def with_task(record: JobRecord, attempt_number: int, task: TaskRecord) -> JobRecord:
     """The record with the task of the same role and index in that attempt replaced."""
+    return with_tasks(record, attempt_number, [task])
+
+
+def with_tasks(record: JobRecord, attempt_number: int, tasks: list[TaskRecord]) -> JobRecord:
+    """The record with those tasks (matched by role and index) replaced in that attempt."""
     attempt = record.attempt_record(attempt_number)
     if attempt is None:
         raise KeyError(f"{record.job}: no attempt {attempt_number}")
-    tasks = [task if (t.role, t.index) == (task.role, task.index) else t for t in attempt.tasks]
-    return with_attempt(record, replace(attempt, tasks=tasks))
+    changed = {(t.role, t.index): t for t in tasks}
+    return with_attempt(record, replace(attempt, tasks=[changed.get((t.role, t.index), t) for t in attempt.tasks]))
 
 
 def find_task(record: JobRecord, key: TaskKey) -> tuple[AttemptRecord, TaskRecord] | None:

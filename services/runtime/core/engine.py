@@ -453,7 +453,8 @@ def _last_lines(text: bytes) -> list[str]:
 
 
 def _platform_line(exit: TaskExited) -> str:
-    message = exit.platformMessage.strip().splitlines()[0] if exit.platformMessage.strip() else ""
+    lines = exit.platformMessage[: MAX_LINE_CHARS * 4].strip().splitlines()
+    message = lines[0] if lines else ""
     line = f"{exit.platformReason}: {message}" if message else exit.platformReason
     return line[:MAX_LINE_CHARS]
 

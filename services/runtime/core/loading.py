@@ -27,7 +27,10 @@ DEFAULT_RULES_PATH = Path(__file__).resolve().parent.parent / "rules" / "default
 
 def load_rules(data: str | bytes | dict | list | Path) -> list[Rule]:
     """Parse and check a whole rule set; raises RuleError naming every problem
-    (paths like `spec[12].pattern.runtimeContainerPatterns[0].userLogRegex`)."""
+    (paths like `spec[12].pattern.runtimeContainerPatterns[0].userLogRegex`).
+
+    `data` is YAML/JSON text, already parsed data, or a file path; a one-line
+    string that is not a rule set is taken as a file path too."""
     document = _parse(data)
     if isinstance(document, dict):
         if "spec" not in document:
@@ -77,6 +80,10 @@ def _parse(data: str | bytes | dict | list | Path) -> object:
         document = yaml.safe_load(data)
     except yaml.YAMLError as error:
         raise RuleError([("", f"not valid YAML: {error}")]) from None
+    if isinstance(document, str) and isinstance(data, str) and "\n" not in data.strip():
+        # A lone word is never a rule set; a file name given as text (e.g. from
+        # a config setting) is read as the file it names.
+        return _parse(Path(data.strip()))
     if not isinstance(document, (dict, list)):
         raise RuleError([("", "expected a mapping with `spec:` or a list of rules")])
     return document

@@ -243,8 +243,11 @@ def leaf_counts(leaf: Cell) -> tuple[int, int]:
     return 0, (1 if job.opportunistic and not job.preempting else 0)
 
 
-def refresh_leaf(leaf: Cell) -> None:
-    """Recompute a leaf's counters after its job, reservation, job state or node health changed."""
+def refresh_leaf(leaf: Cell) -> bool:
+    """Recompute a leaf's counters after its job, reservation, job state or node health changed.
+
+    Returns whether the leaf became more usable to others (freed, or its work became preemptible).
+    """
     free, oppo = leaf_counts(leaf)
     delta_free = free - leaf.free
     delta_oppo = oppo - leaf.oppo
@@ -254,3 +257,4 @@ def refresh_leaf(leaf: Cell) -> None:
     if delta_oppo:
         for cell in leaf.ancestors:
             cell.oppo += delta_oppo
+    return delta_free > 0 or (delta_oppo > 0 and delta_free >= 0)

@@ -12,7 +12,7 @@ def _require(condition: bool, message: str) -> None:
         raise AssertionError(message)
 
 
-def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], queue: list[JobRecord]) -> None:
+def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], lanes: dict[str | None, list[JobRecord]]) -> None:
     tree = state.tree
     # Counters: every cell's free/oppo equal what its leaves add up to.
     for cell in reversed(tree.all_cells):
@@ -97,9 +97,14 @@ def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], queue: lis
         # VC safety: what every VC may still bind can be carved out of the free cells.
         _require(state.chain_is_safe(chain), f"chain {chain.name}: the VCs' unbound quota no longer fits its free cells")
 
-    # The queue holds exactly the waiting attempts, in order.
-    keys = [job.key for job in queue]
-    _require(keys == sorted(keys), "the queue is out of order")
+    # The queues hold exactly the waiting attempts, in order, each in its lane.
+    queue = []
+    for lane, lane_jobs in lanes.items():
+        keys = [job.key for job in lane_jobs]
+        _require(keys == sorted(keys), f"the queue of {lane or 'opportunistic jobs'} is out of order")
+        for job in lane_jobs:
+            _require((None if job.opportunistic else job.vc) == lane, f"{job} is queued in the wrong lane {lane}")
+        queue.extend(lane_jobs)
     _require(len({id(job) for job in queue}) == len(queue), "a job is queued twice")
     for job in queue:
         _require(jobs.get(job.id) is job and job.waiting, f"{job} is queued but not waiting")

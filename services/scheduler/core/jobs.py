@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 class JobRecord:
     __slots__ = (
         "id", "attempt", "spec", "vc", "priority", "opportunistic", "lazy", "seq", "queued_at", "groups",
-        "placed", "pending_groups", "preempting", "victims", "reserved", "cancelled", "reason_key", "reason",
-        "ever_placed", "restored",
+        "placed", "pending_groups", "preempting", "victims", "reserved", "cancelled", "reason_key",
+        "ever_placed", "restored", "never", "skus", "skus_set", "failed_epoch", "blocking", "reason_text",
     )
 
     def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float):
@@ -38,7 +38,13 @@ class JobRecord:
         self.reserved: list[tuple[GroupDemand, list[TaskDemand], list[list[Cell]]]] = []
         self.cancelled = False
         self.reason_key: tuple | None = None
-        self.reason: str | None = None
+        # Builds the reason text for a given number of jobs ahead in the queue (counts are read when called).
+        self.reason_text = None
+        self.never: str | None = None  # why the job can never be placed as submitted (set once)
+        self.skus: list[str] = []  # every sku any of its groups may use
+        self.skus_set: frozenset[str] = frozenset()
+        self.failed_epoch = -1  # the scheduling pass in which it last failed to fit
+        self.blocking = 0  # > 0: an aged gang that stops backfill behind it; the cells it needs
         self.ever_placed = False
         self.restored = False
 

@@ -50,17 +50,6 @@ GANG_PRIORITY_AFTER_S = 600.0
 _FREE, _TAKE_OPPO, _VICTIMS = "free", "oppo", "victims"
 
 
-class _Blocker:
-    __slots__ = ("job", "vc", "skus", "priority", "cells")
-
-    def __init__(self, job: JobRecord, vc: str | None, skus: list[str], cells: int):
-        self.job = job
-        self.vc = vc
-        self.skus = set(skus)
-        self.priority = job.priority
-        self.cells = cells
-
-
 class SchedulerCore:
     def __init__(self, config: ClusterConfig, *, clock: Callable[[], float],
                  gang_priority_after_s: float = GANG_PRIORITY_AFTER_S):
@@ -69,7 +58,15 @@ class SchedulerCore:
         self._gang_after = gang_priority_after_s
         self._state = ClusterState(config)
         self._jobs: dict[str, JobRecord] = {}  # every attempt that waits or holds cells
-        self._queue: list[JobRecord] = []  # attempts with tasks still to place, in queue order
+        # Attempts with tasks still to place, in queue order, per lane: a VC for
+        # guaranteed jobs (VCs do not compete for quota), None for opportunistic ones.
+        self._lanes: dict[str | None, list[JobRecord]] = {}
+        self._dirty_lanes: set[str | None] = set()
+        self._sku_lanes: dict[str, list[str]] = {}  # sku -> VCs that have cells of it
+        for name, vc in self._state.vcs.items():
+            for sku in vc.skus:
+                self._sku_lanes.setdefault(sku, []).append(name)
+        self._holding: dict[str, dict[JobRecord, None]] = {}  # VC -> attempts holding cells of it
         self._preemptor_of: dict[str, JobRecord] = {}  # victim job id -> the job waiting for its cells
         self._next_seq = 0
         self._started = False
@@ -94,7 +91,7 @@ class SchedulerCore:
                 case NodeHealth():
                     self._node_health(event)
                 case Tick():
-                    pass
+                    self._dirty_lanes.update(self._lanes)
                 case _:
                     raise TypeError(f"not a scheduler event: {event!r}")
             self._started = True
@@ -105,9 +102,23 @@ class SchedulerCore:
 
     def waiting_reason(self, job: str) -> str | None:
         record = self._jobs.get(job)
-        if record is None or not record.waiting:
+        if record is None or not record.waiting or record.reason_text is None:
             return None
-        return record.reason
+        return record.reason_text(self._position(record))
+
+    def _position(self, record: JobRecord) -> int:
+        """Waiting jobs ahead of this one in its lane (its VC, or the opportunistic queue)."""
+        ahead = 0
+        for other in self._lanes.get(self._lane_of(record), ()):
+            if other is record:
+                break
+            if not other.preempting:
+                ahead += 1
+        return ahead
+
+    @staticmethod
+    def _lane_of(record: JobRecord) -> str | None:
+        return None if record.opportunistic else record.vc
 
     def node_names(self) -> list[str]:
         return list(self._state.tree.nodes)
@@ -146,7 +157,7 @@ class SchedulerCore:
         return result
 
     def validate_state(self) -> None:
-        check_invariants(self._state, self._jobs, self._queue)
+        check_invariants(self._state, self._jobs, self._lanes)
 
     # --- events ------------------------------------------------------------------------------
 
@@ -154,11 +165,20 @@ class SchedulerCore:
         if seq is None:
             seq = self._next_seq
             self._next_seq += 1
-        return JobRecord(job, attempt, spec, seq=seq, now=self._clock())
+        record = JobRecord(job, attempt, spec, seq=seq, now=self._clock())
+        record.never = self._never_fits(record)
+        vc = self._state.vcs.get(record.vc)
+        if vc is not None:
+            record.skus = list(dict.fromkeys(
+                sku for group in record.groups for sku in self._candidate_skus(record, vc, group)))
+            record.skus_set = frozenset(record.skus)
+        return record
 
     def _enqueue(self, record: JobRecord) -> None:
         key = record.key
-        queue = self._queue
+        lane = self._lane_of(record)
+        queue = self._lanes.setdefault(lane, [])
+        self._dirty_lanes.add(lane)
         low, high = 0, len(queue)
         while low < high:
             middle = (low + high) // 2
@@ -169,10 +189,15 @@ class SchedulerCore:
         queue.insert(low, record)
 
     def _dequeue(self, record: JobRecord) -> None:
+        lane = self._lane_of(record)
+        queue = self._lanes.get(lane)
+        if queue is None:
+            return
         try:
-            self._queue.remove(record)
+            queue.remove(record)
         except ValueError:
-            pass
+            return
+        self._dirty_lanes.add(lane)
 
     def _submit(self, event: Submit) -> None:
         existing = self._jobs.get(event.job)
@@ -209,14 +234,10 @@ class SchedulerCore:
         node = self._state.tree.nodes.get(event.node)
         if node is None or node.healthy == event.healthy:
             return
-        node.healthy = event.healthy
-        node.reason = event.reason
-        from services.scheduler.core.cells import refresh_leaf
+        self._state.set_node_health(node, event.healthy, event.reason)
 
-        for cell in node.cells:
-            for leaf in cell.leaves:
-                refresh_leaf(leaf)
-            self._state.affected_skus.add(cell.sku)
+    def _note_holding(self, record: JobRecord) -> None:
+        self._holding.setdefault(record.vc, {})[record] = None
 
     def _drop(self, record: JobRecord) -> None:
         """Forget an attempt: free its cells and reservations, leave the queue."""
@@ -227,6 +248,7 @@ class SchedulerCore:
                 state.set_leaf(leaf, job=None, reserved_for=leaf.reserved_for)
                 units.append(leaf.unit)
         record.placed = {}
+        self._holding.get(record.vc, {}).pop(record, None)
         self._drop_reservations(record)
         for unit in dict.fromkeys(units):
             state.unbind_if_idle(unit)
@@ -236,6 +258,7 @@ class SchedulerCore:
         preemptor = self._preemptor_of.pop(record.id, None)
         if preemptor is not None:
             preemptor.victims.discard(record.id)
+            self._dirty_lanes.add(self._lane_of(preemptor))
         for victim in record.victims:
             self._preemptor_of.pop(victim, None)
         record.victims = set()
@@ -267,6 +290,8 @@ class SchedulerCore:
         record.restored = True
         self._jobs[event.job] = record
         self.restore_warnings.extend(restore_attempt(self._state, record, event.tasks))
+        if record.placed:
+            self._note_holding(record)
         if record.pending_groups:
             self._enqueue(record)
         if not record.placed and not record.pending_groups:
@@ -276,48 +301,91 @@ class SchedulerCore:
 
     def _schedule(self) -> list[Decision]:
         decisions: list[Decision] = []
-        now = self._clock()
-        ahead: dict[str | None, int] = {}
-        blockers: list[_Blocker] = []
-        for record in list(self._queue):
-            if not record.waiting or self._jobs.get(record.id) is not record:
-                continue
-            if record.preempting:
-                continue  # it is being killed; its Release requeues it
-            lane = None if record.opportunistic else record.vc
-            position = ahead.get(lane, 0)
-            ahead[lane] = position + 1
-            self._try_place(record, now, position, blockers, decisions)
-        self._state.affected_skus.clear()
+        state = self._state
+        dirty = self._dirty_lanes
+        for kind, what in state.freed_since_pass:
+            if kind == "vc":
+                dirty.add(what)
+            elif kind == "unbound":
+                dirty.update(self._sku_lanes.get(what, ()))
+            else:
+                dirty.add(None)
+        state.freed_since_pass.clear()
+        self._dirty_lanes = set()
+        state.epoch += 1
+        # VCs in config order, then lanes of unknown VCs, opportunistic work last (lowest priority).
+        order = [vc for vc in self._state.vcs if vc in dirty]
+        order += sorted(lane for lane in dirty if lane is not None and lane not in self._state.vcs)
+        if None in dirty:
+            order.append(None)
+        for lane in order:
+            queue = self._lanes.get(lane)
+            if queue:
+                self._run_lane(queue, decisions)
         return decisions
 
-    def _set_reason(self, record: JobRecord, reason: tuple[tuple, str], decisions: list[Decision]) -> None:
+    def _run_lane(self, queue: list[JobRecord], decisions: list[Decision]) -> None:
+        now = self._clock()
+        position = 0
+        blockers: list[JobRecord] = []
+        for record in list(queue):
+            if record.preempting or not record.waiting or self._jobs.get(record.id) is not record:
+                continue  # a preempted job is requeued by its Release
+            position += 1
+            if record.never is not None:
+                self._set_reason(record, reasons.never(record.never), position - 1, decisions)
+                continue
+            blocker = self._blocked_by(record, blockers) if blockers else None
+            if blocker is not None:
+                if record.reason_key != ("behind", blocker.id):
+                    self._set_reason(record, reasons.behind_gang(
+                        blocker.id, None if blocker.opportunistic else blocker.vc, blocker.queued_at,
+                        blocker.blocking, self._clock), position - 1, decisions)
+                continue
+            if self._may_fit_now(record):
+                self._try_place(record, position - 1, decisions)
+            if record.waiting and record.blocking == 0 and record.failed_epoch >= 0 and record.reason_key \
+                    and record.reason_key[0] in ("vc", "idle") and now - record.queued_at >= self._gang_after \
+                    and self._is_gang_failure(record):
+                record.blocking = record.reason_key[-1]
+            if record.blocking and record.waiting:
+                blockers.append(record)
+
+    def _may_fit_now(self, record: JobRecord) -> bool:
+        """False when nothing the job may use was freed since it last failed to fit (it would fail again)."""
+        failed = record.failed_epoch
+        if failed < 0 or record.victims or record.reserved:
+            return True
+        state = self._state
+        if record.opportunistic:
+            return any(state.freed_anywhere.get(sku, -1) >= failed for sku in record.skus)
+        in_vc = state.freed_in_vc
+        return any(state.freed_unbound.get(sku, -1) >= failed or in_vc.get((record.vc, sku), -1) >= failed
+                   for sku in record.skus)
+
+    def _is_gang_failure(self, record: JobRecord) -> bool:
+        if not record.spec.gangAllocation:
+            return False
+        return any(len(group.tasks) > 1 for group in record.pending_groups)
+
+    def _set_reason(self, record: JobRecord, reason: reasons.Reason, position: int,
+                    decisions: list[Decision]) -> None:
         key, text = reason
-        record.reason = text
+        record.reason_text = text
         if key != record.reason_key:
             record.reason_key = key
-            decisions.append(Wait(job=record.id, attempt=record.attempt, vc=record.vc, reason=text))
+            decisions.append(Wait(job=record.id, attempt=record.attempt, vc=record.vc, reason=text(position)))
 
-    def _try_place(self, record: JobRecord, now: float, position: int, blockers: list[_Blocker],
-                   decisions: list[Decision]) -> None:
+    def _try_place(self, record: JobRecord, position: int, decisions: list[Decision]) -> None:
         if record.victims:
-            self._set_reason(record, reasons.for_victims(sorted(record.victims)), decisions)
+            self._set_reason(record, reasons.for_victims(sorted(record.victims)), position, decisions)
             return
         placements: list[TaskPlacement] = []
         if record.reserved:
             placements.extend(self._take_reservations(record))
-        impossible = self._never_fits(record)
-        if impossible is not None:
-            self._set_reason(record, reasons.never(impossible), decisions)
-            return
         vc = self._state.vcs[record.vc]
         for group in list(record.pending_groups):
             skus = self._candidate_skus(record, vc, group)
-            blocker = self._blocked_by(record, skus, blockers)
-            if blocker is not None:
-                self._set_reason(record, reasons.behind_gang(
-                    blocker.job.id, blocker.vc, now - blocker.job.queued_at, blocker.cells), decisions)
-                break
             pending = [task for task in group.tasks if (task.role, task.index) not in record.placed]
             chunks = [pending] if record.spec.gangAllocation else [[task] for task in pending]
             failed = None
@@ -332,27 +400,28 @@ class SchedulerCore:
             if all((task.role, task.index) in record.placed for task in group.tasks):
                 record.pending_groups.remove(group)
             if record.victims:
-                self._set_reason(record, reasons.for_victims(sorted(record.victims)), decisions)
+                self._set_reason(record, reasons.for_victims(sorted(record.victims)), position, decisions)
                 break
             if failed is not None:
-                cells = self._cells_for(failed, skus[0]) if skus else 0
-                self._set_reason(record, self._capacity_reason(record, vc, skus, cells, position), decisions)
-                if len(failed) > 1 and now - record.queued_at >= self._gang_after:
-                    blockers.append(_Blocker(record, None if record.opportunistic else record.vc, skus, cells))
+                record.failed_epoch = self._state.epoch
+                cells = self._cells_for(failed, skus[0])
+                self._set_reason(record, self._capacity_reason(record, vc, skus, cells), position, decisions)
                 break
         if placements:
             record.ever_placed = True
+            self._note_holding(record)
             decisions.append(Place(job=record.id, attempt=record.attempt, vc=record.vc, tasks=placements,
                                    partial=bool(record.pending_groups)))
         if not record.pending_groups:
-            record.reason = None
+            record.reason_text = None
             record.reason_key = None
+            record.blocking = 0
             self._dequeue(record)
 
-    def _blocked_by(self, record: JobRecord, skus: list[str], blockers: list[_Blocker]) -> _Blocker | None:
-        lane = None if record.opportunistic else record.vc
+    def _blocked_by(self, record: JobRecord, blockers: list[JobRecord]) -> JobRecord | None:
+        # Blockers come from the same lane and the lane is in priority order, so only skus matter.
         for blocker in blockers:
-            if blocker.vc == lane and blocker.priority >= record.priority and blocker.skus.intersection(skus):
+            if blocker.priority >= record.priority and not blocker.skus_set.isdisjoint(record.skus):
                 return blocker
         return None
 
@@ -395,9 +464,17 @@ class SchedulerCore:
         if group.sku is not None and group.sku not in tree.sku_chains:
             return f"no sku {group.sku} in the cluster (skus: {', '.join(tree.sku_chains) or 'none'})"
         if group.sku is not None and not record.opportunistic and record.spec.pinnedCellId is None \
-                and group.sku not in vc.sku_guaranteed:
+                and group.sku not in vc.sku_virtual:
+            pins = [pin for pin, cell in vc.pinned.items() if cell.sku == group.sku]
+            if pins:
+                return (f"sku {group.sku} of VC {vc.name} is only in its pinned cells ({', '.join(pins)}); "
+                        f"name one with pinnedCellId")
             have = ", ".join(vc.skus) or "no cells"
             return f"no sku {group.sku} in VC {vc.name} (it has {have}); submit as opportunistic to use idle cells"
+        if group.sku is not None and record.spec.pinnedCellId is not None and not record.opportunistic:
+            pinned = vc.pinned[record.spec.pinnedCellId]
+            if pinned.sku != group.sku:
+                return f"pinned cell {record.spec.pinnedCellId} has sku {pinned.sku}, not {group.sku}"
         skus = self._candidate_skus(record, vc, group)
         if not skus:
             return f"VC {vc.name} has no cells"
@@ -427,31 +504,46 @@ class SchedulerCore:
         elif record.spec.pinnedCellId is not None:
             capacity, where = vc.pinned[record.spec.pinnedCellId].leaf_count, f"pinned cell {record.spec.pinnedCellId} has"
         else:
-            capacity, where = vc.sku_guaranteed.get(sku, 0), f"VC {vc.name} is guaranteed"
+            capacity, where = vc.sku_virtual.get(sku, 0), f"VC {vc.name} is guaranteed"
         if needed > capacity:
             return f"needs {needed} {sku} cells at once but {where} only {capacity}"
         return None
 
-    def _capacity_reason(self, record: JobRecord, vc: VcRecord, skus: list[str], cells: int,
-                         position: int) -> tuple[tuple, str]:
-        tree = self._state.tree
-        unhealthy = sum(cell.leaf_count for node in tree.nodes.values() if not node.healthy
-                        for cell in node.cells if cell.sku in skus)
+    def _capacity_reason(self, record: JobRecord, vc: VcRecord, skus: list[str], cells: int) -> reasons.Reason:
+        state = self._state
+        tree = state.tree
+
+        def unhealthy() -> int:
+            return sum(state.unhealthy_leaves.get(sku, 0) for sku in skus)
+
         if record.opportunistic:
-            idle = sum(top.free for sku in skus for chain in tree.sku_chains.get(sku, ()) for top in chain.tops)
-            total = sum(tree.sku_leaves.get(sku, 0) for sku in skus)
-            hint = f"{unhealthy} of them on unhealthy nodes" if unhealthy else ""
-            if idle >= cells and not hint:
-                hint = "enough cells are idle but not on few enough nodes (each task needs its cells on one node)"
-            return reasons.idle_anywhere(cells, skus, idle, total, position, hint)
-        guaranteed = sum(vc.sku_guaranteed.get(sku, 0) for sku in skus)
-        held = sum(unit.held for sku in skus for unit in vc.units.get(sku, ()))
-        held += sum(cell.held for cell in vc.pinned.values() if cell.sku in skus)
-        free = guaranteed - held
-        hint = f"{unhealthy} {sku_list(skus)} cells of the cluster are on unhealthy nodes" if unhealthy else ""
-        if free >= cells and not hint:
-            hint = "enough cells are free but not on few enough nodes (each task needs its cells on one node)"
-        return reasons.in_vc(vc.name, cells, skus, free, guaranteed, position, hint)
+            def idle_counts() -> tuple[int, int, str]:
+                idle = sum(top.free for sku in skus for chain in tree.sku_chains.get(sku, ()) for top in chain.tops)
+                total = sum(tree.sku_leaves.get(sku, 0) for sku in skus)
+                bad = unhealthy()
+                hint = f"{bad} of them on unhealthy nodes" if bad else ""
+                if idle >= cells and not hint:
+                    hint = "enough cells are idle but not on few enough nodes (each task needs its cells on one node)"
+                return idle, total, hint
+
+            return reasons.idle_anywhere(cells, skus, idle_counts)
+
+        pinned = vc.pinned.get(record.spec.pinnedCellId) if record.spec.pinnedCellId is not None else None
+
+        def vc_counts() -> tuple[int, int, str]:
+            if pinned is not None:
+                guaranteed, held = pinned.leaf_count, pinned.held
+            else:
+                guaranteed = sum(vc.sku_virtual.get(sku, 0) for sku in skus)
+                held = sum(unit.held for sku in skus for unit in vc.units.get(sku, ()))
+            free = guaranteed - held
+            bad = unhealthy()
+            hint = f"{bad} {reasons.sku_words(skus)} cells of the cluster are on unhealthy nodes" if bad else ""
+            if free >= cells and not hint:
+                hint = "enough cells are free but not on few enough nodes (each task needs its cells on one node)"
+            return free, guaranteed, hint
+
+        return reasons.in_vc(vc.name, cells, skus, vc_counts)
 
     # --- placing ----------------------------------------------------------------------------
 
@@ -548,7 +640,7 @@ class SchedulerCore:
     def _plan_with_victims(self, record: JobRecord, vc: VcRecord, sku: str, sizes: list[int],
                            decisions: list[Decision]) -> Plan | None:
         """Intra-VC preemption: lower-priority guaranteed jobs of the VC give way, lazily where they allow it."""
-        lower = [job for job in self._jobs.values()
+        lower = [job for job in self._holding.get(vc.name, ())
                  if job.vc == vc.name and not job.opportunistic and not job.preempting and job.placed
                  and job.priority < record.priority and any(leaf.sku == sku for leaf in job.leaves())]
         if not lower:
@@ -592,5 +684,3 @@ class SchedulerCore:
         state.refresh_job_leaves(job, lambda: setattr(job, "opportunistic", False))
 
 
-def sku_list(skus: list[str]) -> str:
-    return reasons.sku_words(skus)

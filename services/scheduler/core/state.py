@@ -32,19 +32,21 @@ class Quota:
 
 
 class VcRecord:
-    __slots__ = ("name", "quotas", "pinned", "sku_quotas", "sku_guaranteed", "units")
+    __slots__ = ("name", "quotas", "pinned", "sku_quotas", "sku_guaranteed", "sku_virtual", "units")
 
     def __init__(self, name: str):
         self.name = name
         self.quotas: dict[tuple[str, str], Quota] = {}
         self.pinned: dict[str, Cell] = {}
         self.sku_quotas: dict[str, list[Quota]] = {}  # smallest cells first
-        self.sku_guaranteed: dict[str, int] = {}  # leaf cells promised per sku
+        self.sku_guaranteed: dict[str, int] = {}  # leaf cells promised per sku, pinned cells included
+        self.sku_virtual: dict[str, int] = {}  # the same without pinned cells (what unpinned jobs may use)
         self.units: dict[str, dict[Cell, None]] = {}  # sku -> bound (not pinned) cells
 
     @property
     def skus(self) -> list[str]:
-        return list(self.sku_guaranteed)
+        """Skus unpinned guaranteed jobs of the VC may use."""
+        return list(self.sku_virtual)
 
 
 def _holds(leaf: Cell) -> bool:
@@ -76,10 +78,14 @@ class ClusterState:
                     quota = vc.quotas[key] = Quota(self.tree.chains[virtual.chain], virtual.cellType, 0,
                                                    cell_type.leafCellNumber)
                 quota.total += virtual.cellNumber
+            for quota in vc.quotas.values():  # skus in the order the VC lists them
+                vc.sku_virtual.setdefault(quota.chain.sku, 0)
+                vc.sku_guaranteed.setdefault(quota.chain.sku, 0)
             for quota in sorted(vc.quotas.values(), key=lambda q: (q.leaf_count, q.chain.name)):
                 sku = quota.chain.sku
                 vc.sku_quotas.setdefault(sku, []).append(quota)
                 vc.sku_guaranteed[sku] = vc.sku_guaranteed.get(sku, 0) + quota.total * quota.leaf_count
+                vc.sku_virtual[sku] = vc.sku_virtual.get(sku, 0) + quota.total * quota.leaf_count
                 vc.units.setdefault(sku, {})
             for pin in vc_spec.pinnedCells:
                 cell = self.tree.pinned[pin]
@@ -87,7 +93,42 @@ class ClusterState:
                 self.tree.chains[cell.chain].take(cell)
                 self._mark_bound(cell, vc.name, None)
                 vc.sku_guaranteed[cell.sku] = vc.sku_guaranteed.get(cell.sku, 0) + cell.leaf_count
-        self.affected_skus: set[str] = set()  # skus whose cells changed since the last scheduling pass
+        # When cells last became more usable, by scheduling pass number (`epoch`): a job
+        # that failed in a later pass cannot fit now unless cells it may use were freed since.
+        self.epoch = 0
+        self.freed_anywhere: dict[str, int] = {}  # sku -> epoch (what opportunistic jobs may use)
+        self.freed_unbound: dict[str, int] = {}  # sku -> epoch (cells no VC holds: what binding may take)
+        self.freed_in_vc: dict[tuple[str, str], int] = {}  # (vc, sku) -> epoch (inside the VC's cells)
+        self.unhealthy_leaves: dict[str, int] = {}  # sku -> leaves on unhealthy nodes
+        # What was freed since the last pass, coarsely, to know which queues to look at:
+        # ("vc", vc), ("unbound", sku), ("any", sku).
+        self.freed_since_pass: set[tuple[str, str]] = set()
+
+    def note_freed(self, leaf: Cell) -> None:
+        epoch = self.epoch
+        sku = leaf.sku
+        self.freed_anywhere[sku] = epoch
+        self.freed_since_pass.add(("any", sku))
+        unit = leaf.unit
+        if unit is None:
+            self.freed_unbound[sku] = epoch
+            self.freed_since_pass.add(("unbound", sku))
+        else:
+            self.freed_in_vc[(unit.vc, sku)] = epoch
+            self.freed_since_pass.add(("vc", unit.vc))
+
+    def refresh(self, leaf: Cell) -> None:
+        if refresh_leaf(leaf):
+            self.note_freed(leaf)
+
+    def set_node_health(self, node, healthy: bool, reason: str) -> None:
+        node.healthy = healthy
+        node.reason = reason
+        for cell in node.cells:
+            change = cell.leaf_count if not healthy else -cell.leaf_count
+            self.unhealthy_leaves[cell.sku] = self.unhealthy_leaves.get(cell.sku, 0) + change
+            for leaf in cell.leaves:
+                self.refresh(leaf)
 
     # --- binding ------------------------------------------------------------------------
 
@@ -121,7 +162,9 @@ class ClusterState:
         unit.vc = None
         unit.quota_key = None
         quota.chain.give_back(unit)
-        self.affected_skus.add(unit.sku)
+        self.freed_unbound[unit.sku] = self.epoch
+        self.freed_anywhere[unit.sku] = self.epoch
+        self.freed_since_pass.update({("unbound", unit.sku), ("any", unit.sku)})
 
     def bindable_cell_for(self, cell: Cell) -> bool:
         """Whether buddy allocation could take exactly this cell now."""
@@ -155,8 +198,7 @@ class ClusterState:
         leaf.reserved_for = reserved_for
         if unit is not None:
             unit.held += _holds(leaf) - before
-        refresh_leaf(leaf)
-        self.affected_skus.add(leaf.sku)
+        self.refresh(leaf)
 
     def refresh_job_leaves(self, job: JobRecord, change) -> None:
         """Apply `change()` (a change to the job's standing) and fix the counters of its leaves."""
@@ -168,7 +210,6 @@ class ClusterState:
             if leaf.unit is not None:
                 leaf.unit.held += _holds(leaf) - held
                 units.append(leaf.unit)
-            refresh_leaf(leaf)
-            self.affected_skus.add(leaf.sku)
+            self.refresh(leaf)
         for unit in dict.fromkeys(units):
             self.unbind_if_idle(unit)

@@ -139,8 +139,14 @@ class Driver:
     def submit(self) -> list[Action]:
         return self.handle(Submitted(job=JOB, spec=self.spec, at=self.clock(), id="rest/submitted"))
 
-    def place(self, tasks: Iterable[TaskRecord] | None = None, *, attempt: int | None = None, partial: bool = False,
-              event_id: str | None = None) -> list[Action]:
+    def place(
+        self,
+        tasks: Iterable[TaskRecord] | None = None,
+        *,
+        attempt: int | None = None,
+        partial: bool = False,
+        event_id: str | None = None,
+    ) -> list[Action]:
         record = self.record
         chosen = list(tasks) if tasks is not None else list(record.current.tasks)
         number = attempt or record.attempt
@@ -164,15 +170,17 @@ class Driver:
     def finish(self, role: str = "worker", index: int = 0, code: int = 0, **details: object) -> list[Action]:
         return self.handle(TaskFinished(key=self.key(role, index), exitCode=code, **details))  # type: ignore[arg-type]
 
-    def verdict(self, role: str = "worker", index: int = 0, reaction: Reaction = Reaction.RETRY_TO_MAX,
-                code: int = 1) -> list[Action]:
+    def verdict(
+        self, role: str = "worker", index: int = 0, reaction: Reaction = Reaction.RETRY_TO_MAX, code: int = 1
+    ) -> list[Action]:
         key = self.key(role, index)
         return self.handle(
             Verdict(key=key, exitCode=code, spec=exit_spec(reaction, code), diagnostics=["boom"], id=f"rt/{key.slug}")
         )
 
-    def fail(self, role: str = "worker", index: int = 0, reaction: Reaction = Reaction.RETRY_TO_MAX,
-             code: int = 1) -> list[Action]:
+    def fail(
+        self, role: str = "worker", index: int = 0, reaction: Reaction = Reaction.RETRY_TO_MAX, code: int = 1
+    ) -> list[Action]:
         return self.finish(role, index, code) + self.verdict(role, index, reaction, code)
 
     def stop(self, by: str = "alice") -> list[Action]:
@@ -180,7 +188,9 @@ class Driver:
 
     def preempt(self, by: str = "bob~urgent", attempt: int | None = None) -> list[Action]:
         number = attempt or self.record.attempt
-        return self.handle(PreemptRequested(job=JOB, attempt=number, by=by, reason="needs the cells", id=f"s/{number}/preempt"))
+        return self.handle(
+            PreemptRequested(job=JOB, attempt=number, by=by, reason="needs the cells", id=f"s/{number}/preempt")
+        )
 
     def backoff_elapsed(self, attempt: int | None = None) -> list[Action]:
         return self.handle(BackoffElapsed(job=JOB, attempt=attempt or self.record.attempt))

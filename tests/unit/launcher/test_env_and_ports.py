@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from libs.common.messages import JobState, TaskPlacement
-from services.launcher.core import Placed, PeerAddress, StartTask, Submitted, task_env
+from services.launcher.core import PeerAddress, Placed, StartTask, Submitted, task_env
 from services.launcher.core.exits import PORTS_EXHAUSTED_EXIT_CODE
 from tests.unit.launcher.builders import JOB, Driver, job_spec, role, started
 
@@ -92,12 +92,20 @@ HOST_LIST_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("wanted", "ports", "entry"), [c[1:] for c in HOST_LIST_CASES], ids=[c[0] for c in HOST_LIST_CASES])
+@pytest.mark.parametrize(
+    ("wanted", "ports", "entry"), [c[1:] for c in HOST_LIST_CASES], ids=[c[0] for c in HOST_LIST_CASES]
+)
 def test_host_list_entry(wanted, ports, entry) -> None:
     spec = job_spec(role("worker", 1, ports=wanted))
     env = task_env(
-        spec=spec, job=JOB, attempt=1, role="worker", index=0, task_attempt=0,
-        peers={("worker", 0): PeerAddress(hostIp="10.0.0.9", ports=ports)}, gpus=[],
+        spec=spec,
+        job=JOB,
+        attempt=1,
+        role="worker",
+        index=0,
+        task_attempt=0,
+        peers={("worker", 0): PeerAddress(hostIp="10.0.0.9", ports=ports)},
+        gpus=[],
     )
     assert env["PAI_TASK_ROLE_worker_HOST_LIST"] == entry
 
@@ -106,7 +114,12 @@ def test_without_gang_a_task_sees_only_the_peers_placed_so_far() -> None:
     driver = Driver(job_spec(role("worker", 2), gang=False))
     driver.submit()
     first = driver.handle(
-        Placed(job=JOB, attempt=1, partial=True, tasks=[TaskPlacement(role="worker", index=0, node="n1", hostIp="10.0.0.1")])
+        Placed(
+            job=JOB,
+            attempt=1,
+            partial=True,
+            tasks=[TaskPlacement(role="worker", index=0, node="n1", hostIp="10.0.0.1")],
+        )
     )
     [launch] = [a.launch for a in first if isinstance(a, StartTask)]
     assert launch.env["PAI_TASK_ROLE_worker_HOST_LIST"] == "10.0.0.1"
@@ -116,7 +129,12 @@ def test_without_gang_a_task_sees_only_the_peers_placed_so_far() -> None:
     assert driver.state == JobState.RUNNING  # the first task running is enough without gang
 
     second = driver.handle(
-        Placed(job=JOB, attempt=1, partial=True, tasks=[TaskPlacement(role="worker", index=1, node="n2", hostIp="10.0.0.2")])
+        Placed(
+            job=JOB,
+            attempt=1,
+            partial=True,
+            tasks=[TaskPlacement(role="worker", index=1, node="n2", hostIp="10.0.0.2")],
+        )
     )
     [launch] = [a.launch for a in second if isinstance(a, StartTask)]
     assert launch.env["PAI_TASK_ROLE_worker_HOST_LIST"] == "10.0.0.1,10.0.0.2"
@@ -154,7 +172,9 @@ def test_ports_are_unique_per_node_across_jobs_and_freed_when_a_job_ends() -> No
     driver.confirm_kills(driver.log)
     assert driver.state == JobState.STOPPED
     driver.handle(Submitted(job="alice~third", spec=other, at=0.0))
-    actions = driver.handle(Placed(job="alice~third", attempt=1, tasks=[TaskPlacement(role="worker", index=0, node="n1")]))
+    actions = driver.handle(
+        Placed(job="alice~third", attempt=1, tasks=[TaskPlacement(role="worker", index=0, node="n1")])
+    )
     [launch] = [a.launch for a in actions if isinstance(a, StartTask)]
     assert launch.ports == {"http": [20000, 20001]}
 
@@ -163,10 +183,14 @@ def test_no_free_port_fails_the_attempt_with_a_platform_exit() -> None:
     driver = Driver(job_spec(role("worker", 2, ports={"http": 2})), port_range=(30000, 30003))
     driver.submit()
     actions = driver.handle(
-        Placed(job=JOB, attempt=1, tasks=[
-            TaskPlacement(role="worker", index=0, node="n1"),
-            TaskPlacement(role="worker", index=1, node="n1"),
-        ])
+        Placed(
+            job=JOB,
+            attempt=1,
+            tasks=[
+                TaskPlacement(role="worker", index=0, node="n1"),
+                TaskPlacement(role="worker", index=1, node="n1"),
+            ],
+        )
     )
     assert started(actions) == []
     assert driver.state == JobState.FAILED

@@ -40,7 +40,7 @@ from services.launcher.core import (
     Submitted,
     Verdict,
 )
-from services.launcher.core.lifecycle import released_id, state_id
+from services.launcher.core.announcements import released_id, state_id
 from tests.unit.launcher.builders import JOB, Clock, exit_spec, job_spec, role
 
 NODES = ["n0", "n1"]
@@ -143,14 +143,25 @@ REPORT_KILL = st.tuples(st.just("report_kill"), st.integers(0, 7))
 VERDICT = st.tuples(st.just("verdict"), st.integers(0, 7), st.sampled_from(list(Reaction)))
 # Common moves appear several times so that jobs get far (placed, running, retried) before a stop.
 MOVES = st.one_of(
-    PLACE, PLACE, PLACE,
-    RUN, RUN, RUN,
-    EXIT, EXIT, EXIT,
-    REPORT_KILL, REPORT_KILL,
-    VERDICT, VERDICT, VERDICT,
+    PLACE,
+    PLACE,
+    PLACE,
+    RUN,
+    RUN,
+    RUN,
+    EXIT,
+    EXIT,
+    EXIT,
+    REPORT_KILL,
+    REPORT_KILL,
+    VERDICT,
+    VERDICT,
+    VERDICT,
     st.tuples(st.just("stop"), st.integers(0, 3)),  # acts on 0 only: a stop ends the story
     st.tuples(st.just("preempt"), st.integers(0, 1)),
-    st.tuples(st.just("timer"),),
+    st.tuples(
+        st.just("timer"),
+    ),
     st.tuples(st.just("redeliver"), st.integers(0, 200)),
     st.tuples(st.just("crash"), st.integers(0, 3)),
 )
@@ -182,7 +193,9 @@ def play(world: World, move: tuple) -> None:
         case ("place", count):
             chosen = placements(world, count)
             if chosen:
-                world.deliver(Placed(job=JOB, attempt=record.attempt, tasks=chosen, partial=True, id=f"p{len(world.delivered)}"))
+                world.deliver(
+                    Placed(job=JOB, attempt=record.attempt, tasks=chosen, partial=True, id=f"p{len(world.delivered)}")
+                )
         case ("run", i):
             key = pick(sorted(world.backend_live), i)
             if key is not None:
@@ -211,7 +224,11 @@ def play(world: World, move: tuple) -> None:
         case ("stop", _):
             pass
         case ("preempt", back):
-            world.deliver(PreemptRequested(job=JOB, attempt=max(1, record.attempt - back), by="bob~x", id=f"pre{len(world.delivered)}"))
+            world.deliver(
+                PreemptRequested(
+                    job=JOB, attempt=max(1, record.attempt - back), by="bob~x", id=f"pre{len(world.delivered)}"
+                )
+            )
         case ("timer",):
             if world.timers:
                 timer = world.timers.pop(0)

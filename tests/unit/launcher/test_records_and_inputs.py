@@ -47,15 +47,42 @@ def test_a_minimal_document_decodes_with_defaults() -> None:
 SPEC = job_spec()
 KEY = TaskKey(job=JOB, attempt=2, role="worker", index=1, taskAttempt=3)
 MESSAGES = [
-    ("submitted", messages.JobSubmitted(id="s", job=JOB, at=7.0, spec=SPEC), Submitted(job=JOB, spec=SPEC, at=7.0, id="s")),
-    ("placed", messages.JobPlaced(id="p", job=JOB, vc="default", attempt=2, tasks=[], partial=True),
-     Placed(job=JOB, attempt=2, tasks=[], partial=True, id="p")),
-    ("preempt", messages.PreemptRequested(id="x", job=JOB, vc="default", attempt=2, by="bob~b", reason="r"),
-     PreemptRequested(job=JOB, attempt=2, by="bob~b", reason="r", id="x")),
-    ("stop", messages.StopRequested(id="t", job=JOB, vc="default", by="alice"), StopRequested(job=JOB, by="alice", id="t")),
-    ("verdict", messages.TaskVerdict(id="v", job=JOB, vc="default", attempt=2, role="worker", index=1, taskAttempt=3,
-                                     exitCode=1, spec=ExitSpec(code=1, phrase="P"), diagnostics=["d"]),
-     Verdict(key=KEY, exitCode=1, spec=ExitSpec(code=1, phrase="P"), diagnostics=["d"], id="v")),
+    (
+        "submitted",
+        messages.JobSubmitted(id="s", job=JOB, at=7.0, spec=SPEC),
+        Submitted(job=JOB, spec=SPEC, at=7.0, id="s"),
+    ),
+    (
+        "placed",
+        messages.JobPlaced(id="p", job=JOB, vc="default", attempt=2, tasks=[], partial=True),
+        Placed(job=JOB, attempt=2, tasks=[], partial=True, id="p"),
+    ),
+    (
+        "preempt",
+        messages.PreemptRequested(id="x", job=JOB, vc="default", attempt=2, by="bob~b", reason="r"),
+        PreemptRequested(job=JOB, attempt=2, by="bob~b", reason="r", id="x"),
+    ),
+    (
+        "stop",
+        messages.StopRequested(id="t", job=JOB, vc="default", by="alice"),
+        StopRequested(job=JOB, by="alice", id="t"),
+    ),
+    (
+        "verdict",
+        messages.TaskVerdict(
+            id="v",
+            job=JOB,
+            vc="default",
+            attempt=2,
+            role="worker",
+            index=1,
+            taskAttempt=3,
+            exitCode=1,
+            spec=ExitSpec(code=1, phrase="P"),
+            diagnostics=["d"],
+        ),
+        Verdict(key=KEY, exitCode=1, spec=ExitSpec(code=1, phrase="P"), diagnostics=["d"], id="v"),
+    ),
     ("ignored-kind", messages.JobWaiting(id="w", job=JOB, vc="default", attempt=1, reason="queue"), None),
 ]
 

@@ -134,3 +134,19 @@ def test_recover_with_nothing_loaded_does_nothing() -> None:
     core = LauncherCore(lambda: 0.0)
     assert core.recover(set()) == []
     assert core.job(JOB) is None
+
+
+def test_publications_lost_in_a_crash_are_published_on_recovery() -> None:
+    driver = Driver(job_spec(role("worker", 2)))
+    driver.start()
+    exited = driver.finish("worker", 0, 1, userLogTail="CUDA out of memory")
+    # The shell saved the record and died before publishing: the runtime never heard of the exit.
+    after = restart(driver)
+
+    actions = recover(after, known={after.key("worker", 1)})
+
+    [again] = published(actions, messages.TaskExited)
+    assert again == published(exited, messages.TaskExited)[0]
+    assert again.userLogTail == "CUDA out of memory"
+    # Everything else of the last change (saving, forgetting) is not redone as a new fact.
+    assert [a for a in actions if isinstance(a, SaveJob)] == []

@@ -113,3 +113,10 @@ def test_stop_while_an_attempt_ends_for_a_retry_prevents_the_retry() -> None:
     assert driver.record.attempt == 1 and driver.record.retries == 0
     [released] = published(done, messages.JobReleased)
     assert released.requeue is False
+
+
+def test_kills_carry_the_configured_grace_period() -> None:
+    driver = Driver(kill_grace_seconds=5.0)
+    driver.start()
+    [kill] = [a for a in driver.stop() if type(a).__name__ == "KillTask"]
+    assert kill.grace_seconds == 5.0

@@ -65,13 +65,10 @@ def test_a_bug_in_the_core_raises_and_leaves_the_records_as_they_were() -> None:
     record = driver.record
     ending = msgspec.structs.replace(record.current.ending, outcome=EndOutcome.RETRY)
     assert isinstance(ending, AttemptEnding)
-    corrupt = msgspec.structs.replace(
-        record, attempts=[msgspec.structs.replace(record.current, ending=ending)]
-    )
+    corrupt = msgspec.structs.replace(record, attempts=[msgspec.structs.replace(record.current, ending=ending)])
     driver.core.load(corrupt)
 
     with pytest.raises(IllegalTransition, match="STOPPING -> WAITING"):
         driver.core.handle(*[TaskFinished(key=k, exitCode=143) for k in driver.keys()])
 
     assert driver.core.job(record.job) == corrupt
-

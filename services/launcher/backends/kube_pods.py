@@ -1,0 +1,191 @@
+"""The Pod of one task instance, and what PAI records on it.
+
+The Pod is the backend's durable record (like a task directory of the local
+backend): everything needed to recognise it after a launcher restart is in
+its annotations, so nothing else has to be stored.
+
+What a Pod looks like:
+- name from the task key (kube_names.pod_name), PAI's labels, and the
+  finalizer `pai/exit-record`: a Pod deleted by anyone (PAI's stop, an
+  eviction, `kubectl delete`) stays visible, with its final status, until PAI
+  has recorded its exit and calls `forget` (the Job controller of Kubernetes
+  uses a finalizer on its Pods for the same reason);
+- `spec.nodeName` = the placed node: the scheduler of PAI has decided, so the
+  Pod bypasses the Kubernetes scheduler, as Pods bound by HiveD do;
+- `restartPolicy: Never`: retries are the launcher's decision, not the kubelet's;
+- one container, named after the task role, running
+  `/bin/bash -c "set -e; <commands>"` so the commands stop at the first
+  failure, as in the local backend;
+- the image `dockerImageUri`, or DEFAULT_IMAGE when the job names none;
+- requests = limits for cpu and memory (a task that exceeds `memoryMB` is
+  OOM-killed, which the runtime explains), `nvidia.com/gpu` limits when it has
+  GPUs;
+- env = the launcher's PAI_* variables; CUDA_VISIBLE_DEVICES counts from 0
+  inside the container (the device plugin exposes the Pod's GPUs as 0..n-1),
+  while the physical indices the scheduler chose are in the HiveD annotation;
+- hostNetwork (as OpenPAI runs its jobs), so PAI_HOST_IP_* and the ports PAI
+  gave each task are reachable on the node's address; every port is declared
+  as a container port with the same host port;
+- annotations: HiveD's `pod-leaf-cell-isolation` ("0,1": the physical GPU
+  indices) and `pod-bind-info` (node, GPUs, sku), and `pai/task` holding the
+  TaskKey, user, VC and placement as JSON, read back by recovery;
+  `pai/end` is added when PAI ends the Pod itself (stop, preemption, an image
+  that cannot be pulled), so the reason survives a launcher restart.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from libs.common.messages import TaskPlacement
+from services.launcher.backends import kube_names
+from services.launcher.backends.base import TaskKey, TaskLaunch
+
+DEFAULT_IMAGE = "python:3.11-slim"
+FINALIZER = "pai/exit-record"
+TASK_ANNOTATION = "pai/task"
+END_ANNOTATION = "pai/end"
+LEAF_CELL_ISOLATION_ANNOTATION = "hivedscheduler.microsoft.com/pod-leaf-cell-isolation"
+BIND_INFO_ANNOTATION = "hivedscheduler.microsoft.com/pod-bind-info"
+GPU_RESOURCE = "nvidia.com/gpu"
+SHELL = "/bin/bash"
+
+
+class PodRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What recovery needs to know about a Pod: which task it runs, for whom, where."""
+
+    key: TaskKey
+    user: str
+    vc: str
+    placement: TaskPlacement
+
+
+class EndRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """PAI ended this Pod on purpose; its exit carries `reason`, not a guess."""
+
+    reason: str
+    message: str = ""
+    graceSeconds: float = 0.0
+    requestedAt: float = 0.0  # wall-clock seconds
+
+
+class BindInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """HiveD's record of where a Pod was bound, trimmed to what PAI decides."""
+
+    node: str
+    leafCellIsolation: list[int]
+    cellChain: str = ""
+
+
+def build_pod(
+    launch: TaskLaunch,
+    *,
+    namespace: str,
+    default_image: str = DEFAULT_IMAGE,
+    host_network: bool = True,
+) -> dict:
+    """The Pod manifest (as the JSON the API takes) for one task instance."""
+    key, placement = launch.key, launch.placement
+    record = PodRecord(key=key, user=launch.user, vc=launch.vc, placement=placement)
+    bind_info = BindInfo(node=placement.node, leafCellIsolation=list(placement.gpus), cellChain=placement.skuType)
+    annotations = {
+        LEAF_CELL_ISOLATION_ANNOTATION: ",".join(str(gpu) for gpu in placement.gpus),
+        BIND_INFO_ANNOTATION: msgspec.json.encode(bind_info).decode(),
+        TASK_ANNOTATION: msgspec.json.encode(record).decode(),
+    }
+    container: dict = {
+        "name": kube_names.dns_label(key.role, fallback="task"),
+        "image": launch.dockerImageUri or default_image,
+        "command": [SHELL, "-c", task_script(launch.commands)],
+        "env": [{"name": name, "value": value} for name, value in sorted(container_env(launch).items())],
+        "resources": _resources(launch),
+    }
+    ports = sorted({port for label_ports in launch.ports.values() for port in label_ports})
+    if ports:
+        container["ports"] = [{"containerPort": port, "hostPort": port, "protocol": "TCP"} for port in ports]
+    spec: dict = {
+        "nodeName": placement.node,
+        "restartPolicy": "Never",
+        "hostNetwork": host_network,
+        "containers": [container],
+    }
+    if host_network:
+        # Keep cluster DNS names resolvable from a Pod on the host's network.
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if launch.imagePullSecret:
+        spec["imagePullSecrets"] = [{"name": launch.imagePullSecret}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": kube_names.pod_name(key),
+            "namespace": namespace,
+            "labels": kube_names.task_labels(key, user=launch.user, vc=launch.vc),
+            "annotations": annotations,
+            "finalizers": [FINALIZER],
+        },
+        "spec": spec,
+    }
+
+
+def task_script(commands: list[str]) -> str:
+    # `set -e`: the same stop-at-first-failure rule as the local backend's `bash -e`.
+    return "set -e\n" + "".join(f"{command}\n" for command in commands)
+
+
+def container_env(launch: TaskLaunch) -> dict[str, str]:
+    env = dict(launch.env)
+    if launch.gpu > 0:
+        # The device plugin maps the Pod's GPUs to 0..n-1 inside the container;
+        # the node's own indices would name devices the container cannot see.
+        count = len(launch.placement.gpus) or launch.gpu
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(count))
+    return env
+
+
+def _resources(launch: TaskLaunch) -> dict:
+    amounts = {"cpu": str(launch.cpu), "memory": f"{launch.memoryMB}Mi"}
+    limits = dict(amounts)
+    if launch.gpu > 0:
+        limits[GPU_RESOURCE] = str(launch.gpu)
+    return {"requests": amounts, "limits": limits}
+
+
+def read_record(pod: dict) -> PodRecord | None:
+    """The task a Pod runs, from its annotation; None for a Pod PAI did not make."""
+    raw = _annotations(pod).get(TASK_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        return msgspec.json.decode(raw, type=PodRecord)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def read_end(pod: dict) -> EndRequest | None:
+    raw = _annotations(pod).get(END_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        return msgspec.json.decode(raw, type=EndRequest)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def end_patch(end: EndRequest) -> dict:
+    """A merge patch recording why PAI ends the Pod, sent before the delete."""
+    return {"metadata": {"annotations": {END_ANNOTATION: msgspec.json.encode(end).decode()}}}
+
+
+def release_patch(pod: dict) -> dict:
+    """A merge patch removing PAI's finalizer, leaving any other in place."""
+    finalizers = [f for f in (pod.get("metadata") or {}).get("finalizers") or [] if f != FINALIZER]
+    return {"metadata": {"finalizers": finalizers or None}}
+
+
+def holds_finalizer(pod: dict) -> bool:
+    return FINALIZER in ((pod.get("metadata") or {}).get("finalizers") or [])
+
+
+def _annotations(pod: dict) -> dict:
+    return (pod.get("metadata") or {}).get("annotations") or {}

@@ -1,0 +1,93 @@
+"""The events the launcher publishes, with their deterministic ids.
+
+Ids (used as `Nats-Msg-Id`, so a repeated publication is deduplicated):
+- job state:  `{job}/{attempt}/state/{STATE}` (each state at most once per attempt);
+- release:    `{job}/{attempt}/released`, or `{job}/{attempt}/released/late/{placement id}`
+              when answering a placement of an attempt the job never had;
+- task facts: `messages.task_event_id(job, attempt, role, index, taskAttempt, "started"|"exited")`.
+"""
+
+from __future__ import annotations
+
+from libs.common import messages
+from libs.common.messages import JobState
+from libs.common.records import JobRecord
+from services.launcher.backends.base import TaskFinished, TaskKey
+
+
+def state_id(job: str, attempt: int, state: JobState) -> str:
+    return f"{job}/{attempt}/state/{state}"
+
+
+def released_id(job: str, attempt: int) -> str:
+    return f"{job}/{attempt}/released"
+
+
+def late_released_id(job: str, attempt: int, placement_id: str) -> str:
+    return f"{released_id(job, attempt)}/late/{placement_id}"
+
+
+def task_id(key: TaskKey, what: str) -> str:
+    return messages.task_event_id(key.job, key.attempt, key.role, key.index, key.taskAttempt, what)
+
+
+def state_changed(record: JobRecord, *, previous: JobState | None, at: float, cause: str) -> messages.JobStateChanged:
+    """The job's current state (already in `record`), announced."""
+    final = record.state.is_final
+    return messages.JobStateChanged(
+        id=state_id(record.job, record.attempt, record.state),
+        job=record.job,
+        cause=cause,
+        at=at,
+        vc=record.vc,
+        user=record.user,
+        attempt=record.attempt,
+        state=record.state,
+        previous=previous,
+        exitCode=record.appExitCode if final else None,
+        exitSpec=record.appExitSpec if final else None,
+        sinceSubmit=max(0.0, at - record.createdTime),
+    )
+
+
+def released(
+    record: JobRecord, *, attempt: int, requeue: bool, event_id: str, at: float, cause: str
+) -> messages.JobReleased:
+    return messages.JobReleased(
+        id=event_id, job=record.job, cause=cause, at=at, vc=record.vc, attempt=attempt, requeue=requeue
+    )
+
+
+def task_started(record: JobRecord, key: TaskKey, *, node: str, at: float) -> messages.TaskStarted:
+    return messages.TaskStarted(
+        id=task_id(key, "started"),
+        job=record.job,
+        at=at,
+        vc=record.vc,
+        attempt=key.attempt,
+        role=key.role,
+        index=key.index,
+        taskAttempt=key.taskAttempt,
+        node=node,
+    )
+
+
+def task_exited(record: JobRecord, finished: TaskFinished, *, at: float) -> messages.TaskExited:
+    key = finished.key
+    return messages.TaskExited(
+        id=task_id(key, "exited"),
+        job=record.job,
+        at=at,
+        vc=record.vc,
+        attempt=key.attempt,
+        role=key.role,
+        index=key.index,
+        taskAttempt=key.taskAttempt,
+        exitCode=finished.exitCode,
+        signal=finished.signal,
+        platformReason=finished.platformReason,
+        platformMessage=finished.platformMessage,
+        userLogTail=finished.userLogTail,
+        logPath=finished.logPath,
+        memoryPeakMB=finished.memoryPeakMB,
+    )

@@ -1,0 +1,626 @@
+"""The Kubernetes backend against a Kubernetes API emulator over real HTTP.
+
+No cluster runs on the dev machines: the backend talks HTTP to kmock's API
+emulator (extended in kube_emulator), and the tests play the kubelet by
+patching Pod status through the same API. The client library is never
+patched or mocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import hypothesis.strategies as st
+import kmock
+import pytest
+from hypothesis import given
+
+from libs.common.errors import NotFound
+from libs.common.messages import TaskPlacement
+from services.launcher.backends import kube_names
+from services.launcher.backends.base import TaskFinished, TaskKey, TaskLaunch, TaskRunning
+from services.launcher.backends.kube_pods import (
+    DEFAULT_IMAGE,
+    END_ANNOTATION,
+    FINALIZER,
+    LEAF_CELL_ISOLATION_ANNOTATION,
+    EndRequest,
+    read_record,
+)
+from services.launcher.backends.kube_status import Exited, Pending, PullFailing, Running, Terminating, judge
+from services.launcher.backends.kubernetes import KubernetesBackend
+from tests.component.kube_emulator import NAMESPACE, Kubelet, PodApiEmulator, delete_pod, wait_until
+
+pytestmark = pytest.mark.timeout(30)
+
+NODE = "gpu-node-3"
+
+
+def task_key(index: int = 0, *, job: str = "alice~mnist", role: str = "worker", attempt: int = 1) -> TaskKey:
+    return TaskKey(job=job, attempt=attempt, role=role, index=index)
+
+
+def task_launch(key: TaskKey | None = None, **overrides) -> TaskLaunch:
+    key = key or task_key()
+    fields = dict(
+        key=key,
+        vc="research",
+        user="alice",
+        placement=TaskPlacement(
+            role=key.role,
+            index=key.index,
+            node=NODE,
+            hostIp="10.0.0.3",
+            gpus=[2, 3],
+            leafCells=["rack0/gpu-node-3/2", "rack0/gpu-node-3/3"],
+            skuType="V100",
+        ),
+        commands=["python prepare.py", "python train.py --epochs 3"],
+        env={"PAI_JOB_NAME": key.job, "PAI_CURRENT_TASK_ROLE_NAME": key.role, "CUDA_VISIBLE_DEVICES": "2,3"},
+        cpu=4,
+        memoryMB=8192,
+        gpu=2,
+        ports={"http": [20001], "ssh": [20002]},
+        dockerImageUri="registry.example.com/alice/trainer:1.2",
+        imagePullSecret="alice-registry",
+    )
+    fields.update(overrides)
+    return TaskLaunch(**fields)
+
+
+class Recorder:
+    """Collects a backend's events as they come (reading them in the test
+    itself would cancel the stream on a timeout)."""
+
+    def __init__(self, backend: KubernetesBackend):
+        self.events: list = []
+        self._task = asyncio.create_task(self._pump(backend))
+
+    async def _pump(self, backend: KubernetesBackend) -> None:
+        async for event in backend.events():
+            self.events.append(event)
+
+    def of(self, kind: type, key: TaskKey) -> list:
+        return [event for event in self.events if isinstance(event, kind) and event.key == key]
+
+    async def next(self, kind: type, key: TaskKey, *, timeout: float = 5.0):
+        await wait_until(lambda: self.of(kind, key), timeout=timeout, what=f"{kind.__name__} of {key.slug}")
+        return self.of(kind, key)[0]
+
+
+class Cluster:
+    def __init__(self, emulator: PodApiEmulator, url: str):
+        self.emulator = emulator
+        self.url = url
+        self.kubelet = Kubelet(emulator)
+        self._backends: list[KubernetesBackend] = []
+
+    async def backend(self, **options) -> tuple[KubernetesBackend, Recorder]:
+        options.setdefault("watch_timeout_seconds", 20)
+        backend = await KubernetesBackend.from_config(self.url, NAMESPACE, **options)
+        self._backends.append(backend)
+        return backend, Recorder(backend)
+
+    async def close(self) -> None:
+        for backend in self._backends:
+            await backend.close()
+
+
+@pytest.fixture
+async def cluster():
+    emulator = PodApiEmulator()
+    async with emulator, kmock.Server(emulator) as server:
+        cluster = Cluster(emulator, str(server.url).rstrip("/"))
+        try:
+            yield cluster
+        finally:
+            await cluster.close()
+            await emulator.end_watches()
+
+
+def pod_of(cluster: Cluster, key: TaskKey) -> dict:
+    pod = cluster.emulator.pod(kube_names.pod_name(key))
+    assert pod is not None, f"no Pod for {key.slug}"
+    return pod
+
+
+async def started(cluster: Cluster, **options) -> tuple[KubernetesBackend, Recorder, TaskKey, str]:
+    """A backend with one task whose container runs."""
+    backend, events = await cluster.backend(**options)
+    key = task_key()
+    await backend.start(task_launch(key))
+    name = kube_names.pod_name(key)
+    await cluster.kubelet.run(name)
+    await events.next(TaskRunning, key)
+    return backend, events, key, name
+
+
+# -- names ---------------------------------------------------------------------
+
+names = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-", min_size=1, max_size=80)
+keys = st.builds(
+    TaskKey,
+    job=st.builds(lambda user, name: f"{user}~{name}", names, names),
+    attempt=st.integers(1, 10_000),
+    role=names,
+    index=st.integers(0, 10_000),
+    taskAttempt=st.integers(0, 100),
+)
+
+
+@given(keys, keys)
+def test_pod_names_are_dns_labels_and_differ_for_different_tasks(first, second):
+    assert kube_names.is_dns_label(kube_names.pod_name(first))
+    assert kube_names.pod_name(first) == kube_names.pod_name(TaskKey(**{f: getattr(first, f) for f in first.__struct_fields__}))
+    if first != second:
+        assert kube_names.pod_name(first) != kube_names.pod_name(second)
+
+
+@pytest.mark.parametrize(
+    ("job", "label"),
+    [
+        ("alice~mnist", "alice.mnist"),
+        ("Alice~MNIST_v2", "Alice.MNIST_v2"),
+        ("_bob~-retry-", None),
+        ("carol~" + "x" * 100, None),
+    ],
+    ids=["plain", "upper-and-underscore-kept", "edge-punctuation", "too-long"],
+)
+def test_job_label_is_a_valid_label_value(job, label):
+    value = kube_names.job_label(job)
+    assert kube_names.is_label_value(value)
+    if label is not None:
+        assert value == label
+
+
+# -- judging a Pod's status (pure) ---------------------------------------------
+
+NOW = 1_800_000_000.0
+STARTED = {"running": {"startedAt": "2027-01-15T08:00:00Z"}}
+
+
+def pod_with(
+    phase: str = "Running",
+    state: dict | None = None,
+    *,
+    reason: str = "",
+    message: str = "",
+    deleted_at: float | None = None,
+    end: EndRequest | None = None,
+) -> dict:
+    meta: dict = {"name": "p", "annotations": {}}
+    if deleted_at is not None:
+        from datetime import UTC, datetime
+
+        meta["deletionTimestamp"] = datetime.fromtimestamp(deleted_at, UTC).isoformat()
+    if end is not None:
+        meta["annotations"][END_ANNOTATION] = json.dumps({"reason": end.reason, "message": end.message, "graceSeconds": end.graceSeconds, "requestedAt": end.requestedAt})
+    status: dict = {"phase": phase}
+    if state is not None:
+        status["containerStatuses"] = [{"name": "worker", "state": state}]
+    if reason:
+        status["reason"] = reason
+        status["message"] = message
+    return {"metadata": meta, "spec": {"nodeName": NODE}, "status": status}
+
+
+def terminated(code: int, reason: str = "Error", **extra) -> dict:
+    return {"terminated": {"exitCode": code, "reason": reason, **extra}}
+
+
+STOP = EndRequest(reason="Stopped", message="alice asked", graceSeconds=10, requestedAt=NOW - 5)
+LONG_AGO_STOP = EndRequest(reason="Stopped", message="alice asked", graceSeconds=10, requestedAt=NOW - 100)
+
+JUDGE_CASES = [
+    ("pending-no-container", pod_with("Pending"), {}, Pending()),
+    ("container-creating", pod_with("Pending", {"waiting": {"reason": "ContainerCreating"}}), {}, Pending()),
+    ("running", pod_with("Running", STARTED), {}, Running(node=NODE)),
+    ("succeeded", pod_with("Succeeded", terminated(0, "Completed")), {}, Exited(exitCode=0, started=True)),
+    ("failed-exit-3", pod_with("Failed", terminated(3)), {}, Exited(exitCode=3, started=True)),
+    ("sigkill-counts-as-signal-9", pod_with("Failed", terminated(137)), {}, Exited(exitCode=137, signal=9, started=True)),
+    (
+        "oom-killed",
+        pod_with("Failed", terminated(137, "OOMKilled")),
+        {},
+        Exited(exitCode=137, signal=9, platformReason="OOMKilled", started=True),
+    ),
+    (
+        "evicted",
+        pod_with("Failed", terminated(137), reason="Evicted", message="The node was low on resource: memory."),
+        {},
+        Exited(exitCode=137, signal=9, platformReason="Evicted", platformMessage="The node was low on resource: memory.", started=True),
+    ),
+    (
+        "kubelet-rejected-without-container",
+        pod_with("Failed", reason="OutOfnvidia.com/gpu", message="Node didn't have enough resource"),
+        {},
+        Exited(exitCode=-1, platformReason="OutOfnvidia.com/gpu", platformMessage="Node didn't have enough resource"),
+    ),
+    (
+        "container-cannot-run",
+        pod_with("Failed", terminated(128, "ContainerCannotRun", message="exec: python: not found")),
+        {},
+        Exited(exitCode=128, platformReason="ContainerCannotRun", platformMessage="exec: python: not found", started=True),
+    ),
+    ("node-lost", pod_with("Unknown", STARTED, reason="NodeLost", message="node gone"), {}, Exited(exitCode=-1, platformReason="NodeLost", platformMessage="node gone", started=True)),
+    (
+        "stopped-by-pai-then-sigterm",
+        pod_with("Failed", terminated(143), deleted_at=NOW, end=STOP),
+        {},
+        Exited(exitCode=143, signal=15, platformReason="Stopped", platformMessage="alice asked", started=True),
+    ),
+    ("stopping-within-grace", pod_with("Running", STARTED, deleted_at=NOW - 5, end=STOP), {}, Terminating(deadline=NOW + 5 + 30)),
+    (
+        "stopping-never-confirmed",
+        pod_with("Running", STARTED, deleted_at=NOW - 100, end=LONG_AGO_STOP),
+        {},
+        Exited(exitCode=-1, platformReason="Stopped", platformMessage=..., started=True),
+    ),
+    ("stopped-before-it-ran", pod_with("Pending", deleted_at=NOW, end=STOP), {}, Exited(exitCode=-1, platformReason="Stopped", platformMessage="alice asked")),
+    ("deleted-outside-pai-while-running", pod_with("Running", STARTED, deleted_at=NOW), {}, Terminating(deadline=NOW + 30)),
+    (
+        "deleted-outside-pai-then-sigterm",
+        pod_with("Failed", terminated(143), deleted_at=NOW),
+        {},
+        Exited(exitCode=143, signal=15, platformReason="NodeLost", platformMessage=..., started=True),
+    ),
+    ("vanished-while-running", pod_with("Running", STARTED), {"gone": True}, Exited(exitCode=-1, platformReason="NodeLost", platformMessage=..., started=True)),
+    ("vanished-after-stop", pod_with("Running", STARTED, end=STOP), {"gone": True}, Exited(exitCode=-1, platformReason="Stopped", platformMessage="alice asked", started=True)),
+    ("vanished-after-exit-keeps-exit", pod_with("Failed", terminated(2)), {"gone": True}, Exited(exitCode=2, started=True)),
+    (
+        "image-pull-failing-recently",
+        pod_with("Pending", {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}),
+        {"pull_since": NOW - 10, "pull_timeout": 60},
+        PullFailing(deadline=NOW + 50),
+    ),
+    (
+        "image-pull-failing-too-long",
+        pod_with("Pending", {"waiting": {"reason": "ErrImagePull", "message": "manifest unknown"}}),
+        {"pull_since": NOW - 61, "pull_timeout": 60},
+        Exited(exitCode=-1, platformReason="ImagePullBackOff", platformMessage="ErrImagePull: manifest unknown", endPod=True),
+    ),
+    (
+        "invalid-image-name-at-once",
+        pod_with("Pending", {"waiting": {"reason": "InvalidImageName", "message": "bad ref"}}),
+        {},
+        Exited(exitCode=-1, platformReason="ImagePullBackOff", platformMessage="InvalidImageName: bad ref", endPod=True),
+    ),
+]
+
+
+@pytest.mark.parametrize(("pod", "options", "expected"), [c[1:] for c in JUDGE_CASES], ids=[c[0] for c in JUDGE_CASES])
+def test_judge_reads_pod_status(pod, options, expected):
+    verdict = judge(pod, now=NOW, **options)
+    if isinstance(expected, Exited) and expected.platformMessage is ...:
+        assert isinstance(verdict, Exited) and verdict.platformMessage
+        verdict = Exited(**{**{f: getattr(verdict, f) for f in verdict.__struct_fields__}, "platformMessage": ...})
+    assert verdict == expected
+
+
+# -- the Pod -------------------------------------------------------------------
+
+
+async def test_start_creates_a_pod_bound_to_the_placed_node(cluster):
+    backend, _ = await cluster.backend()
+    key = task_key()
+    await backend.start(task_launch(key))
+
+    pod = pod_of(cluster, key)
+    spec, meta = pod["spec"], pod["metadata"]
+    container = spec["containers"][0]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert spec["nodeName"] == NODE
+    assert spec["restartPolicy"] == "Never"
+    assert spec["imagePullSecrets"] == [{"name": "alice-registry"}]
+    assert container["image"] == "registry.example.com/alice/trainer:1.2"
+    assert container["command"][:2] == ["/bin/bash", "-c"]
+    assert "python prepare.py\npython train.py --epochs 3" in container["command"][2]
+    assert container["command"][2].startswith("set -e")
+    assert env["PAI_JOB_NAME"] == "alice~mnist" and env["PAI_CURRENT_TASK_ROLE_NAME"] == "worker"
+    # The container sees its two GPUs as 0 and 1; the node's indices are in the annotation.
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert meta["annotations"][LEAF_CELL_ISOLATION_ANNOTATION] == "2,3"
+    assert container["resources"]["limits"] == {"cpu": "4", "memory": "8192Mi", "nvidia.com/gpu": "2"}
+    assert container["resources"]["requests"] == {"cpu": "4", "memory": "8192Mi"}
+    assert [p["containerPort"] for p in container["ports"]] == [20001, 20002]
+    assert meta["labels"] == {
+        "app.kubernetes.io/managed-by": "pai-launcher",
+        "pai/job": "alice.mnist",
+        "pai/user": "alice",
+        "pai/vc": "research",
+        "pai/role": "worker",
+        "pai/index": "0",
+        "pai/attempt": "1",
+        "pai/task-attempt": "0",
+    }
+    assert meta["finalizers"] == [FINALIZER]
+    record = read_record(pod)
+    assert record is not None and record.key == key and record.placement.gpus == [2, 3]
+    assert record.placement.leafCells == ["rack0/gpu-node-3/2", "rack0/gpu-node-3/3"]
+
+
+async def test_a_job_without_image_or_gpus_gets_the_default_image_and_no_gpu_limit(cluster):
+    backend, _ = await cluster.backend()
+    key = task_key()
+    placement = TaskPlacement(role="worker", index=0, node=NODE)
+    await backend.start(
+        task_launch(key, placement=placement, gpu=0, dockerImageUri=None, imagePullSecret=None, ports={}, env={"CUDA_VISIBLE_DEVICES": ""})
+    )
+
+    container = pod_of(cluster, key)["spec"]["containers"][0]
+    assert container["image"] == DEFAULT_IMAGE
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert {"name": "CUDA_VISIBLE_DEVICES", "value": ""} in container["env"]
+    assert "imagePullSecrets" not in pod_of(cluster, key)["spec"]
+
+
+async def test_starting_twice_creates_one_pod_also_from_a_new_launcher(cluster):
+    first, _ = await cluster.backend()
+    key = task_key()
+    await asyncio.gather(first.start(task_launch(key)), first.start(task_launch(key)))
+    await first.start(task_launch(key))
+    second, events = await cluster.backend()
+    await second.start(task_launch(key))  # an earlier launcher made it: 409, adopted
+
+    name = kube_names.pod_name(key)
+    assert cluster.emulator.created[name] == 1
+    await cluster.kubelet.run(name)
+    assert (await events.next(TaskRunning, key)).node == NODE
+
+
+async def test_a_create_that_failed_on_the_server_is_retried_without_a_second_pod(cluster):
+    cluster.emulator[f"post /api/v1/namespaces/{NAMESPACE}/pods"][:1] << 500 << {"kind": "Status", "code": 500, "message": "etcd timeout"}
+    backend, events = await cluster.backend()
+    key = task_key()
+    await backend.start(task_launch(key))
+
+    assert cluster.emulator.created[kube_names.pod_name(key)] == 1
+    await cluster.kubelet.run(kube_names.pod_name(key))
+    await events.next(TaskRunning, key)
+    assert not events.of(TaskFinished, key)
+
+
+async def test_a_pod_the_cluster_refuses_ends_the_task_as_launch_failed(cluster):
+    cluster.emulator[f"post /api/v1/namespaces/{NAMESPACE}/pods"] << 403 << {
+        "kind": "Status",
+        "code": 403,
+        "message": 'pods "x" is forbidden: exceeded quota: gpu-quota',
+    }
+    backend, events = await cluster.backend()
+    key = task_key()
+    await backend.start(task_launch(key))
+
+    finished = await events.next(TaskFinished, key)
+    assert (finished.exitCode, finished.platformReason) == (-1, "LaunchFailed")
+    assert "exceeded quota" in finished.platformMessage
+    assert not events.of(TaskRunning, key)
+
+
+# -- exits -----------------------------------------------------------------------
+
+EXITS = [
+    ("success", lambda k, n: k.exit(n, 0, log=b"epoch 3 done\n"), dict(exitCode=0, signal=None, platformReason="")),
+    ("failure", lambda k, n: k.exit(n, 3, log=b"Traceback...\nValueError: bad\n"), dict(exitCode=3, platformReason="")),
+    ("oom-killed", lambda k, n: k.exit(n, 137, reason="OOMKilled", log=b"loading\n"), dict(exitCode=137, signal=9, platformReason="OOMKilled")),
+    (
+        "evicted",
+        lambda k, n: k.evict(n, "The node was low on resource: memory."),
+        dict(exitCode=137, platformReason="Evicted", platformMessage="The node was low on resource: memory."),
+    ),
+    ("node-lost", lambda k, n: k.lose_node(n), dict(exitCode=-1, platformReason="NodeLost")),
+]
+
+
+@pytest.mark.parametrize(("kubelet_does", "expected"), [e[1:] for e in EXITS], ids=[e[0] for e in EXITS])
+async def test_the_watch_reports_how_the_container_ended(cluster, kubelet_does, expected):
+    _, events, key, name = await started(cluster)
+    cluster.kubelet.write_log(name, b"starting\n")
+    await kubelet_does(cluster.kubelet, name)
+
+    finished = await events.next(TaskFinished, key)
+    for field, value in expected.items():
+        assert getattr(finished, field) == value, field
+    if expected["exitCode"] >= 0:
+        assert finished.userLogTail.startswith("starting\n")
+    assert finished.logPath.endswith(f"/pods/{name}/log?container=worker")
+    assert [type(e) for e in events.events] == [TaskRunning, TaskFinished]
+
+
+async def test_the_log_tail_is_the_end_of_the_output(cluster):
+    backend, events, key, name = await started(cluster, log_tail_bytes=100)
+    output = b"".join(f"step {i:04d} loss {1 / (i + 1):.6f}\n".encode() for i in range(500))
+    await cluster.kubelet.exit(name, 1, log=output)
+
+    finished = await events.next(TaskFinished, key)
+    assert finished.userLogTail.encode() == output[-100:]
+    assert await backend.read_log(key) == output
+    assert await backend.read_log(key, tail_bytes=7000) == output[-7000:]
+    with pytest.raises(NotFound):
+        await backend.read_log(task_key(9))
+
+
+async def test_a_lasting_image_pull_failure_ends_the_task_and_deletes_the_pod(cluster):
+    backend, events = await cluster.backend(image_pull_timeout_seconds=0.3)
+    key = task_key()
+    await backend.start(task_launch(key))
+    name = kube_names.pod_name(key)
+    await cluster.kubelet.wait_on_image(name, "ErrImagePull", 'pull access denied for "registry.example.com/alice/trainer"')
+
+    finished = await events.next(TaskFinished, key)
+    assert (finished.exitCode, finished.platformReason) == (-1, "ImagePullBackOff")
+    assert "pull access denied" in finished.platformMessage
+    pod = pod_of(cluster, key)  # kept by the finalizer until the exit is recorded
+    assert pod["metadata"].get("deletionTimestamp")
+    assert json.loads(pod["metadata"]["annotations"][END_ANNOTATION])["reason"] == "ImagePullBackOff"
+    assert not events.of(TaskRunning, key)
+
+
+async def test_an_image_pull_that_heals_is_not_an_exit(cluster):
+    backend, events = await cluster.backend(image_pull_timeout_seconds=0.5)
+    key = task_key()
+    await backend.start(task_launch(key))
+    name = kube_names.pod_name(key)
+    await cluster.kubelet.wait_on_image(name)
+    await asyncio.sleep(0.1)
+    await cluster.kubelet.run(name)
+    await events.next(TaskRunning, key)
+
+    await asyncio.sleep(0.6)  # past the pull timeout
+    assert not events.of(TaskFinished, key)
+    assert not pod_of(cluster, key)["metadata"].get("deletionTimestamp")
+
+
+# -- stop --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("reason", "reported"), [("Stopped", "Stopped"), ("", "Killed")], ids=["given-reason", "default-killed"])
+async def test_kill_deletes_the_pod_with_the_grace_period_and_reports_the_reason(cluster, reason, reported):
+    backend, events, key, name = await started(cluster)
+    await backend.kill(key, grace_seconds=7, reason=reason)
+
+    deletes = [r for r in cluster.emulator if r.method == kmock.method.DELETE and r.name == name]
+    assert [r.params.get("gracePeriodSeconds") for r in deletes] == ["7"]
+    assert pod_of(cluster, key)["metadata"].get("deletionTimestamp")
+    assert not events.of(TaskFinished, key)  # the container still runs its grace period
+    await cluster.kubelet.exit(name, 143, log=b"caught SIGTERM, saving checkpoint\n")
+
+    finished = await events.next(TaskFinished, key)
+    assert (finished.exitCode, finished.signal, finished.platformReason) == (143, 15, reported)
+    assert "saving checkpoint" in finished.userLogTail
+
+
+async def test_kill_before_the_container_runs_ends_the_task_at_once(cluster):
+    backend, events = await cluster.backend()
+    key = task_key()
+    await backend.start(task_launch(key))
+    await backend.kill(key, grace_seconds=30, reason="Preempted")
+
+    finished = await events.next(TaskFinished, key)
+    assert (finished.exitCode, finished.platformReason) == (-1, "Preempted")
+    assert not events.of(TaskRunning, key)
+
+
+async def test_kill_on_a_node_that_never_answers_ends_after_grace_and_margin(cluster):
+    backend, events, key, _ = await started(cluster, termination_margin_seconds=0.3)
+    await backend.kill(key, grace_seconds=0, reason="Stopped")
+
+    finished = await events.next(TaskFinished, key)
+    assert (finished.exitCode, finished.platformReason) == (-1, "Stopped")
+    assert "node may be lost" in finished.platformMessage
+
+
+async def test_kill_of_unknown_or_finished_tasks_is_harmless(cluster):
+    backend, events, key, name = await started(cluster)
+    await backend.kill(task_key(7), grace_seconds=1, reason="Stopped")
+    await cluster.kubelet.exit(name, 0)
+    await events.next(TaskFinished, key)
+    await backend.kill(key, grace_seconds=1, reason="Stopped")
+
+    assert len(events.of(TaskFinished, key)) == 1
+    assert events.of(TaskFinished, key)[0].platformReason == ""
+    assert not pod_of(cluster, key)["metadata"].get("deletionTimestamp")
+
+
+async def test_a_pod_deleted_outside_pai_ends_as_node_lost(cluster):
+    _, events, key, name = await started(cluster)
+    assert await delete_pod(cluster.emulator, name) == 200  # kubectl delete pod
+    await cluster.kubelet.exit(name, 143)
+
+    finished = await events.next(TaskFinished, key)
+    assert (finished.exitCode, finished.platformReason) == (143, "NodeLost")
+
+
+# -- exactly once, forget, recovery --------------------------------------------------
+
+
+async def test_forget_removes_the_pod_and_nothing_is_reported_again(cluster):
+    backend, events, key, name = await started(cluster)
+    await cluster.kubelet.exit(name, 0)
+    await events.next(TaskFinished, key)
+    await backend.forget(key)
+
+    assert cluster.emulator.pod(name) is None
+    assert await backend.recover() == []
+    assert len(events.of(TaskFinished, key)) == 1
+
+
+async def test_each_exit_is_reported_once_across_dropped_and_expired_watches(cluster):
+    _, events, key, name = await started(cluster)
+    await cluster.kubelet.exit(name, 1)
+    await events.next(TaskFinished, key)
+
+    lists = len(cluster.emulator.pod_reads(watch=False))
+    cluster.emulator.compact()
+    await cluster.emulator.end_watches()
+    # The next watch starts from a compacted version: 410 Gone, so the backend lists again.
+    await wait_until(lambda: len(cluster.emulator.pod_reads(watch=False)) > lists, what="a new list")
+    await wait_until(lambda: len(cluster.emulator.pod_reads(watch=True)) >= 3, what="a new watch after the list")
+
+    assert len(events.of(TaskFinished, key)) == 1
+    assert len(events.of(TaskRunning, key)) == 1
+
+
+async def test_the_watch_goes_on_from_its_last_version_after_the_server_drops_it(cluster):
+    _, events, key, name = await started(cluster)
+    watches = cluster.emulator.pod_reads(watch=True)
+    await cluster.emulator.end_watches()
+    await wait_until(lambda: len(cluster.emulator.pod_reads(watch=True)) > len(watches), what="a new watch")
+    resumed = cluster.emulator.pod_reads(watch=True)[-1]
+    await cluster.kubelet.exit(name, 4)
+
+    assert (await events.next(TaskFinished, key)).exitCode == 4
+    assert int(resumed.params["resourceVersion"]) == int(pod_of(cluster, key)["metadata"]["resourceVersion"]) - 1
+
+
+async def test_a_pod_that_vanished_while_the_watch_was_down_ends_as_node_lost(cluster):
+    _, events, key, name = await started(cluster)
+    # Gone without a trace: no DELETED event, and the change log is compacted.
+    for object_key in [k for k in cluster.emulator.objects if k[2] == name]:
+        del cluster.emulator.objects[object_key]
+    cluster.emulator.compact()
+    await cluster.emulator.end_watches()
+
+    finished = await events.next(TaskFinished, key)
+    assert (finished.exitCode, finished.platformReason) == (-1, "NodeLost")
+
+
+async def test_recovery_adopts_pods_and_reports_one_that_ended_meanwhile(cluster):
+    first, _ = await cluster.backend()
+    running, ended = task_key(0), task_key(1)
+    for key in (running, ended):
+        await first.start(task_launch(key))
+        await cluster.kubelet.run(kube_names.pod_name(key))
+    await first.close()
+    await cluster.kubelet.exit(kube_names.pod_name(ended), 1, log=b"RuntimeError: CUDA error\n")
+
+    second, events = await cluster.backend()
+    assert await second.recover() == [running, ended]
+    finished = await events.next(TaskFinished, ended)
+    assert (finished.exitCode, finished.userLogTail) == (1, "RuntimeError: CUDA error\n")
+    assert (await events.next(TaskRunning, running)).node == NODE
+    assert not events.of(TaskFinished, running)
+
+    await cluster.kubelet.exit(kube_names.pod_name(running), 0)
+    assert (await events.next(TaskFinished, running)).exitCode == 0
+
+
+async def test_recovery_keeps_the_stop_reason_of_a_pod_stopped_before_the_restart(cluster):
+    first, _, key, name = await started(cluster)
+    await first.kill(key, grace_seconds=5, reason="Preempted")
+    await first.close()
+    await cluster.kubelet.exit(name, 143)
+
+    second, events = await cluster.backend()
+    assert await second.recover() == [key]
+    finished = await events.next(TaskFinished, key)
+    assert (finished.exitCode, finished.platformReason) == (143, "Preempted")
+
+
+async def test_the_sync_factory_connects_on_first_use(cluster):
+    backend = KubernetesBackend.from_config_sync(cluster.url, NAMESPACE)
+    try:
+        await backend.start(task_launch())
+        assert await backend.recover() == [task_key()]
+    finally:
+        await backend.close()

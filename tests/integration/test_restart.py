@@ -1,0 +1,57 @@
+"""`pai up` stopped and started again on the same data dir keeps every job."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from cli.client import Client
+from cli.up import Platform
+from tests.integration.conftest import Api, job_yaml, platform_config
+
+pytestmark = pytest.mark.integration
+
+
+async def start(config) -> Api:
+    plat = Platform(config, print_fn=lambda *_: None)
+    conn = await asyncio.to_thread(plat.start)
+    return Api(plat, conn)
+
+
+async def test_restarting_pai_up_mid_run_keeps_every_job(tmp_path):
+    config = platform_config(tmp_path / "pai")
+    tag = uuid.uuid4().hex[:6]
+    done, running, waiting, later = (f"{kind}-{tag}" for kind in ("done", "running", "waiting", "later"))
+    marker = tmp_path / "runs"
+    api = await start(config)
+    try:
+        await api.submit(job_yaml(done, ["echo finished"]))
+        await api.wait_state(f"admin~{done}", "SUCCEEDED")
+        # Counts its own starts, so the test sees it ran again after the restart.
+        await api.submit(job_yaml(running, [f"echo start >> {marker}", "sleep 3"]))
+        await api.wait_state(f"admin~{running}", "RUNNING")
+        too_big = job_yaml(waiting, ["true"]).replace("cpu: 1,", "cpu: 64,")
+        await api.submit(too_big)
+        await api.wait_state(f"admin~{waiting}", "WAITING")
+    finally:
+        await asyncio.to_thread(api.platform.stop)
+
+    api = await start(config)
+    try:
+        assert (await api.job(f"admin~{done}"))["jobStatus"]["state"] == "SUCCEEDED"
+        waiting_detail = await api.job(f"admin~{waiting}")
+        assert waiting_detail["jobStatus"]["state"] == "WAITING"
+        assert waiting_detail["jobStatus"]["waitingReason"]
+        # The job the shutdown interrupted runs again, without using its retry budget.
+        detail = await api.wait_state(f"admin~{running}", "SUCCEEDED", timeout=40)
+        assert detail["jobStatus"]["retries"] == 0
+        assert marker.read_text().count("start") == 2
+        # And the platform still takes new work.
+        await api.submit(job_yaml(later, ["true"]))
+        await api.wait_state(f"admin~{later}", "SUCCEEDED")
+        names = {row["name"] for row in await api.client.request("GET", "/api/v2/jobs")}
+        assert {done, running, waiting, later} <= names
+    finally:
+        await asyncio.to_thread(api.platform.stop)
