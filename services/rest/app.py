@@ -18,7 +18,7 @@ import nats.js.errors
 import yaml
 from aiohttp import web
 
-from libs.common import ids
+from libs.common import ids, telemetry
 from libs.common.bus import all_keys, get_json
 from libs.common.errors import BadInput, Conflict, Forbidden, NotFound, PaiError, TooLarge
 from libs.common.messages import JobSubmitted, StopRequested
@@ -39,16 +39,27 @@ USER = "pai_user"  # request key holding the authenticated `records.User`
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
-    """Domain errors become JSON bodies with OpenPAI's `code` and a message."""
-    try:
-        return await handler(request)
-    except ProtocolError as exc:
-        return web.json_response(protocol_error_body(exc), status=400)
-    except PaiError as exc:
-        body: dict[str, Any] = {"code": exc.code, "message": exc.message}
-        if exc.details is not None:
-            body["details"] = exc.details
-        return web.json_response(body, status=exc.status)
+    """Domain errors become JSON bodies with OpenPAI's `code` and a message.
+
+    Each request is one trace span (its context goes into the events it
+    publishes) and one observation of the request-latency histogram.
+    """
+    started = time.perf_counter()
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    with telemetry.span(f"{request.method} {route}"):
+        try:
+            response = await handler(request)
+        except ProtocolError as exc:
+            response = web.json_response(protocol_error_body(exc), status=400)
+        except PaiError as exc:
+            body: dict[str, Any] = {"code": exc.code, "message": exc.message}
+            if exc.details is not None:
+                body["details"] = exc.details
+            response = web.json_response(body, status=exc.status)
+    metrics.REQUESTS.labels(method=request.method, route=route, status=str(response.status)).observe(
+        time.perf_counter() - started
+    )
+    return response
 
 
 async def create_app(ctx: ServiceContext) -> web.Application:

@@ -76,6 +76,7 @@ class PodApiEmulator(kmock.KubernetesEmulator):
     _compacted_through: int = attrs.field(default=0, init=False)
     _changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
     _watch_generation: int = attrs.field(default=0, init=False)
+    _expired_generation: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -113,10 +114,13 @@ class PodApiEmulator(kmock.KubernetesEmulator):
             and (request.params.get("watch", "").lower() in ("true", "1")) == watch
         ]
 
-    async def end_watches(self) -> None:
-        """Close every open watch stream, as an API server does from time to time."""
+    async def end_watches(self, *, expired: bool = False) -> None:
+        """Close every open watch stream, as an API server does from time to time;
+        `expired`: with a 410 Gone ERROR event first, as a server does whose
+        watch cache moved past the stream (the client must list again)."""
         async with self._changed:
             self._watch_generation += 1
+            self._expired_generation = self._watch_generation if expired else self._expired_generation
             self._changed.notify_all()
 
     def compact(self) -> None:
@@ -177,17 +181,7 @@ class PodApiEmulator(kmock.KubernetesEmulator):
         else:
             cursor = int(version)
             if cursor < self._compacted_through:
-                yield {
-                    "type": "ERROR",
-                    "object": {
-                        "apiVersion": "v1",
-                        "kind": "Status",
-                        "status": "Failure",
-                        "code": 410,
-                        "reason": "Expired",
-                        "message": f"too old resource version: {cursor} ({self._compacted_through})",
-                    },
-                }
+                yield _expired(f"too old resource version: {cursor} ({self._compacted_through})")
                 return
         while True:
             start = bisect.bisect_right(self._change_revisions, cursor)
@@ -197,7 +191,11 @@ class PodApiEmulator(kmock.KubernetesEmulator):
                 if resource == request.resource and _selected(event["object"], request.namespace, selector):
                     yield copy.deepcopy(event)
             remaining = None if ends_at is None else ends_at - loop.time()
-            if generation != self._watch_generation or (remaining is not None and remaining <= 0):
+            if generation != self._watch_generation:
+                if self._expired_generation > generation:
+                    yield _expired(f"too old resource version: {cursor}")
+                return
+            if remaining is not None and remaining <= 0:
                 return
             async with self._changed:
                 if self._revision == cursor and generation == self._watch_generation:
@@ -230,6 +228,11 @@ class PodApiEmulator(kmock.KubernetesEmulator):
             and (request.namespace is None or namespace == request.namespace)
             and _selected(obj.raw, None, selector)
         ]
+
+
+def _expired(message: str) -> dict:
+    status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 410, "reason": "Expired", "message": message}
+    return {"type": "ERROR", "object": status}
 
 
 def _parse_selector(text: str | None) -> list[tuple[str, str, str]]:

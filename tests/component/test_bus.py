@@ -120,3 +120,22 @@ async def test_consumer_filters_by_kind(bus):
     await consume_until(bus, handler, lambda: len(seen), 1)
     await asyncio.sleep(0.1)
     assert seen == ["StopRequested"]
+
+
+async def test_trace_context_travels_from_publisher_to_handler(bus):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from libs.common import telemetry
+
+    trace.set_tracer_provider(TracerProvider())
+    seen = []
+
+    async def handler(event):
+        seen.append(trace.get_current_span().get_span_context().trace_id)
+
+    with telemetry.span("submit"):
+        sent = trace.get_current_span().get_span_context().trace_id
+        await bus.publish(stop_event(5))
+    await consume_until(bus, handler, lambda: len(seen), 1)
+    assert sent != 0 and seen == [sent]

@@ -360,7 +360,7 @@ class KubernetesBackend:
         await self._judge(task, gone=gone)
 
     async def _judge(self, task: _PodTask, *, gone: bool = False) -> None:
-        if task.reported or task.pod is None:
+        if task.pod is None:
             self._disarm(task)
             return
         now = self._clock()

@@ -339,7 +339,11 @@ class Shim:
         except (ProcessLookupError, PermissionError):
             pass
         if run.limits.cgroup is not None:
-            found.extend(local_limits.cgroup_pids(run.limits.cgroup))
+            found.extend(
+                pid
+                for pid in local_limits.cgroup_pids(run.limits.cgroup)
+                if local_procs.start_ticks(pid) is not None
+            )
         return found
 
     def _descendants_of(self, run: _Run) -> list[int]:
