@@ -67,3 +67,18 @@ class Client:
                 if raw:
                     return body
                 return json.loads(body) if body else None
+
+    async def stream(self, path: str, *, params: dict[str, Any] | None = None, sink) -> None:
+        """GET a streaming body (e.g. a followed log), handing each chunk to `sink`."""
+        headers = {"Authorization": f"Bearer {self.conn.token}"}
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.get(self.conn.url + path, headers=headers, params=params) as resp:
+                if resp.status >= 400:
+                    body = await resp.read()
+                    try:
+                        raise ApiError(resp.status, json.loads(body))
+                    except ValueError:
+                        raise ApiError(resp.status, body.decode(errors="replace")) from None
+                async for chunk in resp.content.iter_any():
+                    sink(chunk)

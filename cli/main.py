@@ -189,23 +189,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 async def _follow(client: Client, job: str, params: dict[str, Any]) -> int:
-    """Print the log as it grows until the job is final."""
-    shown = 0
-    while True:
-        detail = await client.request("GET", f"/api/v2/jobs/{job}")
-        try:
-            data = await client.request("GET", f"/api/v2/jobs/{job}/logs", params=params, raw=True)
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-            data = b""
-        if len(data) > shown:
-            sys.stdout.buffer.write(data[shown:])
-            sys.stdout.flush()
-            shown = len(data)
-        if detail["jobStatus"]["state"] in ("SUCCEEDED", "FAILED", "STOPPED"):
-            return 0
-        await asyncio.sleep(0.5)
+    """Print the log as it grows until the job is final (the server streams it)."""
+
+    def sink(chunk: bytes) -> None:
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+
+    await client.stream(f"/api/v2/jobs/{job}/logs", params=params | {"follow": "true"}, sink=sink)
+    return 0
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

@@ -95,6 +95,24 @@ class Platform:
             time.sleep(0.1)
         raise RuntimeError(f"{name} was not ready after {READY_TIMEOUT_SECONDS:.0f}s; see {self.logs / (name + '.log')}")
 
+    def kill_service(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to one service (chaos tests); `start_service` brings it back."""
+        proc = self.procs[name]
+        proc.send_signal(sig)
+        proc.wait()
+
+    def start_service(self, name: str) -> None:
+        self._spawn(name)
+        self._wait_ready(name)
+
+    def kill_nats(self) -> None:
+        assert self.nats is not None
+        self.nats.stop(kill=True)
+
+    def start_nats(self) -> None:
+        assert self.nats is not None
+        self.nats.start()
+
     def supervise(self) -> None:
         """Block until asked to stop, starting again any service that died."""
         while not self._stopping:

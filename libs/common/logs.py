@@ -24,6 +24,7 @@ class LogRequest(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     taskAttempt: int | None = None  # None: the latest
     tailBytes: int | None = None  # None: the whole log (capped at MAX_REPLY_BYTES)
+    offset: int = 0  # skip this many bytes of the log (follow mode: what was already shown)
 
 
 class LogReply(msgspec.Struct, frozen=True, kw_only=True):

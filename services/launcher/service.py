@@ -155,7 +155,8 @@ class LauncherShell:
         if task is None or not task.startRequested:
             raise NotFound(f"task {req.role}[{req.index}] of {req.job} attempt {req.attempt} has not started")
         key = TaskKey(job=req.job, attempt=req.attempt, role=req.role, index=req.index, taskAttempt=task.taskAttempt if req.taskAttempt is None else req.taskAttempt)
-        return await self.backend.read_log(key, tail_bytes=req.tailBytes)
+        data = await self.backend.read_log(key, tail_bytes=req.tailBytes)
+        return data[req.offset :] if req.offset else data
 
     async def close(self) -> None:
         for task in list(self._background):

@@ -9,6 +9,7 @@ repeat.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -20,7 +21,15 @@ from aiohttp import web
 
 from libs.common import ids, telemetry
 from libs.common.bus import all_keys, get_json
-from libs.common.errors import BadInput, Conflict, Forbidden, NotFound, PaiError, TooLarge
+from libs.common.errors import (
+    BadInput,
+    Conflict,
+    Forbidden,
+    NotFound,
+    PaiError,
+    TooLarge,
+)
+from libs.common.logs import LogRequest, request_log
 from libs.common.messages import JobSubmitted, StopRequested
 from libs.common.protocol import MAX_BODY_BYTES, parse_job, protocol_error_body
 from libs.common.protocol.model import ProtocolError
@@ -28,13 +37,14 @@ from libs.common.records import JobRecord
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext, health_routes
 from libs.common.subjects import Bucket
-from services.rest import auth, metrics, views
+from services.rest import auth, metrics, rules, views
 from services.rest.records import SubmittedJob
 
 log = logging.getLogger("pai.rest")
 
 CTX = web.AppKey("ctx", ServiceContext)
-USER = "pai_user"  # request key holding the authenticated `records.User`
+USER = "pai_user"
+FOLLOW_POLL_SECONDS = 0.5  # request key holding the authenticated `records.User`
 
 
 @web.middleware
@@ -80,6 +90,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
             web.post("/api/v2/users", create_user),
         ]
     )
+    app.add_routes(rules.routes)
     return app
 
 
@@ -263,10 +274,10 @@ async def put_execution_type(request: web.Request) -> web.Response:
     return web.json_response({"message": f"stop of {jid} requested"}, status=202)
 
 
-async def get_job_logs(request: web.Request) -> web.Response:
-    """Proxy to the launcher over NATS request/reply (it owns the task logs)."""
-    from libs.common.logs import LogRequest, request_log
-
+async def get_job_logs(request: web.Request) -> web.StreamResponse:
+    """A task's output, proxied from the launcher over NATS request/reply (it owns
+    the logs). `tailBytes` gives the end only; `follow=true` streams the log as it
+    grows until the job is final."""
     ctx = _ctx(request)
     jid = _job_param(request)
     sub, rec, _ = await _load(ctx, jid)
@@ -278,8 +289,32 @@ async def get_job_logs(request: web.Request) -> web.Response:
         attempt = int(q.get("attempt", rec.attempt if rec else 1))
     except ValueError:
         raise BadInput("taskIndex, attempt and tailBytes must be integers") from None
-    reply = await request_log(ctx.bus, LogRequest(job=jid, attempt=attempt, role=role, index=index, tailBytes=tail))
-    return web.Response(body=reply, content_type="text/plain")
+    req = LogRequest(job=jid, attempt=attempt, role=role, index=index, tailBytes=tail)
+    if q.get("follow", "").lower() not in ("1", "true", "yes"):
+        return web.Response(body=await request_log(ctx.bus, req), content_type="text/plain")
+    return await _follow_log(request, ctx, req)
+
+
+async def _follow_log(request: web.Request, ctx: ServiceContext, req: LogRequest) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+    await response.prepare(request)
+    shown = 0
+    while True:
+        key = ids.job_key(req.job)
+        got = await get_json(await ctx.bus.kv(Bucket.JOB_STATUS), key, JobRecord)
+        final = got is not None and got[0].state.is_final
+        try:
+            chunk = await request_log(ctx.bus, msgspec.structs.replace(req, tailBytes=None, offset=shown))
+        except NotFound:
+            chunk = b""  # not started yet
+        if chunk:
+            await response.write(chunk)
+            shown += len(chunk)
+        if final:
+            break
+        await asyncio.sleep(FOLLOW_POLL_SECONDS)
+    await response.write_eof()
+    return response
 
 
 async def list_virtual_clusters(request: web.Request) -> web.Response:

@@ -231,7 +231,8 @@ class PodApiEmulator(kmock.KubernetesEmulator):
 
 
 def _expired(message: str) -> dict:
-    status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 410, "reason": "Expired", "message": message}
+    status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 410, "reason": "Expired"}
+    status["message"] = message
     return {"type": "ERROR", "object": status}
 
 
@@ -312,7 +313,8 @@ class Kubelet:
     async def lose_node(self, name: str) -> None:
         """What the node controller of old clusters did to Pods of a dead node."""
         pod = self.emulator.pod(name, self.namespace) or {}
-        status = {"phase": "Unknown", "reason": "NodeLost", "message": f"Node {pod['spec']['nodeName']} which was running pod {name} is unresponsive"}
+        message = f"Node {pod['spec']['nodeName']} which was running pod {name} is unresponsive"
+        status = {"phase": "Unknown", "reason": "NodeLost", "message": message}
         await self._patch(name, {"status": status})
 
     async def _report(self, name: str, phase: str, state: dict, *, reason: str = "", message: str = "") -> None:

@@ -179,3 +179,15 @@ async def test_every_service_is_healthy_and_exports_metrics(platform):
             for path in ("/healthz", "/readyz", "/metrics"):
                 async with session.get(base + path) as resp:
                     assert resp.status == 200, (service, path)
+
+
+async def test_log_follow_streams_until_the_job_ends(platform):
+    name = unique("follow")
+    jid = f"admin~{name}"
+    await platform.submit(job_yaml(name, ["echo first", "sleep 1.5", "echo second"]))
+    await platform.wait_state(jid, "RUNNING")
+    chunks: list[bytes] = []
+    await platform.client.stream(f"/api/v2/jobs/{jid}/logs", params={"follow": "true"}, sink=chunks.append)
+    assert b"".join(chunks) == b"first\nsecond\n"
+    assert len(chunks) >= 2  # it arrived as it was written, not at the end in one piece
+    assert (await platform.job(jid))["jobStatus"]["state"] == "SUCCEEDED"

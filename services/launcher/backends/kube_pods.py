@@ -23,6 +23,7 @@ What a Pod looks like:
 - env = the launcher's PAI_* variables; CUDA_VISIBLE_DEVICES counts from 0
   inside the container (the device plugin exposes the Pod's GPUs as 0..n-1),
   while the physical indices the scheduler chose are in the HiveD annotation;
+- no service account token and no Service environment variables in the Pod;
 - hostNetwork (as OpenPAI runs its jobs), so PAI_HOST_IP_* and the ports PAI
   gave each task are reachable on the node's address; every port is declared
   as a container port with the same host port;
@@ -107,6 +108,10 @@ def build_pod(
         "nodeName": placement.node,
         "restartPolicy": "Never",
         "hostNetwork": host_network,
+        # A task needs no credentials for the cluster's API, nor an environment
+        # variable for every Service of the namespace.
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
         "containers": [container],
     }
     if host_network:

@@ -119,7 +119,9 @@ def judge(
         )
     if gone:
         if end is not None:
-            return Exited(exitCode=NO_EXIT_CODE, platformReason=end.reason, platformMessage=end.message, started=started)
+            return Exited(
+                exitCode=NO_EXIT_CODE, platformReason=end.reason, platformMessage=end.message, started=started
+            )
         return Exited(
             exitCode=NO_EXIT_CODE,
             platformReason=NODE_LOST,

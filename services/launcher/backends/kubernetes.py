@@ -5,9 +5,9 @@ How a task runs (kube_pods for the Pod, kube_status for reading its status):
   second create of the same key is refused by the API (409 Conflict), which
   counts as "already started", so a task is never started twice, also across
   launcher restarts. Server errors and an unreachable API are retried for
-  `create_retry_seconds`; a refusal (invalid Pod, quota, forbidden) or an
-  outage that outlasts the retries ends the task with platformReason
-  "LaunchFailed" and the API's message.
+  `api_retry_seconds` (as in every API call); a refusal (invalid Pod,
+  quota, forbidden) or an outage that outlasts the retries ends the task with
+  platformReason "LaunchFailed" and the API's message.
 - State comes from one list-then-watch of PAI's Pods (kube_watch). Each Pod
   change is judged: a running container gives TaskRunning, an end gives
   TaskFinished with the container's exit code and signal and the last
@@ -32,6 +32,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
@@ -72,13 +73,28 @@ LAUNCH_FAILED = "LaunchFailed"
 API_TIMEOUT_SECONDS = 30.0
 MERGE_PATCH = "application/merge-patch+json"
 _RETRY_DELAY_SECONDS = 0.5
+_MAX_RETRY_DELAY_SECONDS = 5.0
 _CONNECTION_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+# Every single API call (not the watch): raw JSON back, and a time limit.
+_CALL = {"_preload_content": False, "_request_timeout": API_TIMEOUT_SECONDS}
+_T = TypeVar("_T")
 
 
 class _PodTask:
     """What the backend knows about one task's Pod."""
 
-    __slots__ = ("key", "name", "container", "pod", "seen", "running_reported", "reported", "pull_since", "end", "timer")
+    __slots__ = (
+        "key",
+        "name",
+        "container",
+        "pod",
+        "seen",
+        "running_reported",
+        "reported",
+        "pull_since",
+        "end",
+        "timer",
+    )
 
     def __init__(self, key: TaskKey, name: str, container: str):
         self.key = key
@@ -107,7 +123,7 @@ class KubernetesBackend:
         watch_timeout_seconds: int = 300,
         image_pull_timeout_seconds: float = 120.0,
         termination_margin_seconds: float = 30.0,
-        create_retry_seconds: float = 30.0,
+        api_retry_seconds: float = 30.0,
         default_image: str = DEFAULT_IMAGE,
         host_network: bool = True,
         clock: Callable[[], float] = time.time,
@@ -122,7 +138,7 @@ class KubernetesBackend:
         self.watch_timeout_seconds = watch_timeout_seconds
         self.image_pull_timeout_seconds = image_pull_timeout_seconds
         self.termination_margin_seconds = termination_margin_seconds
-        self.create_retry_seconds = create_retry_seconds
+        self.api_retry_seconds = api_retry_seconds
         self.default_image = default_image
         self.host_network = host_network
         self._clock = clock
@@ -155,7 +171,7 @@ class KubernetesBackend:
 
     async def recover(self) -> list[TaskKey]:
         await self._ready()
-        version = await self._resync()
+        version = await self._retrying("listing PAI's Pods", self._resync)
         self._ensure_watching(version)
         return sorted(task.key for task in self._tasks.values())
 
@@ -169,30 +185,21 @@ class KubernetesBackend:
             launch, namespace=self.namespace, default_image=self.default_image, host_network=self.host_network
         )
         task = self._track(launch.key, name, manifest["spec"]["containers"][0]["name"])
-        loop = asyncio.get_running_loop()
-        give_up_at = loop.time() + self.create_retry_seconds
-        while True:
-            try:
-                created = await api.create_namespaced_pod(
-                    self.namespace, manifest, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS
-                )
-                await self._observe(await read_json(created))
-                return
-            except ApiException as exc:
-                if exc.status == 409:
-                    await self._adopt_existing(api, task)  # an earlier launcher created it
-                    return
-                if not _transient(exc.status) or loop.time() >= give_up_at:
-                    await self._launch_failed(task, f"the Kubernetes API refused the Pod: {exc.status} {exc.reason}")
-                    return
-                failure = f"{exc.status} {exc.reason}"
-            except _CONNECTION_ERRORS as exc:
-                if loop.time() >= give_up_at:
-                    await self._launch_failed(task, f"the Kubernetes API could not be reached: {exc!r}")
-                    return
-                failure = repr(exc)
-            log.warning("creating Pod %s failed (%s); retrying", name, failure)
-            await asyncio.sleep(_RETRY_DELAY_SECONDS)
+        try:
+            created = await self._retrying(
+                f"creating Pod {name}",
+                lambda: self._json(api.create_namespaced_pod(self.namespace, manifest, **_CALL)),
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                await self._adopt_existing(api, task)  # an earlier launcher created it
+            else:
+                await self._launch_failed(task, f"the Kubernetes API refused the Pod: {exc.status} {exc.reason}")
+            return
+        except _CONNECTION_ERRORS as exc:
+            await self._launch_failed(task, f"the Kubernetes API could not be reached: {exc!r}")
+            return
+        await self._observe(created)
 
     async def kill(self, key: TaskKey, *, grace_seconds: float, reason: str) -> None:
         api = await self._ready()
@@ -250,17 +257,11 @@ class KubernetesBackend:
                     return
             if holds_finalizer(pod):
                 await self._patch(api, name, release_patch(pod))
-            response = await api.delete_namespaced_pod(
-                name, self.namespace, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS
-            )
-            await read_json(response)
-        except ApiException as exc:
-            if exc.status != 404:
-                # Not fatal: the exit is recorded; after a restart the Pod is
-                # reported again and forgotten again.
-                log.warning("removing Pod %s failed: %s %s", name, exc.status, exc.reason)
-        except _CONNECTION_ERRORS as exc:
-            log.warning("removing Pod %s failed: %r", name, exc)
+            await self._delete(api, name)
+        except (ApiException, *_CONNECTION_ERRORS) as exc:
+            # Not fatal: the exit is recorded; after a restart the Pod is
+            # reported again and forgotten again.
+            log.warning("removing Pod %s failed: %s", name, _describe(exc))
 
     async def close(self) -> None:
         """Stop watching and close the client; the Pods carry on (`recover` finds them)."""
@@ -360,7 +361,7 @@ class KubernetesBackend:
         await self._judge(task, gone=gone)
 
     async def _judge(self, task: _PodTask, *, gone: bool = False) -> None:
-        if task.pod is None:
+        if task.reported or task.pod is None:
             self._disarm(task)
             return
         now = self._clock()
@@ -394,9 +395,6 @@ class KubernetesBackend:
         if exited.started:
             self._report_running(task, _node_of(task))
         api = await self._ready()
-        if exited.endPod:
-            end = EndRequest(reason=exited.platformReason, message=exited.platformMessage, requestedAt=self._clock())
-            await self._end_pod(api, task, end, grace_seconds=None)
         tail = b""
         if exited.started and not gone:
             tail = await self._log_tail(api, task)
@@ -411,6 +409,13 @@ class KubernetesBackend:
                 logPath=self._log_path(task),
             )
         )
+        if exited.endPod:
+            end = EndRequest(reason=exited.platformReason, message=exited.platformMessage, requestedAt=self._clock())
+            try:
+                await self._end_pod(api, task, end, grace_seconds=None)
+            except (ApiException, *_CONNECTION_ERRORS) as exc:
+                # Reported all the same; the Pod is deleted by `forget` at the latest.
+                log.warning("ending Pod %s failed: %s", task.name, _describe(exc))
 
     async def _launch_failed(self, task: _PodTask, message: str) -> None:
         await self._finish(task, Exited(exitCode=NO_EXIT_CODE, platformReason=LAUNCH_FAILED, platformMessage=message))
@@ -462,25 +467,29 @@ class KubernetesBackend:
 
     async def _get_pod(self, api: CoreV1Api, name: str) -> dict | None:
         try:
-            response = await api.read_namespaced_pod(
-                name, self.namespace, _preload_content=False, _request_timeout=API_TIMEOUT_SECONDS
+            return await self._retrying(
+                f"reading Pod {name}", lambda: self._json(api.read_namespaced_pod(name, self.namespace, **_CALL))
             )
-            return await read_json(response)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
     async def _patch(self, api: CoreV1Api, name: str, patch: dict) -> dict:
-        response = await api.patch_namespaced_pod(
-            name,
-            self.namespace,
-            patch,
-            _content_type=MERGE_PATCH,
-            _preload_content=False,
-            _request_timeout=API_TIMEOUT_SECONDS,
+        return await self._retrying(
+            f"patching Pod {name}",
+            lambda: self._json(
+                api.patch_namespaced_pod(name, self.namespace, patch, _content_type=MERGE_PATCH, **_CALL)
+            ),
         )
-        return await read_json(response)
+
+    async def _delete(self, api: CoreV1Api, name: str, *, grace_seconds: int | None = None) -> dict:
+        return await self._retrying(
+            f"deleting Pod {name}",
+            lambda: self._json(
+                api.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace_seconds, **_CALL)
+            ),
+        )
 
     async def _end_pod(
         self, api: CoreV1Api, task: _PodTask, end: EndRequest, *, grace_seconds: float | None
@@ -496,20 +505,38 @@ class KubernetesBackend:
             log.warning("recording the end of Pod %s failed: %s %s", task.name, exc.status, exc.reason)
         grace = None if grace_seconds is None else max(0, math.ceil(grace_seconds))
         try:
-            response = await api.delete_namespaced_pod(
-                task.name,
-                self.namespace,
-                grace_period_seconds=grace,
-                _preload_content=False,
-                _request_timeout=API_TIMEOUT_SECONDS,
-            )
-            deleted = await read_json(response)
+            deleted = await self._delete(api, task.name, grace_seconds=grace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
         # A graceful delete answers with the Pod; one that removed it at once, with a Status.
         return deleted if deleted.get("kind", "Pod") == "Pod" and deleted.get("metadata") else None
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """`call()`, again after server errors and lost connections, for up to
+        `api_retry_seconds`; a refusal (4xx) is raised at once."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.api_retry_seconds
+        delay = _RETRY_DELAY_SECONDS
+        while True:
+            try:
+                return await call()
+            except ApiException as exc:
+                if not _transient(exc.status) or loop.time() >= give_up_at:
+                    raise
+                failure = _describe(exc)
+            except _CONNECTION_ERRORS as exc:
+                if loop.time() >= give_up_at:
+                    raise
+                failure = _describe(exc)
+            log.warning("%s failed (%s); retrying in %.1fs", what, failure, delay)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, _MAX_RETRY_DELAY_SECONDS)
+
+    @staticmethod
+    async def _json(request: Awaitable[aiohttp.ClientResponse]) -> dict:
+        return await read_json(await request)
 
     async def _log_tail(self, api: CoreV1Api, task: _PodTask) -> bytes:
         try:
@@ -544,6 +571,12 @@ async def load_client(api_url: str | None) -> ApiClient:
         except ConfigException:
             await load_kube_config(client_configuration=configuration)
     return ApiClient(configuration)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"{exc.status} {exc.reason}"
+    return repr(exc)
 
 
 def _transient(status: int | None) -> bool:

@@ -1,13 +1,13 @@
 """The local backend: every task instance is a process group on this machine.
 
-How a task runs (see local_layout for the files, local_shim for the shim):
-- `start` creates the task directory (mkdir fails if it exists, so a key is
-  started at most once, also across launcher restarts) and writes spec.json. A
-  fork server (our child) forks a shim for it; the shim claims the directory
-  and runs the commands, joined by newlines, as `bash --noprofile --norc -e -c`
-  in a new session (one command after another, stopping at the first that
-  fails, with bash's errexit rules, like a CI step), in `work/`, with stdin
-  from /dev/null.
+How a task runs (local_layout: the files; local_shim: the shims):
+- `start` sends the task's spec to a fork server (our child), which forks a
+  shim for it (or one for several, under a burst). The shim claims the task by
+  creating its directory (mkdir fails if it exists, so a key runs at most once,
+  also across launcher restarts, and a second `start` only watches), then runs
+  the commands, joined by newlines, as `bash --noprofile --norc -e -c` in a new
+  session: one command after another, stopping at the first that fails
+  (bash's errexit rules, like a CI step), in `work/`, stdin from /dev/null.
 - Environment: PATH, HOME, USER, LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ and
   TMPDIR from the launcher (PATH defaults to the usual system one), then
   `launch.env` (PAI_*, CUDA_VISIBLE_DEVICES), then PAI_WORK_DIR (the task's
@@ -17,26 +17,32 @@ How a task runs (see local_layout for the files, local_shim for the shim):
   `stderr.log`, each capped at `log_cap_bytes` keeping the newest output
   (local_logs). TaskFinished carries the last 64 KiB of output.log.
 - Bounds: cgroup v2 where allowed, else RLIMIT_DATA, else none (local_limits);
-  TaskRunning.detail says which ("limits: ...").
+  TaskRunning.detail says which ("limits: ..."). `dockerImageUri` is recorded
+  and reported there as ignored.
 - Stop: `kill` leaves an order (reason, grace) in the directory and signals the
   shim, which sends SIGTERM to every process of the task (its group, its
-  cgroup, and every descendant, including those that called setsid), and
-  SIGKILL to whatever is left after the grace period. The order survives a
-  launcher crash. Its TaskFinished carries the given reason ("Killed" by
-  default) as platformReason. A stop that comes before the task was claimed
-  cancels it: it never starts.
-- Events: shims ring an abstract unix datagram socket when a task runs and
-  when it ended; a sweep (every `sweep_interval_seconds`) catches a missed
-  ring, re-sends tasks no shim claimed, and notices dead shims.
-- Restart: the shims do not depend on the launcher. `recover` re-adopts tasks
-  whose shim lives (re-sending their TaskRunning), reports tasks that ended
+  cgroup, and the descendants that carry its marker, including those that
+  called setsid), and SIGKILL to whatever is left after the grace period; the
+  order survives a launcher crash. The TaskFinished carries the given reason
+  ("Killed" if none) as platformReason. A stop that comes before any shim
+  claimed the task cancels it: it never starts. `kill` returns once the exit
+  is recorded.
+- Events: shims ring an abstract unix datagram socket (local_doorbell) when a
+  task runs and when it ended; a sweep (every `sweep_interval_seconds`)
+  catches a missed ring, sends again what a dead fork server never handed
+  out, and notices dead shims.
+- Restart: shims do not depend on the launcher. `recover` re-adopts tasks
+  whose shim lives (sending their TaskRunning again), reports tasks that ended
   meanwhile with their real exit, and reports a task whose shim died without
   writing exit.json as platformReason "Lost" after killing what is left of it
   (nobody could report its exit otherwise). Until `forget`, a task is reported
-  again after every restart.
+  again after every restart. One launcher per data dir: a second one is refused.
 - Exit codes: a task killed by signal N exits 128+N with `signal` set; a task
   that never ran or was lost has exit code -1 and a platformReason
   ("LaunchFailed", "Lost", or the stop reason).
+- Peak memory: with cgroup v2 the task's `memory.peak`; otherwise the largest
+  resident size of a single process (getrusage), reported only when it is
+  larger than the shim (the kernel counts the spawning shim's pages at exec).
 """
 
 from __future__ import annotations
@@ -64,14 +70,12 @@ from services.launcher.backends.base import (
 )
 from services.launcher.backends.local_layout import (
     EXIT,
-    FINISHED_BELL,
     KILL,
     LIMITS_CGROUP,
     LIMITS_NONE,
     LIMITS_RLIMIT,
     OUTPUT_LOG,
     REPORTED,
-    RUNNING_BELL,
     SPEC,
     TASK_KEY_ENV,
     TASKS_DIR,
@@ -83,11 +87,15 @@ from services.launcher.backends.local_layout import (
     ShimRecord,
     ShimSpec,
     claim_dir,
-    doorbell_address,
-    doorbell_name,
     encode,
     read_record,
     write_replacing,
+)
+from services.launcher.backends.local_doorbell import (
+    FINISHED_BELL,
+    RUNNING_BELL,
+    doorbell_address,
+    doorbell_name,
 )
 from services.launcher.backends.local_logs import read_log
 

@@ -27,10 +27,7 @@ are forks of a process that imported them, and a smaller process forks faster.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import socket
-import struct
 from pathlib import Path
 from typing import TypeVar
 
@@ -45,8 +42,8 @@ REPORTED = "reported"
 OUTPUT_LOG = "output.log"
 STDERR_LOG = "stderr.log"
 
-# Every process of a task carries this variable; after its shim is gone it is the
-# only way left to find processes that started their own session.
+# Every process of a task carries this variable: it tells which task a process
+# that started its own session belongs to (local_procs).
 TASK_KEY_ENV = "PAI_TASK_KEY"
 WORK_DIR_ENV = "PAI_WORK_DIR"
 
@@ -165,51 +162,3 @@ def claim_dir(task_dir: Path) -> bool:
         return True
     except FileExistsError:
         return False
-
-
-def doorbell_name(data_dir: Path) -> str:
-    """Name of the abstract unix socket on which the backend hears from its shims.
-
-    Abstract names have no file to go stale and no 108-byte path limit; one per
-    data dir, so binding it also proves no other launcher uses that dir.
-    """
-    digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:24]
-    return f"pai-local-{digest}"
-
-
-def doorbell_address(name: str) -> str:
-    return "\0" + name  # a leading NUL puts the name in the abstract namespace
-
-
-# Doorbell messages: one datagram each, `R<slug>\n<detail>` (running) or
-# `F<slug>` (exit.json written). A lost datagram only delays the news: the
-# backend also sweeps the task directories.
-RUNNING_BELL = b"R"
-FINISHED_BELL = b"F"
-
-
-class Doorbell:
-    """A shim's side of the doorbell; ringing is best effort (the backend may be
-    down, and catches up when it recovers)."""
-
-    def __init__(self, name: str, *, timeout: float = 2.0):
-        self.address = doorbell_address(name)
-        self.timeout = timeout
-        self._socket: socket.socket | None = None
-
-    def ring(self, message: bytes) -> None:
-        try:
-            if self._socket is None:
-                self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                # While the backend's queue is full, sleep in the kernel (up to the
-                # timeout) rather than drop the news. Not `settimeout`: Python then
-                # polls, and poll() calls an unconnected datagram socket writable
-                # even when the peer's queue is full, so it would spin.
-                seconds = int(self.timeout)
-                micros = int((self.timeout - seconds) * 1e6)
-                self._socket.setsockopt(
-                    socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, micros)
-                )
-            self._socket.sendto(message, self.address)
-        except OSError:
-            pass

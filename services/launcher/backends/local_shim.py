@@ -44,18 +44,15 @@ from pathlib import Path
 from services.launcher.backends import local_limits, local_procs
 from services.launcher.backends.local_layout import (
     EXIT,
-    FINISHED_BELL,
     KILL,
     LIMITS_CGROUP,
     LIMITS_RLIMIT,
     OUTPUT_LOG,
-    RUNNING_BELL,
     SPEC,
     STDERR_LOG,
     TASK_KEY_ENV,
     UNKNOWN_EXIT_CODE,
     WORK,
-    Doorbell,
     ExitRecord,
     KillRequest,
     ShimRecord,
@@ -67,6 +64,7 @@ from services.launcher.backends.local_layout import (
     with_claim,
     write_replacing,
 )
+from services.launcher.backends.local_doorbell import FINISHED_BELL, RUNNING_BELL, Doorbell
 from services.launcher.backends.local_logs import CappedLog
 
 BASH = shutil.which("bash") or "/bin/bash"

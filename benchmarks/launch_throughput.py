@@ -1,0 +1,254 @@
+"""Launch throughput of the local backend: trivial tasks started and finished per second.
+
+Starts N tasks that run `true`, as fast as they are accepted, and waits for
+every exit. Two paths:
+- `backend`: straight through `LocalBackend` (start, events);
+- `core`: N one-task jobs through the launcher core and the backend together
+  (submitted, placed, StartTask -> backend, backend events -> core, ForgetTask
+  -> backend); no bus, so it measures the launcher itself.
+
+Reports per path, as JSON: tasks started and finished per second, the latency
+from `start()` to TaskRunning (in a burst of N this is mostly queueing), and
+from the task's exit (the shim's reap time, `finishedAt` in exit.json) to
+TaskFinished reaching the consumer, p50 and p99. `one_at_a_time` starts tasks
+one after another on an idle backend, each after the previous ended: the
+latency a single job sees. Other load on the machine shows in the figures:
+`load_average` is printed too.
+
+    python benchmarks/launch_throughput.py [--tasks 1000] [--path backend|core|both] [--single 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from libs.common.messages import JobState, TaskPlacement  # noqa: E402
+from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
+from services.launcher.backends.base import TaskFinished, TaskKey, TaskLaunch, TaskRunning  # noqa: E402
+from services.launcher.backends.local import LocalBackend  # noqa: E402
+from services.launcher.backends.local_layout import EXIT, ExitRecord, read_record  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def summary_ms(values: list[float]) -> dict[str, float | None]:
+    return {
+        "p50": _ms(percentile(values, 50)),
+        "p99": _ms(percentile(values, 99)),
+        "max": _ms(max(values) if values else None),
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)
+
+
+class Timings:
+    """When each task was started, seen running, and seen finished."""
+
+    def __init__(self) -> None:
+        self.started: dict[TaskKey, float] = {}
+        self.running: dict[TaskKey, float] = {}
+        self.finished: dict[TaskKey, float] = {}
+        self.exit_codes: dict[TaskKey, int] = {}
+
+    def report(self, backend: LocalBackend, tasks: int, began: float, all_started: float, ended: float) -> dict:
+        exit_to_recorded = []
+        for key, seen in self.finished.items():
+            record = read_record(backend.tasks_dir / key.slug / EXIT, ExitRecord)
+            if record is not None and record.finishedAt:
+                exit_to_recorded.append(seen - record.finishedAt)
+        to_running = [self.running[k] - self.started[k] for k in self.running if k in self.started]
+        failed = sum(1 for code in self.exit_codes.values() if code != 0)
+        return {
+            "tasks": tasks,
+            "failed": failed,
+            "started_per_s": round(tasks / (all_started - began), 1),
+            "finished_per_s": round(tasks / (ended - began), 1),
+            "seconds": round(ended - began, 3),
+            "start_to_running_ms": summary_ms(to_running),
+            "exit_to_recorded_ms": summary_ms(exit_to_recorded),
+        }
+
+
+def trivial_launch(index: int) -> TaskLaunch:
+    key = TaskKey(job=f"bench~t{index}", attempt=0, role="main", index=0)
+    return TaskLaunch(
+        key=key,
+        vc="default",
+        user="bench",
+        placement=TaskPlacement(role="main", index=0, node="node-0"),
+        commands=["true"],
+        env={},
+        memoryMB=256,
+    )
+
+
+async def through_backend(data_dir: Path, tasks: int) -> dict:
+    backend = LocalBackend(data_dir)
+    await backend.recover()
+    timings = Timings()
+    done = asyncio.Event()
+
+    async def watch() -> None:
+        async for event in backend.events():
+            now = time.time()
+            if isinstance(event, TaskRunning):
+                timings.running[event.key] = now
+            elif isinstance(event, TaskFinished):
+                timings.finished[event.key] = now
+                timings.exit_codes[event.key] = event.exitCode
+                if len(timings.finished) == tasks:
+                    done.set()
+
+    watcher = asyncio.create_task(watch())
+    began = time.time()
+    for index in range(tasks):
+        launch = trivial_launch(index)
+        timings.started[launch.key] = time.time()
+        await backend.start(launch)
+    all_started = time.time()
+    await done.wait()
+    ended = time.time()
+    report = timings.report(backend, tasks, began, all_started, ended)
+    await backend.close()
+    watcher.cancel()
+    return report
+
+
+async def one_at_a_time(data_dir: Path, tasks: int) -> dict:
+    backend = LocalBackend(data_dir)
+    await backend.recover()
+    events = backend.events()
+    to_running, to_finished = [], []
+    for index in range(tasks):
+        began = time.time()
+        await backend.start(trivial_launch(index))
+        async for event in events:
+            if isinstance(event, TaskRunning):
+                to_running.append(time.time() - began)
+            elif isinstance(event, TaskFinished):
+                to_finished.append(time.time() - began)
+                break
+    await backend.close()
+    return {
+        "tasks": tasks,
+        "start_to_running_ms": summary_ms(to_running),
+        "start_to_finished_ms": summary_ms(to_finished),
+    }
+
+
+def one_task_job(index: int) -> JobSpec:
+    role = TaskRole(name="main", resources=Resources(cpu=1, memoryMB=256), commands=["true"])
+    return JobSpec(name=f"j{index}", user="bench", taskRoles=[role])
+
+
+async def through_core(data_dir: Path, tasks: int) -> dict:
+    from services.launcher.core import (
+        ForgetTask,
+        KillTask,
+        LauncherCore,
+        Placed,
+        StartTask,
+        Submitted,
+    )
+
+    core = LauncherCore(time.time)
+    backend = LocalBackend(data_dir)
+    await backend.recover()
+    timings = Timings()
+    done = asyncio.Event()
+    ended_jobs = 0
+
+    async def carry_out(actions: list) -> None:
+        for action in actions:
+            if isinstance(action, StartTask):
+                timings.started[action.launch.key] = time.time()
+                await backend.start(action.launch)
+            elif isinstance(action, ForgetTask):
+                await backend.forget(action.key)
+            elif isinstance(action, KillTask):
+                await backend.kill(action.key, grace_seconds=action.grace_seconds, reason=action.reason)
+            # SaveJob, Publish, StartTimer: the bus's part, not measured here
+
+    async def watch() -> None:
+        nonlocal ended_jobs
+        async for event in backend.events():
+            now = time.time()
+            if isinstance(event, TaskRunning):
+                timings.running[event.key] = now
+            elif isinstance(event, TaskFinished):
+                timings.finished[event.key] = now
+                timings.exit_codes[event.key] = event.exitCode
+            await carry_out(core.handle(event))
+            if isinstance(event, TaskFinished):
+                record = core.job(event.key.job)
+                if record is not None and record.state.is_final:
+                    ended_jobs += 1
+                    if ended_jobs == tasks:
+                        done.set()
+
+    watcher = asyncio.create_task(watch())
+    began = time.time()
+    for index in range(tasks):
+        spec = one_task_job(index)
+        job = f"{spec.user}~{spec.name}"
+        actions = core.handle(Submitted(job=job, spec=spec, at=time.time(), id=f"bench/{job}"))
+        record = core.job(job)
+        assert record is not None
+        placement = TaskPlacement(role="main", index=0, node="node-0")
+        actions += core.handle(
+            Placed(job=job, attempt=record.attempt, tasks=[placement], id=f"bench/{job}/placed")
+        )
+        await carry_out(actions)
+    all_started = time.time()
+    await done.wait()
+    ended = time.time()
+    report = timings.report(backend, tasks, began, all_started, ended)
+    report["jobs_succeeded"] = sum(
+        1 for job in core.job_ids() if (r := core.job(job)) is not None and r.state == JobState.SUCCEEDED
+    )
+    await backend.close()
+    watcher.cancel()
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--path", choices=("backend", "core", "both"), default="both")
+    parser.add_argument("--single", type=int, default=50, help="tasks for one_at_a_time (0: skip)")
+    args = parser.parse_args()
+    results: dict = {
+        "benchmark": "launch_throughput",
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "target_tasks_per_s": 500,
+    }
+    paths = ("backend", "core") if args.path == "both" else (args.path,)
+    for path in paths:
+        with tempfile.TemporaryDirectory(prefix="pai-launch-bench-") as tmp:
+            run = through_backend if path == "backend" else through_core
+            results[path] = asyncio.run(run(Path(tmp), args.tasks))
+    if args.single:
+        with tempfile.TemporaryDirectory(prefix="pai-launch-bench-") as tmp:
+            results["one_at_a_time"] = asyncio.run(one_at_a_time(Path(tmp), args.single))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
