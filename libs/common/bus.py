@@ -154,12 +154,9 @@ class Bus:
             filter_subjects=filters if len(filters) > 1 else None,
             filter_subject=filters[0] if len(filters) == 1 else None,
         )
-        try:
-            await self.js.add_consumer(STREAM, config)
-        except nats.js.errors.BadRequestError:
-            # The consumer exists with another filter set (an upgrade added a kind).
-            await self.js.delete_consumer(STREAM, durable.value)
-            await self.js.add_consumer(STREAM, config)
+        # Creates the durable, or updates its filters in place when an upgrade
+        # added a kind: its position in the stream is kept (never replayed).
+        await self.js.add_consumer(STREAM, config)
         return await self.js.pull_subscribe_bind(durable=durable.value, stream=STREAM)
 
     async def _dispatch(self, msg: Msg, decoder: msgspec.json.Decoder, handler: Handler, durable: Durable) -> None:

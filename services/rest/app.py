@@ -188,19 +188,29 @@ def _job_param(request: web.Request) -> str:
 
 async def _load(ctx: ServiceContext, jid: str) -> tuple[SubmittedJob, JobRecord | None, ScheduleEntry | None]:
     key = ids.job_key(jid)
-    sub = await get_json(await ctx.bus.kv(Bucket.JOBS), key, SubmittedJob)
+    sub, rec, sched = await asyncio.gather(
+        get_json(await ctx.bus.kv(Bucket.JOBS), key, SubmittedJob),
+        get_json(await ctx.bus.kv(Bucket.JOB_STATUS), key, JobRecord),
+        get_json(await ctx.bus.kv(Bucket.SCHEDULE), key, ScheduleEntry),
+    )
     if sub is None:
         raise NotFound(f"job {jid} not found")
-    rec = await get_json(await ctx.bus.kv(Bucket.JOB_STATUS), key, JobRecord)
-    sched = await get_json(await ctx.bus.kv(Bucket.SCHEDULE), key, ScheduleEntry)
     return sub[0], rec[0] if rec else None, sched[0] if sched else None
 
 
+async def _load_optional(ctx: ServiceContext, jid: str):
+    try:
+        return await _load(ctx, jid)
+    except NotFound:
+        return None  # deleted between listing and reading
+
+
 def _reason(rec: JobRecord | None, sched: ScheduleEntry | None) -> str | None:
-    if sched is None or sched.placed:
-        return None if sched else "submitted; the scheduler has not seen it yet"
-    if rec is not None and sched.attempt != rec.attempt:
-        return None
+    """Why the job's current attempt waits, as the scheduler last said."""
+    if sched is None:
+        return "submitted; the scheduler has not taken it up yet"
+    if sched.placed or (rec is not None and sched.attempt != rec.attempt):
+        return None  # placed (tasks starting), or the entry is about another attempt
     return sched.reason or None
 
 
@@ -231,19 +241,16 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise BadInput("offset and limit must be integers") from None
     if offset < 0 or not 1 <= limit <= 10_000:
         raise BadInput("offset must be >= 0 and limit between 1 and 10000")
-    jobs_kv = await ctx.bus.kv(Bucket.JOBS)
-    keys = await all_keys(jobs_kv)
+    keys = await all_keys(await ctx.bus.kv(Bucket.JOBS))
     if "username" in q:
         keys = [k for k in keys if k.split(".", 1)[0] == q["username"]]
+    loaded = await asyncio.gather(*(_load_optional(ctx, ids.job_id_from_key(k)) for k in keys))
     rows = []
-    for key in keys:
-        sub = await get_json(jobs_kv, key, SubmittedJob)
-        if sub is None or ("vc" in q and sub[0].vc != q["vc"]):
+    for got in loaded:
+        if got is None or ("vc" in q and got[0].vc != q["vc"]):
             continue
-        rec = await get_json(await ctx.bus.kv(Bucket.JOB_STATUS), key, JobRecord)
-        sched = await get_json(await ctx.bus.kv(Bucket.SCHEDULE), key, ScheduleEntry)
-        r, s = (rec[0] if rec else None), (sched[0] if sched else None)
-        row = views.job_summary(sub[0], r, _reason(r, s))
+        sub, rec, sched = got
+        row = views.job_summary(sub, rec, _reason(rec, sched))
         if "state" in q and row["state"] != q["state"].upper():
             continue
         rows.append(row)
