@@ -10,12 +10,12 @@ ask to subclass the emulator for special behaviour):
 - resourceVersion: every change gets the next number, stamped on the stored
   object; a list answer carries the current number;
 - watch from a resourceVersion (the changes after it, from a change log),
-  `410 Gone` as an ERROR event once those changes were compacted away,
   `timeoutSeconds`, and `labelSelector` (on lists too);
 - uid, creationTimestamp, namespace and phase Pending on create, as the API
   server sets them;
 - the `pods/<name>/log` subresource with `tailLines` and `limitBytes`;
-- `end_watches()` (the server drops watch connections) and `compact()`.
+- `end_watches()`: the server drops its watch connections, optionally with a
+  `410 Gone` ERROR event first (the client must list again).
 
 `Kubelet` reports container states through the same HTTP API (PATCH of the
 `status` subresource), as the node agent would, and writes the logs.
@@ -73,7 +73,6 @@ class PodApiEmulator(kmock.KubernetesEmulator):
     _revision: int = attrs.field(default=0, init=False)
     _change_revisions: list[int] = attrs.field(factory=list, init=False)
     _changes: list[tuple[Any, dict]] = attrs.field(factory=list, init=False)
-    _compacted_through: int = attrs.field(default=0, init=False)
     _changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
     _watch_generation: int = attrs.field(default=0, init=False)
     _expired_generation: int = attrs.field(default=0, init=False)
@@ -84,23 +83,12 @@ class PodApiEmulator(kmock.KubernetesEmulator):
 
     # -- what tests use ------------------------------------------------------
 
-    @property
-    def revision(self) -> int:
-        return self._revision
-
     def pod(self, name: str, namespace: str = NAMESPACE) -> dict | None:
         """The stored Pod, or None when it does not exist (or was deleted)."""
         for (resource, ns, pod_name), obj in self.objects.items():
             if resource.plural == "pods" and ns == namespace and pod_name == name and not obj.deleted:
                 return copy.deepcopy(obj.raw)
         return None
-
-    def pods(self, namespace: str = NAMESPACE) -> list[dict]:
-        return [
-            copy.deepcopy(obj.raw)
-            for (resource, ns, _), obj in self.objects.items()
-            if resource.plural == "pods" and ns == namespace and not obj.deleted
-        ]
 
     def pod_reads(self, *, watch: bool) -> list[kmock.Request]:
         """The list (watch=False) or watch (watch=True) requests for Pods so far."""
@@ -122,12 +110,6 @@ class PodApiEmulator(kmock.KubernetesEmulator):
             self._watch_generation += 1
             self._expired_generation = self._watch_generation if expired else self._expired_generation
             self._changed.notify_all()
-
-    def compact(self) -> None:
-        """Forget the change log: a watch from an older resourceVersion gets 410 Gone."""
-        self._compacted_through = self._revision
-        self._change_revisions.clear()
-        self._changes.clear()
 
     # -- server side ---------------------------------------------------------
 
@@ -180,9 +162,6 @@ class PodApiEmulator(kmock.KubernetesEmulator):
                 yield {"type": "ADDED", "object": obj}
         else:
             cursor = int(version)
-            if cursor < self._compacted_through:
-                yield _expired(f"too old resource version: {cursor} ({self._compacted_through})")
-                return
         while True:
             start = bisect.bisect_right(self._change_revisions, cursor)
             changes = list(zip(self._change_revisions[start:], self._changes[start:]))

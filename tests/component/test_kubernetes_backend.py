@@ -323,6 +323,41 @@ def test_judge_reads_pod_status(pod, options, expected):
     assert judge(pod, now=NOW, **options) == expected
 
 
+container_states = st.one_of(
+    st.none(),
+    st.just(STARTED),
+    st.builds(waiting, st.sampled_from(["ContainerCreating", "ErrImagePull", "ImagePullBackOff"]), st.just("")),
+    st.builds(terminated, st.integers(0, 255), st.sampled_from(["Completed", "Error", "OOMKilled"])),
+)
+
+
+@given(
+    phase=st.sampled_from(["Pending", "Running", "Succeeded", "Failed", "Unknown"]),
+    state=container_states,
+    pod_reason=st.sampled_from(["", "Evicted", "NodeLost"]),
+    deleted_at=st.sampled_from([None, NOW - 1000, NOW]),
+    end=st.sampled_from([None, STOP]),
+    gone=st.booleans(),
+)
+def test_a_container_exit_code_is_never_lost_and_a_deleted_pod_never_runs(
+    phase, state, pod_reason, deleted_at, end, gone
+):
+    pod = pod_with(phase, state, reason=pod_reason, deleted_at=deleted_at, end=end)
+    verdict = judge(pod, now=NOW, gone=gone, pull_since=NOW)
+    if state is not None and "terminated" in state:
+        assert verdict == Exited(
+            exitCode=state["terminated"]["exitCode"],
+            signal=verdict.signal,
+            platformReason=verdict.platformReason,
+            platformMessage=verdict.platformMessage,
+            started=True,
+        )
+    if gone or deleted_at is not None or pod_reason == "NodeLost":
+        assert not isinstance(verdict, (Running, Pending, PullFailing))
+    if end is not None and isinstance(verdict, Exited):
+        assert verdict.platformReason == "Stopped"
+
+
 # -- the Pod -------------------------------------------------------------------
 
 
@@ -490,8 +525,9 @@ async def test_a_lasting_image_pull_failure_ends_the_task_and_deletes_the_pod(cl
     finished = await events.next(TaskFinished, key)
     assert (finished.exitCode, finished.platformReason) == (-1, "ImagePullBackOff")
     assert "pull access denied" in finished.platformMessage
-    pod = pod_of(cluster, key)  # kept by the finalizer until the exit is recorded
-    assert pod["metadata"].get("deletionTimestamp")
+    # Deleted, and kept by the finalizer until the exit is recorded.
+    await wait_until(lambda: pod_of(cluster, key)["metadata"].get("deletionTimestamp"), what="the Pod deleted")
+    pod = pod_of(cluster, key)
     assert json.loads(pod["metadata"]["annotations"][END_ANNOTATION])["reason"] == "ImagePullBackOff"
     assert not events.of(TaskRunning, key)
 

@@ -19,6 +19,7 @@ from services.launcher.backends.kube_watch import error_message
 ASSUMED_LINE_BYTES = 32
 MAX_ATTEMPTS = 6
 MIN_CAP_BYTES = 1024 * 1024
+LOG_TIMEOUT_SECONDS = 60.0
 
 
 async def read_log(
@@ -68,6 +69,7 @@ async def _fetch(
         tail_lines=tail_lines,
         limit_bytes=limit_bytes,
         _preload_content=False,
+        _request_timeout=LOG_TIMEOUT_SECONDS,
     )
     try:
         body = await response.read()

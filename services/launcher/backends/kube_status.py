@@ -13,7 +13,8 @@ Pod). The rules, first match wins:
    ContainerCannotRun, ...), NodeLost for a deletion PAI did not ask for.
 2. The Pod object is gone without a final status: its end request's reason, or
    NodeLost (something outside PAI removed it, or its node went away).
-3. Pod reason NodeLost: the node stopped answering; the task is lost.
+3. Pod reason NodeLost: the node stopped answering; the task is lost (with
+   PAI's end reason when PAI was stopping it anyway).
 4. Being deleted: ended at once when the container never started; otherwise
    wait for the kubelet to report the container's end until the grace period
    plus a margin is over (a lost node never reports), then count it as ended
@@ -130,7 +131,8 @@ def judge(
             started=started,
         )
     if pod_reason == NODE_LOST:
-        return Exited(exitCode=NO_EXIT_CODE, platformReason=NODE_LOST, platformMessage=pod_message, started=started)
+        reason, message = (end.reason, end.message) if end is not None else (NODE_LOST, pod_message)
+        return Exited(exitCode=NO_EXIT_CODE, platformReason=reason, platformMessage=message, started=started)
     if deleted_at is not None:
         reason = end.reason if end is not None else NODE_LOST
         if not started:

@@ -30,6 +30,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 log = logging.getLogger(__name__)
 
 GONE = 410
+LIST_TIMEOUT_SECONDS = 60.0
 # A watch that stays silent this long past its own server-side timeout is dead.
 READ_SLACK_SECONDS = 30.0
 
@@ -51,7 +52,9 @@ async def read_json(response: aiohttp.ClientResponse) -> dict:
 
 async def list_pods(api: CoreV1Api, namespace: str, selector: str) -> tuple[list[dict], str]:
     """Every Pod matching `selector`, and the resourceVersion of that list."""
-    response = await api.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+    response = await api.list_namespaced_pod(
+        namespace, label_selector=selector, _preload_content=False, _request_timeout=LIST_TIMEOUT_SECONDS
+    )
     body = await read_json(response)
     return list(body.get("items") or []), str((body.get("metadata") or {}).get("resourceVersion") or "")
 
