@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from cli import rules
 from cli.client import ApiError, Client, resolve
 
 console = Console()
@@ -265,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     vc = sub.add_parser("vcs", help="virtual clusters: quota, use and queue")
     vc.add_argument("--json", action="store_true")
     vc.set_defaults(func=cmd_vcs)
+    rules.add_parser(sub)
+    from cli.simulate import add_parser as add_simulate; add_simulate(sub)  # noqa: E702
     return parser
 
 

@@ -20,7 +20,13 @@ import yaml
 from aiohttp import web
 
 from libs.common.errors import BadInput, Forbidden, TooLarge
-from libs.common.rules_rpc import NoSuchRule, RuleAction, RulesReply, RulesRequest, request_rules
+from libs.common.rules_rpc import (
+    NoSuchRule,
+    RuleAction,
+    RulesReply,
+    RulesRequest,
+    request_rules,
+)
 
 MAX_RULE_BODY_BYTES = 64 * 1024
 _PLACEMENT_KEYS = ("position", "before")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 import msgspec
 import nats.errors
 import nats.js.errors
+from nats.aio.subscription import Subscription
 
 from libs.common import service
 from libs.common.bus import Bus
@@ -35,9 +37,9 @@ from libs.common.rules_rpc import (
     Outcome,
     RuleAction,
     RuleProblem,
+    RuleSource,
     RulesReply,
     RulesRequest,
-    RuleSource,
 )
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
@@ -57,8 +59,12 @@ from services.runtime.store import (
 log = logging.getLogger("pai.runtime")
 
 # Two admins editing at the very same moment: the loser redoes its edit on top
-# of the winner's. More rounds than this means something keeps writing.
-EDIT_ATTEMPTS = 5
+# of the winner's, after a random pause that grows each round, so that one
+# replica cannot keep beating another. More rounds than this means something
+# keeps writing.
+EDIT_ATTEMPTS = 10
+EDIT_PAUSE_SECONDS = 0.01
+EDIT_PAUSE_MAX_SECONDS = 0.2
 # NATS refuses messages over 1 MiB; a rule set this size is hundreds of rules.
 MAX_STORED_BYTES = 512 * 1024
 # A watch can end silently (NATS restarted under it); re-reading the key this
@@ -201,7 +207,9 @@ class RuleDesk:
         """Apply `edit` to the latest stored rule set and store the result;
         redone on top of a change that got in first, unless the admin pinned
         the revision the edit was meant for."""
-        for _ in range(EDIT_ATTEMPTS):
+        for attempt in range(EDIT_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(random.uniform(0, min(EDIT_PAUSE_MAX_SECONDS, EDIT_PAUSE_SECONDS * 2**attempt)))
             snapshot = await self.store.read()
             if request.revision is not None and request.revision != snapshot.revision:
                 return RulesReply(
@@ -237,21 +245,19 @@ class RuleDesk:
                     changedAt=stored.changedAt,
                 )
             self.active.install(rule_set, engine)
-            log.info(
-                "%s %s rule %s; rules now at revision %d",
-                request.by or "someone",
-                request.action.value,
-                request.code if request.code is not None else (request.rule or {}).get("code", ""),
-                revision,
-            )
-            focus = current if request.action == RuleAction.DELETE else new_rules
-            if focus is None or index is None:
+            focus = None if index is None else (current if request.action == RuleAction.DELETE else new_rules)[index]
+            what = "reset the rules" if focus is None else f"{_DONE[request.action]} rule {focus.code}"
+            log.info("%s %s; rules now at revision %d", request.by or "someone", what, revision)
+            if focus is None:
                 return _reply(rule_set)
-            return _reply(rule_set, rules=[focus[index].to_dict()], position=index)
+            return _reply(rule_set, rules=[focus.to_dict()], position=index)
         return RulesReply(
             outcome=Outcome.BUSY,
             message=f"the rules kept changing under this change ({EDIT_ATTEMPTS} tries); try again",
         )
+
+
+_DONE = {RuleAction.ADD: "added", RuleAction.CHANGE: "changed", RuleAction.DELETE: "deleted"}
 
 
 def _check_arguments(request: RulesRequest) -> None:
@@ -276,10 +282,15 @@ def _reply(rule_set: RuleSet, *, rules: list[dict] | None = None, position: int 
     )
 
 
-async def serve_rule_requests(bus: Bus, desk: RuleDesk) -> None:
+async def subscribe_rule_requests(bus: Bus) -> Subscription:
+    subscription = await bus.nc.subscribe(RULES_SUBJECT, queue=RULES_QUEUE)
+    await bus.nc.flush()  # the server knows this replica answers before it says it is ready
+    return subscription
+
+
+async def serve_rule_requests(subscription: Subscription, desk: RuleDesk) -> None:
     """Answer rule commands, one at a time per replica (the bucket revision
     orders replicas among themselves)."""
-    subscription = await bus.nc.subscribe(RULES_SUBJECT, queue=RULES_QUEUE)
     try:
         async for msg in subscription.messages:
             reply = await desk.answer(msg.data)
@@ -346,7 +357,8 @@ async def body(ctx: ServiceContext) -> None:
     store = RuleStore(await ctx.bus.kv(Bucket.RULES))
     active = ActiveRules(baseline_rules(ctx.config))
     active.follow(await store.read())
-    ctx.spawn(serve_rule_requests(ctx.bus, RuleDesk(store, active)), "rule-requests")
+    requests = await subscribe_rule_requests(ctx.bus)
+    ctx.spawn(serve_rule_requests(requests, RuleDesk(store, active)), "rule-requests")
     ctx.spawn(follow_rule_changes(store, active), "rule-changes")
     ctx.set_ready()
     shell = RuntimeShell(ctx, active)

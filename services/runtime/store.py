@@ -25,7 +25,11 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from libs.common.rules_rpc import NoSuchRule
 from services.runtime.core import Rule, RuleError, load_rules, validate_rule
-from services.runtime.core.engine import UNDEFINED_NEGATIVE_CODE, UNDEFINED_POSITIVE_CODE, UNKNOWN_FAILURE_CODE
+from services.runtime.core.engine import (
+    UNDEFINED_NEGATIVE_CODE,
+    UNDEFINED_POSITIVE_CODE,
+    UNKNOWN_FAILURE_CODE,
+)
 
 RULES_KEY = "rules"
 
