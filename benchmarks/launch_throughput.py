@@ -7,15 +7,20 @@ every exit. Two paths:
   (submitted, placed, StartTask -> backend, backend events -> core, ForgetTask
   -> backend); no bus, so it measures the launcher itself.
 
-Reports per path, as JSON: tasks started and finished per second, the latency
+Reports per path, as JSON: tasks started and finished per second, the CPU time
+all of it took per task (launcher, fork server, shims and the tasks' bash; the
+figure that does not depend on what else runs on the machine), the latency
 from `start()` to TaskRunning (in a burst of N this is mostly queueing), and
 from the task's exit (the shim's reap time, `finishedAt` in exit.json) to
 TaskFinished reaching the consumer, p50 and p99. `one_at_a_time` starts tasks
 one after another on an idle backend, each after the previous ended: the
 latency a single job sees. Other load on the machine shows in the figures:
-`load_average` is printed too.
+`load_average` is printed too, and `cpu_bound_tasks_per_s` (cpus divided by
+CPU time per task) is the rate an otherwise idle machine would allow. Each task creates two directories and two files,
+so the filesystem of the data dir matters (`--dir`, default: the temp dir).
 
-    python benchmarks/launch_throughput.py [--tasks 1000] [--path backend|core|both] [--single 50]
+    python benchmarks/launch_throughput.py [--tasks 1000] [--path backend|core|both]
+        [--single 50] [--dir /var/tmp]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -35,7 +41,15 @@ from libs.common.messages import JobState, TaskPlacement  # noqa: E402
 from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
 from services.launcher.backends.base import TaskFinished, TaskKey, TaskLaunch, TaskRunning  # noqa: E402
 from services.launcher.backends.local import LocalBackend  # noqa: E402
-from services.launcher.backends.local_layout import EXIT, ExitRecord, read_record  # noqa: E402
+from services.launcher.backends.local_layout import EXIT, REPORTED, ExitRecord, read_record  # noqa: E402
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of every process it waited for: the fork
+    server, which reaps its shims, which reap their tasks."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -69,7 +83,9 @@ class Timings:
     def report(self, backend: LocalBackend, tasks: int, began: float, all_started: float, ended: float) -> dict:
         exit_to_recorded = []
         for key, seen in self.finished.items():
-            record = read_record(backend.tasks_dir / key.slug / EXIT, ExitRecord)
+            task_dir = backend.tasks_dir / key.slug
+            # forget() renames exit.json once the launcher recorded the exit
+            record = read_record(task_dir / EXIT, ExitRecord) or read_record(task_dir / REPORTED, ExitRecord)
             if record is not None and record.finishedAt:
                 exit_to_recorded.append(seen - record.finishedAt)
         to_running = [self.running[k] - self.started[k] for k in self.running if k in self.started]
@@ -232,20 +248,26 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--path", choices=("backend", "core", "both"), default="both")
     parser.add_argument("--single", type=int, default=50, help="tasks for one_at_a_time (0: skip)")
+    parser.add_argument("--dir", default=None, help="where the data dirs are made (default: temp dir)")
     args = parser.parse_args()
     results: dict = {
         "benchmark": "launch_throughput",
         "cpus": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "target_tasks_per_s": 500,
+        "data_dir_parent": args.dir or tempfile.gettempdir(),
     }
     paths = ("backend", "core") if args.path == "both" else (args.path,)
     for path in paths:
-        with tempfile.TemporaryDirectory(prefix="pai-launch-bench-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="pai-launch-bench-", dir=args.dir) as tmp:
             run = through_backend if path == "backend" else through_core
+            cpu_before = cpu_seconds()
             results[path] = asyncio.run(run(Path(tmp), args.tasks))
+            cpu_per_task = (cpu_seconds() - cpu_before) / args.tasks
+            results[path]["cpu_ms_per_task"] = round(cpu_per_task * 1000, 3)
+            results[path]["cpu_bound_tasks_per_s"] = round((os.cpu_count() or 1) / cpu_per_task, 1)
     if args.single:
-        with tempfile.TemporaryDirectory(prefix="pai-launch-bench-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="pai-launch-bench-", dir=args.dir) as tmp:
             results["one_at_a_time"] = asyncio.run(one_at_a_time(Path(tmp), args.single))
     print(json.dumps(results, indent=2))
 

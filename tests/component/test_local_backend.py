@@ -174,17 +174,17 @@ async def test_the_task_sees_the_launch_env_and_only_basics_of_the_launchers(
     local: Harness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
     monkeypatch.setenv("LAUNCHER_ONLY_SECRET", "must-not-leak")
-    backend_env_probe = await open_harness(tmp_path, limits="none")
+    probe = await open_harness(tmp_path, limits="none")
     try:
         task = launch(
             "env",
             "env > env.txt",
             env={"PAI_JOB_NAME": "env", "CUDA_VISIBLE_DEVICES": "0,1", "PAI_TASK_ROLE_LIST": "worker"},
         )
-        finished = await backend_env_probe.run(task)
-        text = (backend_env_probe.work_dir(task.key) / "env.txt").read_text()
+        finished = await probe.run(task)
+        text = (probe.work_dir(task.key) / "env.txt").read_text()
     finally:
-        await backend_env_probe.close()
+        await probe.close()
 
     env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
     assert finished.exitCode == 0
@@ -192,7 +192,7 @@ async def test_the_task_sees_the_launch_env_and_only_basics_of_the_launchers(
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert env["PAI_TASK_ROLE_LIST"] == "worker"
     assert env["PAI_TASK_KEY"] == task.key.slug
-    assert env["PAI_WORK_DIR"] == str(backend_env_probe.work_dir(task.key))
+    assert env["PAI_WORK_DIR"] == str(probe.work_dir(task.key))
     assert env["PATH"]
     assert "LAUNCHER_ONLY_SECRET" not in env
 
@@ -376,6 +376,44 @@ async def test_a_stop_before_any_shim_took_the_task_cancels_it(local: Harness):
     assert finished.platformMessage == "stopped before it started"
     assert not (local.work_dir(task.key) / "ran.txt").exists()
     assert [type(e) for e in local.events.of(task.key)] == [TaskFinished]
+
+
+async def test_tasks_sharing_a_shim_are_stopped_and_reported_one_by_one(local: Harness):
+    # A burst: the fork server finds all five waiting and gives them one shim.
+    burst = [launch("burst", f"echo task {i}", f"sleep {0.3 + i * 0.1}", f"exit {i}", index=i) for i in range(4)]
+    stopped = launch("burst", "echo task 4", "sleep 300", index=4)
+    fork_server = local.backend._server
+    assert fork_server is not None
+    fork_server.send_signal(signal.SIGSTOP)
+    try:
+        for task in [*burst, stopped]:
+            await local.backend.start(task)
+    finally:
+        fork_server.send_signal(signal.SIGCONT)
+    await local.events.running(stopped.key)
+
+    await local.backend.kill(stopped.key, grace_seconds=1, reason="Preempted")
+    results = [await local.events.finished(task.key) for task in burst]
+    stop = await local.events.finished(stopped.key)
+
+    assert len({shim_pid(local.backend, t.key) for t in [*burst, stopped]}) == 1
+    assert [(r.exitCode, r.userLogTail) for r in results] == [(i, f"task {i}\n") for i in range(4)]
+    assert (stop.platformReason, stop.signal) == ("Preempted", signal.SIGTERM)
+
+
+async def test_a_task_handed_to_a_fork_server_that_died_still_runs_once(local: Harness):
+    task = launch("resent", "echo ran >> runs.txt")
+    fork_server = local.backend._server
+    assert fork_server is not None
+    fork_server.send_signal(signal.SIGSTOP)
+    await local.backend.start(task)  # its spec waits, unread, in the dead server's pipe
+    fork_server.send_signal(signal.SIGKILL)
+
+    finished = await local.events.finished(task.key)
+
+    assert finished.exitCode == 0
+    assert (local.work_dir(task.key) / "runs.txt").read_text() == "ran\n"
+    assert local.backend._server is not fork_server
 
 
 # -- limits ----------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The local backend: every task instance is a process group on this machine.
 
-How a task runs (local_layout: the files; local_shim: the shims):
+How a task runs (local_layout: the files; local_forkserver, local_shim: the processes):
 - `start` sends the task's spec to a fork server (our child), which forks a
   shim for it (or one for several, under a burst). The shim claims the task by
   creating its directory (mkdir fails if it exists, so a key runs at most once,
@@ -256,20 +256,16 @@ class LocalBackend:
         write_replacing(task_dir / KILL, encode(KillRequest(reason=reason, graceSeconds=grace_seconds)))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_seconds + STOP_MARGIN_SECONDS
-        local_procs.signal_each([claim.shimPid], signal.SIGUSR1)
+        if _alive(claim):  # checked first: a reused pid must not get our signal
+            local_procs.signal_each([claim.shimPid], signal.SIGUSR1)
         while not task.finished.is_set():
             if (task_dir / EXIT).exists() or not _alive(claim):
                 self._check(task, stop_reason=reason)
-                continue
-            if loop.time() > deadline:
-                # The shim did not end the task in time; end its processes
-                # ourselves (the shim, which may run other tasks, lives on and
-                # records the exit) and give it one more margin.
+            elif loop.time() > deadline:
+                # The shim did not end the task in time: end its processes
+                # ourselves; the shim (which may run other tasks) records the exit.
                 log.error("stop of %s overran its grace period; killing it directly", key.slug)
                 self._kill_orphans(task)
-                deadline = loop.time() + STOP_MARGIN_SECONDS
-                if not _alive(claim):
-                    continue
                 try:
                     await asyncio.wait_for(task.finished.wait(), STOP_MARGIN_SECONDS)
                 except TimeoutError:
@@ -293,8 +289,11 @@ class LocalBackend:
 
     async def forget(self, key: TaskKey) -> None:
         task_dir = self.tasks_dir / key.slug
-        if task_dir.exists():
-            (task_dir / REPORTED).touch()
+        try:
+            os.rename(task_dir / EXIT, task_dir / REPORTED)
+        except FileNotFoundError:
+            if task_dir.exists():  # forgotten before it ended: never report it
+                (task_dir / REPORTED).touch()
         self._tasks.pop(key.slug, None)
 
     async def close(self) -> None:
@@ -338,7 +337,7 @@ class LocalBackend:
             self._server = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "services.launcher.backends.local_shim",
+                "services.launcher.backends.local_forkserver",
                 self._doorbell,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL,

@@ -3,19 +3,20 @@
 Each task attempt owns `<data_dir>/tasks/<key.slug>/`; the directory *is* the
 durable record, so a launcher that restarts learns everything from it:
 
-    spec.json    what to run, plus the identity of the shim running it; the
-                 directory is created (mkdir, which fails if it exists) by the
-                 shim that claims the task, or by a stop that cancels it first,
-                 and spec.json is written right after, so a task never starts
-                 twice
-    work/        the working directory (PAI_WORK_DIR)
-    kill.json    a stop order (reason, grace) left for the shim
-    output.log   stdout and stderr interleaved in arrival order (what `read_log` gives)
-    stderr.log   stderr alone, so errors stay findable when stdout is chatty
-    *.log.1      the previous segment of a capped log (see local_logs)
-    exit.json    how the task ended, replaced atomically (tmp + rename) by its one
-                 writer: the shim, or the backend once no shim can be alive
-    reported     the launcher recorded the exit (`forget`); logs stay
+    spec.json      what to run, plus the identity of the shim running it; the
+                   directory is created (mkdir, which fails if it exists) by the
+                   shim that claims the task, or by a stop that cancels it first,
+                   and spec.json is written right after, so a task never starts
+                   twice
+    work/          the working directory (PAI_WORK_DIR)
+    kill.json      a stop order (reason, grace) left for the shim
+    output.log     stdout and stderr interleaved in arrival order (what `read_log` gives)
+    stderr.log     stderr alone, so errors stay findable when stdout is chatty
+    *.log.1        the previous segment of a capped log (see local_logs)
+    exit.json      how the task ended, replaced atomically (tmp + rename) by its one
+                   writer: the shim, or the backend once no shim can be alive
+    reported.json  exit.json, renamed once the launcher recorded the exit
+                   (`forget`; a rename costs far less than creating a file); logs stay
 
 No fsync: these records must survive a launcher crash, and a machine crash
 takes the tasks with it anyway. Every file operation counts (hundreds of tasks a
@@ -38,7 +39,7 @@ SPEC = "spec.json"
 WORK = "work"
 KILL = "kill.json"
 EXIT = "exit.json"
-REPORTED = "reported"
+REPORTED = "reported.json"
 OUTPUT_LOG = "output.log"
 STDERR_LOG = "stderr.log"
 

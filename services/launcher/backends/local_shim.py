@@ -1,10 +1,10 @@
 """Shims: small processes that run local tasks and outlive the launcher.
 
-A shim takes a batch of task specs (usually one; more under a burst, see
-below). For each it claims the task directory (mkdir: a task never starts
-twice), starts `bash --noprofile --norc -e -c <commands>` in a new session,
-pipes its output into capped logs, obeys stop orders (SIGTERM to every process
-of the task, SIGKILL after the grace period), and when the task ends writes
+A shim (forked by local_forkserver) takes a batch of task specs, usually one.
+For each it claims the task directory (mkdir: a task never starts twice),
+starts `bash --noprofile --norc -e -c <commands>` in a new session, pipes its
+output into capped logs, obeys stop orders (SIGTERM to every process of the
+task, SIGKILL after the grace period), and when the task ends writes
 `exit.json` with the exit code, signal, CPU time and peak memory. When a task's
 main process exits, whatever it left running is killed, as when a container's
 main process exits. The shim is a child subreaper, so even a grandchild that
@@ -12,31 +12,21 @@ called setsid and lost its parent stays its descendant (and is told apart by
 its PAI_TASK_KEY): nothing of a task outlives it. The shim exits when its last
 task has ended.
 
-Cost decides the shape (hundreds of tasks a second on two cores):
-- `python -m services.launcher.backends.local_shim DOORBELL` is a fork server,
-  a child of the backend, reading task specs (JSON, one per line) on stdin. It
-  forks one shim for all the specs that are waiting, up to MAX_BATCH: a single
-  task when load is light, so a crash costs one task; a shared shim under a
-  burst, because a forked Python process copies every page it touches, which
-  costs milliseconds per shim, more than running the task itself. It holds no
-  state: when the launcher dies it reads EOF and exits, and its shims carry on,
-  each in its own session.
-- tasks are spawned with posix_spawn (vfork + exec): no copy of the shim.
+Tasks are spawned with posix_spawn (vfork + exec): no copy of the shim's
+pages, which on a small virtual machine costs more than running the task.
 
-Every shim rings the backend's doorbell (local_layout) when a task runs and
-when its exit.json is written; a stop order is signalled with SIGUSR1 (the
-shim then reads the kill.json of its tasks), and SIGTERM stops all its tasks.
+A shim rings the backend's doorbell (local_doorbell) when a task runs and when
+its exit.json is written. SIGUSR1 means "a stop order waits" (the shim reads
+the kill.json of its tasks); SIGTERM stops all its tasks.
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import resource
 import selectors
 import shutil
 import signal
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -68,7 +58,6 @@ from services.launcher.backends.local_doorbell import FINISHED_BELL, RUNNING_BEL
 from services.launcher.backends.local_logs import CappedLog
 
 BASH = shutil.which("bash") or "/bin/bash"
-MAX_BATCH = 64
 _READ_CHUNK = 65536
 # How often leftovers are looked for again while a task is being ended.
 _RESWEEP_SECONDS = 0.05
@@ -76,7 +65,7 @@ _RESWEEP_SECONDS = 0.05
 # (a descendant could have handed its pipe to a process outside the task).
 _DRAIN_SECONDS = 1.0
 # Dispositions a task must not inherit: Python ignores SIGPIPE and SIGXFSZ, the
-# fork server ignores SIGCHLD and SIGINT; our handlers do not survive exec.
+# fork server ignores SIGINT; handlers do not survive exec, but be explicit.
 _SIGNALS_RESET_FOR_TASK = frozenset(
     {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ}
 )
@@ -135,6 +124,7 @@ class Shim:
         self.selector = selectors.DefaultSelector()
         self.orders_waiting = False
         self.stop_everything = False
+        self.childless = False
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -143,6 +133,7 @@ class Shim:
         for sig in _SHIM_SIGNALS:
             signal.signal(sig, self._on_signal)
         local_procs.set_child_subreaper()
+        local_procs.set_process_name("pai-shim")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum == signal.SIGUSR1:
@@ -263,10 +254,12 @@ class Shim:
         run.open_pipes -= 1
 
     def _reap(self) -> None:
+        self.childless = False
         while True:
             try:
                 pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
+                self.childless = True  # then no process of any task is left
                 return
             if pid == 0:
                 return
@@ -326,6 +319,8 @@ class Shim:
         of its processes whose parent died was re-parented to us (subreaper),
         so killing what we find uncovers the next generation on the next look.
         """
+        if self.childless:
+            return []
         found = [
             pid
             for pid in local_procs.children(self.pid)
@@ -429,58 +424,3 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
-
-
-def _detach_stdio() -> None:
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
-
-
-def run_shim(specs: list[bytes], doorbell_name: str) -> None:
-    """Body of a forked shim; never returns."""
-    try:
-        os.setsid()  # out of the launcher's session: its ^C or hangup is not ours
-        _detach_stdio()
-        shim = Shim(Doorbell(doorbell_name))
-        for spec_json in specs:
-            try:
-                shim.take(spec_json)
-            except Exception:  # noqa: BLE001 - a bad spec must not cost the others
-                traceback.print_exc()
-        shim.serve()
-    finally:
-        os._exit(0)
-
-
-def _warm_up() -> None:
-    """Build, before forking, what every shim needs (decoders, type info), so
-    shims share it instead of each building (and copying) it."""
-    for record_type in (ShimSpec, KillRequest, ShimRecord, ExitRecord):
-        decoder(record_type)
-    encode(ExitRecord(exitCode=0))
-    sample = ShimSpec(taskDir="/", slug="", commands=[], env={}, cpu=0, memoryMB=0)
-    decoder(ShimSpec).decode(with_claim(encode(sample), ShimRecord(shimPid=0, shimStartTicks=0)))
-
-
-def serve(doorbell_name: str) -> None:
-    """The fork server: task specs, one JSON per line on stdin, until EOF."""
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shims are never waited for
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
-    _warm_up()
-    # A forked shim shares our memory until it writes to a page; a garbage
-    # collection would write to every object's header and copy them all.
-    gc.disable()
-    gc.freeze()
-    pending = b""
-    while chunk := os.read(0, 1 << 20):
-        *lines, pending = (pending + chunk).split(b"\n")
-        specs = [line for line in lines if line]
-        for start in range(0, len(specs), MAX_BATCH):
-            if os.fork() == 0:
-                run_shim(specs[start : start + MAX_BATCH], doorbell_name)
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1])
