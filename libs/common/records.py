@@ -73,6 +73,9 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
     diagnostics: list[str] = []
     platformReason: str = ""
     logPath: str = ""
+    # What the backend said when the task started, e.g. which resource limits are
+    # in force ("limits: cgroup v2", "limits: rlimit ...").
+    runtimeDetail: str = ""
     retries: int = 0  # task retries used (taskRetryCount)
     taskAttempts: list[TaskAttemptSummary] = []
     # Lifecycle bookkeeping, needed to recover after a launcher restart:

@@ -216,7 +216,7 @@ def _reason(rec: JobRecord | None, sched: ScheduleEntry | None) -> str | None:
 
 async def get_job(request: web.Request) -> web.Response:
     sub, rec, sched = await _load(_ctx(request), _job_param(request))
-    return web.json_response(views.job_detail(sub, rec, _reason(rec, sched)))
+    return web.json_response(views.job_detail(sub, rec, _reason(rec, sched), backend=_ctx(request).config.backend))
 
 
 async def get_job_attempts(request: web.Request) -> web.Response:

@@ -55,6 +55,7 @@ def _task_status(task: TaskRecord) -> dict[str, Any]:
         "containerPorts": {label: ",".join(map(str, ports)) for label, ports in task.ports.items()},
         "containerGpus": ",".join(map(str, task.gpus)) if task.gpus else None,
         "containerLog": task.logPath or None,
+        "containerDetail": task.runtimeDetail or None,
         "containerExitCode": task.exitCode,
         "containerExitSpec": _spec(task.exitSpec),
         "containerExitDiagnostics": "\n".join(task.diagnostics) or None,
@@ -63,8 +64,8 @@ def _task_status(task: TaskRecord) -> dict[str, Any]:
     }
 
 
-def job_detail(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | None) -> dict[str, Any]:
-    """GET /api/v2/jobs/{user}~{name}."""
+def job_detail(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | None, *, backend: str) -> dict[str, Any]:
+    """GET /api/v2/jobs/{user}~{name}; `backend` is the launcher's ("local" ignores images)."""
     summary = job_summary(sub, rec, waiting_reason)
     status = {
         "username": sub.user,
@@ -94,8 +95,10 @@ def job_detail(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | N
             statuses.append(_task_status(task) if task else {"taskIndex": index, "taskState": "WAITING", "retries": 0})
         roles[role.name] = {"taskRoleStatus": {"name": role.name}, "taskStatuses": statuses}
     notes = []
-    if any(r.dockerImageUri for r in sub.spec.taskRoles):
-        notes.append("dockerImage is recorded but not used by the local backend")
+    if backend == "local":
+        for role in sub.spec.taskRoles:
+            if role.dockerImageUri:
+                notes.append(f"taskRoles.{role.name}.dockerImage {role.dockerImageUri!r}: not used by the local backend")
     return {
         "name": sub.name,
         "jobStatus": status,

@@ -27,6 +27,7 @@ async def test_job_that_writes_a_file_succeeds_and_the_file_exists(platform, tmp
     assert target.read_text() == "written-by-pai\n"
     task = detail["taskRoles"]["main"]["taskStatuses"][0]
     assert task["taskState"] == "SUCCEEDED" and task["containerExitCode"] == 0
+    assert task["containerDetail"].startswith("limits: ")  # which bounds were in force
 
 
 async def test_failing_command_ends_failed_with_exit_code_and_phrase(platform):
@@ -191,3 +192,15 @@ async def test_log_follow_streams_until_the_job_ends(platform):
     assert b"".join(chunks) == b"first\nsecond\n"
     assert len(chunks) >= 2  # it arrived as it was written, not at the end in one piece
     assert (await platform.job(jid))["jobStatus"]["state"] == "SUCCEEDED"
+
+
+async def test_docker_image_is_recorded_and_reported_unused_by_the_local_backend(platform):
+    name = unique("image")
+    body = job_yaml(name, ["true"]).replace(
+        "taskRoles:", "prerequisites:\n  - {name: img, type: dockerimage, uri: 'pytorch/pytorch:2.4'}\ntaskRoles:"
+    ).replace("    instances: 1", "    instances: 1\n    dockerImage: img")
+    await platform.submit(body)
+    detail = await platform.wait_state(f"admin~{name}", "SUCCEEDED")
+    assert any("pytorch/pytorch:2.4" in n and "not used by the local backend" in n for n in detail["notes"])
+    config = await platform.client.request("GET", f"/api/v2/jobs/admin~{name}/config")
+    assert config["prerequisites"][0]["uri"] == "pytorch/pytorch:2.4"

@@ -426,7 +426,8 @@ class LauncherCore:
         if task.state != TaskState.WAITING or task.exited or not task.startRequested:
             return
         now = self._now()
-        record = self._put(with_task(record, attempt.attempt, replace(task, state=TaskState.RUNNING, launchedTime=now)))
+        running = replace(task, state=TaskState.RUNNING, launchedTime=now, runtimeDetail=event.detail)
+        record = self._put(with_task(record, attempt.attempt, running))
         started = announcements.task_started(record, event.key, node=event.node or task.node or "", at=now)
         self._publish(started)
         self._maybe_running(record, cause=started.id)
