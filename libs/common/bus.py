@@ -34,8 +34,16 @@ log = logging.getLogger("pai.bus")
 
 # JetStream drops a publish whose Nats-Msg-Id it saw within this window.
 DUPLICATE_WINDOW_SECONDS = 600.0
-# A message not acked within this time is redelivered (the handler died or hung).
-ACK_WAIT_SECONDS = 30.0
+# A message not acked within this time is redelivered (the handler died); a
+# handler that runs longer keeps its message with `in_progress()` heartbeats.
+ACK_WAIT_SECONDS = 5.0
+HEARTBEAT_SECONDS = 2.0
+# Ordered consumers (the single-active scheduler and launcher) hold at most one
+# unacked message: one delivered to a process that then died blocks the next
+# until it is redelivered, so a restart never sees events out of order.
+ORDERED_MAX_ACK_PENDING = 1
+PARALLEL_MAX_ACK_PENDING = 10_000
+DRAIN_SECONDS = 2.0
 NAK_DELAYS = (0.2, 1.0, 5.0, 15.0, 60.0)
 
 Handler = Callable[[AnyEvent], Awaitable[None]]
@@ -130,12 +138,15 @@ class Bus:
         *,
         batch: int = 128,
         stopping: asyncio.Event | None = None,
+        ordered: bool = False,
     ) -> None:
-        """Run `handler` on every event of `kinds`, in stream order, until `stopping` is set.
+        """Run `handler` on every event of `kinds` until `stopping` is set.
 
-        Events are handled one at a time: the single-active services rely on order.
+        Events are handled one at a time, in stream order. `ordered` keeps that
+        order across a crash too (see ORDERED_MAX_ACK_PENDING): the
+        single-active services need it.
         """
-        consumer = await self._pull_subscription(durable, kinds)
+        consumer = await self._pull_subscription(durable, kinds, ordered=ordered)
         decoder = decoder_for(*types)
         stopping = stopping or asyncio.Event()
         while not stopping.is_set():
@@ -143,14 +154,14 @@ class Bus:
             for msg in msgs:
                 await self._dispatch(msg, decoder, handler, durable)
 
-    async def _pull_subscription(self, durable: Durable, kinds: Sequence[Kind]) -> Any:
+    async def _pull_subscription(self, durable: Durable, kinds: Sequence[Kind], *, ordered: bool) -> Any:
         filters = [kind_filter(k) for k in kinds]
         config = api.ConsumerConfig(
             durable_name=durable.value,
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=ACK_WAIT_SECONDS,
             deliver_policy=api.DeliverPolicy.ALL,
-            max_ack_pending=10_000,
+            max_ack_pending=ORDERED_MAX_ACK_PENDING if ordered else PARALLEL_MAX_ACK_PENDING,
             filter_subjects=filters if len(filters) > 1 else None,
             filter_subject=filters[0] if len(filters) == 1 else None,
         )
@@ -170,6 +181,7 @@ class Bus:
             await msg.term()
             return
         with telemetry.span_from_headers(f"{durable.value} {msg.subject}", msg.headers, job=event.job):
+            heartbeat = asyncio.ensure_future(_keep_in_progress(msg))
             try:
                 await handler(event)
             except BadInput as exc:
@@ -187,13 +199,27 @@ class Bus:
             except Exception:
                 log.exception("bug while handling %s; exiting so the service restarts", event.id, extra={"job": event.job})
                 raise
+            finally:
+                heartbeat.cancel()
         await msg.ack()
 
     async def close(self) -> None:
+        """Flush what is pending and disconnect, without waiting long.
+
+        An expired pull request leaves a status message unread in its
+        subscription, which makes nats-py's drain wait its full timeout.
+        """
         try:
-            await self.nc.drain()
-        except Exception:  # closing after NATS vanished: nothing left to flush
+            await asyncio.wait_for(self.nc.drain(), DRAIN_SECONDS)
+        except Exception:  # drain timed out, or NATS is gone: nothing left to flush
             await self.nc.close()
+
+
+async def _keep_in_progress(msg: Msg) -> None:
+    """Tell JetStream a long handler is still at work, so it does not redeliver."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_SECONDS)
+        await msg.in_progress()
 
 
 async def _fetch(consumer: Any, batch: int) -> list[Msg]:

@@ -123,7 +123,10 @@ async def _try_take(kv, key: str, me: str) -> int | None:
         pass
     entry = await kv.get(key)
     current = msgspec.json.decode(entry.value, type=_Lease) if entry.value else None
-    if current is None or current.expires < time.time() or current.holder.split("/")[:2] == me.split("/")[:2]:
+    # The lease is free when it expired, or when its holder ran on this host:
+    # a host runs one replica of a single-active service (one pod in
+    # Kubernetes, one `pai up`), and it is restarted only after it died.
+    if current is None or current.expires < time.time() or current.holder.split("/")[0] == me.split("/")[0]:
         try:
             return await kv.update(key, value, last=entry.revision)
         except nats.js.errors.KeyWrongLastSequenceError:

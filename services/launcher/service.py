@@ -173,7 +173,7 @@ async def body(ctx: ServiceContext) -> None:
         ctx.spawn(shell.pump_backend(), "backend-events")
         await shell.serve_logs()
         ctx.set_ready()
-        await ctx.bus.consume(Durable.LAUNCHER, CONSUMED_KINDS, CONSUMED_TYPES, shell.handle_bus, stopping=ctx.stopping)
+        await ctx.bus.consume(Durable.LAUNCHER, CONSUMED_KINDS, CONSUMED_TYPES, shell.handle_bus, stopping=ctx.stopping, ordered=True)
     finally:
         await shell.close()
 

@@ -201,6 +201,7 @@ async def body(ctx: ServiceContext) -> None:
         CONSUMED,
         shell.handle,
         stopping=ctx.stopping,
+        ordered=True,
     )
 
 

@@ -35,9 +35,9 @@ def stop_event(n: int) -> StopRequested:
     return StopRequested(id=f"alice~job{n}/stop/{RUN}/{uuid.uuid4().hex[:6]}", job=f"alice~job{n}", vc="default", by="alice")
 
 
-async def consume_until(bus, handler, count_fn, want, kinds=(Kind.JOB_STOP_REQUESTED,), types=(StopRequested,)):
+async def consume_until(bus, handler, count_fn, want, kinds=(Kind.JOB_STOP_REQUESTED,), types=(StopRequested,), ordered=True):
     stopping = asyncio.Event()
-    task = asyncio.create_task(bus.consume(Durable.MONITOR, kinds, types, handler, stopping=stopping))
+    task = asyncio.create_task(bus.consume(Durable.MONITOR, kinds, types, handler, stopping=stopping, ordered=ordered))
     for _ in range(200):
         if count_fn() >= want:
             break
@@ -139,3 +139,31 @@ async def test_trace_context_travels_from_publisher_to_handler(bus):
         await bus.publish(stop_event(5))
     await consume_until(bus, handler, lambda: len(seen), 1)
     assert sent != 0 and seen == [sent]
+
+
+async def test_ordered_consumer_keeps_order_when_its_process_dies_mid_event(bus, nats_server):
+    """A message handed to a consumer that died is redelivered before any later one."""
+    first, second = stop_event(6), stop_event(7)
+    crashed = Bus(await __import__("nats").connect(nats_server.url), "crashing")
+    got_first = asyncio.Event()
+
+    async def hang(event):
+        got_first.set()
+        await asyncio.sleep(3600)  # dies before it acks
+
+    stopping = asyncio.Event()
+    task = asyncio.create_task(crashed.consume(Durable.MONITOR, [Kind.JOB_STOP_REQUESTED], (StopRequested,), hang,
+                                               stopping=stopping, ordered=True))
+    await bus.publish(first)
+    await asyncio.wait_for(got_first.wait(), 10)
+    task.cancel()
+    await crashed.nc.close()
+    await bus.publish(second)
+
+    seen = []
+
+    async def record(event):
+        seen.append(event.id)
+
+    await consume_until(bus, record, lambda: len(seen), 2)
+    assert seen == [first.id, second.id]
