@@ -74,6 +74,19 @@ class ExitSpec(msgspec.Struct, frozen=True, kw_only=True):
     solution: list[str] = []
 
 
+# The explanation of a clean exit, the same wherever PAI gives it (launcher and runtime).
+SUCCEEDED_EXIT_SPEC = ExitSpec(
+    code=0,
+    phrase="Succeeded",
+    issuer="USER_CONTAINER",
+    causer="USER_CONTAINER",
+    type="USER_SUCCESS",
+    stage="COMPLETING",
+    behavior="UNKNOWN",
+    reaction=Reaction.NEVER_RETRY,
+)
+
+
 class TaskPlacement(msgspec.Struct, frozen=True, kw_only=True):
     """Where one task instance runs."""
 

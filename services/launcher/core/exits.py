@@ -12,7 +12,7 @@ the framework controller sees them deleted externally), so PAI defines
 
 from __future__ import annotations
 
-from libs.common.messages import ExitSpec, Reaction
+from libs.common.messages import SUCCEEDED_EXIT_SPEC, ExitSpec, Reaction
 
 SUCCEEDED_EXIT_CODE = 0
 STOP_EXIT_CODE = -210
@@ -24,16 +24,7 @@ PORTS_EXHAUSTED_EXIT_CODE = -250
 LOST_EXIT_CODE = -1001
 LOST_PLATFORM_REASON = "Lost"
 
-SUCCEEDED = ExitSpec(
-    code=SUCCEEDED_EXIT_CODE,
-    phrase="Succeeded",
-    issuer="USER_CONTAINER",
-    causer="USER_CONTAINER",
-    type="USER_SUCCESS",
-    stage="COMPLETING",
-    behavior="UNKNOWN",
-    reaction=Reaction.NEVER_RETRY,
-)
+SUCCEEDED = SUCCEEDED_EXIT_SPEC
 
 
 def stopped(by: str) -> ExitSpec:

@@ -35,7 +35,7 @@ from functools import cached_property
 import msgspec
 import re2
 
-from libs.common.messages import ExitSpec, Reaction, TaskExited
+from libs.common.messages import SUCCEEDED_EXIT_SPEC, ExitSpec, Reaction, TaskExited
 from services.runtime.core.model import Classification, Rule
 from services.runtime.core.regexes import compile_regex, re2_options
 from services.runtime.core.validation import RuleError
@@ -54,16 +54,7 @@ UNDEFINED_POSITIVE_CODE = 256
 
 # Used when a rule set does not define the success and fallback codes itself.
 BUILTIN_SPECS = {
-    SUCCESS_CODE: ExitSpec(
-        code=SUCCESS_CODE,
-        phrase="Succeeded",
-        issuer="USER_CONTAINER",
-        causer="USER_CONTAINER",
-        type="USER_SUCCESS",
-        stage="COMPLETING",
-        behavior="UNKNOWN",
-        reaction=Reaction.NEVER_RETRY,
-    ),
+    SUCCESS_CODE: SUCCEEDED_EXIT_SPEC,
     UNKNOWN_FAILURE_CODE: ExitSpec(
         code=UNKNOWN_FAILURE_CODE,
         phrase="PAIRuntimeUnknownFailed",
