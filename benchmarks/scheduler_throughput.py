@@ -116,10 +116,11 @@ def pick(rng: random.Random, table: list[tuple]) -> tuple:
     return table[-1]
 
 
-def make_job(rng: random.Random, number: int, skus: dict[str, int], vc_names: list[str]) -> JobSpec:
+def make_job(rng: random.Random, number: int, skus: dict[str, tuple[int, int]], vc_names: list[str]) -> JobSpec:
+    """skus: model -> (GPUs per node, GPUs in the cluster); a named sku is drawn in proportion to its GPUs."""
     _, instances, gpus = pick(rng, SHAPES)
-    sku = rng.choice(list(skus)) if rng.random() < 0.7 else None
-    max_gpus = min(skus.values()) if sku is None else skus[sku]
+    sku = pick(rng, [(total, model) for model, (_, total) in skus.items()])[1] if rng.random() < 0.7 else None
+    max_gpus = min(per_node for per_node, _ in skus.values()) if sku is None else skus[sku][0]
     gpus = min(gpus, max_gpus)
     _, priority = pick(rng, PRIORITIES)
     return JobSpec(
@@ -131,48 +132,57 @@ def make_job(rng: random.Random, number: int, skus: dict[str, int], vc_names: li
     )
 
 
-def run(jobs: int, seed: int, data: Path) -> dict:
+def run(jobs: int, seed: int, data: Path, load: float = 0.8) -> dict:
     machines = read_machines(data)
     config = load_cluster_config(cluster_config(machines))
-    gpus_per_sku = {model: int(rows["cap_gpu"]) for model, rows in
-                    {r["gpu_type"]: r for r in machines}.items()}
-    total_gpus = sum(int(r["cap_gpu"]) for r in machines)
+    skus: dict[str, tuple[int, int]] = {}
+    for row in machines:
+        per_node, total = skus.get(row["gpu_type"], (int(row["cap_gpu"]), 0))
+        skus[row["gpu_type"]] = (per_node, total + int(row["cap_gpu"]))
+    total_gpus = sum(total for _, total in skus.values())
     rng = random.Random(seed)
     now = [0.0]
     core = SchedulerCore(config, clock=lambda: now[0])
     vc_names = list(config.virtualClusters)
-    mean_gpus = sum(w * i * g for w, i, g in SHAPES) / sum(w for w, _, _ in SHAPES)
+    specs = [make_job(rng, number, skus, vc_names) for number in range(jobs)]
     mean_runtime = 3600.0
-    # Offered load ~95% of the GPUs: arrivals per second = load * gpus / (gpus per job * runtime).
-    arrival_rate = 0.95 * total_gpus / (mean_gpus * mean_runtime)
+    runtimes = [rng.expovariate(1 / mean_runtime) for _ in specs]
+    # Offered load: arrivals per second = load * GPUs / (mean GPU-seconds asked per job).
+    mean_gpu_seconds = statistics.mean(
+        spec.taskRoles[0].instances * spec.taskRoles[0].resources.gpu * runtime for spec, runtime in zip(specs, runtimes))
+    arrival_rate = load * total_gpus / mean_gpu_seconds
     events: list[tuple[float, int, str, str, int]] = []
-    sequence = 0
+    by_id: dict[str, JobSpec] = {}
+    runtime: dict[str, float] = {}
     arrival = 0.0
-    specs: dict[str, JobSpec] = {}
-    for number in range(jobs):
+    for number, (spec, seconds) in enumerate(zip(specs, runtimes)):
         arrival += rng.expovariate(arrival_rate)
-        spec = make_job(rng, number, gpus_per_sku, vc_names)
         job_id = f"{spec.user}~{spec.name}"
-        specs[job_id] = spec
-        events.append((arrival, sequence, "submit", job_id, 0))
-        sequence += 1
+        by_id[job_id] = spec
+        runtime[job_id] = seconds
+        events.append((arrival, number, "submit", job_id, 0))
+    last_arrival = arrival
+    sequence = len(events)
     heapq.heapify(events)
-    runtime = {job_id: rng.expovariate(1 / mean_runtime) for job_id in specs}
     latencies: list[float] = []
     queue_lengths: list[int] = []
-    counts = defaultdict(int)
+    counts: dict[str, int] = defaultdict(int)
     busy = 0.0
+    held_gpus: dict[tuple[str, int], int] = {}
+    busy_gpus = 0
+    gpu_seconds = 0.0
+    last_time = 0.0
     while events:
         at, _, kind, job_id, attempt = heapq.heappop(events)
-        now[0] = at
+        if last_time < last_arrival:
+            gpu_seconds += busy_gpus * (min(at, last_arrival) - last_time)
+        last_time = now[0] = at
         if kind == "submit":
-            event = Submit(job=job_id, attempt=attempt, spec=specs[job_id])
-        elif kind == "finish":
-            event = Release(job=job_id, attempt=attempt, requeue=False)
+            event = Submit(job=job_id, attempt=attempt, spec=by_id[job_id])
         else:
-            event = Release(job=job_id, attempt=attempt, requeue=True)
-        waiting = sum(len(lane) for lane in core._lanes.values())
-        queue_lengths.append(waiting)
+            busy_gpus -= held_gpus.pop((job_id, attempt), 0)
+            event = Release(job=job_id, attempt=attempt, requeue=kind == "preempted")
+        queue_lengths.append(sum(len(lane) for lane in core._lanes.values()))
         started = time.perf_counter()
         decisions = core.handle(event)
         elapsed = time.perf_counter() - started
@@ -183,6 +193,9 @@ def run(jobs: int, seed: int, data: Path) -> dict:
             counts["decisions"] += 1
             if isinstance(decision, Place):
                 counts["placements"] += 1
+                gpus = sum(len(task.gpus) for task in decision.tasks)
+                held_gpus[(decision.job, decision.attempt)] = held_gpus.get((decision.job, decision.attempt), 0) + gpus
+                busy_gpus += gpus
                 if not decision.partial:
                     heapq.heappush(events, (at + runtime[decision.job], sequence, "finish", decision.job,
                                             decision.attempt))
@@ -206,6 +219,8 @@ def run(jobs: int, seed: int, data: Path) -> dict:
         "placements": counts["placements"],
         "preemptions": counts["preemptions"],
         "waits": counts["waits"],
+        "offered_load": load,
+        "gpu_utilisation": round(gpu_seconds / (total_gpus * last_arrival), 3),
         "mean_queue": round(statistics.mean(queue_lengths)),
         "max_queue": max(queue_lengths),
         "machines": len(machines),
@@ -222,11 +237,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--load", type=float, default=0.8, help="offered GPU load (0.8 = 80%% of the GPUs)")
     args = parser.parse_args()
     if not args.data.exists():
         sys.exit(f"machine list not found: {args.data} (the Alibaba PAI trace lives in "
                  f"shared/data/traces/pai_machine_spec.csv; pass --data PATH)")
-    print(json.dumps(run(args.jobs, args.seed, args.data), indent=2))
+    print(json.dumps(run(args.jobs, args.seed, args.data, args.load), indent=2))
 
 
 if __name__ == "__main__":

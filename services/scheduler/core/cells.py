@@ -165,6 +165,18 @@ def _descendants_of_type(cell: Cell, type_name: str) -> Iterator[Cell]:
         yield from _descendants_of_type(child, type_name)
 
 
+class SkuTotals:
+    """Counters over every leaf of one sku: the last entry of each cell's `ancestors`."""
+
+    __slots__ = ("sku", "free", "oppo", "address")
+
+    def __init__(self, sku: str):
+        self.sku = sku
+        self.free = 0
+        self.oppo = 0
+        self.address = f"all {sku} cells"
+
+
 class CellTree:
     """Every physical cell of a config, indexed for the scheduler."""
 
@@ -193,8 +205,14 @@ class CellTree:
             top.buddy = FREE
             chain.tops.append(top)
             chain.free[top.type][top] = None
+        self.sku_totals: dict[str, SkuTotals] = {}
         for cell in self.all_cells:
+            totals = self.sku_totals.get(cell.sku)
+            if totals is None:
+                totals = self.sku_totals[cell.sku] = SkuTotals(cell.sku)
+            cell.ancestors = cell.ancestors + (totals,)
             if cell.is_leaf:
+                totals.free += 1
                 self.sku_leaves[cell.sku] = self.sku_leaves.get(cell.sku, 0) + 1
             if cell.is_node_level:
                 self.sku_max_node_leaves[cell.sku] = max(self.sku_max_node_leaves.get(cell.sku, 0), cell.leaf_count)

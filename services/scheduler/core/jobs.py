@@ -15,7 +15,7 @@ class JobRecord:
     __slots__ = (
         "id", "attempt", "spec", "vc", "priority", "opportunistic", "lazy", "seq", "queued_at", "groups",
         "placed", "pending_groups", "preempting", "victims", "reserved", "cancelled", "reason_key",
-        "ever_placed", "restored", "never", "skus", "skus_set", "failed_epoch", "blocking", "reason_text",
+        "ever_placed", "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "failed_epoch", "blocking", "reason_text",
     )
 
     def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float):
@@ -45,6 +45,11 @@ class JobRecord:
         self.skus_set: frozenset[str] = frozenset()
         self.failed_epoch = -1  # the scheduling pass in which it last failed to fit
         self.blocking = 0  # > 0: an aged gang that stops backfill behind it; the cells it needs
+        self.held_skus: frozenset[str] = frozenset()  # skus of the cells it holds
+        self.gang_deadline = float("inf")  # when, still waiting, it starts to stop backfill behind it
+        # (gpu, cpu, memoryMB, tasks needed at once, pinnedCellId) when the job is one group of equal
+        # tasks, else None: a job whose shape is at least as large fails wherever this one failed.
+        self.shape: tuple | None = None
         self.ever_placed = False
         self.restored = False
 

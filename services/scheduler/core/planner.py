@@ -30,6 +30,9 @@ def plan_opportunistic(state: ClusterState, sku: str, sizes: list[int], view: Vi
     """Idle cells anywhere in the cluster; cells no VC has bound first, so the job is less likely preempted."""
     tops = [top for chain in state.tree.sku_chains.get(sku, ()) for top in chain.tops]
     leaves = fit_group(tops, sizes, view)
+    if leaves is None and len(sizes) > 1 and state.tree.sku_totals[sku].free >= sum(sizes):
+        # Bigger than any one top-level cell: across them, in cell order so neighbours stay together.
+        leaves = fit_across([node for top in tops for node in top.node_cells], sizes, view)
     return Plan(leaves, []) if leaves is not None else None
 
 
@@ -88,6 +91,8 @@ def _plan_across(units: list[Cell], quotas: list[Quota], sizes: list[int], view:
         for index, quota in enumerate(quotas):
             if quota.unbound - taken_per_quota.get(index, 0) <= 0:
                 continue
+            if quota.leaf_count < sizes[0] and quota.inside_node:
+                continue  # a task lives on one node: a VC cell inside a node smaller than the task is no use
             best = None
             best_usable = 0
             for cell in quota.chain.bindable(quota.type):

@@ -172,6 +172,9 @@ class SchedulerCore:
             record.skus = list(dict.fromkeys(
                 sku for group in record.groups for sku in self._candidate_skus(record, vc, group)))
             record.skus_set = frozenset(record.skus)
+        if record.spec.gangAllocation and any(len(group.tasks) > 1 for group in record.groups):
+            record.gang_deadline = record.queued_at + self._gang_after
+        record.shape = self._shape(record)
         return record
 
     def _enqueue(self, record: JobRecord) -> None:
@@ -238,6 +241,7 @@ class SchedulerCore:
 
     def _note_holding(self, record: JobRecord) -> None:
         self._holding.setdefault(record.vc, {})[record] = None
+        record.held_skus = frozenset(leaves[0].sku for leaves in record.placed.values())
 
     def _drop(self, record: JobRecord) -> None:
         """Forget an attempt: free its cells and reservations, leave the queue."""
@@ -252,6 +256,7 @@ class SchedulerCore:
         self._drop_reservations(record)
         for unit in dict.fromkeys(units):
             state.unbind_if_idle(unit)
+        self._stop_blocking(record)
         self._dequeue(record)
         if self._jobs.get(record.id) is record:
             del self._jobs[record.id]
@@ -326,15 +331,28 @@ class SchedulerCore:
 
     def _run_lane(self, queue: list[JobRecord], decisions: list[Decision]) -> None:
         now = self._clock()
+        epoch = self._state.epoch
         position = 0
         blockers: list[JobRecord] = []
+        failed_shapes: list[tuple[frozenset, tuple, int]] = []
+        blocking_ids: set[str] = set()
         for record in list(queue):
             if record.preempting or not record.waiting or self._jobs.get(record.id) is not record:
                 continue  # a preempted job is requeued by its Release
             position += 1
             if record.never is not None:
-                self._set_reason(record, reasons.never(record.never), position - 1, decisions)
+                if record.reason_key is None:
+                    self._set_reason(record, reasons.never(record.never), position - 1, decisions)
                 continue
+            if not self._may_fit_now(record):
+                # Nothing it may use was freed since it last failed: it keeps its reason.
+                if self._age(record, now, blockers):
+                    blocking_ids.add(record.id)
+                continue
+            if blockers:
+                known = record.reason_key
+                if known is not None and known[0] == "behind" and known[1] in blocking_ids:
+                    continue  # still behind the same gang (same lane, so its priority is at least as high)
             blocker = self._blocked_by(record, blockers) if blockers else None
             if blocker is not None:
                 if record.reason_key != ("behind", blocker.id):
@@ -342,14 +360,50 @@ class SchedulerCore:
                         blocker.id, None if blocker.opportunistic else blocker.vc, blocker.queued_at,
                         blocker.blocking, self._clock), position - 1, decisions)
                 continue
-            if self._may_fit_now(record):
+            shape = record.shape
+            if shape is not None and not record.victims and not record.reserved and any(
+                    record.skus_set <= skus and record.priority <= priority and _dominates(shape, failed)
+                    for skus, failed, priority in failed_shapes):
+                # Cells only get scarcer during a pass: a job at least as large as one that failed fails too.
+                self._fail(record, record.pending_groups[0], record.pending_groups[0].tasks, position - 1, decisions)
+            else:
                 self._try_place(record, position - 1, decisions)
-            if record.waiting and record.blocking == 0 and record.failed_epoch >= 0 and record.reason_key \
-                    and record.reason_key[0] in ("vc", "idle") and now - record.queued_at >= self._gang_after \
-                    and self._is_gang_failure(record):
-                record.blocking = record.reason_key[-1]
-            if record.blocking and record.waiting:
-                blockers.append(record)
+                if shape is not None and record.waiting and record.failed_epoch == epoch and not record.victims:
+                    failed_shapes.append((record.skus_set, shape, record.priority))
+            if self._age(record, now, blockers):
+                blocking_ids.add(record.id)
+
+    def _age(self, record: JobRecord, now: float, blockers: list[JobRecord]) -> bool:
+        """A gang that waited long enough for cells stops the backfill behind it; True if it does now."""
+        if record.blocking == 0 and now >= record.gang_deadline and record.failed_epoch >= 0 \
+                and record.waiting and record.reason_key is not None and record.reason_key[0] in ("vc", "idle"):
+            record.blocking = record.reason_key[-1]
+        if record.blocking and record.waiting:
+            blockers.append(record)
+            return True
+        return False
+
+    def _stop_blocking(self, record: JobRecord) -> None:
+        """The jobs held back behind this gang are looked at again."""
+        if not record.blocking:
+            return
+        record.blocking = 0
+        lane = self._lane_of(record)
+        for other in self._lanes.get(lane, ()):
+            if other.reason_key == ("behind", record.id):
+                other.failed_epoch = -1
+        self._dirty_lanes.add(lane)
+
+    @staticmethod
+    def _shape(record: JobRecord) -> tuple | None:
+        if len(record.groups) != 1:
+            return None
+        tasks = record.groups[0].tasks
+        first = tasks[0]
+        if any((t.gpu, t.cpu, t.memoryMB) != (first.gpu, first.cpu, first.memoryMB) for t in tasks):
+            return None
+        at_once = len(tasks) if record.spec.gangAllocation else 1
+        return (first.gpu, first.cpu, first.memoryMB, at_once, record.spec.pinnedCellId)
 
     def _may_fit_now(self, record: JobRecord) -> bool:
         """False when nothing the job may use was freed since it last failed to fit (it would fail again)."""
@@ -403,9 +457,7 @@ class SchedulerCore:
                 self._set_reason(record, reasons.for_victims(sorted(record.victims)), position, decisions)
                 break
             if failed is not None:
-                record.failed_epoch = self._state.epoch
-                cells = self._cells_for(failed, skus[0])
-                self._set_reason(record, self._capacity_reason(record, vc, skus, cells), position, decisions)
+                self._fail(record, group, failed, position, decisions)
                 break
         if placements:
             record.ever_placed = True
@@ -415,8 +467,18 @@ class SchedulerCore:
         if not record.pending_groups:
             record.reason_text = None
             record.reason_key = None
-            record.blocking = 0
+            self._stop_blocking(record)
             self._dequeue(record)
+
+    def _fail(self, record: JobRecord, group: GroupDemand, tasks: list[TaskDemand], position: int,
+              decisions: list[Decision]) -> None:
+        record.failed_epoch = self._state.epoch
+        vc = self._state.vcs[record.vc]
+        skus = self._candidate_skus(record, vc, group)
+        cells = self._cells_for(tasks, skus[0])
+        key = ("idle", tuple(skus), cells) if record.opportunistic else ("vc", vc.name, tuple(skus), cells)
+        if key != record.reason_key or record.reason_text is None:
+            self._set_reason(record, self._capacity_reason(record, vc, skus, cells), position, decisions)
 
     def _blocked_by(self, record: JobRecord, blockers: list[JobRecord]) -> JobRecord | None:
         # Blockers come from the same lane and the lane is in priority order, so only skus matter.
@@ -552,6 +614,13 @@ class SchedulerCore:
         """Place these tasks together: their placements, "preempting", or None (they wait)."""
         modes = (_FREE,) if record.opportunistic else (_FREE, _TAKE_OPPO, _VICTIMS)
         max_node = self._state.tree.sku_max_node_leaves
+        if len(skus) > 1:
+            # Any sku will do: the one with the most free cells first (shortest wait, spreads the load).
+            if record.opportunistic:
+                totals = self._state.tree.sku_totals
+                skus = sorted(skus, key=lambda sku: -totals[sku].free)
+            else:
+                skus = sorted(skus, key=lambda sku: vc.held.get(sku, 0) - vc.sku_virtual.get(sku, 0))
         for mode in modes:
             for sku in skus:
                 sku_type = self.config.skuTypes[sku]
@@ -588,15 +657,22 @@ class SchedulerCore:
                     state.set_leaf(leaf, job=record, reserved_for=None)
                 record.placed[(task.role, task.index)] = leaves
                 placements.append(self._placement(task, leaves, sku))
+            self._unbind_unused(plan)
             return placements
         for leaves in plan.leaves:
             for leaf in leaves:
                 state.set_leaf(leaf, job=leaf.job, reserved_for=record)
+        self._unbind_unused(plan)
         group = next(g for g in record.groups if any(t in g.tasks for t in tasks))
         record.reserved.append((group, tasks, plan.leaves))
         for victim in sorted(victims, key=lambda j: j.seq):
             self._preempt(victim, record, decisions)
         return "preempting"
+
+    def _unbind_unused(self, plan: Plan) -> None:
+        """VC cells bound while searching that the final placement does not use go back at once."""
+        for _, cell in plan.new_units:
+            self._state.unbind_if_idle(cell)
 
     def _placement(self, task: TaskDemand, leaves: list[Cell], sku: str) -> TaskPlacement:
         node = leaves[0].node
@@ -641,23 +717,31 @@ class SchedulerCore:
                            decisions: list[Decision]) -> Plan | None:
         """Intra-VC preemption: lower-priority guaranteed jobs of the VC give way, lazily where they allow it."""
         lower = [job for job in self._holding.get(vc.name, ())
-                 if job.vc == vc.name and not job.opportunistic and not job.preempting and job.placed
-                 and job.priority < record.priority and any(leaf.sku == sku for leaf in job.leaves())]
+                 if job.priority < record.priority and sku in job.held_skus and not job.opportunistic
+                 and not job.preempting and job.placed]
         if not lower:
             return None
         lower.sort(key=lambda j: (j.priority, -j.seq))
         state = self._state
-        lazy = [job for job in lower if job.lazy]
+        # A job still waiting for more tasks (incremental) is not downgraded: it would change queues.
+        lazy = [job for job in lower if job.lazy and not job.waiting]
         downgraded: list[JobRecord] = []
-        for job in lazy:
-            state.refresh_job_leaves(job, lambda job=job: setattr(job, "opportunistic", True))
-            downgraded.append(job)
-            excluded = [leaf for j in downgraded for leaf in j.leaves()]
-            plan = plan_guaranteed(state, record, vc, sku, sizes, View(take_oppo=True, excluded=excluded))
-            if plan is not None:
-                return plan  # the downgraded jobs keep running as opportunistic work
-        for job in reversed(downgraded):
-            self._upgrade(job)
+        state.unbind_log = []
+        try:
+            for job in lazy:
+                state.refresh_job_leaves(job, lambda job=job: setattr(job, "opportunistic", True))
+                downgraded.append(job)
+                excluded = [leaf for j in downgraded for leaf in j.leaves()]
+                plan = plan_guaranteed(state, record, vc, sku, sizes, View(take_oppo=True, excluded=excluded))
+                if plan is not None:
+                    return plan  # the downgraded jobs keep running as opportunistic work
+            # Downgrading is not enough: undo it exactly, then pick victims to kill.
+            for vc_record, quota, cell in reversed(state.unbind_log):
+                state.bind(vc_record, quota, cell)
+            for job in reversed(downgraded):
+                state.refresh_job_leaves(job, lambda job=job: setattr(job, "opportunistic", False))
+        finally:
+            state.unbind_log = None
         view = View(take_oppo=True)
         for job in lower:
             for leaf in job.leaves():
@@ -667,20 +751,8 @@ class SchedulerCore:
                 return plan
         return None
 
-    def _upgrade(self, job: JobRecord) -> None:
-        """Undo a tentative downgrade: re-bind the VC cells its leaves lie in."""
-        state = self._state
-        vc = state.vcs[job.vc]
-        for leaf in job.leaves():
-            if leaf.unit is not None:
-                continue
-            for quota in vc.sku_quotas.get(leaf.sku, ()):
-                cell = next((c for c in leaf.ancestors if c.type == quota.type and c.chain == quota.chain.name), None)
-                if cell is not None and quota.unbound > 0 and state.bindable_cell_for(cell):
-                    state.bind(vc, quota, cell)
-                    break
-            else:
-                raise AssertionError(f"cannot re-bind the cells of {job} after a tentative downgrade")
-        state.refresh_job_leaves(job, lambda: setattr(job, "opportunistic", False))
 
-
+def _dominates(shape: tuple, failed: tuple) -> bool:
+    """Whether a job of `shape` needs at least what a job of shape `failed` needed (same pinning)."""
+    return (shape[4] == failed[4] and shape[0] >= failed[0] and shape[1] >= failed[1] and shape[2] >= failed[2]
+            and shape[3] >= failed[3])

@@ -17,14 +17,15 @@ from services.scheduler.core.jobs import JobRecord
 class Quota:
     """`total` cells of one type in one chain promised to a VC; `bound` are the physical cells taken so far."""
 
-    __slots__ = ("chain", "type", "total", "bound", "leaf_count")
+    __slots__ = ("chain", "type", "total", "bound", "leaf_count", "inside_node")
 
-    def __init__(self, chain: Chain, type_name: str, total: int, leaf_count: int):
+    def __init__(self, chain: Chain, type_name: str, total: int, leaf_count: int, inside_node: bool):
         self.chain = chain
         self.type = type_name
         self.total = total
         self.bound: dict[Cell, None] = {}
         self.leaf_count = leaf_count
+        self.inside_node = inside_node  # below the node level: a task cannot span two such cells
 
     @property
     def unbound(self) -> int:
@@ -32,7 +33,7 @@ class Quota:
 
 
 class VcRecord:
-    __slots__ = ("name", "quotas", "pinned", "sku_quotas", "sku_guaranteed", "sku_virtual", "units")
+    __slots__ = ("name", "quotas", "pinned", "sku_quotas", "sku_guaranteed", "sku_virtual", "units", "held")
 
     def __init__(self, name: str):
         self.name = name
@@ -42,6 +43,7 @@ class VcRecord:
         self.sku_guaranteed: dict[str, int] = {}  # leaf cells promised per sku, pinned cells included
         self.sku_virtual: dict[str, int] = {}  # the same without pinned cells (what unpinned jobs may use)
         self.units: dict[str, dict[Cell, None]] = {}  # sku -> bound (not pinned) cells
+        self.held: dict[str, int] = {}  # sku -> leaves of its bound (not pinned) cells its guaranteed work holds
 
     @property
     def skus(self) -> list[str]:
@@ -75,8 +77,10 @@ class ClusterState:
                 quota = vc.quotas.get(key)
                 if quota is None:
                     cell_type = config.cellTypes[virtual.cellType]
-                    quota = vc.quotas[key] = Quota(self.tree.chains[virtual.chain], virtual.cellType, 0,
-                                                   cell_type.leafCellNumber)
+                    chain = self.tree.chains[virtual.chain]
+                    node_level = next(t for t in chain.types if config.cellTypes[t].isNodeLevel)
+                    inside_node = chain.types.index(virtual.cellType) > chain.types.index(node_level)
+                    quota = vc.quotas[key] = Quota(chain, virtual.cellType, 0, cell_type.leafCellNumber, inside_node)
                 quota.total += virtual.cellNumber
             for quota in vc.quotas.values():  # skus in the order the VC lists them
                 vc.sku_virtual.setdefault(quota.chain.sku, 0)
@@ -103,6 +107,8 @@ class ClusterState:
         # What was freed since the last pass, coarsely, to know which queues to look at:
         # ("vc", vc), ("unbound", sku), ("any", sku).
         self.freed_since_pass: set[tuple[str, str]] = set()
+        # While set, every unbinding is recorded here, so a tentative change can be undone exactly.
+        self.unbind_log: list[tuple[VcRecord, Quota, Cell]] | None = None
 
     def note_freed(self, leaf: Cell) -> None:
         epoch = self.epoch
@@ -139,7 +145,13 @@ class ClusterState:
         for leaf in cell.leaves:
             leaf.unit = cell
             if _holds(leaf):
-                cell.held += 1
+                self._add_held(cell, 1)
+
+    def _add_held(self, unit: Cell, delta: int) -> None:
+        unit.held += delta
+        if unit.quota_key is not None:
+            held = self.vcs[unit.vc].held
+            held[unit.sku] = held.get(unit.sku, 0) + delta
 
     def bind(self, vc: VcRecord, quota: Quota, cell: Cell, *, taken: bool = False) -> None:
         """Bind a free (or already taken by a tentative plan) cell to the VC's quota."""
@@ -155,6 +167,8 @@ class ClusterState:
             return
         vc = self.vcs[unit.vc]
         quota = vc.quotas[unit.quota_key]
+        if self.unbind_log is not None:
+            self.unbind_log.append((vc, quota, unit))
         del quota.bound[unit]
         del vc.units[unit.sku][unit]
         for leaf in unit.leaves:
@@ -197,7 +211,9 @@ class ClusterState:
         leaf.job = job
         leaf.reserved_for = reserved_for
         if unit is not None:
-            unit.held += _holds(leaf) - before
+            change = _holds(leaf) - before
+            if change:
+                self._add_held(unit, change)
         self.refresh(leaf)
 
     def refresh_job_leaves(self, job: JobRecord, change) -> None:
@@ -208,7 +224,9 @@ class ClusterState:
         units = []
         for leaf, held in zip(leaves, before):
             if leaf.unit is not None:
-                leaf.unit.held += _holds(leaf) - held
+                change = _holds(leaf) - held
+                if change:
+                    self._add_held(leaf.unit, change)
                 units.append(leaf.unit)
             self.refresh(leaf)
         for unit in dict.fromkeys(units):

