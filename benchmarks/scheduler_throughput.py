@@ -20,7 +20,6 @@ import argparse
 import csv
 import heapq
 import json
-import math
 import random
 import statistics
 import sys
@@ -182,7 +181,7 @@ def run(jobs: int, seed: int, data: Path, load: float = 0.8) -> dict:
         else:
             busy_gpus -= held_gpus.pop((job_id, attempt), 0)
             event = Release(job=job_id, attempt=attempt, requeue=kind == "preempted")
-        queue_lengths.append(sum(len(lane) for lane in core._lanes.values()))
+        queue_lengths.append(core.queued_count())
         started = time.perf_counter()
         decisions = core.handle(event)
         elapsed = time.perf_counter() - started

@@ -1,4 +1,15 @@
-"""The HiveD-style cell scheduler core: pure, synchronous, deterministic (no I/O, injected clock)."""
+"""The HiveD-style cell scheduler core: pure, synchronous, deterministic (no I/O, injected clock).
+
+    core = SchedulerCore(load_cluster_config(path), clock=clock)
+    core.handle(Restore(...), ...)           # at start-up: attempts already running
+    decisions = core.handle(Submit(...))     # -> [Place | Preempt | Wait, ...]
+    core.waiting_reason(job)                 # why a job waits, with current counts
+    core.vc_status()                         # per VC and sku: guaranteed/used/total cells, queue
+    core.restore_warnings                    # what Restore could not bring back exactly
+
+See `scheduler.py` for the policy (queues, anti-starvation, preemption) and
+`cells.py` for buddy allocation and VC safety.
+"""
 
 from services.scheduler.cluster import ClusterConfig, ClusterConfigError, load_cluster_config, local_cluster_config
 from services.scheduler.core.decisions import Decision, Place, Preempt, Wait

@@ -44,7 +44,7 @@ class Cell:
     __slots__ = (
         "address", "type", "level", "chain", "sku", "parent", "children", "node", "gpus",
         "leaf_count", "is_node_level", "in_node", "pinned_id", "order", "leaves", "node_cells",
-        "depth", "ancestors",
+        "ancestors", "chain_obj",
         # dynamic state
         "free", "oppo", "buddy", "vc", "quota_key", "held", "job", "reserved_for", "unit",
     )
@@ -55,6 +55,7 @@ class Cell:
         self.type = spec.cellType
         self.level = level
         self.chain = chain
+        self.chain_obj: Chain | None = None
         self.sku = sku
         self.parent = parent
         self.children: list[Cell] = []
@@ -67,7 +68,6 @@ class Cell:
         self.leaves: list[Cell] = []
         self.node_cells: list[Cell] = []
         self.leaf_count = 0
-        self.depth = 0 if parent is None else parent.depth + 1
         # Self first, then up to the top: the cells whose counters a leaf feeds.
         self.ancestors: tuple[Cell, ...] = (self,) if parent is None else (self,) + parent.ancestors
         self.free = 0
@@ -96,6 +96,9 @@ class Chain:
         self.types = types  # top -> leaf
         self.sku = sku
         self.tops: list[Cell] = []
+        # Leaves bound to no VC (what binding could still take): free ones, and ones of opportunistic work.
+        self.unbound_free = 0
+        self.unbound_oppo = 0
         # Ordered sets (dicts): insertion order keeps every choice deterministic.
         self.free: dict[str, dict[Cell, None]] = {t: {} for t in types}
 
@@ -116,10 +119,6 @@ class Chain:
                 for cell in list(free_bigger):
                     yield from _descendants_of_type(cell, type_name)
                 return
-
-    def has_bindable(self, type_name: str) -> bool:
-        position = self.types.index(type_name)
-        return any(self.free[t] for t in self.types[: position + 1])
 
     def take(self, cell: Cell) -> None:
         """Remove `cell` from the free lists, splitting the free cell that holds it."""
@@ -229,6 +228,7 @@ class CellTree:
             gpus = tuple(range(spec.index * sku.gpu, (spec.index + 1) * sku.gpu))
         cell = Cell(spec, level=cell_type.level, chain=chain.name, sku=cell_type.skuType, parent=parent, node=node,
                     is_node_level=cell_type.isNodeLevel, gpus=gpus, order=len(self.all_cells))
+        cell.chain_obj = chain
         self.all_cells.append(cell)
         if cell_type.isNodeLevel:
             node.cells.append(cell)
@@ -239,6 +239,7 @@ class CellTree:
         if cell.is_leaf:
             cell.leaves = [cell]
             cell.free = 1
+            chain.unbound_free += 1
             self.leaves_by_address[cell.address] = cell
         else:
             cell.leaves = [leaf for child in cell.children for leaf in child.leaves]
@@ -275,4 +276,8 @@ def refresh_leaf(leaf: Cell) -> bool:
     if delta_oppo:
         for cell in leaf.ancestors:
             cell.oppo += delta_oppo
+    if leaf.unit is None:
+        chain = leaf.chain_obj
+        chain.unbound_free += delta_free
+        chain.unbound_oppo += delta_oppo
     return delta_free > 0 or (delta_oppo > 0 and delta_free >= 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.scheduler.core.cells import FREE, INSIDE, SPLIT, TAKEN, leaf_counts
 from services.scheduler.core.jobs import JobRecord
+from services.scheduler.core.queues import Queues
 from services.scheduler.core.state import ClusterState, _holds
 
 
@@ -12,7 +13,7 @@ def _require(condition: bool, message: str) -> None:
         raise AssertionError(message)
 
 
-def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], lanes: dict[str | None, list[JobRecord]]) -> None:
+def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], queues: Queues) -> None:
     tree = state.tree
     # Counters: every cell's free/oppo equal what its leaves add up to.
     for cell in reversed(tree.all_cells):
@@ -23,6 +24,11 @@ def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], lanes: dic
             oppo = sum(child.oppo for child in cell.children)
         _require((cell.free, cell.oppo) == (free, oppo),
                  f"counters of {cell.address} are free={cell.free} oppo={cell.oppo}, expected {free}/{oppo}")
+
+    for totals in tree.sku_totals.values():
+        leaves = [leaf for leaf in tree.leaves_by_address.values() if leaf.sku == totals.sku]
+        _require((totals.free, totals.oppo) == (sum(leaf.free for leaf in leaves), sum(leaf.oppo for leaf in leaves)),
+                 f"{totals.address}: counters are off")
 
     # No over-allocation: a leaf holds at most one attempt, and exactly the one that lists it.
     owner: dict[int, JobRecord] = {}
@@ -94,17 +100,26 @@ def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], lanes: dic
                                  f"{cell.address} is split but all its children are free")
                 for child in cell.children:
                     stack.append((child, inside or cell.buddy in (FREE, TAKEN)))
+        unbound_free = sum(leaf.free for top in chain.tops for leaf in top.leaves if leaf.unit is None)
+        unbound_oppo = sum(leaf.oppo for top in chain.tops for leaf in top.leaves if leaf.unit is None)
+        _require((chain.unbound_free, chain.unbound_oppo) == (unbound_free, unbound_oppo),
+                 f"chain {chain.name}: unbound counters are {chain.unbound_free}/{chain.unbound_oppo}, "
+                 f"expected {unbound_free}/{unbound_oppo}")
         # VC safety: what every VC may still bind can be carved out of the free cells.
         _require(state.chain_is_safe(chain), f"chain {chain.name}: the VCs' unbound quota no longer fits its free cells")
 
-    # The queues hold exactly the waiting attempts, in order, each in its lane.
+    # The queues hold exactly the waiting attempts, in order, each in its lane and sku lists.
     queue = []
-    for lane, lane_jobs in lanes.items():
+    for lane, lane_jobs in queues.lanes.items():
         keys = [job.key for job in lane_jobs]
         _require(keys == sorted(keys), f"the queue of {lane or 'opportunistic jobs'} is out of order")
         for job in lane_jobs:
-            _require((None if job.opportunistic else job.vc) == lane, f"{job} is queued in the wrong lane {lane}")
+            _require(queues.lane_of(job) == lane, f"{job} is queued in the wrong lane {lane}")
+            for sku in job.skus or [None]:
+                _require(job in queues.by_sku.get((lane, sku), ()), f"{job} is missing from the {sku} list")
         queue.extend(lane_jobs)
+    listed = sum(len(jobs_of_sku) for jobs_of_sku in queues.by_sku.values())
+    _require(listed == sum(len(job.skus) or 1 for job in queue), "a sku list holds a job its lane does not")
     _require(len({id(job) for job in queue}) == len(queue), "a job is queued twice")
     for job in queue:
         _require(jobs.get(job.id) is job and job.waiting, f"{job} is queued but not waiting")

@@ -15,7 +15,7 @@ class JobRecord:
     __slots__ = (
         "id", "attempt", "spec", "vc", "priority", "opportunistic", "lazy", "seq", "queued_at", "groups",
         "placed", "pending_groups", "preempting", "victims", "reserved", "cancelled", "reason_key",
-        "ever_placed", "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "failed_epoch", "blocking", "reason_text",
+        "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "seen_epoch", "behind", "failed_epoch", "blocking", "reason_text",
     )
 
     def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float):
@@ -50,7 +50,8 @@ class JobRecord:
         # (gpu, cpu, memoryMB, tasks needed at once, pinnedCellId) when the job is one group of equal
         # tasks, else None: a job whose shape is at least as large fails wherever this one failed.
         self.shape: tuple | None = None
-        self.ever_placed = False
+        self.seen_epoch = -1  # the last scheduling pass that looked at it
+        self.behind: str | None = None  # the aged gang it waits behind, if any
         self.restored = False
 
     @property

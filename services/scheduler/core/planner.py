@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from services.scheduler.core.cells import Cell
 from services.scheduler.core.jobs import JobRecord
-from services.scheduler.core.search import View, fit_across, fit_group
+from services.scheduler.core.search import View, capacity, fit_across, fit_group
 from services.scheduler.core.state import ClusterState, Quota, VcRecord
 
 
@@ -27,7 +27,7 @@ class Plan:
 
 
 def plan_opportunistic(state: ClusterState, sku: str, sizes: list[int], view: View) -> Plan | None:
-    """Idle cells anywhere in the cluster; cells no VC has bound first, so the job is less likely preempted."""
+    """Idle cells anywhere in the cluster, by the same best fit as guaranteed work."""
     tops = [top for chain in state.tree.sku_chains.get(sku, ()) for top in chain.tops]
     leaves = fit_group(tops, sizes, view)
     if leaves is None and len(sizes) > 1 and state.tree.sku_totals[sku].free >= sum(sizes):
@@ -57,6 +57,9 @@ def plan_guaranteed(state: ClusterState, job: JobRecord, vc: VcRecord, sku: str,
     for quota in quotas:
         if quota.leaf_count < total:
             continue
+        chain = quota.chain
+        if chain.unbound_free + (chain.unbound_oppo if view.take_oppo else 0) < total:
+            continue  # not enough usable leaves outside the VCs' cells in the whole chain
         candidates = []
         for cell in quota.chain.bindable(quota.type):
             usable = view.avail(cell)
@@ -75,14 +78,19 @@ def plan_guaranteed(state: ClusterState, job: JobRecord, vc: VcRecord, sku: str,
 
 def _plan_across(units: list[Cell], quotas: list[Quota], sizes: list[int], view: View) -> Plan | None:
     """A group bigger than one VC cell: across bound cells, binding more one at a time."""
-    total = sum(sizes)
-    roots = [unit for unit in units if view.avail(unit) > 0]
-    usable = sum(view.avail(unit) for unit in roots)
+    if len(sizes) == 1:
+        return None  # one task lives on one node, so in one VC cell: already tried
+    smallest = sizes[-1]
+    needed = len(sizes)
+    roots = [unit for unit in units if view.avail(unit) >= smallest]
+    room = sum(capacity(_nodes_of(root), smallest, view) for root in roots)
+    if room + _bindable_room(quotas, smallest, view) < needed:
+        return None  # not even with every cell the VC could still bind
     plan = Plan([], [])
     taken_per_quota: dict[int, int] = {}
     while True:
-        if usable >= total:
-            node_cells = [node for root in roots for node in (root.node_cells if not root.in_node else [root])]
+        if room >= needed:
+            node_cells = [node for root in roots for node in _nodes_of(root)]
             leaves = fit_across(node_cells, sizes, view)
             if leaves is not None:
                 plan.leaves = leaves
@@ -111,4 +119,33 @@ def _plan_across(units: list[Cell], quotas: list[Quota], sizes: list[int], view:
             plan.abandon()
             return None
         roots.append(added)
-        usable += view.avail(added)
+        room += capacity(_nodes_of(added), smallest, view)
+
+
+def _nodes_of(cell: Cell) -> list[Cell]:
+    return [cell] if cell.in_node else cell.node_cells
+
+
+def _bindable_room(quotas: list[Quota], size: int, view: View) -> int:
+    """At most how many tasks of `size` the VC's unbound quota could add (an upper bound, from counters)."""
+    per_chain: dict[str, int] = {}
+    chains = {}
+    for quota in quotas:
+        if quota.unbound > 0:
+            per_chain[quota.chain.name] = per_chain.get(quota.chain.name, 0) + quota.unbound * quota.tasks_per_cell(size)
+            chains[quota.chain.name] = quota.chain
+    room = 0
+    for name, most in per_chain.items():
+        chain = chains[name]
+        usable = chain.unbound_free + (chain.unbound_oppo if view.take_oppo else 0)
+        room += min(most, usable // size)
+    return room
+
+
+def _cells_of_type(cell: Cell, type_name: str) -> list[Cell]:
+    if cell.type == type_name:
+        return [cell]
+    found = []
+    for child in cell.children:
+        found.extend(_cells_of_type(child, type_name))
+    return found

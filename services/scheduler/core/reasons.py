@@ -9,7 +9,11 @@ decision for every change of a count.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from services.scheduler.core.jobs import JobRecord
+    from services.scheduler.core.state import ClusterState, VcRecord
 
 Reason = tuple[tuple, Callable[[int], str]]
 
@@ -47,20 +51,64 @@ def idle_anywhere(cells: int, skus: list[str], counts: Callable[[], tuple[int, i
 
 
 def behind_gang(blocker: str, vc: str | None, since: float, cells: int, clock: Callable[[], float]) -> Reason:
+    """Held back so an aged gang gets the cells that free up (the key is the kind only: which gang
+    is ahead may change often; the text names the current one)."""
     where = f"VC {vc}" if vc else "the opportunistic queue"
 
     def text(ahead: int) -> str:
         return (f"waiting behind gang job {blocker} in {where}, which has waited {(clock() - since) / 60:.0f} min "
                 f"for {cells} cells; smaller jobs no longer go before it so it is not starved")
 
-    return ("behind", blocker), text
+    return ("behind",), text
 
 
-def for_victims(victims: list[str]) -> Reason:
-    words = f"waiting for {plural(len(victims), 'preempted job')} to release their cells: {', '.join(victims)}"
-    return ("victims", tuple(victims)), lambda ahead: words
+def for_victims(record: JobRecord) -> Reason:
+    """Waiting for preempted jobs to give their cells back (the text lists those still running)."""
+
+    def text(ahead: int) -> str:
+        victims = sorted(record.victims)
+        return f"waiting for {plural(len(victims), 'preempted job')} to release their cells: {', '.join(victims)}"
+
+    return ("victims",), text
 
 
 def never(problem: str) -> Reason:
     words = f"cannot be placed as submitted: {problem}"
     return ("never", problem), lambda ahead: words
+
+
+def waiting_for_room(state: ClusterState, record: JobRecord, vc: VcRecord, skus: list[str], cells: int) -> Reason:
+    """The job fits in principle but not now: free versus needed cells, read when the text is asked for."""
+    tree = state.tree
+
+    def unhealthy() -> int:
+        return sum(state.unhealthy_leaves.get(sku, 0) for sku in skus)
+
+    if record.opportunistic:
+        def idle_counts() -> tuple[int, int, str]:
+            idle = sum(tree.sku_totals[sku].free for sku in skus if sku in tree.sku_totals)
+            total = sum(tree.sku_leaves.get(sku, 0) for sku in skus)
+            bad = unhealthy()
+            hint = f"{bad} of them on unhealthy nodes" if bad else ""
+            if idle >= cells and not hint:
+                hint = "enough cells are idle but not on few enough nodes (each task needs its cells on one node)"
+            return idle, total, hint
+
+        return idle_anywhere(cells, skus, idle_counts)
+
+    pinned = vc.pinned.get(record.spec.pinnedCellId) if record.spec.pinnedCellId is not None else None
+
+    def vc_counts() -> tuple[int, int, str]:
+        if pinned is not None:
+            guaranteed, held = pinned.leaf_count, pinned.held
+        else:
+            guaranteed = sum(vc.sku_virtual.get(sku, 0) for sku in skus)
+            held = sum(vc.held.get(sku, 0) for sku in skus)
+        free = guaranteed - held
+        bad = unhealthy()
+        hint = f"{bad} {sku_words(skus)} cells of the cluster are on unhealthy nodes" if bad else ""
+        if free >= cells and not hint:
+            hint = "enough cells are free but not on few enough nodes (each task needs its cells on one node)"
+        return free, guaranteed, hint
+
+    return in_vc(vc.name, cells, skus, vc_counts)

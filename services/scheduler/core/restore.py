@@ -99,10 +99,4 @@ def _bind_one(state: ClusterState, vc: VcRecord, leaf: Cell) -> tuple[Quota, Cel
 
 def _undo(state: ClusterState, vc: VcRecord, bound: list[tuple[Quota, Cell]]) -> None:
     for quota, cell in reversed(bound):
-        del quota.bound[cell]
-        del vc.units[quota.chain.sku][cell]
-        for leaf in cell.leaves:
-            leaf.unit = None
-        cell.vc = None
-        cell.quota_key = None
-        quota.chain.give_back(cell)
+        state.release_unit(vc, quota, cell)

@@ -8,9 +8,12 @@ Contract for callers:
   reads the wall clock, uses randomness or depends on hash order.
 
 Policy:
-- Queue order is priority (higher first), then arrival. Every waiting job is tried
-  in that order at each pass, so a gang that does not fit does not block smaller
-  jobs behind it.
+- Queue order is priority (higher first), then arrival, in one lane per VC for
+  guaranteed jobs and one lane for opportunistic jobs. Each pass walks the lanes
+  whose cells changed and tries every waiting job in order, so a gang that does not
+  fit does not block smaller jobs behind it. A job is not tried again until cells
+  it may use were freed since it last failed, nor when a job at least as large
+  already failed in the same pass (cells only get scarcer within a pass).
 - Anti-starvation: a gang (an affinity group of two or more tasks placed together)
   that has waited `gang_priority_after_s` seconds (default 600) stops the backfill
   behind it: later jobs of its VC (or, for an opportunistic gang, later
@@ -36,18 +39,33 @@ from services.scheduler.cluster.model import ClusterConfig
 from services.scheduler.core import reasons
 from services.scheduler.core.cells import Cell
 from services.scheduler.core.decisions import Decision, Place, Preempt, Wait
-from services.scheduler.core.demand import NO_FIT, GroupDemand, TaskDemand, leaf_cells_for
+from services.scheduler.core.demand import GroupDemand, TaskDemand, leaf_cells_for
+from services.scheduler.core.eligibility import candidate_skus, never_fits
 from services.scheduler.core.events import Cancel, NodeHealth, Release, Restore, SchedulerEvent, Submit, Tick
 from services.scheduler.core.invariants import check_invariants
 from services.scheduler.core.jobs import JobRecord
 from services.scheduler.core.planner import Plan, plan_guaranteed, plan_opportunistic
+from services.scheduler.core.preemption import plan_with_victims
+from services.scheduler.core.queues import Queues
 from services.scheduler.core.search import View
 from services.scheduler.core.state import ClusterState, VcRecord
-from services.scheduler.core.status import VcSkuStatus, VcStatus
+from services.scheduler.core.status import VcStatus, vc_status
 
 GANG_PRIORITY_AFTER_S = 600.0
 
 _FREE, _TAKE_OPPO, _VICTIMS = "free", "oppo", "victims"
+
+
+class _LanePass:
+    """What one scheduling pass learns about a lane, shared by its sku lists."""
+
+    __slots__ = ("now", "blockers", "blocking_ids", "failed_shapes")
+
+    def __init__(self, now: float):
+        self.now = now
+        self.blockers: list[JobRecord] = []  # aged gangs met so far, in queue order
+        self.blocking_ids: set[str] = set()
+        self.failed_shapes: list[tuple[frozenset, tuple, int]] = []  # (skus, shape, priority) that did not fit
 
 
 class SchedulerCore:
@@ -58,10 +76,7 @@ class SchedulerCore:
         self._gang_after = gang_priority_after_s
         self._state = ClusterState(config)
         self._jobs: dict[str, JobRecord] = {}  # every attempt that waits or holds cells
-        # Attempts with tasks still to place, in queue order, per lane: a VC for
-        # guaranteed jobs (VCs do not compete for quota), None for opportunistic ones.
-        self._lanes: dict[str | None, list[JobRecord]] = {}
-        self._dirty_lanes: set[str | None] = set()
+        self._queues = Queues(list(self._state.vcs))  # attempts with tasks still to place
         self._sku_lanes: dict[str, list[str]] = {}  # sku -> VCs that have cells of it
         for name, vc in self._state.vcs.items():
             for sku in vc.skus:
@@ -91,7 +106,7 @@ class SchedulerCore:
                 case NodeHealth():
                     self._node_health(event)
                 case Tick():
-                    self._dirty_lanes.update(self._lanes)
+                    self._queues.mark_all()
                 case _:
                     raise TypeError(f"not a scheduler event: {event!r}")
             self._started = True
@@ -104,60 +119,20 @@ class SchedulerCore:
         record = self._jobs.get(job)
         if record is None or not record.waiting or record.reason_text is None:
             return None
-        return record.reason_text(self._position(record))
+        return record.reason_text(self._queues.position(record))
 
-    def _position(self, record: JobRecord) -> int:
-        """Waiting jobs ahead of this one in its lane (its VC, or the opportunistic queue)."""
-        ahead = 0
-        for other in self._lanes.get(self._lane_of(record), ()):
-            if other is record:
-                break
-            if not other.preempting:
-                ahead += 1
-        return ahead
-
-    @staticmethod
-    def _lane_of(record: JobRecord) -> str | None:
-        return None if record.opportunistic else record.vc
+    def queued_count(self) -> int:
+        """Attempts waiting for (more) cells."""
+        return sum(len(queue) for queue in self._queues.lanes.values())
 
     def node_names(self) -> list[str]:
         return list(self._state.tree.nodes)
 
     def vc_status(self) -> list[VcStatus]:
-        tree = self._state.tree
-        used: dict[tuple[str, str], int] = {}
-        oppo: dict[tuple[str, str], int] = {}
-        for job in self._jobs.values():
-            for leaf in job.leaves():
-                counts = oppo if job.opportunistic else used
-                counts[(job.vc, leaf.sku)] = counts.get((job.vc, leaf.sku), 0) + 1
-        unhealthy: dict[str, int] = {}
-        for node in tree.nodes.values():
-            if not node.healthy:
-                for cell in node.cells:
-                    unhealthy[cell.sku] = unhealthy.get(cell.sku, 0) + cell.leaf_count
-        queued: dict[str, int] = {}
-        running: dict[str, int] = {}
-        for job in self._jobs.values():
-            if job.waiting:
-                queued[job.vc] = queued.get(job.vc, 0) + 1
-            if job.holds_cells:
-                running[job.vc] = running.get(job.vc, 0) + 1
-        result = []
-        for name, vc in self._state.vcs.items():
-            skus = list(vc.sku_guaranteed) + sorted({sku for (v, sku) in oppo if v == name} - set(vc.sku_guaranteed))
-            result.append(VcStatus(
-                name=name,
-                skus=[VcSkuStatus(sku=sku, guaranteed=vc.sku_guaranteed.get(sku, 0), used=used.get((name, sku), 0),
-                                  opportunistic=oppo.get((name, sku), 0), total=tree.sku_leaves.get(sku, 0),
-                                  unhealthy=unhealthy.get(sku, 0)) for sku in skus],
-                queued=queued.get(name, 0),
-                running=running.get(name, 0),
-            ))
-        return result
+        return vc_status(self._state, self._jobs.values())
 
     def validate_state(self) -> None:
-        check_invariants(self._state, self._jobs, self._lanes)
+        check_invariants(self._state, self._jobs, self._queues)
 
     # --- events ------------------------------------------------------------------------------
 
@@ -166,11 +141,11 @@ class SchedulerCore:
             seq = self._next_seq
             self._next_seq += 1
         record = JobRecord(job, attempt, spec, seq=seq, now=self._clock())
-        record.never = self._never_fits(record)
+        record.never = never_fits(self.config, self._state, record)
         vc = self._state.vcs.get(record.vc)
         if vc is not None:
             record.skus = list(dict.fromkeys(
-                sku for group in record.groups for sku in self._candidate_skus(record, vc, group)))
+                sku for group in record.groups for sku in candidate_skus(self._state, record, vc, group)))
             record.skus_set = frozenset(record.skus)
         if record.spec.gangAllocation and any(len(group.tasks) > 1 for group in record.groups):
             record.gang_deadline = record.queued_at + self._gang_after
@@ -178,29 +153,10 @@ class SchedulerCore:
         return record
 
     def _enqueue(self, record: JobRecord) -> None:
-        key = record.key
-        lane = self._lane_of(record)
-        queue = self._lanes.setdefault(lane, [])
-        self._dirty_lanes.add(lane)
-        low, high = 0, len(queue)
-        while low < high:
-            middle = (low + high) // 2
-            if queue[middle].key < key:
-                low = middle + 1
-            else:
-                high = middle
-        queue.insert(low, record)
+        self._queues.add(record)
 
     def _dequeue(self, record: JobRecord) -> None:
-        lane = self._lane_of(record)
-        queue = self._lanes.get(lane)
-        if queue is None:
-            return
-        try:
-            queue.remove(record)
-        except ValueError:
-            return
-        self._dirty_lanes.add(lane)
+        self._queues.remove(record)
 
     def _submit(self, event: Submit) -> None:
         existing = self._jobs.get(event.job)
@@ -263,7 +219,7 @@ class SchedulerCore:
         preemptor = self._preemptor_of.pop(record.id, None)
         if preemptor is not None:
             preemptor.victims.discard(record.id)
-            self._dirty_lanes.add(self._lane_of(preemptor))
+            self._queues.mark(self._queues.lane_of(preemptor), preemptor.skus)
         for victim in record.victims:
             self._preemptor_of.pop(victim, None)
         record.victims = set()
@@ -307,92 +263,94 @@ class SchedulerCore:
     def _schedule(self) -> list[Decision]:
         decisions: list[Decision] = []
         state = self._state
-        dirty = self._dirty_lanes
-        for kind, what in state.freed_since_pass:
-            if kind == "vc":
-                dirty.add(what)
-            elif kind == "unbound":
-                dirty.update(self._sku_lanes.get(what, ()))
+        queues = self._queues
+        for freed in state.freed_since_pass:
+            if freed[0] == "vc":
+                queues.mark(freed[1], (freed[2],))
+            elif freed[0] == "unbound":
+                # Cells no VC holds only help VCs that may still bind more of that sku.
+                for vc in self._sku_lanes.get(freed[1], ()):
+                    if state.vcs[vc].may_bind(freed[1]):
+                        queues.mark(vc, (freed[1],))
             else:
-                dirty.add(None)
+                queues.mark(None, (freed[1],))
         state.freed_since_pass.clear()
-        self._dirty_lanes = set()
         state.epoch += 1
-        # VCs in config order, then lanes of unknown VCs, opportunistic work last (lowest priority).
-        order = [vc for vc in self._state.vcs if vc in dirty]
-        order += sorted(lane for lane in dirty if lane is not None and lane not in self._state.vcs)
-        if None in dirty:
-            order.append(None)
-        for lane in order:
-            queue = self._lanes.get(lane)
-            if queue:
-                self._run_lane(queue, decisions)
+        lane_passes: dict[str | None, _LanePass] = {}
+        for lane, sku in queues.take_dirty():
+            lane_pass = lane_passes.get(lane)
+            if lane_pass is None:
+                lane_pass = lane_passes[lane] = _LanePass(self._clock())
+            self._run_list(queues.by_sku[(lane, sku)], lane_pass, decisions)
         return decisions
 
-    def _run_lane(self, queue: list[JobRecord], decisions: list[Decision]) -> None:
-        now = self._clock()
+    def _run_list(self, queue: list[JobRecord], lane_pass: _LanePass, decisions: list[Decision]) -> None:
+        """Try the jobs of one (lane, sku) list in queue order."""
         epoch = self._state.epoch
-        position = 0
-        blockers: list[JobRecord] = []
-        failed_shapes: list[tuple[frozenset, tuple, int]] = []
-        blocking_ids: set[str] = set()
+        now = lane_pass.now
+        blockers = lane_pass.blockers
+        blocking_ids = lane_pass.blocking_ids
+        failed_shapes = lane_pass.failed_shapes
         for record in list(queue):
+            if record.seen_epoch == epoch:
+                if record.blocking and record.waiting and record.id not in blocking_ids:
+                    blockers.append(record)
+                    blocking_ids.add(record.id)
+                continue
+            record.seen_epoch = epoch
             if record.preempting or not record.waiting or self._jobs.get(record.id) is not record:
-                continue  # a preempted job is requeued by its Release
-            position += 1
+                continue  # a preempted job is queued again by its Release
             if record.never is not None:
                 if record.reason_key is None:
-                    self._set_reason(record, reasons.never(record.never), position - 1, decisions)
+                    self._set_reason(record, reasons.never(record.never), decisions)
                 continue
             if not self._may_fit_now(record):
                 # Nothing it may use was freed since it last failed: it keeps its reason.
-                if self._age(record, now, blockers):
-                    blocking_ids.add(record.id)
+                self._age(record, now, lane_pass)
                 continue
             if blockers:
-                known = record.reason_key
-                if known is not None and known[0] == "behind" and known[1] in blocking_ids:
-                    continue  # still behind the same gang (same lane, so its priority is at least as high)
-            blocker = self._blocked_by(record, blockers) if blockers else None
-            if blocker is not None:
-                if record.reason_key != ("behind", blocker.id):
-                    self._set_reason(record, reasons.behind_gang(
-                        blocker.id, None if blocker.opportunistic else blocker.vc, blocker.queued_at,
-                        blocker.blocking, self._clock), position - 1, decisions)
-                continue
+                if record.behind in blocking_ids:
+                    continue  # still behind the same gang
+                blocker = self._blocked_by(record, blockers)
+                if blocker is not None:
+                    if record.behind != blocker.id:
+                        record.behind = blocker.id
+                        self._set_reason(record, reasons.behind_gang(
+                            blocker.id, None if blocker.opportunistic else blocker.vc, blocker.queued_at,
+                            blocker.blocking, self._clock), decisions)
+                    continue
             shape = record.shape
             if shape is not None and not record.victims and not record.reserved and any(
                     record.skus_set <= skus and record.priority <= priority and _dominates(shape, failed)
                     for skus, failed, priority in failed_shapes):
                 # Cells only get scarcer during a pass: a job at least as large as one that failed fails too.
-                self._fail(record, record.pending_groups[0], record.pending_groups[0].tasks, position - 1, decisions)
+                self._fail(record, record.pending_groups[0], record.pending_groups[0].tasks, decisions)
             else:
-                self._try_place(record, position - 1, decisions)
+                self._try_place(record, decisions)
                 if shape is not None and record.waiting and record.failed_epoch == epoch and not record.victims:
                     failed_shapes.append((record.skus_set, shape, record.priority))
-            if self._age(record, now, blockers):
-                blocking_ids.add(record.id)
+            self._age(record, now, lane_pass)
 
-    def _age(self, record: JobRecord, now: float, blockers: list[JobRecord]) -> bool:
-        """A gang that waited long enough for cells stops the backfill behind it; True if it does now."""
+    def _age(self, record: JobRecord, now: float, lane_pass: _LanePass) -> None:
+        """A gang that waited long enough for cells stops the backfill behind it."""
         if record.blocking == 0 and now >= record.gang_deadline and record.failed_epoch >= 0 \
                 and record.waiting and record.reason_key is not None and record.reason_key[0] in ("vc", "idle"):
             record.blocking = record.reason_key[-1]
-        if record.blocking and record.waiting:
-            blockers.append(record)
-            return True
-        return False
+        if record.blocking and record.waiting and record.id not in lane_pass.blocking_ids:
+            lane_pass.blockers.append(record)
+            lane_pass.blocking_ids.add(record.id)
 
     def _stop_blocking(self, record: JobRecord) -> None:
         """The jobs held back behind this gang are looked at again."""
         if not record.blocking:
             return
         record.blocking = 0
-        lane = self._lane_of(record)
-        for other in self._lanes.get(lane, ()):
-            if other.reason_key == ("behind", record.id):
+        lane = self._queues.lane_of(record)
+        for other in self._queues.lanes.get(lane, ()):
+            if other.behind == record.id:
+                other.behind = None
                 other.failed_epoch = -1
-        self._dirty_lanes.add(lane)
+        self._queues.mark_lane(lane)
 
     @staticmethod
     def _shape(record: JobRecord) -> tuple | None:
@@ -414,32 +372,31 @@ class SchedulerCore:
         if record.opportunistic:
             return any(state.freed_anywhere.get(sku, -1) >= failed for sku in record.skus)
         in_vc = state.freed_in_vc
-        return any(state.freed_unbound.get(sku, -1) >= failed or in_vc.get((record.vc, sku), -1) >= failed
+        vc = state.vcs[record.vc]
+        return any(in_vc.get((record.vc, sku), -1) >= failed
+                   or (state.freed_unbound.get(sku, -1) >= failed and vc.may_bind(sku))
                    for sku in record.skus)
 
-    def _is_gang_failure(self, record: JobRecord) -> bool:
-        if not record.spec.gangAllocation:
-            return False
-        return any(len(group.tasks) > 1 for group in record.pending_groups)
-
-    def _set_reason(self, record: JobRecord, reason: reasons.Reason, position: int,
-                    decisions: list[Decision]) -> None:
+    def _set_reason(self, record: JobRecord, reason: reasons.Reason, decisions: list[Decision]) -> None:
         key, text = reason
         record.reason_text = text
+        if key[0] != "behind":
+            record.behind = None
         if key != record.reason_key:
             record.reason_key = key
+            position = self._queues.position(record)
             decisions.append(Wait(job=record.id, attempt=record.attempt, vc=record.vc, reason=text(position)))
 
-    def _try_place(self, record: JobRecord, position: int, decisions: list[Decision]) -> None:
+    def _try_place(self, record: JobRecord, decisions: list[Decision]) -> None:
         if record.victims:
-            self._set_reason(record, reasons.for_victims(sorted(record.victims)), position, decisions)
+            self._set_reason(record, reasons.for_victims(record), decisions)
             return
         placements: list[TaskPlacement] = []
         if record.reserved:
             placements.extend(self._take_reservations(record))
         vc = self._state.vcs[record.vc]
         for group in list(record.pending_groups):
-            skus = self._candidate_skus(record, vc, group)
+            skus = candidate_skus(self._state, record, vc, group)
             pending = [task for task in group.tasks if (task.role, task.index) not in record.placed]
             chunks = [pending] if record.spec.gangAllocation else [[task] for task in pending]
             failed = None
@@ -454,13 +411,12 @@ class SchedulerCore:
             if all((task.role, task.index) in record.placed for task in group.tasks):
                 record.pending_groups.remove(group)
             if record.victims:
-                self._set_reason(record, reasons.for_victims(sorted(record.victims)), position, decisions)
+                self._set_reason(record, reasons.for_victims(record), decisions)
                 break
             if failed is not None:
-                self._fail(record, group, failed, position, decisions)
+                self._fail(record, group, failed, decisions)
                 break
         if placements:
-            record.ever_placed = True
             self._note_holding(record)
             decisions.append(Place(job=record.id, attempt=record.attempt, vc=record.vc, tasks=placements,
                                    partial=bool(record.pending_groups)))
@@ -470,142 +426,29 @@ class SchedulerCore:
             self._stop_blocking(record)
             self._dequeue(record)
 
-    def _fail(self, record: JobRecord, group: GroupDemand, tasks: list[TaskDemand], position: int,
-              decisions: list[Decision]) -> None:
+    def _fail(self, record: JobRecord, group: GroupDemand, tasks: list[TaskDemand], decisions: list[Decision]) -> None:
         record.failed_epoch = self._state.epoch
         vc = self._state.vcs[record.vc]
-        skus = self._candidate_skus(record, vc, group)
+        skus = candidate_skus(self._state, record, vc, group)
         cells = self._cells_for(tasks, skus[0])
         key = ("idle", tuple(skus), cells) if record.opportunistic else ("vc", vc.name, tuple(skus), cells)
         if key != record.reason_key or record.reason_text is None:
-            self._set_reason(record, self._capacity_reason(record, vc, skus, cells), position, decisions)
+            self._set_reason(record, reasons.waiting_for_room(self._state, record, vc, skus, cells), decisions)
 
-    def _blocked_by(self, record: JobRecord, blockers: list[JobRecord]) -> JobRecord | None:
-        # Blockers come from the same lane and the lane is in priority order, so only skus matter.
+    @staticmethod
+    def _blocked_by(record: JobRecord, blockers: list[JobRecord]) -> JobRecord | None:
+        """An aged gang of the same lane, ahead in the queue, that competes for one of the job's skus."""
+        key = record.key
         for blocker in blockers:
-            if blocker.priority >= record.priority and not blocker.skus_set.isdisjoint(record.skus):
+            if blocker.key < key and not blocker.skus_set.isdisjoint(record.skus):
                 return blocker
         return None
-
-    def _candidate_skus(self, record: JobRecord, vc: VcRecord, group: GroupDemand) -> list[str]:
-        if group.sku is not None:
-            return [group.sku]
-        if record.opportunistic:
-            return list(self._state.tree.sku_chains)
-        if record.spec.pinnedCellId is not None:
-            pinned = vc.pinned.get(record.spec.pinnedCellId)
-            return [pinned.sku] if pinned is not None else []
-        return vc.skus
 
     def _cells_for(self, tasks: list[TaskDemand], sku: str) -> int:
         sku_type = self.config.skuTypes[sku]
         return sum(leaf_cells_for(task, sku_type) for task in tasks)
 
     # --- what can never fit ------------------------------------------------------------------
-
-    def _never_fits(self, record: JobRecord) -> str | None:
-        state = self._state
-        vc = state.vcs.get(record.vc)
-        if vc is None:
-            known = ", ".join(sorted(state.vcs)) or "none"
-            return f"VC {record.vc} does not exist (VCs: {known})"
-        if not record.spec.taskRoles:
-            return "the job has no task roles"
-        pinned_id = record.spec.pinnedCellId
-        if pinned_id is not None and not record.opportunistic and pinned_id not in vc.pinned:
-            have = ", ".join(sorted(vc.pinned)) or "none"
-            return f"pinned cell {pinned_id} is not pinned to VC {vc.name} (its pinned cells: {have})"
-        for group in record.pending_groups:
-            problem = self._group_never_fits(record, vc, group)
-            if problem is not None:
-                return problem
-        return None
-
-    def _group_never_fits(self, record: JobRecord, vc: VcRecord, group: GroupDemand) -> str | None:
-        tree = self._state.tree
-        if group.sku is not None and group.sku not in tree.sku_chains:
-            return f"no sku {group.sku} in the cluster (skus: {', '.join(tree.sku_chains) or 'none'})"
-        if group.sku is not None and not record.opportunistic and record.spec.pinnedCellId is None \
-                and group.sku not in vc.sku_virtual:
-            pins = [pin for pin, cell in vc.pinned.items() if cell.sku == group.sku]
-            if pins:
-                return (f"sku {group.sku} of VC {vc.name} is only in its pinned cells ({', '.join(pins)}); "
-                        f"name one with pinnedCellId")
-            have = ", ".join(vc.skus) or "no cells"
-            return f"no sku {group.sku} in VC {vc.name} (it has {have}); submit as opportunistic to use idle cells"
-        if group.sku is not None and record.spec.pinnedCellId is not None and not record.opportunistic:
-            pinned = vc.pinned[record.spec.pinnedCellId]
-            if pinned.sku != group.sku:
-                return f"pinned cell {record.spec.pinnedCellId} has sku {pinned.sku}, not {group.sku}"
-        skus = self._candidate_skus(record, vc, group)
-        if not skus:
-            return f"VC {vc.name} has no cells"
-        problems = []
-        for sku in skus:
-            problem = self._sku_never_fits(record, vc, group, sku)
-            if problem is None:
-                return None
-            problems.append(problem)
-        return problems[0] if len(problems) == 1 else "; ".join(problems)
-
-    def _sku_never_fits(self, record: JobRecord, vc: VcRecord, group: GroupDemand, sku: str) -> str | None:
-        sku_type = self.config.skuTypes[sku]
-        tree = self._state.tree
-        sizes = []
-        for task in group.tasks:
-            size = leaf_cells_for(task, sku_type)
-            if size == NO_FIT:
-                return f"task role {task.role} asks for {task.gpu} GPUs but sku {sku} has none"
-            if size > tree.sku_max_node_leaves.get(sku, 0):
-                return (f"task {task.role}[{task.index}] needs {size} {sku} cells on one node but the largest "
-                        f"{sku} node has {tree.sku_max_node_leaves.get(sku, 0)}")
-            sizes.append(size)
-        needed = sum(sizes) if record.spec.gangAllocation else max(sizes)
-        if record.opportunistic:
-            capacity, where = tree.sku_leaves.get(sku, 0), "the cluster has"
-        elif record.spec.pinnedCellId is not None:
-            capacity, where = vc.pinned[record.spec.pinnedCellId].leaf_count, f"pinned cell {record.spec.pinnedCellId} has"
-        else:
-            capacity, where = vc.sku_virtual.get(sku, 0), f"VC {vc.name} is guaranteed"
-        if needed > capacity:
-            return f"needs {needed} {sku} cells at once but {where} only {capacity}"
-        return None
-
-    def _capacity_reason(self, record: JobRecord, vc: VcRecord, skus: list[str], cells: int) -> reasons.Reason:
-        state = self._state
-        tree = state.tree
-
-        def unhealthy() -> int:
-            return sum(state.unhealthy_leaves.get(sku, 0) for sku in skus)
-
-        if record.opportunistic:
-            def idle_counts() -> tuple[int, int, str]:
-                idle = sum(top.free for sku in skus for chain in tree.sku_chains.get(sku, ()) for top in chain.tops)
-                total = sum(tree.sku_leaves.get(sku, 0) for sku in skus)
-                bad = unhealthy()
-                hint = f"{bad} of them on unhealthy nodes" if bad else ""
-                if idle >= cells and not hint:
-                    hint = "enough cells are idle but not on few enough nodes (each task needs its cells on one node)"
-                return idle, total, hint
-
-            return reasons.idle_anywhere(cells, skus, idle_counts)
-
-        pinned = vc.pinned.get(record.spec.pinnedCellId) if record.spec.pinnedCellId is not None else None
-
-        def vc_counts() -> tuple[int, int, str]:
-            if pinned is not None:
-                guaranteed, held = pinned.leaf_count, pinned.held
-            else:
-                guaranteed = sum(vc.sku_virtual.get(sku, 0) for sku in skus)
-                held = sum(unit.held for sku in skus for unit in vc.units.get(sku, ()))
-            free = guaranteed - held
-            bad = unhealthy()
-            hint = f"{bad} {reasons.sku_words(skus)} cells of the cluster are on unhealthy nodes" if bad else ""
-            if free >= cells and not hint:
-                hint = "enough cells are free but not on few enough nodes (each task needs its cells on one node)"
-            return free, guaranteed, hint
-
-        return reasons.in_vc(vc.name, cells, skus, vc_counts)
 
     # --- placing ----------------------------------------------------------------------------
 
@@ -621,17 +464,25 @@ class SchedulerCore:
                 skus = sorted(skus, key=lambda sku: -totals[sku].free)
             else:
                 skus = sorted(skus, key=lambda sku: vc.held.get(sku, 0) - vc.sku_virtual.get(sku, 0))
+        shapes = []
+        for sku in skus:
+            sku_type = self.config.skuTypes[sku]
+            cells = [leaf_cells_for(task, sku_type) for task in tasks]
+            order = sorted(range(len(tasks)), key=lambda i: -cells[i])
+            sizes = [cells[i] for i in order]
+            if sizes[0] <= max_node.get(sku, 0):
+                shapes.append((sku, order, sizes, sum(sizes), self._quota_free(record, vc, sku)))
         for mode in modes:
-            for sku in skus:
-                sku_type = self.config.skuTypes[sku]
-                order = sorted(range(len(tasks)), key=lambda i: -leaf_cells_for(tasks[i], sku_type))
-                sizes = [leaf_cells_for(tasks[i], sku_type) for i in order]
-                if sizes[0] > max_node.get(sku, 0):
-                    continue
-                if mode == _VICTIMS:
-                    plan = self._plan_with_victims(record, vc, sku, sizes, decisions)
-                elif record.opportunistic:
+            for sku, order, sizes, total, quota_free in shapes:
+                if record.opportunistic:
                     plan = plan_opportunistic(self._state, sku, sizes, View())
+                elif mode == _VICTIMS:
+                    plan = plan_with_victims(self._state, record, vc, sku, sizes, self._holding.get(vc.name, ()),
+                                             quota_free)
+                elif quota_free < total:
+                    continue  # the VC's quota is used up: only preemption inside it can help
+                elif mode == _TAKE_OPPO and self._state.tree.sku_totals[sku].oppo == 0:
+                    continue  # no opportunistic work to take: the same as the first try
                 else:
                     plan = plan_guaranteed(self._state, record, vc, sku, sizes, View(take_oppo=mode == _TAKE_OPPO))
                 if plan is None:
@@ -639,6 +490,16 @@ class SchedulerCore:
                 ordered_tasks = [tasks[i] for i in order]
                 return self._commit(record, vc, ordered_tasks, plan, sku, decisions)
         return None
+
+    @staticmethod
+    def _quota_free(record: JobRecord, vc: VcRecord, sku: str) -> int:
+        """Leaf cells of the VC's quota (or pinned cell) its guaranteed work does not hold."""
+        if record.opportunistic:
+            return 0
+        if record.spec.pinnedCellId is not None:
+            pinned = vc.pinned.get(record.spec.pinnedCellId)
+            return pinned.leaf_count - pinned.held if pinned is not None else 0
+        return vc.sku_virtual.get(sku, 0) - vc.held.get(sku, 0)
 
     def _commit(self, record: JobRecord, vc: VcRecord, tasks: list[TaskDemand], plan: Plan, sku: str,
                 decisions: list[Decision]) -> list[TaskPlacement] | str:
@@ -713,43 +574,6 @@ class SchedulerCore:
         self._preemptor_of[victim.id] = by
         decisions.append(Preempt(job=victim.id, attempt=victim.attempt, vc=victim.vc, by=by.id, reason=why))
 
-    def _plan_with_victims(self, record: JobRecord, vc: VcRecord, sku: str, sizes: list[int],
-                           decisions: list[Decision]) -> Plan | None:
-        """Intra-VC preemption: lower-priority guaranteed jobs of the VC give way, lazily where they allow it."""
-        lower = [job for job in self._holding.get(vc.name, ())
-                 if job.priority < record.priority and sku in job.held_skus and not job.opportunistic
-                 and not job.preempting and job.placed]
-        if not lower:
-            return None
-        lower.sort(key=lambda j: (j.priority, -j.seq))
-        state = self._state
-        # A job still waiting for more tasks (incremental) is not downgraded: it would change queues.
-        lazy = [job for job in lower if job.lazy and not job.waiting]
-        downgraded: list[JobRecord] = []
-        state.unbind_log = []
-        try:
-            for job in lazy:
-                state.refresh_job_leaves(job, lambda job=job: setattr(job, "opportunistic", True))
-                downgraded.append(job)
-                excluded = [leaf for j in downgraded for leaf in j.leaves()]
-                plan = plan_guaranteed(state, record, vc, sku, sizes, View(take_oppo=True, excluded=excluded))
-                if plan is not None:
-                    return plan  # the downgraded jobs keep running as opportunistic work
-            # Downgrading is not enough: undo it exactly, then pick victims to kill.
-            for vc_record, quota, cell in reversed(state.unbind_log):
-                state.bind(vc_record, quota, cell)
-            for job in reversed(downgraded):
-                state.refresh_job_leaves(job, lambda job=job: setattr(job, "opportunistic", False))
-        finally:
-            state.unbind_log = None
-        view = View(take_oppo=True)
-        for job in lower:
-            for leaf in job.leaves():
-                view.add_extra(leaf)
-            plan = plan_guaranteed(state, record, vc, sku, sizes, view)
-            if plan is not None:
-                return plan
-        return None
 
 
 def _dominates(shape: tuple, failed: tuple) -> bool:

@@ -86,35 +86,34 @@ def take_in(cell: Cell, need: int, view: View) -> list[Cell] | None:
     if avail(cell) < need:
         return None
     # Descend to the smallest cell that still has enough (best fit keeps buddies together).
-    while cell.children:
+    children = cell.children
+    while children:
         best = None
         best_avail = 0
-        for child in cell.children:
+        for child in children:
             child_avail = avail(child)
             if child_avail >= need and (best is None or child_avail < best_avail):
                 best, best_avail = child, child_avail
         if best is None:
             break
         cell = best
-    if not cell.children:
-        if view.leaf_ok(cell):
-            view.take(cell)
-            return [cell]
-        return None
+        children = cell.children
+    # No single child is enough (or a leaf is reached): its usable leaves in order are the closest.
     taken: list[Cell] = []
-    # No single child is enough: fill from the fullest children first.
-    for child in sorted(cell.children, key=lambda c: -avail(c)):
-        remaining = need - len(taken)
-        if remaining == 0:
-            break
-        child_avail = avail(child)
-        if child_avail <= 0:
-            continue
-        part = take_in(child, min(child_avail, remaining), view)
-        if part is None:
-            return None
-        taken.extend(part)
-    return taken if len(taken) == need else None
+    leaf_ok = view.leaf_ok
+    for leaf in cell.leaves:
+        if leaf_ok(leaf):
+            view.take(leaf)
+            taken.append(leaf)
+            if len(taken) == need:
+                return taken
+    return None
+
+
+def capacity(node_cells: list[Cell], size: int, view: View) -> int:
+    """How many tasks of `size` leaf cells these nodes could host at most."""
+    avail = view.avail
+    return sum(avail(node) // size for node in node_cells)
 
 
 def fit_in(cell: Cell, sizes: list[int], view: View) -> list[list[Cell]] | None:
@@ -171,18 +170,21 @@ def fit_group(roots: list[Cell], sizes: list[int], view: View, *, max_tries: int
             child_avail = avail(child)
             if child_avail >= total and (best is None or child_avail < best_avail):
                 best, best_avail = child, child_avail
-        if best is None or (not best.in_node and len(best.node_cells) == 0):
+        if best is None:
             break
         cell = best
     placed = fit_in(cell, sizes, view)
     if placed is not None:
         return placed
-    # Fragmented (enough leaves, not on the right nodes): try other cells, lowest first.
+    # Fragmented (enough leaves, not on the right nodes): try other cells, lowest first. Inside a
+    # node there is no need to look further: taking leaves in a node already picks the best sub-cell.
     found: list[Cell] = []
     stack = list(candidates)
     while stack:
         current = stack.pop()
         found.append(current)
+        if current.in_node:
+            continue
         for child in current.children:
             if avail(child) >= total:
                 stack.append(child)

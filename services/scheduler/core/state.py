@@ -8,6 +8,8 @@ back to the buddy free lists as soon as none of that work holds it any more.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from services.scheduler.cluster.loader import shortfall
 from services.scheduler.cluster.model import ClusterConfig
 from services.scheduler.core.cells import FREE, INSIDE, TAKEN, Cell, CellTree, Chain, refresh_leaf
@@ -17,7 +19,7 @@ from services.scheduler.core.jobs import JobRecord
 class Quota:
     """`total` cells of one type in one chain promised to a VC; `bound` are the physical cells taken so far."""
 
-    __slots__ = ("chain", "type", "total", "bound", "leaf_count", "inside_node")
+    __slots__ = ("chain", "type", "total", "bound", "leaf_count", "inside_node", "nodes_per_cell", "leaves_per_node")
 
     def __init__(self, chain: Chain, type_name: str, total: int, leaf_count: int, inside_node: bool):
         self.chain = chain
@@ -26,6 +28,12 @@ class Quota:
         self.bound: dict[Cell, None] = {}
         self.leaf_count = leaf_count
         self.inside_node = inside_node  # below the node level: a task cannot span two such cells
+        self.nodes_per_cell = 1
+        self.leaves_per_node = leaf_count
+
+    def tasks_per_cell(self, size: int) -> int:
+        """How many tasks of `size` leaf cells one empty cell of this quota hosts."""
+        return self.nodes_per_cell * (self.leaves_per_node // size)
 
     @property
     def unbound(self) -> int:
@@ -44,6 +52,10 @@ class VcRecord:
         self.sku_virtual: dict[str, int] = {}  # the same without pinned cells (what unpinned jobs may use)
         self.units: dict[str, dict[Cell, None]] = {}  # sku -> bound (not pinned) cells
         self.held: dict[str, int] = {}  # sku -> leaves of its bound (not pinned) cells its guaranteed work holds
+
+    def may_bind(self, sku: str) -> bool:
+        """Whether the VC may still bind more cells of this sku (cells no VC holds can help it)."""
+        return any(quota.unbound > 0 for quota in self.sku_quotas.get(sku, ()))
 
     @property
     def skus(self) -> list[str]:
@@ -81,6 +93,9 @@ class ClusterState:
                     node_level = next(t for t in chain.types if config.cellTypes[t].isNodeLevel)
                     inside_node = chain.types.index(virtual.cellType) > chain.types.index(node_level)
                     quota = vc.quotas[key] = Quota(chain, virtual.cellType, 0, cell_type.leafCellNumber, inside_node)
+                    if not inside_node:
+                        quota.leaves_per_node = config.cellTypes[node_level].leafCellNumber
+                        quota.nodes_per_cell = cell_type.leafCellNumber // quota.leaves_per_node
                 quota.total += virtual.cellNumber
             for quota in vc.quotas.values():  # skus in the order the VC lists them
                 vc.sku_virtual.setdefault(quota.chain.sku, 0)
@@ -105,8 +120,8 @@ class ClusterState:
         self.freed_in_vc: dict[tuple[str, str], int] = {}  # (vc, sku) -> epoch (inside the VC's cells)
         self.unhealthy_leaves: dict[str, int] = {}  # sku -> leaves on unhealthy nodes
         # What was freed since the last pass, coarsely, to know which queues to look at:
-        # ("vc", vc), ("unbound", sku), ("any", sku).
-        self.freed_since_pass: set[tuple[str, str]] = set()
+        # ("vc", vc, sku), ("unbound", sku), ("any", sku).
+        self.freed_since_pass: set[tuple] = set()
         # While set, every unbinding is recorded here, so a tentative change can be undone exactly.
         self.unbind_log: list[tuple[VcRecord, Quota, Cell]] | None = None
 
@@ -121,7 +136,7 @@ class ClusterState:
             self.freed_since_pass.add(("unbound", sku))
         else:
             self.freed_in_vc[(unit.vc, sku)] = epoch
-            self.freed_since_pass.add(("vc", unit.vc))
+            self.freed_since_pass.add(("vc", unit.vc, sku))
 
     def refresh(self, leaf: Cell) -> None:
         if refresh_leaf(leaf):
@@ -139,6 +154,8 @@ class ClusterState:
     # --- binding ------------------------------------------------------------------------
 
     def _mark_bound(self, cell: Cell, vc: str, quota_key: tuple[str, str] | None) -> None:
+        cell.chain_obj.unbound_free -= cell.free
+        cell.chain_obj.unbound_oppo -= cell.oppo
         cell.vc = vc
         cell.quota_key = quota_key
         cell.held = 0
@@ -169,16 +186,22 @@ class ClusterState:
         quota = vc.quotas[unit.quota_key]
         if self.unbind_log is not None:
             self.unbind_log.append((vc, quota, unit))
+        self.release_unit(vc, quota, unit)
+        self.freed_unbound[unit.sku] = self.epoch
+        self.freed_anywhere[unit.sku] = self.epoch
+        self.freed_since_pass.update({("unbound", unit.sku), ("any", unit.sku)})
+
+    def release_unit(self, vc: VcRecord, quota: Quota, unit: Cell) -> None:
+        """Give a VC cell back to the buddy free lists."""
         del quota.bound[unit]
         del vc.units[unit.sku][unit]
         for leaf in unit.leaves:
             leaf.unit = None
         unit.vc = None
         unit.quota_key = None
+        unit.chain_obj.unbound_free += unit.free
+        unit.chain_obj.unbound_oppo += unit.oppo
         quota.chain.give_back(unit)
-        self.freed_unbound[unit.sku] = self.epoch
-        self.freed_anywhere[unit.sku] = self.epoch
-        self.freed_since_pass.update({("unbound", unit.sku), ("any", unit.sku)})
 
     def bindable_cell_for(self, cell: Cell) -> bool:
         """Whether buddy allocation could take exactly this cell now."""
@@ -199,8 +222,6 @@ class ClusterState:
             for (chain_name, type_name), quota in vc.quotas.items():
                 if chain_name == chain.name:
                     demand[type_name] = demand.get(type_name, 0) + quota.unbound
-        from collections import Counter
-
         return shortfall(chain.name, self.config.cellTypes, Counter(free), Counter(demand)) is None
 
     # --- leaves ---------------------------------------------------------------------------

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Iterable
+
 import msgspec
+
+if TYPE_CHECKING:
+    from services.scheduler.core.jobs import JobRecord
+    from services.scheduler.core.state import ClusterState
 
 
 class VcSkuStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -21,3 +27,31 @@ class VcStatus(msgspec.Struct, frozen=True, kw_only=True):
     skus: list[VcSkuStatus]
     queued: int  # attempts waiting for (more) cells
     running: int  # attempts holding cells
+
+
+def vc_status(state: ClusterState, jobs: Iterable[JobRecord]) -> list[VcStatus]:
+    tree = state.tree
+    used: dict[tuple[str, str], int] = {}
+    oppo: dict[tuple[str, str], int] = {}
+    queued: dict[str, int] = {}
+    running: dict[str, int] = {}
+    for job in jobs:
+        counts = oppo if job.opportunistic else used
+        for leaf in job.leaves():
+            counts[(job.vc, leaf.sku)] = counts.get((job.vc, leaf.sku), 0) + 1
+        if job.waiting:
+            queued[job.vc] = queued.get(job.vc, 0) + 1
+        if job.holds_cells:
+            running[job.vc] = running.get(job.vc, 0) + 1
+    result = []
+    for name, vc in state.vcs.items():
+        skus = list(vc.sku_guaranteed) + sorted({sku for (v, sku) in oppo if v == name} - set(vc.sku_guaranteed))
+        result.append(VcStatus(
+            name=name,
+            skus=[VcSkuStatus(sku=sku, guaranteed=vc.sku_guaranteed.get(sku, 0), used=used.get((name, sku), 0),
+                              opportunistic=oppo.get((name, sku), 0), total=tree.sku_leaves.get(sku, 0),
+                              unhealthy=state.unhealthy_leaves.get(sku, 0)) for sku in skus],
+            queued=queued.get(name, 0),
+            running=running.get(name, 0),
+        ))
+    return result

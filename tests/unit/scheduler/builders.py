@@ -40,6 +40,15 @@ def cluster(name: str) -> ClusterConfig:
     return load_cluster_config(FIXTURES / f"{name}.yaml")
 
 
+def quota_leaves(config: ClusterConfig, vc_name: str) -> dict[str, int]:
+    """Leaf cells per sku the VC's virtual cells promise (pinned cells apart)."""
+    leaves: dict[str, int] = {}
+    for cell in config.virtualClusters[vc_name].virtualCells:
+        cell_type = config.cellTypes[cell.cellType]
+        leaves[cell_type.skuType] = leaves.get(cell_type.skuType, 0) + cell.cellNumber * cell_type.leafCellNumber
+    return leaves
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -158,5 +167,5 @@ def waits(decisions: list[Decision]) -> dict[str, str]:
     return {d.job: d.reason for d in decisions if isinstance(d, Wait)}
 
 
-__all__ = ["Harness", "cluster", "spec", "role", "only", "placed_jobs", "preempted_jobs", "waits", "Tick",
+__all__ = ["Harness", "cluster", "quota_leaves", "spec", "role", "only", "placed_jobs", "preempted_jobs", "waits", "Tick",
            "reference_hived", "Place", "Preempt", "Wait", "FIXTURES"]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from libs.common.protocol.model import PRIORITY_CLASSES, JobSpec, Resources, TaskRole
 from services.scheduler.core import Place, Preempt, Release, Submit
 
-from .builders import Harness
+from .builders import Harness, quota_leaves
 
 FIXTURES = {
     "two-racks": {"vcs": ["vision", "speech"], "skus": [None]},
@@ -101,10 +101,9 @@ def assert_every_vc_can_get_its_quota(launcher: Launcher) -> None:
     of lower-priority and opportunistic work only."""
     for node in launcher.h.core.node_names():
         launcher.apply(launcher.h.node(node, True))
-    base_core = launcher.h.core
-    state = base_core._state
-    for vc_name, vc in state.vcs.items():
-        for sku, cells in vc.sku_virtual.items():
+    config = launcher.h.config
+    for vc_name in config.virtualClusters:
+        for sku, cells in quota_leaves(config, vc_name).items():
             probe = copy.deepcopy(launcher)
             has_gpu = probe.h.config.skuTypes[sku].gpu > 0
             job_spec = JobSpec(name="probe", user="root", virtualCluster=vc_name, priorityClass="crit", priority=120,

@@ -6,7 +6,7 @@ import yaml
 
 from services.scheduler.core import load_cluster_config
 
-from .builders import FIXTURES, Harness, Place, only, placed_jobs, preempted_jobs, spec
+from .builders import FIXTURES, Harness, Place, only, preempted_jobs, spec
 
 
 def two_racks(change=None):

@@ -1,0 +1,87 @@
+"""Waiting attempts in queue order: one lane per VC for guaranteed jobs (VCs do not
+compete for quota) and one lane (None) for opportunistic jobs, each also split by sku.
+
+A scheduling pass only walks the (lane, sku) lists marked dirty since the last
+pass -- cells of that sku were freed where that lane may use them, a job arrived,
+time passed -- so the work per event follows what changed, not the queue length.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from services.scheduler.core.jobs import JobRecord
+
+Lane = str | None
+Pair = tuple[Lane, str | None]
+
+
+def _key(record: JobRecord) -> tuple[int, int]:
+    return record.key
+
+
+class Queues:
+    def __init__(self, vc_order: list[str]):
+        self.lanes: dict[Lane, list[JobRecord]] = {}
+        self.by_sku: dict[Pair, list[JobRecord]] = {}
+        self.dirty: set[Pair] = set()
+        self._vc_rank = {vc: rank for rank, vc in enumerate(vc_order)}
+
+    @staticmethod
+    def lane_of(record: JobRecord) -> Lane:
+        return None if record.opportunistic else record.vc
+
+    @staticmethod
+    def _skus_of(record: JobRecord) -> list[str | None]:
+        return list(record.skus) or [None]
+
+    def add(self, record: JobRecord) -> None:
+        lane = self.lane_of(record)
+        _insert(self.lanes.setdefault(lane, []), record)
+        for sku in self._skus_of(record):
+            _insert(self.by_sku.setdefault((lane, sku), []), record)
+            self.dirty.add((lane, sku))
+
+    def remove(self, record: JobRecord) -> bool:
+        lane = self.lane_of(record)
+        if not _remove(self.lanes.get(lane), record):
+            return False
+        for sku in self._skus_of(record):
+            _remove(self.by_sku.get((lane, sku)), record)
+        return True
+
+    def position(self, record: JobRecord) -> int:
+        """Waiting jobs ahead of this one in its lane."""
+        queue = self.lanes.get(self.lane_of(record), [])
+        return bisect_left(queue, record.key, key=_key)
+
+    def mark(self, lane: Lane, skus) -> None:
+        for sku in skus or (None,):
+            if (lane, sku) in self.by_sku:
+                self.dirty.add((lane, sku))
+
+    def mark_lane(self, lane: Lane) -> None:
+        self.dirty.update(pair for pair in self.by_sku if pair[0] == lane)
+
+    def mark_all(self) -> None:
+        self.dirty.update(self.by_sku)
+
+    def take_dirty(self) -> list[Pair]:
+        """The dirty lists in pass order: VCs as configured, unknown VCs, opportunistic work last."""
+        dirty, self.dirty = self.dirty, set()
+        rank = self._vc_rank
+        return sorted((pair for pair in dirty if self.by_sku.get(pair)), key=lambda pair: (
+            pair[0] is None, rank.get(pair[0], len(rank)), pair[0] or "", pair[1] or ""))
+
+
+def _insert(queue: list[JobRecord], record: JobRecord) -> None:
+    queue.insert(bisect_left(queue, record.key, key=_key), record)
+
+
+def _remove(queue: list[JobRecord] | None, record: JobRecord) -> bool:
+    if not queue:
+        return False
+    index = bisect_left(queue, record.key, key=_key)
+    if index < len(queue) and queue[index] is record:
+        del queue[index]
+        return True
+    return False
