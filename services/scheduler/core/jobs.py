@@ -15,7 +15,7 @@ class JobRecord:
     __slots__ = (
         "id", "attempt", "spec", "vc", "priority", "opportunistic", "lazy", "seq", "queued_at", "groups",
         "placed", "pending_groups", "preempting", "victims", "reserved", "cancelled", "reason_key",
-        "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "seen_epoch", "behind", "failed_epoch", "blocking", "reason_text",
+        "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "seen_epoch", "behind", "fresh", "failed_epoch", "blocking", "reason_text",
     )
 
     def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float):
@@ -52,6 +52,7 @@ class JobRecord:
         self.shape: tuple | None = None
         self.seen_epoch = -1  # the last scheduling pass that looked at it
         self.behind: str | None = None  # the aged gang it waits behind, if any
+        self.fresh = False  # queued, and no scheduling pass has looked at it since
         self.restored = False
 
     @property

@@ -24,6 +24,9 @@ class Queues:
         self.lanes: dict[Lane, list[JobRecord]] = {}
         self.by_sku: dict[Pair, list[JobRecord]] = {}
         self.dirty: set[Pair] = set()
+        # Per list, the jobs no pass has looked at since they arrived (or since the gang they waited
+        # behind went): a list held back behind an aged gang only needs to look at these.
+        self.fresh: dict[Pair, dict[JobRecord, None]] = {}
         self._vc_rank = {vc: rank for rank, vc in enumerate(vc_order)}
 
     @staticmethod
@@ -36,9 +39,11 @@ class Queues:
 
     def add(self, record: JobRecord) -> None:
         lane = self.lane_of(record)
+        record.fresh = True
         _insert(self.lanes.setdefault(lane, []), record)
         for sku in self._skus_of(record):
             _insert(self.by_sku.setdefault((lane, sku), []), record)
+            self.fresh.setdefault((lane, sku), {})[record] = None
             self.dirty.add((lane, sku))
 
     def remove(self, record: JobRecord) -> bool:
@@ -47,7 +52,23 @@ class Queues:
             return False
         for sku in self._skus_of(record):
             _remove(self.by_sku.get((lane, sku)), record)
+            self.fresh.get((lane, sku), {}).pop(record, None)
         return True
+
+    def looked_at(self, record: JobRecord) -> None:
+        if not record.fresh:
+            return
+        record.fresh = False
+        lane = self.lane_of(record)
+        for sku in self._skus_of(record):
+            self.fresh.get((lane, sku), {}).pop(record, None)
+
+    def look_again(self, record: JobRecord) -> None:
+        record.fresh = True
+        lane = self.lane_of(record)
+        for sku in self._skus_of(record):
+            self.fresh.setdefault((lane, sku), {})[record] = None
+            self.dirty.add((lane, sku))
 
     def position(self, record: JobRecord) -> int:
         """Waiting jobs ahead of this one in its lane."""

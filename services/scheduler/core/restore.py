@@ -51,7 +51,7 @@ def restore_attempt(state: ClusterState, record: JobRecord, tasks: list[TaskPlac
     # Groups the launcher only partly restored get their missing tasks placed later.
     record.pending_groups = [group for group in record.groups
                              if not all((t.role, t.index) in record.placed for t in group.tasks)]
-    for unit in {leaf.unit for leaf in all_leaves if leaf.unit is not None}:
+    for unit in dict.fromkeys(leaf.unit for leaf in all_leaves if leaf.unit is not None):
         state.unbind_if_idle(unit)
     return warnings
 

@@ -17,8 +17,9 @@ Policy:
 - Anti-starvation: a gang (an affinity group of two or more tasks placed together)
   that has waited `gang_priority_after_s` seconds (default 600) stops the backfill
   behind it: later jobs of its VC (or, for an opportunistic gang, later
-  opportunistic jobs) of the same or lower priority that compete for its sku wait
-  until it is placed, so the cells that free up go to it.
+  opportunistic jobs) that compete for one of its skus wait until it is placed, so
+  the cells that free up go to it. Age is looked at whenever the gang's queue is,
+  and on every Tick: the service sends Ticks so this happens in quiet times too.
 - Guaranteed jobs (priority >= 0) use only their VC's cells: cells bound to the VC
   (lazily, by buddy allocation) up to its quota, or its pinned cells for jobs
   naming a pinnedCellId. Opportunistic jobs (priority -1) use idle cells anywhere.
@@ -281,23 +282,33 @@ class SchedulerCore:
             lane_pass = lane_passes.get(lane)
             if lane_pass is None:
                 lane_pass = lane_passes[lane] = _LanePass(self._clock())
-            self._run_list(queues.by_sku[(lane, sku)], lane_pass, decisions)
+            self._run_list((lane, sku), lane_pass, decisions)
         return decisions
 
-    def _run_list(self, queue: list[JobRecord], lane_pass: _LanePass, decisions: list[Decision]) -> None:
+    def _run_list(self, pair: tuple[str | None, str | None], lane_pass: _LanePass,
+                  decisions: list[Decision]) -> None:
         """Try the jobs of one (lane, sku) list in queue order."""
         epoch = self._state.epoch
         now = lane_pass.now
         blockers = lane_pass.blockers
         blocking_ids = lane_pass.blocking_ids
         failed_shapes = lane_pass.failed_shapes
-        for record in list(queue):
+        sku = pair[1]
+        # Past the first aged gang that wants this sku, every job of the list is held back behind it.
+        held_back_after = min((b.key for b in blockers if sku in b.skus_set), default=None)
+        for record in list(self._queues.by_sku[pair]):
+            if held_back_after is not None and record.key > held_back_after:
+                self._hold_back(pair, held_back_after, lane_pass, decisions)
+                return
             if record.seen_epoch == epoch:
                 if record.blocking and record.waiting and record.id not in blocking_ids:
                     blockers.append(record)
                     blocking_ids.add(record.id)
+                    if sku in record.skus_set:
+                        held_back_after = record.key if held_back_after is None else min(held_back_after, record.key)
                 continue
             record.seen_epoch = epoch
+            self._queues.looked_at(record)
             if record.preempting or not record.waiting or self._jobs.get(record.id) is not record:
                 continue  # a preempted job is queued again by its Release
             if record.never is not None:
@@ -330,6 +341,30 @@ class SchedulerCore:
                 if shape is not None and record.waiting and record.failed_epoch == epoch and not record.victims:
                     failed_shapes.append((record.skus_set, shape, record.priority))
             self._age(record, now, lane_pass)
+            if record.blocking and record.waiting and sku in record.skus_set and held_back_after is None:
+                held_back_after = record.key
+
+    def _hold_back(self, pair: tuple[str | None, str | None], after: tuple[int, int], lane_pass: _LanePass,
+                   decisions: list[Decision]) -> None:
+        """The rest of a list waits behind an aged gang: only jobs no pass has seen yet need a reason."""
+        epoch = self._state.epoch
+        for record in list(self._queues.fresh.get(pair, ())):
+            if record.key < after or record.seen_epoch == epoch:
+                continue
+            record.seen_epoch = epoch
+            self._queues.looked_at(record)
+            if record.preempting or not record.waiting:
+                continue
+            if record.never is not None:
+                if record.reason_key is None:
+                    self._set_reason(record, reasons.never(record.never), decisions)
+                continue
+            blocker = self._blocked_by(record, lane_pass.blockers)
+            if blocker is not None and record.behind != blocker.id:
+                record.behind = blocker.id
+                self._set_reason(record, reasons.behind_gang(
+                    blocker.id, None if blocker.opportunistic else blocker.vc, blocker.queued_at, blocker.blocking,
+                    self._clock), decisions)
 
     def _age(self, record: JobRecord, now: float, lane_pass: _LanePass) -> None:
         """A gang that waited long enough for cells stops the backfill behind it."""
@@ -350,7 +385,7 @@ class SchedulerCore:
             if other.behind == record.id:
                 other.behind = None
                 other.failed_epoch = -1
-        self._queues.mark_lane(lane)
+                self._queues.look_again(other)
 
     @staticmethod
     def _shape(record: JobRecord) -> tuple | None:

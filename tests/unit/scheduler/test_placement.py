@@ -135,7 +135,8 @@ def test_guaranteed_jobs_stay_in_their_vc():
 def test_host_ip_is_the_node_address_when_it_is_an_ip():
     h = Harness("mixed-skus")
     [place] = only(h.submit("job", vc="prod", gpus=1), Place)
-    assert place.tasks[0].hostIp == place.tasks[0].node == "10.0.0.1" or place.tasks[0].hostIp == "10.0.0.2"
+    assert place.tasks[0].hostIp == place.tasks[0].node
+    assert place.tasks[0].node in ("10.0.0.1", "10.0.0.2")
     h2 = Harness("two-racks")
     [place] = only(h2.submit("job", vc="speech", gpus=1), Place)
     assert place.tasks[0].hostIp == "127.0.0.1"
@@ -147,8 +148,7 @@ def test_unhealthy_node_is_avoided_and_used_again_when_healthy():
     h.node("plain-2", False)
     decisions = h.submit("job", vc="small", gpus=1)
     assert placed_jobs(decisions) == []
-    assert "2 H100 cells of the cluster are on unhealthy nodes" in h.reason("job") or \
-        "4 H100 cells of the cluster are on unhealthy nodes" in h.reason("job")
+    assert "4 H100 cells of the cluster are on unhealthy nodes" in h.reason("job")
     [place] = only(h.node("plain-2", True), Place)
     assert place.tasks[0].node == "plain-2"
 
