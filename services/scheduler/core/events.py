@@ -48,7 +48,8 @@ class Restore(msgspec.Struct, frozen=True, kw_only=True, tag="restore"):
 
 
 class Tick(msgspec.Struct, frozen=True, kw_only=True, tag="tick"):
-    """Time passed (read from the injected clock): queues are looked at again."""
+    """Time passed (read from the injected clock): gangs that waited long enough start to hold back
+    the backfill behind them. Send it periodically (e.g. every second)."""
 
 
 SchedulerEvent = Union[Submit, Release, Cancel, NodeHealth, Restore, Tick]

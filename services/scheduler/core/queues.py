@@ -8,6 +8,7 @@ time passed -- so the work per event follows what changed, not the queue length.
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left
 from services.scheduler.core.jobs import JobRecord
 
@@ -27,6 +28,9 @@ class Queues:
         # Per list, the jobs no pass has looked at since they arrived (or since the gang they waited
         # behind went): a list held back behind an aged gang only needs to look at these.
         self.fresh: dict[Pair, dict[JobRecord, None]] = {}
+        # (gang_deadline, push count, record): when a waiting gang becomes old enough to hold back backfill.
+        self._deadlines: list[tuple[float, int, JobRecord]] = []
+        self._pushed = 0
         self._vc_rank = {vc: rank for rank, vc in enumerate(vc_order)}
 
     @staticmethod
@@ -40,6 +44,9 @@ class Queues:
     def add(self, record: JobRecord) -> None:
         lane = self.lane_of(record)
         record.fresh = True
+        if record.gang_deadline != float("inf"):
+            self._pushed += 1
+            heapq.heappush(self._deadlines, (record.gang_deadline, self._pushed, record))
         _insert(self.lanes.setdefault(lane, []), record)
         for sku in self._skus_of(record):
             _insert(self.by_sku.setdefault((lane, sku), []), record)
@@ -85,6 +92,21 @@ class Queues:
 
     def mark_all(self) -> None:
         self.dirty.update(self.by_sku)
+
+    def mark_due(self, now: float) -> None:
+        """Time passed: the lists of gangs that have just become old enough are looked at."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, _, record = heapq.heappop(deadlines)
+            if self._queued(record):
+                self.mark(self.lane_of(record), record.skus)
+
+    def _queued(self, record: JobRecord) -> bool:
+        queue = self.lanes.get(self.lane_of(record))
+        if not queue:
+            return False
+        index = bisect_left(queue, record.key, key=_key)
+        return index < len(queue) and queue[index] is record
 
     def take_dirty(self) -> list[Pair]:
         """The dirty lists in pass order: VCs as configured, unknown VCs, opportunistic work last."""

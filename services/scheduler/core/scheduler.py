@@ -107,7 +107,7 @@ class SchedulerCore:
                 case NodeHealth():
                     self._node_health(event)
                 case Tick():
-                    self._queues.mark_all()
+                    self._queues.mark_due(self._clock())
                 case _:
                     raise TypeError(f"not a scheduler event: {event!r}")
             self._started = True
