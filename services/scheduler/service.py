@@ -11,6 +11,7 @@ published again (the event id dedupes them).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 
@@ -192,6 +193,11 @@ async def body(ctx: ServiceContext) -> None:
     core = SchedulerCore(cluster_config(ctx.config), clock=time.time)
     shell = SchedulerShell(ctx, core)
     await shell.restore()
+    for warning in core.restore_warnings:
+        log.warning("restore: %s", warning)
+    # The cell tree lives as long as the process: keep the cyclic collector from
+    # walking it again and again (pauses of hundreds of ms on big clusters).
+    gc.freeze()
     await shell.publish_view()
     ctx.spawn(shell.tick_forever(), "tick")
     ctx.set_ready()
