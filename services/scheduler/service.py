@@ -130,9 +130,23 @@ class SchedulerShell:
             await asyncio.sleep(TICK_SECONDS)
             async with self.lock:
                 await self._apply(self.core.handle(Tick()), cause="tick")
-            if self._view_dirty:
-                self._view_dirty = False
-                await self.publish_view()
+                if self._view_dirty:
+                    self._view_dirty = False
+                    await self._refresh_reasons()
+                    await self.publish_view()
+
+    async def _refresh_reasons(self) -> None:
+        """Keep the stored reasons' live figures (cells free, jobs ahead) current.
+
+        The core decides Wait only when the kind of wait changes; the counts in
+        its text move with every placement and release.
+        """
+        for entry in list(self.entries.values()):
+            if entry.placed:
+                continue
+            reason = self.core.waiting_reason(entry.job)
+            if reason and reason != entry.reason:
+                await self._save(msgspec.structs.replace(entry, reason=reason, updatedAt=time.time()))
 
     async def publish_view(self) -> None:
         view = ClusterView(
