@@ -27,7 +27,6 @@ from libs.common.errors import (
     Forbidden,
     NotFound,
     PaiError,
-    TooLarge,
 )
 from libs.common.logs import LogRequest, request_log
 from libs.common.messages import JobSubmitted, StopRequested
@@ -39,12 +38,11 @@ from libs.common.service import ServiceContext, health_routes
 from libs.common.subjects import Bucket
 from services.rest import auth, metrics, rules, views
 from services.rest.records import SubmittedJob
+from services.rest.request import CTX, USER, ctx_of, read_body
 
 log = logging.getLogger("pai.rest")
 
-CTX = web.AppKey("ctx", ServiceContext)
-USER = "pai_user"
-FOLLOW_POLL_SECONDS = 0.5  # request key holding the authenticated `records.User`
+FOLLOW_POLL_SECONDS = 0.5
 
 
 @web.middleware
@@ -94,23 +92,10 @@ async def create_app(ctx: ServiceContext) -> web.Application:
     return app
 
 
-def _ctx(request: web.Request) -> ServiceContext:
-    return request.app[CTX]
-
-
-async def _read_body(request: web.Request) -> bytes:
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise TooLarge(f"job body is {request.content_length} bytes; the limit is {MAX_BODY_BYTES} bytes (1 MiB)")
-    body = await request.content.read(MAX_BODY_BYTES + 1)
-    if len(body) > MAX_BODY_BYTES:
-        raise TooLarge(f"job body exceeds the limit of {MAX_BODY_BYTES} bytes (1 MiB)")
-    return body
-
-
 async def submit_job(request: web.Request) -> web.Response:
-    ctx = _ctx(request)
+    ctx = ctx_of(request)
     user = request[USER]
-    body = await _read_body(request)
+    body = await read_body(request, limit=MAX_BODY_BYTES, what="the job body (1 MiB at most)")
     parsed = parse_job(body, content_type=request.content_type, user=user.username)
     spec = parsed.spec
     await _check_virtual_cluster(ctx, user, spec.virtualCluster)
@@ -215,24 +200,24 @@ def _reason(rec: JobRecord | None, sched: ScheduleEntry | None) -> str | None:
 
 
 async def get_job(request: web.Request) -> web.Response:
-    sub, rec, sched = await _load(_ctx(request), _job_param(request))
-    return web.json_response(views.job_detail(sub, rec, _reason(rec, sched), backend=_ctx(request).config.backend))
+    sub, rec, sched = await _load(ctx_of(request), _job_param(request))
+    return web.json_response(views.job_detail(sub, rec, _reason(rec, sched), backend=ctx_of(request).config.backend))
 
 
 async def get_job_attempts(request: web.Request) -> web.Response:
-    _, rec, _ = await _load(_ctx(request), _job_param(request))
+    _, rec, _ = await _load(ctx_of(request), _job_param(request))
     return web.json_response(views.job_attempts(rec))
 
 
 async def get_job_config(request: web.Request) -> web.Response:
-    sub, _, _ = await _load(_ctx(request), _job_param(request))
+    sub, _, _ = await _load(ctx_of(request), _job_param(request))
     if "yaml" in request.headers.get("Accept", ""):
         return web.Response(text=yaml.safe_dump(sub.config, sort_keys=False), content_type="text/yaml")
     return web.json_response(sub.config)
 
 
 async def list_jobs(request: web.Request) -> web.Response:
-    ctx = _ctx(request)
+    ctx = ctx_of(request)
     q = request.query
     try:
         offset = int(q.get("offset", 0))
@@ -259,7 +244,7 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 
 async def put_execution_type(request: web.Request) -> web.Response:
-    ctx = _ctx(request)
+    ctx = ctx_of(request)
     jid = _job_param(request)
     try:
         body = await request.json()
@@ -285,7 +270,7 @@ async def get_job_logs(request: web.Request) -> web.StreamResponse:
     """A task's output, proxied from the launcher over NATS request/reply (it owns
     the logs). `tailBytes` gives the end only; `follow=true` streams the log as it
     grows until the job is final."""
-    ctx = _ctx(request)
+    ctx = ctx_of(request)
     jid = _job_param(request)
     sub, rec, _ = await _load(ctx, jid)
     q = request.query
@@ -325,7 +310,7 @@ async def _follow_log(request: web.Request, ctx: ServiceContext, req: LogRequest
 
 
 async def list_virtual_clusters(request: web.Request) -> web.Response:
-    view = await _cluster_view(_ctx(request))
+    view = await _cluster_view(ctx_of(request))
     return web.json_response({vc["name"]: vc for vc in view.virtualClusters})
 
 
@@ -347,7 +332,7 @@ async def create_user(request: web.Request) -> web.Response:
             details={"errors": [{"path": "username", "rule": "pattern", "message": "letters, digits, _ and - only"}]},
         )
     token = await auth.create_user(
-        _ctx(request).bus, username, admin=bool(body.get("admin", False)), email=str(body.get("email", ""))
+        ctx_of(request).bus, username, admin=bool(body.get("admin", False)), email=str(body.get("email", ""))
     )
     return web.json_response({"username": username, "token": token}, status=201)
 

@@ -17,6 +17,7 @@ from libs.common.bus import Bus, get_json
 from libs.common.errors import Conflict, Unauthorized
 from libs.common.subjects import Bucket
 from services.rest.records import User
+from services.rest.request import USER, ctx_of
 
 # Paths anyone may read: probes, metrics and the portal's static files.
 PUBLIC_PREFIXES = ("/healthz", "/readyz", "/metrics", "/portal")
@@ -62,13 +63,11 @@ async def user_for_token(bus: Bus, token: str) -> User | None:
 async def middleware(request: web.Request, handler):
     if request.path.startswith(PUBLIC_PREFIXES) or request.path == "/":
         return await handler(request)
-    from services.rest.app import CTX, USER
-
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    user = await user_for_token(request.app[CTX].bus, token.strip())
+    user = await user_for_token(ctx_of(request).bus, token.strip())
     if user is None:
         raise Unauthorized("the bearer token is not valid")
     request[USER] = user

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from libs.common.errors import BadInput, Forbidden, TooLarge
+from libs.common.errors import BadInput, Forbidden
 from libs.common.rules_rpc import (
     NoSuchRule,
     RuleAction,
@@ -27,6 +27,7 @@ from libs.common.rules_rpc import (
     RulesRequest,
     request_rules,
 )
+from services.rest.request import USER, ctx_of, read_body
 
 MAX_RULE_BODY_BYTES = 64 * 1024
 _PLACEMENT_KEYS = ("position", "before")
@@ -85,18 +86,14 @@ routes = [
 
 
 async def _ask(request: web.Request, action: RuleAction, **fields: Any) -> RulesReply:
-    from services.rest.app import CTX, USER  # app.py imports this module
-
     rules_request = RulesRequest(action=action, by=request[USER].username, **fields)
     try:
-        return await request_rules(request.app[CTX].bus, rules_request)
+        return await request_rules(ctx_of(request).bus, rules_request)
     except TypeError as error:  # YAML can hold values JSON cannot carry
         raise _bad("", "json", f"the rule holds a value that is not plain data: {error}") from None
 
 
 def _require_admin(request: web.Request, what: str) -> None:
-    from services.rest.app import USER
-
     if not request[USER].admin:
         raise Forbidden(f"only an admin may {what} failure rules")
 
@@ -122,11 +119,7 @@ def _if_match(request: web.Request) -> int | None:
 
 async def _read_rule(request: web.Request) -> tuple[dict, dict[str, int]]:
     """The rule in the body, and where it should go."""
-    if request.content_length is not None and request.content_length > MAX_RULE_BODY_BYTES:
-        raise TooLarge(f"a rule is at most {MAX_RULE_BODY_BYTES} bytes; this one is {request.content_length}")
-    body = await request.content.read(MAX_RULE_BODY_BYTES + 1)
-    if len(body) > MAX_RULE_BODY_BYTES:
-        raise TooLarge(f"a rule is at most {MAX_RULE_BODY_BYTES} bytes")
+    body = await read_body(request, limit=MAX_RULE_BODY_BYTES, what="a rule")
     try:
         data = yaml.safe_load(body)  # JSON is YAML too
     except yaml.YAMLError as error:
