@@ -136,7 +136,6 @@ class Bus:
         types: Sequence[type[Event]],
         handler: Handler,
         *,
-        batch: int = 128,
         stopping: asyncio.Event | None = None,
         ordered: bool = False,
     ) -> None:
@@ -150,7 +149,7 @@ class Bus:
         decoder = decoder_for(*types)
         stopping = stopping or asyncio.Event()
         while not stopping.is_set():
-            msgs = await _fetch(consumer, batch)
+            msgs = await _fetch(consumer)
             for msg in msgs:
                 await self._dispatch(msg, decoder, handler, durable)
 
@@ -222,16 +221,15 @@ async def _keep_in_progress(msg: Msg) -> None:
         await msg.in_progress()
 
 
-async def _fetch(consumer: Any, batch: int) -> list[Msg]:
+async def _fetch(consumer: Any) -> list[Msg]:
     """Block until the next message.
 
     One message per pull request: nats-py's batched fetch lingers until its
     timeout once the first message is in (adding that timeout to every hop's
     latency), and cutting it short can drop messages already on their way.
-    `batch` is kept for a future server-side no-wait batch pull.
     """
     try:
-        return [await consumer.fetch(1, timeout=5.0)][0]
+        return await consumer.fetch(1, timeout=5.0)
     except (nats.errors.TimeoutError, asyncio.TimeoutError):
         return []
 
