@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.stats import percentile  # noqa: E402
 from libs.common.messages import TaskExited  # noqa: E402
 from services.runtime.core import LOG_LIMIT_BYTES, RuleEngine, default_rules  # noqa: E402
 
@@ -121,11 +122,6 @@ def make_exits(count: int, seed: int, distinct_logs: int = 97) -> list[TaskExite
     return exits
 
 
-def percentile(sorted_values: list[float], fraction: float) -> float:
-    index = min(len(sorted_values) - 1, max(0, round(fraction * (len(sorted_values) - 1))))
-    return sorted_values[index]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--exits", type=int, default=3000, help="classifications to time")
@@ -158,8 +154,8 @@ def main() -> None:
 
     latencies_ms.sort()
     cpu_ms.sort()
-    p99 = percentile(latencies_ms, 0.99)
-    cpu_p99 = percentile(cpu_ms, 0.99)
+    p99 = percentile(latencies_ms, 99)
+    cpu_p99 = percentile(cpu_ms, 99)
     print(
         json.dumps(
             {
@@ -169,11 +165,11 @@ def main() -> None:
                 "classifications": len(exits),
                 "per_second": round(len(exits) / wall_s, 1),
                 "per_cpu_second": round(len(exits) / cpu_s, 1),
-                "p50_ms": round(percentile(latencies_ms, 0.50), 4),
+                "p50_ms": round(percentile(latencies_ms, 50), 4),
                 "p99_ms": round(p99, 4),
                 "max_ms": round(latencies_ms[-1], 4),
                 "mean_ms": round(statistics.fmean(latencies_ms), 4),
-                "cpu_p50_ms": round(percentile(cpu_ms, 0.50), 4),
+                "cpu_p50_ms": round(percentile(cpu_ms, 50), 4),
                 "cpu_p99_ms": round(cpu_p99, 4),
                 "cpu_max_ms": round(cpu_ms[-1], 4),
                 "engine_build_ms": round(build_ms, 2),

@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.stats import percentile  # noqa: E402
 from libs.common.messages import JobState, TaskPlacement  # noqa: E402
 from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
 from services.launcher.backends.base import TaskFinished, TaskKey, TaskLaunch, TaskRunning  # noqa: E402
@@ -50,13 +51,6 @@ def cpu_seconds() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 def summary_ms(values: list[float]) -> dict[str, float | None]:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.stats import percentile  # noqa: E402
 from cli.client import Client  # noqa: E402
 from cli.up import Platform  # noqa: E402
 from libs.common.config import load_config  # noqa: E402
@@ -35,11 +36,6 @@ taskRoles:
     resourcePerInstance: {{cpu: 1, memoryMB: 256, gpu: 0}}
     commands: ["true"]
 """
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 async def measure(client: Client, jobs: int) -> list[float]:
