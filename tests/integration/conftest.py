@@ -71,6 +71,15 @@ class Api:
         return data.decode()
 
 
+async def written(path: Path, timeout: float = 20.0) -> str:
+    """The content of a file a task writes, once it is there and not empty."""
+    for _ in range(int(timeout / 0.05)):
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} was not written in {timeout:.0f}s")
+
+
 @pytest.fixture(scope="session")
 def platform(tmp_path_factory: pytest.TempPathFactory):
     plat = Platform(platform_config(tmp_path_factory.mktemp("pai")), print_fn=lambda *_: None)
@@ -84,7 +93,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory):
 def job_yaml(name: str, commands: list[str], *, roles: dict[str, int] | None = None, retry: int = 0,
              vc: str = "default", extra: str = "") -> str:
     roles = roles or {"main": 1}
-    lines = [f"protocolVersion: 2", f"name: {name}", "type: job", f"jobRetryCount: {retry}", "taskRoles:"]
+    lines = ["protocolVersion: 2", f"name: {name}", "type: job", f"jobRetryCount: {retry}", "taskRoles:"]
     for role, instances in roles.items():
         lines += [
             f"  {role}:",

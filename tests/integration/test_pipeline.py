@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import uuid
-from pathlib import Path
 
 import psutil
 import pytest
 
 from cli.client import ApiError
-from tests.integration.conftest import job_yaml
+from tests.integration.conftest import job_yaml, written
 
 pytestmark = pytest.mark.integration
 
@@ -59,13 +57,7 @@ async def test_stopped_sleep_job_ends_stopped_and_leaves_no_process(platform, tm
     # A child that ignores SIGTERM as well: the stop must still end it.
     await platform.submit(job_yaml(name, [f"(trap '' TERM; exec sleep 600) & echo $! > {pidfile}; sleep 600"]))
     await platform.wait_state(jid, "RUNNING")
-    for _ in range(100):
-        if pidfile.exists() and pidfile.read_text().strip():
-            break
-        import asyncio
-
-        await asyncio.sleep(0.05)
-    child = int(pidfile.read_text())
+    child = int(await written(pidfile))
     assert psutil.pid_exists(child)
     await platform.stop(jid)
     detail = await platform.wait_state(jid, "STOPPED", timeout=30)

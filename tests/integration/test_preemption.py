@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import psutil
 import pytest
 
-from tests.integration.conftest import job_yaml
+from tests.integration.conftest import job_yaml, written
 
 pytestmark = pytest.mark.integration
 
@@ -22,21 +21,13 @@ def whole_node(name: str, commands: list[str], cls: str) -> str:
     return job_yaml(name, commands, vc="research", extra=priority(cls)).replace("cpu: 1,", "cpu: 8,")
 
 
-async def wait_for_file(path, timeout: float = 20.0) -> str:
-    for _ in range(int(timeout / 0.05)):
-        if path.exists() and path.read_text().strip():
-            return path.read_text().strip()
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{path} never written")
-
-
 async def test_prod_job_preempts_test_job_which_runs_again_afterwards(platform, tmp_path):
     tag = uuid.uuid4().hex[:6]
     victim, prod = f"victim-{tag}", f"prod-{tag}"
     vid, pid_ = f"admin~{victim}", f"admin~{prod}"
     await platform.submit(whole_node(victim, [f"echo $$ > {tmp_path}/victim-$PAI_JOB_ATTEMPT_ID.pid", "sleep 600"], "test"))
     await platform.wait_state(vid, "RUNNING")
-    first_pid = int(await wait_for_file(tmp_path / "victim-1.pid"))
+    first_pid = int(await written(tmp_path / "victim-1.pid"))
 
     await platform.submit(whole_node(prod, ["sleep 3"], "prod"))
     await platform.wait_state(pid_, "RUNNING", timeout=30)

@@ -7,7 +7,6 @@ import uuid
 
 import pytest
 
-from cli.client import Client
 from cli.up import Platform
 from tests.integration.conftest import Api, job_yaml, platform_config
 
