@@ -45,6 +45,18 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     kube_namespace: str = "default"
     kube_api_url: str = ""  # empty: in-cluster config or kubeconfig
     log_level: str = "INFO"
+    # --- security (issue: a platform safe to share) ---
+    # NATS credentials of this process (each service has its own user; see
+    # libs/common/busauth.py). Empty: connect without credentials.
+    nats_user: str = ""
+    nats_password: str = ""
+    # Job secrets are sealed with the public key (rest) and opened with the
+    # private key (the launcher alone). `pai up` generates both in the data dir.
+    secrets_public_key_file: str = ""
+    secrets_private_key_file: str = ""
+    # Local backend: the unprivileged user task processes run as (when PAI runs
+    # as root). Empty: `pai up` chooses/creates one; tasks never run as root.
+    task_user: str = ""
 
     @property
     def data_path(self) -> Path:

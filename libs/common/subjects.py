@@ -72,6 +72,9 @@ class Bucket(StrEnum):
     RULES = "pai_rules"  # runtime: failure rules changed at run time
     NODES = "pai_nodes"  # monitor: latest node sample and health
     LEASES = "pai_leases"  # single-active services: leader lease
+    # rest: each job's secrets, sealed with the launcher's public key; only the
+    # launcher can open them (and only it may read the bucket).
+    SECRETS = "pai_secrets"
 
 
 # Durable consumer names, one per consuming service.
