@@ -22,6 +22,7 @@ from typing import Union
 
 import msgspec
 
+from libs.common.ids import EventId, JobId, NodeName, UserName, VcName
 from libs.common.protocol.model import JobSpec
 from libs.common.subjects import Kind, alert_subject, job_subject, node_subject
 
@@ -74,25 +75,12 @@ class ExitSpec(msgspec.Struct, frozen=True, kw_only=True):
     solution: list[str] = []
 
 
-# The explanation of a clean exit, the same wherever PAI gives it (launcher and runtime).
-SUCCEEDED_EXIT_SPEC = ExitSpec(
-    code=0,
-    phrase="Succeeded",
-    issuer="USER_CONTAINER",
-    causer="USER_CONTAINER",
-    type="USER_SUCCESS",
-    stage="COMPLETING",
-    behavior="UNKNOWN",
-    reaction=Reaction.NEVER_RETRY,
-)
-
-
 class TaskPlacement(msgspec.Struct, frozen=True, kw_only=True):
     """Where one task instance runs."""
 
     role: str
     index: int
-    node: str
+    node: NodeName
     hostIp: str = "127.0.0.1"
     gpus: list[int] = []  # physical GPU indices on the node -> CUDA_VISIBLE_DEVICES
     leafCells: list[str] = []  # cell addresses, for recovery and display
@@ -100,9 +88,9 @@ class TaskPlacement(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
-    id: str
-    job: str
-    cause: str = ""
+    id: EventId
+    job: JobId
+    cause: EventId = EventId("")
     at: float = 0.0
 
 
@@ -114,7 +102,7 @@ class JobSubmitted(Event, kw_only=True, frozen=True, tag=Kind.JOB_SUBMITTED.valu
 
 
 class StopRequested(Event, kw_only=True, frozen=True, tag=Kind.JOB_STOP_REQUESTED.value):
-    vc: str
+    vc: VcName
     by: str
 
 
@@ -122,7 +110,7 @@ class StopRequested(Event, kw_only=True, frozen=True, tag=Kind.JOB_STOP_REQUESTE
 
 
 class JobPlaced(Event, kw_only=True, frozen=True, tag=Kind.JOB_PLACED.value):
-    vc: str
+    vc: VcName
     attempt: int
     tasks: list[TaskPlacement]
     # The placement of only some tasks (gangAllocation: false); more follow.
@@ -130,15 +118,15 @@ class JobPlaced(Event, kw_only=True, frozen=True, tag=Kind.JOB_PLACED.value):
 
 
 class JobWaiting(Event, kw_only=True, frozen=True, tag=Kind.JOB_WAITING.value):
-    vc: str
+    vc: VcName
     attempt: int
     reason: str
 
 
 class PreemptRequested(Event, kw_only=True, frozen=True, tag=Kind.JOB_PREEMPT.value):
-    vc: str
+    vc: VcName
     attempt: int
-    by: str  # the job that needs the cells
+    by: JobId  # the job that needs the cells
     reason: str = ""
 
 
@@ -146,8 +134,8 @@ class PreemptRequested(Event, kw_only=True, frozen=True, tag=Kind.JOB_PREEMPT.va
 
 
 class JobStateChanged(Event, kw_only=True, frozen=True, tag=Kind.JOB_STATE.value):
-    vc: str
-    user: str
+    vc: VcName
+    user: UserName
     attempt: int
     state: JobState
     previous: JobState | None = None
@@ -160,23 +148,23 @@ class JobStateChanged(Event, kw_only=True, frozen=True, tag=Kind.JOB_STATE.value
 class JobReleased(Event, kw_only=True, frozen=True, tag=Kind.JOB_RELEASED.value):
     """The launcher no longer uses the cells of this attempt."""
 
-    vc: str
+    vc: VcName
     attempt: int
     # Queue the job again as attempt `attempt + 1` (retry or preemption).
     requeue: bool = False
 
 
 class TaskStarted(Event, kw_only=True, frozen=True, tag=Kind.TASK_STARTED.value):
-    vc: str
+    vc: VcName
     attempt: int
     role: str
     index: int
     taskAttempt: int = 0
-    node: str = ""
+    node: NodeName = NodeName("")
 
 
 class TaskExited(Event, kw_only=True, frozen=True, tag=Kind.TASK_EXITED.value):
-    vc: str
+    vc: VcName
     attempt: int
     role: str
     index: int
@@ -193,7 +181,7 @@ class TaskExited(Event, kw_only=True, frozen=True, tag=Kind.TASK_EXITED.value):
 
 
 class TaskVerdict(Event, kw_only=True, frozen=True, tag=Kind.TASK_VERDICT.value):
-    vc: str
+    vc: VcName
     attempt: int
     role: str
     index: int
@@ -207,7 +195,7 @@ class TaskVerdict(Event, kw_only=True, frozen=True, tag=Kind.TASK_VERDICT.value)
 
 
 class NodeStatus(Event, kw_only=True, frozen=True, tag=Kind.NODE_STATUS.value):
-    node: str
+    node: NodeName
     healthy: bool
     reason: str = ""
 
@@ -223,6 +211,25 @@ class AlertResolved(Event, kw_only=True, frozen=True, tag=Kind.ALERT_RESOLVED.va
     rule: str
     summary: str = ""
     labels: dict[str, str] = {}
+
+
+# --- any consumer -------------------------------------------------------------
+
+
+    """A consumer terminated an event that failed the same way on every one of
+    its deliveries (a poison message), so that the events behind it flow again.
+
+    `job` is the job the event was about ("" for node and alert events); the
+    launcher ends that job FAILED with an exit spec saying why, and the monitor
+    raises an alert.
+    """
+
+    consumer: str  # the durable consumer that gave up
+    eventId: str
+    eventKind: str
+    subject: str
+    deliveries: int
+    reason: str  # the last failure, for a person
 
 
 AnyEvent = Union[

@@ -23,19 +23,12 @@ import msgspec
 import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from libs.common.exitspecs import CATCH_ALL_CODES
 from libs.common.rules_rpc import NoSuchRule
 from services.runtime.core import Rule, RuleError, load_rules, validate_rule
-from services.runtime.core.engine import (
-    UNDEFINED_NEGATIVE_CODE,
-    UNDEFINED_POSITIVE_CODE,
-    UNKNOWN_FAILURE_CODE,
-)
 
 RULES_KEY = "rules"
 
-# Rules that only name what PAI reports when nothing else matched; a new rule
-# goes before them unless the admin chooses its place.
-CATCH_ALL_CODES = frozenset({UNKNOWN_FAILURE_CODE, UNDEFINED_NEGATIVE_CODE, UNDEFINED_POSITIVE_CODE})
 
 
 class StoredRuleSet(msgspec.Struct, frozen=True, kw_only=True):

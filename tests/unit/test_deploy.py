@@ -676,35 +676,50 @@ def test_kubectl_creates_every_rendered_object_through_the_api(tools: KubeTools,
 # --- images ----------------------------------------------------------------------------
 
 
-def dockerfile_instructions(service: str) -> list[tuple[str, str]]:
-    text = (REPO / "services" / service / "Dockerfile").read_text()
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (REPO / "Dockerfile").read_text()
     lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     joined = re.sub(r"\\\n", " ", "\n".join(lines))
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in joined.splitlines() if line.strip()]
 
 
+def final_stage() -> list[tuple[str, str]]:
+    steps = dockerfile_instructions()
+    return steps[max(i for i, (op, _) in enumerate(steps) if op == "FROM"):]
+
+
+def test_one_dockerfile_serves_every_service() -> None:
+    assert not list((REPO / "services").glob("*/Dockerfile"))
+    stage = final_stage()
+    assert stage[0][1].split()[0] == "python:3.11-slim"
+    assert ("ARG", "SERVICE") in stage
+    # An unknown SERVICE stops the build instead of making an image that cannot start.
+    check = next(args for op, args in stage if op == "RUN" and "$SERVICE" in args)
+    assert all(name in check for name in SERVICES)
+
+
 @pytest.mark.parametrize("service", SERVICES, ids=SERVICES)
 def test_dockerfile_runs_the_service_as_non_root_on_its_port(service: str) -> None:
-    steps = dockerfile_instructions(service)
-    port = DEFAULT_PORTS[service]
-    final_stage = steps[max(i for i, (op, _) in enumerate(steps) if op == "FROM"):]
-    assert final_stage[0][1].split()[0] == "python:3.11-slim"
-    assert json.loads(dict(final_stage)["CMD"]) == ["python", "-m", f"services.{service}"]
+    stage = dict(final_stage())
+    env = dict(pair.split("=", 1) for pair in stage["ENV"].split())
+    assert env["PAI_HOST"] == "0.0.0.0"
+    assert env["PAI_SERVICE"] == "${SERVICE}"
+    # The image runs `python -m services.<SERVICE>` ...
+    command = json.loads(stage["CMD"])
+    assert command[:2] == ["sh", "-c"]
+    assert command[2].replace("$PAI_SERVICE", service) == f"exec python -m services.{service}"
     assert (REPO / "services" / service / "__main__.py").is_file()
-    assert dict(final_stage)["EXPOSE"].split() == [str(port)]
-    env = dict(final_stage)["ENV"].split()
-    assert "PAI_HOST=0.0.0.0" in env
-    assert f"PAI_{service.upper()}_PORT={port}" in env
-    # The health check asks the port the service was configured with.
-    healthcheck = dict(final_stage)["HEALTHCHECK"]
-    assert "127.0.0.1:%s/healthz" in healthcheck and f"os.environ['PAI_{service.upper()}_PORT']" in healthcheck
-    user = dict(final_stage)["USER"].split(":")[0]
+    # ... and health-checks the port PAI's config gives that service.
+    healthcheck = json.loads(stage["HEALTHCHECK"].split(" CMD ", 1)[1])
+    probe = healthcheck[-1]
+    assert "127.0.0.1:%d/healthz" in probe and "load_config().port_of(os.environ['PAI_SERVICE'])" in probe
+    assert load_config(env={"PAI_SERVICE": service}).port_of(service) == DEFAULT_PORTS[service]
+    user = stage["USER"].split(":")[0]
     assert user not in ("root", "0")
 
 
-@pytest.mark.parametrize("service", SERVICES, ids=SERVICES)
-def test_dockerfile_copies_only_what_exists_and_installs_the_project(service: str) -> None:
-    steps = dockerfile_instructions(service)
+def test_dockerfile_copies_only_what_exists_and_installs_the_project() -> None:
+    steps = dockerfile_instructions()
     for op, args in steps:
         if op == "COPY" and "--from" not in args:
             *sources, _ = shlex.split(args)
@@ -736,7 +751,7 @@ def test_compose_nats_runs_jetstream_on_a_volume(compose: dict) -> None:
 @pytest.mark.parametrize("service", SERVICES, ids=SERVICES)
 def test_compose_service_reaches_nats_and_publishes_its_port(compose: dict, service: str) -> None:
     spec = compose["services"][service]
-    assert spec["build"]["dockerfile"] == f"services/{service}/Dockerfile"
+    assert spec["build"] == {"context": ".", "args": {"SERVICE": service}}
     assert spec["depends_on"]["nats"]["condition"] == "service_healthy"
     config = load_config(env={k: str(v) for k, v in spec["environment"].items() if "${" not in str(v)})
     assert config.nats_url == "nats://nats:4222"

@@ -44,7 +44,8 @@ from libs.common.records import (
     Transition,
 )
 from services.launcher.backends.base import TaskFinished, TaskKey, TaskRunning
-from services.launcher.core import announcements, exits
+from libs.common import exitspecs as exits
+from services.launcher.core import announcements
 from services.launcher.core.actions import Action, ForgetTask, KillTask, Publish, SaveJob, StartTask, StartTimer
 from services.launcher.core.env import peers_env
 from services.launcher.core.events import (

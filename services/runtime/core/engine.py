@@ -35,7 +35,14 @@ from functools import cached_property
 import msgspec
 import re2
 
-from libs.common.messages import SUCCEEDED_EXIT_SPEC, ExitSpec, Reaction, TaskExited
+from libs.common.exitspecs import (
+    BUILTIN,
+    SUCCEEDED_EXIT_CODE as SUCCESS_CODE,
+    UNDEFINED_NEGATIVE_CODE,
+    UNDEFINED_POSITIVE_CODE,
+    UNKNOWN_FAILURE_CODE,
+)
+from libs.common.messages import ExitSpec, Reaction, TaskExited
 from services.runtime.core.model import Classification, Rule
 from services.runtime.core.regexes import compile_regex, re2_options
 from services.runtime.core.validation import RuleError
@@ -46,50 +53,6 @@ MAX_MATCHED_LINES = 3
 MAX_TAIL_LINES = 5
 MAX_DIAGNOSTICS = 8
 MAX_LINE_CHARS = 300
-
-SUCCESS_CODE = 0
-UNKNOWN_FAILURE_CODE = 255
-UNDEFINED_NEGATIVE_CODE = -8000
-UNDEFINED_POSITIVE_CODE = 256
-
-# Used when a rule set does not define the success and fallback codes itself.
-BUILTIN_SPECS = {
-    SUCCESS_CODE: SUCCEEDED_EXIT_SPEC,
-    UNKNOWN_FAILURE_CODE: ExitSpec(
-        code=UNKNOWN_FAILURE_CODE,
-        phrase="PAIRuntimeUnknownFailed",
-        issuer="PAI_RUNTIME",
-        causer="UNKNOWN",
-        type="UNKNOWN_FAILURE",
-        stage="UNKNOWN",
-        behavior="UNKNOWN",
-        reaction=Reaction.RETRY_TO_MAX,
-        reason="The command failed and no failure rule recognised why.",
-        solution=["Read the diagnostics and the end of the task log."],
-    ),
-    UNDEFINED_NEGATIVE_CODE: ExitSpec(
-        code=UNDEFINED_NEGATIVE_CODE,
-        phrase="ContainerUndefinedNegativeExitCode",
-        issuer="UNKNOWN",
-        causer="UNKNOWN",
-        type="UNKNOWN_FAILURE",
-        stage="UNKNOWN",
-        behavior="UNKNOWN",
-        reaction=Reaction.RETRY_TO_MAX,
-        reason="The task ended with a negative exit code that no rule defines.",
-    ),
-    UNDEFINED_POSITIVE_CODE: ExitSpec(
-        code=UNDEFINED_POSITIVE_CODE,
-        phrase="PAIRuntimeExitAbnormally",
-        issuer="PAI_RUNTIME",
-        causer="PAI_RUNTIME",
-        type="PLATFORM_FAILURE",
-        stage="UNKNOWN",
-        behavior="UNKNOWN",
-        reaction=Reaction.RETRY_TO_MAX,
-        reason="The task ended with an exit code above 255, which no process can return by itself.",
-    ),
-}
 
 # Python reports source that does not compile with one of these as the last
 # line, possibly behind a launcher's prefix such as torchrun's `[rank0]:`.
@@ -241,7 +204,7 @@ class RuleEngine:
         """The spec of the rule with this code (e.g. to report a stop), if any."""
         if code in self._by_code:
             return self._by_code[code].to_spec()
-        return BUILTIN_SPECS.get(code)
+        return BUILTIN.get(code)
 
     def classify(self, exit: TaskExited) -> Classification:
         if effective_exit_code(exit) == SUCCESS_CODE and not exit.platformReason:

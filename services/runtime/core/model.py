@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from libs.common.messages import ExitSpec, Reaction
+from libs.common.messages import ExitSpec
 
 # The enums of the exit-spec schema. A rule may leave any of them empty.
 # OpenPAI's own spec also uses UNKNOWN as an issuer (for -8000), so it is allowed.
@@ -112,36 +112,16 @@ class ExitPattern(_Pattern, frozen=True, kw_only=True):
     controllerPodPatterns: list[PodPattern] = []
 
 
-class Rule(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
-    """One entry of the exit spec. Regexes are compiled by `RuleEngine`."""
+class Rule(ExitSpec, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """One entry of the exit spec: the `ExitSpec` it gives, and the patterns that
+    recognise it. Regexes are compiled by `RuleEngine`."""
 
-    code: int
-    phrase: str
-    issuer: str = ""
-    causer: str = ""
-    type: str = ""
-    stage: str = ""
-    behavior: str = ""
-    reaction: Reaction = Reaction.RETRY_TO_MAX
-    reason: str = ""
-    repro: list[str] = []
-    solution: list[str] = []
     pattern: ExitPattern | None = None
 
     def to_spec(self) -> ExitSpec:
-        return ExitSpec(
-            code=self.code,
-            phrase=self.phrase,
-            issuer=self.issuer,
-            causer=self.causer,
-            type=self.type,
-            stage=self.stage,
-            behavior=self.behavior,
-            reaction=self.reaction,
-            reason=self.reason,
-            repro=list(self.repro),
-            solution=list(self.solution),
-        )
+        fields = msgspec.structs.asdict(self)
+        del fields["pattern"]
+        return ExitSpec(**fields)
 
     def to_dict(self) -> dict:
         """The rule as it would be written in a rule file (empty fields left out,

@@ -7,7 +7,7 @@ import pytest
 
 from libs.common.messages import JobState, TaskPlacement
 from services.launcher.core import PeerAddress, Placed, StartTask, Submitted, task_env
-from services.launcher.core.exits import PORTS_EXHAUSTED_EXIT_CODE
+from libs.common.exitspecs import PORTS_EXHAUSTED_EXIT_CODE
 from tests.unit.launcher.builders import JOB, Driver, job_spec, role, started
 
 

@@ -9,7 +9,7 @@ from libs.common.messages import JobState, Reaction, TaskState
 from libs.common.records import decode_job_record, encode_job_record
 from services.launcher.backends.base import TaskKey
 from services.launcher.core import Action, ForgetTask, KillTask, LauncherCore, Publish, SaveJob, StartTask
-from services.launcher.core.exits import LOST_EXIT_CODE
+from libs.common.exitspecs import LOST_EXIT_CODE
 from tests.unit.launcher.builders import JOB, Driver, job_spec, published, role, started, timers
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from libs.common import messages
 from libs.common.messages import JobState, Reaction, TaskState
-from services.launcher.core.exits import STOP_EXIT_CODE
+from libs.common.exitspecs import STOP_EXIT_CODE
 from tests.unit.launcher.builders import Driver, job_spec, killed, published, role, states_published
 
 

@@ -1,4 +1,4 @@
-"""The launcher's own exit specs agree with OpenPAI's exit spec where they overlap."""
+"""PAI's own exit specs agree with OpenPAI's exit spec where they overlap."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.launcher.core import exits
+from libs.common import exitspecs as exits
 
-EXIT_SPEC = Path(__file__).resolve().parents[3] / ".." / "shared" / "reference" / "openpai" / "k8s-job-exit-spec.yaml"
+EXIT_SPEC = Path(__file__).resolve().parents[2] / ".." / "shared" / "reference" / "openpai" / "k8s-job-exit-spec.yaml"
 
 
 @pytest.fixture(scope="module")
