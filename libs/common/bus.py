@@ -7,11 +7,19 @@ Ack rules (DESIGN.md):
 - it raises `errors.Transient` or a NATS timeout -> nak with a growing delay;
 - anything else is a bug: logged loudly, then re-raised so the process exits and
   is restarted; the message is redelivered to the next incarnation.
+
+No poison message: an event whose handler fails on its `DEAD_LETTER_AFTER`-th
+delivery (a bug that repeats, or a transient failure that never clears) is
+terminated and announced as `EventDeadLettered`, so the service goes on and
+the events behind it flow again; the launcher ends the event's job FAILED with
+an exit spec saying why, and the monitor raises an alert. JetStream's own
+`max_deliver` is the backstop for a handler that kills its process outright.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,7 +35,7 @@ from nats.js.kv import KeyValue
 
 from libs.common import telemetry
 from libs.common.errors import BadInput, Transient
-from libs.common.messages import AnyEvent, Event, decoder_for, encode, subject_of
+from libs.common.messages import AnyEvent, Event, EventDeadLettered, decoder_for, encode, subject_of
 from libs.common.subjects import STREAM, STREAM_SUBJECTS, Bucket, Durable, Kind, kind_filter
 
 log = logging.getLogger("pai.bus")
@@ -45,6 +53,17 @@ ORDERED_MAX_ACK_PENDING = 1
 PARALLEL_MAX_ACK_PENDING = 10_000
 DRAIN_SECONDS = 2.0
 NAK_DELAYS = (0.2, 1.0, 5.0, 15.0, 60.0)
+# An ordered consumer waits on its one unacked event, so a retried event must
+# not hold the events behind it for long: its retries come quickly and end at
+# the dead-letter limit.
+ORDERED_NAK_DELAYS = (0.2, 0.5, 1.0)
+# The delivery on which a handler that still fails gives up (see module doc):
+# five crashes and restarts, or about a minute and a half of retries.
+DEAD_LETTER_AFTER = 5
+TRANSIENT_DEAD_LETTER_AFTER = 12
+# JetStream stops delivering after this many; above both limits, it only acts
+# when the process died before it could dead-letter the event itself.
+MAX_DELIVER = TRANSIENT_DEAD_LETTER_AFTER + 3
 
 Handler = Callable[[AnyEvent], Awaitable[None]]
 
@@ -148,10 +167,11 @@ class Bus:
         consumer = await self._pull_subscription(durable, kinds, ordered=ordered)
         decoder = decoder_for(*types)
         stopping = stopping or asyncio.Event()
+        delays = ORDERED_NAK_DELAYS if ordered else NAK_DELAYS
         while not stopping.is_set():
             msgs = await _fetch(consumer)
             for msg in msgs:
-                await self._dispatch(msg, decoder, handler, durable)
+                await self._dispatch(msg, decoder, handler, durable, delays)
 
     async def _pull_subscription(self, durable: Durable, kinds: Sequence[Kind], *, ordered: bool) -> Any:
         filters = [kind_filter(k) for k in kinds]
@@ -161,6 +181,7 @@ class Bus:
             ack_wait=ACK_WAIT_SECONDS,
             deliver_policy=api.DeliverPolicy.ALL,
             max_ack_pending=ORDERED_MAX_ACK_PENDING if ordered else PARALLEL_MAX_ACK_PENDING,
+            max_deliver=MAX_DELIVER,
             filter_subjects=filters if len(filters) > 1 else None,
             filter_subject=filters[0] if len(filters) == 1 else None,
         )
@@ -169,7 +190,9 @@ class Bus:
         await self.js.add_consumer(STREAM, config)
         return await self.js.pull_subscribe_bind(durable=durable.value, stream=STREAM)
 
-    async def _dispatch(self, msg: Msg, decoder: msgspec.json.Decoder, handler: Handler, durable: Durable) -> None:
+    async def _dispatch(
+        self, msg: Msg, decoder: msgspec.json.Decoder, handler: Handler, durable: Durable, delays: Sequence[float]
+    ) -> None:
         try:
             event = decoder.decode(msg.data)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -179,6 +202,7 @@ class Bus:
             )
             await msg.term()
             return
+        deliveries = msg.metadata.num_delivered or 1
         with telemetry.span_from_headers(f"{durable.value} {msg.subject}", msg.headers, job=event.job):
             heartbeat = asyncio.ensure_future(_keep_in_progress(msg))
             try:
@@ -188,19 +212,50 @@ class Bus:
                 await msg.term()
                 return
             except (Transient, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
-                delivered = msg.metadata.num_delivered or 1
-                delay = NAK_DELAYS[min(delivered - 1, len(NAK_DELAYS) - 1)]
+                if deliveries >= TRANSIENT_DEAD_LETTER_AFTER:
+                    await self._dead_letter(msg, event, durable, deliveries, f"still failing after {deliveries} tries: {exc!r}")
+                    return
+                delay = delays[min(deliveries - 1, len(delays) - 1)]
                 log.warning("retrying %s in %.1fs: %r", event.id, delay, exc, extra={"job": event.job})
                 await msg.nak(delay=delay)
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
+                if deliveries >= DEAD_LETTER_AFTER:
+                    log.exception("bug while handling %s, for the %d. time; giving up on it", event.id, deliveries, extra={"job": event.job})
+                    await self._dead_letter(msg, event, durable, deliveries, f"{type(exc).__name__}: {exc}")
+                    return
                 log.exception("bug while handling %s; exiting so the service restarts", event.id, extra={"job": event.job})
+                # Back to the stream at once, so the next incarnation need not
+                # wait out the ack deadline to meet it again.
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=delays[0])
                 raise
             finally:
                 heartbeat.cancel()
         await msg.ack()
+
+    async def _dead_letter(self, msg: Msg, event: Event, durable: Durable, deliveries: int, reason: str) -> None:
+        """Announce, then terminate: a crash in between redelivers the event, and the
+        announcement's id makes the second one a duplicate JetStream drops."""
+        if not isinstance(event, EventDeadLettered):  # never announce the announcement
+            await self.publish(
+                EventDeadLettered(
+                    id=f"{event.id}/dead-lettered/{durable.value}",
+                    job=event.job,
+                    cause=event.id,
+                    at=time.time(),
+                    consumer=durable.value,
+                    eventId=event.id,
+                    eventKind=str(event.__struct_config__.tag),
+                    subject=msg.subject,
+                    deliveries=deliveries,
+                    reason=reason[:2000],
+                )
+            )
+        log.error("dead-lettered %s after %d deliveries: %s", event.id, deliveries, reason, extra={"job": event.job})
+        await msg.term()
 
     async def close(self) -> None:
         """Flush what is pending and disconnect, without waiting long.

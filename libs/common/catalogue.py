@@ -18,6 +18,7 @@ from libs.common.subjects import PREFIX, Kind
 SUBJECT_TAIL = {
     "node": "<node>",
     "alert": "<rule>",
+    "event": "<consumer>",
 }
 
 

@@ -24,7 +24,7 @@ import msgspec
 
 from libs.common.ids import EventId, JobId, NodeName, UserName, VcName
 from libs.common.protocol.model import JobSpec
-from libs.common.subjects import Kind, alert_subject, job_subject, node_subject
+from libs.common.subjects import Kind, alert_subject, dead_letter_subject, job_subject, node_subject
 
 
 class JobState(StrEnum):
@@ -216,6 +216,7 @@ class AlertResolved(Event, kw_only=True, frozen=True, tag=Kind.ALERT_RESOLVED.va
 # --- any consumer -------------------------------------------------------------
 
 
+class EventDeadLettered(Event, kw_only=True, frozen=True, tag=Kind.EVENT_DEAD_LETTERED.value):
     """A consumer terminated an event that failed the same way on every one of
     its deliveries (a poison message), so that the events behind it flow again.
 
@@ -246,6 +247,7 @@ AnyEvent = Union[
     NodeStatus,
     AlertFiring,
     AlertResolved,
+    EventDeadLettered,
 ]
 
 EVENT_TYPES: dict[Kind, type[Event]] = {
@@ -260,6 +262,8 @@ def subject_of(event: Event) -> str:
             return node_subject(kind, node)
         case AlertFiring(rule=rule) | AlertResolved(rule=rule):
             return alert_subject(kind, rule)
+        case EventDeadLettered(consumer=consumer):
+            return dead_letter_subject(kind, consumer)
         case JobSubmitted(spec=spec):
             return job_subject(kind, spec.virtualCluster, event.job)
         case _:

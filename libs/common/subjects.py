@@ -4,7 +4,8 @@ Job events are published on `pai.v1.<entity>.<event>.<vc>.<user>.<job>` so an
 integrator can filter by kind, VC, user and job with wildcards, e.g.
 `pai.v1.job.*.vc1.>` (every job event of vc1) or `pai.v1.*.*.*.alice.>`.
 Node and alert events use `pai.v1.node.<event>.<node>` and
-`pai.v1.alert.<event>.<rule>`.
+`pai.v1.alert.<event>.<rule>`; a dead-lettered event is announced on
+`pai.v1.event.dead_lettered.<consumer>`.
 
 Versioning: a breaking change to a message is a new `pai.v2...` subject.
 """
@@ -36,6 +37,8 @@ class Kind(StrEnum):
     NODE_STATUS = "node.status"
     ALERT_FIRING = "alert.firing"
     ALERT_RESOLVED = "alert.resolved"
+    # A consumer gave up on an event that failed the same way too often.
+    EVENT_DEAD_LETTERED = "event.dead_lettered"
 
 
 def job_subject(kind: Kind, vc: str, job: str) -> str:
@@ -49,6 +52,10 @@ def node_subject(kind: Kind, node: str) -> str:
 
 def alert_subject(kind: Kind, rule: str) -> str:
     return f"{PREFIX}.{kind.value}.{node_token(rule)}"
+
+
+def dead_letter_subject(kind: Kind, consumer: str) -> str:
+    return f"{PREFIX}.{kind.value}.{consumer}"
 
 
 def kind_filter(kind: Kind) -> str:

@@ -14,19 +14,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import msgspec
 import nats.errors
 import nats.js.errors
 
 from libs.common.bus import Bus, all_keys
-from libs.common.messages import EVENT_TYPES, AnyEvent
+from libs.common.messages import EVENT_TYPES, AlertFiring, AnyEvent
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.monitor import metrics
 from services.monitor.core.samples import encode_node_sample, node_key
 from services.monitor.core.stored import StoredJob, decode_stored_job
 from services.monitor.core.tally import MonitorCore
+from services.monitor.core.updates import RaiseAlert
 from services.monitor.sampler import NodeSampler, default_node_name
 
 log = logging.getLogger("pai.monitor")
@@ -48,13 +50,24 @@ async def body(ctx: ServiceContext, *, sampler: NodeSampler | None = None) -> No
         ctx.spawn(sample_forever(ctx, sampler, core), "node-sampler")
 
         async def handle(event: AnyEvent) -> None:
-            metrics.apply(core.handle(event))
+            updates = core.handle(event)
+            metrics.apply(u for u in updates if not isinstance(u, RaiseAlert))
+            for alert in updates:
+                if isinstance(alert, RaiseAlert):
+                    await ctx.bus.publish(alert_firing(alert))
 
         await ctx.bus.consume(
             Durable.MONITOR, list(Kind), list(EVENT_TYPES.values()), handle, stopping=ctx.stopping
         )
     finally:
         sampler.close()
+
+
+def alert_firing(alert: RaiseAlert) -> AlertFiring:
+    return AlertFiring(
+        id=alert.id, job=alert.job, cause=alert.cause, at=time.time(),
+        rule=alert.rule, severity=alert.severity, summary=alert.summary, labels=alert.labels,
+    )
 
 
 async def load_stored_jobs(bus: Bus) -> list[StoredJob]:

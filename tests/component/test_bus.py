@@ -167,3 +167,77 @@ async def test_ordered_consumer_keeps_order_when_its_process_dies_mid_event(bus,
 
     await consume_until(bus, record, lambda: len(seen), 2)
     assert seen == [first.id, second.id]
+
+
+async def dead_letters(bus) -> list:
+    """Every EventDeadLettered in the stream, decoded."""
+    from libs.common.messages import decode
+    from libs.common.subjects import kind_filter
+
+    sub = await bus.js.pull_subscribe(kind_filter(Kind.EVENT_DEAD_LETTERED), stream=STREAM)
+    try:
+        msgs = await sub.fetch(10, timeout=1)
+    except Exception:
+        msgs = []
+    await sub.unsubscribe()
+    return [decode(m.data) for m in msgs]
+
+
+async def test_a_bug_that_repeats_is_dead_lettered_and_the_events_behind_it_flow(bus):
+    """The poison event crashes its handler on every delivery: after DEAD_LETTER_AFTER
+    incarnations the consumer gives up on it, announces it, and handles the next one."""
+    from libs.common import bus as bus_module
+
+    poison, after = stop_event(20), stop_event(21)
+    await bus.publish(poison)
+    await bus.publish(after)
+    tries, seen = [], []
+
+    async def handler(event):
+        if event.id == poison.id:
+            tries.append(event.id)
+            raise RuntimeError("record too large for this service")
+        seen.append(event.id)
+
+    incarnations = 0
+    while not seen and incarnations < bus_module.DEAD_LETTER_AFTER + 2:
+        incarnations += 1
+        stopping = asyncio.Event()
+        task = asyncio.create_task(
+            bus.consume(Durable.MONITOR, [Kind.JOB_STOP_REQUESTED], (StopRequested,), handler, stopping=stopping, ordered=True)
+        )
+        for _ in range(100):  # a crash ends consume(); the "restart" is the next loop
+            if task.done() or seen:
+                break
+            await asyncio.sleep(0.05)
+        stopping.set()
+        if not task.done():
+            task.cancel()
+        with pytest.raises((RuntimeError, asyncio.CancelledError)):
+            await task
+    assert seen == [after.id]
+    assert len(tries) == bus_module.DEAD_LETTER_AFTER
+    [letter] = [d for d in await dead_letters(bus) if d.eventId == poison.id]
+    assert letter.job == poison.job and letter.consumer == Durable.MONITOR.value
+    assert letter.deliveries == bus_module.DEAD_LETTER_AFTER
+    assert "record too large" in letter.reason
+
+
+async def test_a_transient_failure_that_never_clears_is_dead_lettered_quickly_on_an_ordered_consumer(bus, monkeypatch):
+    from libs.common import bus as bus_module
+
+    monkeypatch.setattr(bus_module, "TRANSIENT_DEAD_LETTER_AFTER", 3)
+    stuck, after = stop_event(22), stop_event(23)
+    await bus.publish(stuck)
+    await bus.publish(after)
+    seen = []
+
+    async def handler(event):
+        if event.id == stuck.id:
+            raise Transient("the store is full")
+        seen.append(event.id)
+
+    await consume_until(bus, handler, lambda: len(seen), 1)
+    assert seen == [after.id]
+    [letter] = [d for d in await dead_letters(bus) if d.eventId == stuck.id]
+    assert letter.deliveries == 3 and "the store is full" in letter.reason

@@ -313,3 +313,29 @@ async def test_gauges_are_rebuilt_from_the_launcher_records_after_a_restart(nats
             "RUNNING": 1,
             "FAILED": 1,
         }
+
+
+async def test_a_dead_lettered_event_becomes_a_critical_alert_on_the_bus(bus, monitor):
+    from libs.common.messages import AlertFiring, EventDeadLettered, decode
+    from libs.common.subjects import STREAM, Kind, kind_filter
+
+    jid = job("poisoned")
+    letter = EventDeadLettered(
+        id=f"{jid}/submitted/dead-lettered/launcher", job=jid, cause=f"{jid}/submitted", at=time.time(),
+        consumer="launcher", eventId=f"{jid}/submitted", eventKind="job.submitted",
+        subject=f"pai.v1.job.submitted.default.alice.{jid.split('~')[1]}", deliveries=5, reason="RuntimeError: boom",
+    )
+    await bus.publish(letter)
+    sub = await bus.js.pull_subscribe(kind_filter(Kind.ALERT_FIRING), stream=STREAM)
+    deadline = time.monotonic() + WAIT_SECONDS
+    found: list[AlertFiring] = []
+    while not found and time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            for msg in await sub.fetch(50, timeout=0.5):
+                event = decode(msg.data)
+                if event.job == jid:
+                    found.append(event)
+    await sub.unsubscribe()
+    assert found, "the monitor raised no alert for the dead-lettered event"
+    assert found[0].rule == "EventDeadLettered" and found[0].severity == "critical"
+    assert "RuntimeError: boom" in found[0].summary

@@ -344,3 +344,21 @@ def test_the_last_gauge_update_of_each_pair_is_the_true_count(events):
     for (vc, state_name), count in shown.items():
         assert count == core.jobs_in(vc, JobState(state_name))
     assert sum(shown.values()) == core.job_count
+
+
+def test_a_dead_lettered_event_raises_one_critical_alert_naming_job_consumer_and_reason():
+    from libs.common.messages import EventDeadLettered
+    from services.monitor.core.updates import RaiseAlert
+
+    letter = EventDeadLettered(
+        id="alice~a/submitted/dead-lettered/launcher", job="alice~a", cause="alice~a/submitted",
+        consumer="launcher", eventId="alice~a/submitted", eventKind="job.submitted",
+        subject="pai.v1.job.submitted.default.alice.a", deliveries=5, reason="MaxPayloadError: too big",
+    )
+    core = MonitorCore()
+    first, again = run(core, letter), run(core, letter)
+    [alert] = of_type(first, RaiseAlert)
+    assert alert.severity == "critical" and alert.job == "alice~a"
+    assert "launcher" in alert.summary and "MaxPayloadError" in alert.summary
+    # A redelivery raises the same alert (same id, so the bus stores it once) and counts nothing.
+    assert of_type(again, RaiseAlert) == [alert] and not of_type(again, EventCounted)

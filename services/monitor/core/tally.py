@@ -26,6 +26,7 @@ import msgspec
 
 from libs.common.messages import (
     Event,
+    EventDeadLettered,
     JobState,
     JobStateChanged,
     JobSubmitted,
@@ -40,6 +41,7 @@ from services.monitor.core.updates import (
     JobsGauge,
     NodeCount,
     NodeUp,
+    RaiseAlert,
     SubmitToRunning,
     TaskExitCounted,
     Update,
@@ -103,6 +105,9 @@ class MonitorCore:
                 updates.extend(self._state_changed(event))
             case NodeStatus(node=node, healthy=healthy):
                 updates.extend(self._node_seen(node, event.at, healthy))
+            case EventDeadLettered():
+                # Raised again on a redelivery: the same id is stored once.
+                updates.append(_dead_letter_alert(event))
         return updates
 
     def node_sampled(self, node: str, at: float) -> list[Update]:
@@ -182,6 +187,25 @@ class MonitorCore:
             return []  # an older report than the one shown
         self._nodes[node] = (at, healthy)
         return [NodeUp(node=node, up=healthy), NodeCount(count=len(self._nodes))]
+
+
+DEAD_LETTER_RULE = "EventDeadLettered"
+
+
+def _dead_letter_alert(event: EventDeadLettered) -> RaiseAlert:
+    about = f"job {event.job}" if event.job else f"subject {event.subject}"
+    return RaiseAlert(
+        id=f"{event.id}/alert",
+        job=event.job,
+        cause=event.id,
+        rule=DEAD_LETTER_RULE,
+        severity="critical",
+        summary=(
+            f"{event.consumer} gave up on {event.eventKind} event {event.eventId} ({about}) "
+            f"after {event.deliveries} deliveries: {event.reason}"
+        ),
+        labels={"consumer": event.consumer, "kind": event.eventKind, "job": event.job},
+    )
 
 
 def _task_exit(event: Event) -> list[Update]:

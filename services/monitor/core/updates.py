@@ -44,4 +44,16 @@ class NodeCount(msgspec.Struct, frozen=True, kw_only=True):
     count: int
 
 
-Update = Union[JobsGauge, SubmitToRunning, EventCounted, TaskExitCounted, NodeUp, NodeCount]
+class RaiseAlert(msgspec.Struct, frozen=True, kw_only=True):
+    """An alert the shell publishes as `AlertFiring` (not a metric)."""
+
+    id: str  # deterministic: a redelivered cause raises the same alert, stored once
+    job: str
+    cause: str
+    rule: str
+    severity: str
+    summary: str
+    labels: dict[str, str]
+
+
+Update = Union[JobsGauge, SubmitToRunning, EventCounted, TaskExitCounted, NodeUp, NodeCount, RaiseAlert]
