@@ -2,10 +2,10 @@
 
 Starts an embedded nats-server with JetStream in `<data dir>/nats`, then the five
 services as separate processes, waits until each answers /readyz, prints the API
-URL and the admin token, and supervises: a service that dies is started again
-(its state is on the bus, so it picks up where it was). Ctrl-C (or SIGTERM)
-stops the services, then every task process the local backend still runs, then
-NATS, leaving no process behind. A second `pai up` on the same data dir resumes
+URL and the admin token, and supervises: nats-server or a service that dies is
+started again (the state is in JetStream's store, so each picks up where it
+was). Ctrl-C (or SIGTERM) stops the services, then every task process the local
+backend still runs, then NATS, leaving no process behind. A second `pai up` on the same data dir resumes
 with every job as it was.
 """
 
@@ -29,6 +29,7 @@ from libs.common.natsserver import NatsServer
 SERVICES = ("rest", "scheduler", "launcher", "runtime", "monitor")
 READY_TIMEOUT_SECONDS = 60.0
 RESTART_BACKOFF_SECONDS = 1.0
+SUPERVISE_SECONDS = 0.5
 
 
 class Platform:
@@ -114,14 +115,26 @@ class Platform:
         self.nats.start()
 
     def supervise(self) -> None:
-        """Block until asked to stop, starting again any service that died."""
+        """Block until asked to stop, starting again NATS or any service that died."""
         while not self._stopping:
-            for name, proc in list(self.procs.items()):
-                if proc.poll() is not None and not self._stopping:
-                    self.print(f"[yellow]{name} exited with code {proc.returncode}; starting it again[/]")
-                    time.sleep(RESTART_BACKOFF_SECONDS)
-                    self._spawn(name)
-            time.sleep(0.5)
+            self.restart_what_died()
+            time.sleep(SUPERVISE_SECONDS)
+
+    def restart_what_died(self) -> list[str]:
+        """One round of supervision: NATS first (every service needs it), then the
+        services; returns what was started again."""
+        restarted = []
+        if self.nats is not None and self.nats.proc is not None and self.nats.proc.poll() is not None and not self._stopping:
+            self.print(f"[yellow]nats-server exited with code {self.nats.proc.returncode}; starting it again[/]")
+            self.nats.start()  # same store and port: JetStream recovers its streams
+            restarted.append("nats")
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is not None and not self._stopping:
+                self.print(f"[yellow]{name} exited with code {proc.returncode}; starting it again[/]")
+                time.sleep(RESTART_BACKOFF_SECONDS)
+                self._spawn(name)
+                restarted.append(name)
+        return restarted
 
     def request_stop(self, *_: object) -> None:
         self._stopping = True

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import msgspec
+import nats.errors
 import nats.js.errors
 import yaml
 from aiohttp import web
@@ -27,6 +28,7 @@ from libs.common.errors import (
     Forbidden,
     NotFound,
     PaiError,
+    Transient,
 )
 from libs.common.logs import LogRequest, request_log
 from libs.common.messages import JobSubmitted, StopRequested
@@ -56,7 +58,16 @@ async def error_middleware(request: web.Request, handler):
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
     with telemetry.span(f"{request.method} {route}"):
         try:
+            if not request.path.startswith(BUS_FREE_PREFIXES) and not ctx_of(request).bus.nc.is_connected:
+                # Every API answer needs the bus: say so at once instead of
+                # waiting out a KV timeout while NATS restarts.
+                raise BusUnavailable(BUS_AWAY_MESSAGE)
             response = await handler(request)
+        except BUS_ERRORS as exc:
+            log.warning("%s %s: the bus did not answer: %r", request.method, request.path, exc)
+            response = _bus_unavailable(BUS_AWAY_MESSAGE)
+        except BusUnavailable as exc:
+            response = _bus_unavailable(exc.message)
         except ProtocolError as exc:
             response = web.json_response(protocol_error_body(exc), status=400)
         except PaiError as exc:
@@ -68,6 +79,34 @@ async def error_middleware(request: web.Request, handler):
         time.perf_counter() - started
     )
     return response
+
+
+# Probes and metrics answer from the process itself, NATS or not.
+BUS_FREE_PREFIXES = ("/healthz", "/readyz", "/metrics")
+BUS_AWAY_MESSAGE = "PAI cannot reach its message bus (NATS); it is being restarted, try again shortly"
+BUS_RETRY_AFTER_SECONDS = 1
+# What nats-py raises when NATS is away or restarting mid-request.
+BUS_ERRORS = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.NoRespondersError,
+    nats.errors.TimeoutError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.ServiceUnavailableError,
+    asyncio.TimeoutError,
+)
+
+
+class BusUnavailable(Transient):
+    code = "ServiceUnavailable"
+
+
+def _bus_unavailable(message: str) -> web.Response:
+    return web.json_response(
+        {"code": BusUnavailable.code, "message": message},
+        status=503,
+        headers={"Retry-After": str(BUS_RETRY_AFTER_SECONDS)},
+    )
 
 
 async def create_app(ctx: ServiceContext) -> web.Application:

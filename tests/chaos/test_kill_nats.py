@@ -56,3 +56,47 @@ async def test_services_reconnect_after_nats_is_killed_and_no_job_is_lost_or_run
     await platform.wait_state(later, "SUCCEEDED")
     listed = {row["name"] for row in await platform.client.request("GET", "/api/v2/jobs")}
     assert {job.split("~")[1] for job in [*jobs, later]} <= listed
+
+
+async def test_while_nats_is_away_the_api_answers_503_at_once_and_the_supervisor_brings_it_back(platform, starts_dir):
+    """kill -9 of nats-server under `pai up`'s supervision: meanwhile every API call
+    is a quick JSON 503 with Retry-After (never a hang or an empty 504), then NATS
+    is started again by the supervisor and the platform runs new work by itself."""
+    import threading
+    import time
+
+    import aiohttp
+
+    from tests.chaos.harness import wait_all_final
+
+    await asyncio.to_thread(platform.platform.kill_nats)
+    headers = {"Authorization": f"Bearer {platform.conn.token}"}
+    async with aiohttp.ClientSession() as http:
+        for path in ("/api/v2/jobs", "/api/v2/users/me"):
+            started = time.monotonic()
+            async with http.get(f"{platform.conn.url}{path}", headers=headers) as resp:
+                body = await resp.json()
+                took = time.monotonic() - started
+                assert resp.status == 503, body
+                assert resp.headers["Retry-After"] == "1"
+            assert body["code"] == "ServiceUnavailable" and "message bus" in body["message"]
+            assert took < 1.0, f"{path} took {took:.2f}s to say NATS is away"
+
+    supervisor = threading.Thread(target=platform.platform.supervise, daemon=True)
+    supervisor.start()
+    try:
+        job = f"admin~after-nats-{uuid.uuid4().hex[:6]}"
+        deadline = time.monotonic() + 60
+        while True:  # the client retries, as the 503 asks it to
+            try:
+                await platform.submit(chaos_job(job.split("~")[1], starts_dir, ["true"]))
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "the API never recovered after NATS was restarted"
+                await asyncio.sleep(1.0)
+        final = await wait_all_final(platform, [job], timeout=60)
+        assert states(final) == {job: "SUCCEEDED"}
+        assert platform.platform.nats.proc.poll() is None, "nats-server is not running again"
+    finally:
+        platform.platform.request_stop()
+        await asyncio.to_thread(supervisor.join, 5)
