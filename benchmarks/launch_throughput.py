@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.stats import percentile  # noqa: E402
 from libs.common.messages import JobState, TaskPlacement  # noqa: E402
 from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
-from services.launcher.backends.base import TaskFinished, TaskKey, TaskLaunch, TaskRunning  # noqa: E402
+from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, TaskRunning  # noqa: E402
 from services.launcher.backends.local import LocalBackend  # noqa: E402
 from services.launcher.backends.local_layout import EXIT, REPORTED, ExitRecord, read_record  # noqa: E402
 

@@ -29,7 +29,8 @@ from libs.common.records import JobRecord, encode_job_record
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.launcher import metrics
-from services.launcher.backends.base import Backend, TaskKey
+from services.launcher.backends.base import Backend
+from services.launcher.core.tasks import TaskKey
 from services.launcher.core import (
     BackoffElapsed,
     ForgetTask,

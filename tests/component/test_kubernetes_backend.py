@@ -22,7 +22,7 @@ from hypothesis import given
 from libs.common.errors import NotFound
 from libs.common.messages import TaskPlacement
 from services.launcher.backends import kube_names
-from services.launcher.backends.base import TaskFinished, TaskKey, TaskLaunch, TaskRunning
+from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, TaskRunning
 from services.launcher.backends.kube_pods import (
     DEFAULT_IMAGE,
     END_ANNOTATION,

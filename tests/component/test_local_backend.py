@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from libs.common.errors import NotFound
 from libs.common.messages import TaskPlacement
-from services.launcher.backends.base import (
+from services.launcher.core.tasks import (
     BackendEvent,
     TaskFinished,
     TaskKey,
@@ -542,7 +542,7 @@ LAUNCHER_THAT_CRASHES = textwrap.dedent(
     import asyncio, sys
     from pathlib import Path
     from libs.common.messages import TaskPlacement
-    from services.launcher.backends.base import TaskKey, TaskLaunch, TaskRunning
+    from services.launcher.core.tasks import TaskKey, TaskLaunch, TaskRunning
     from services.launcher.backends.local import LocalBackend
 
     async def main():

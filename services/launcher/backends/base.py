@@ -12,6 +12,10 @@ Contracts:
   eventually, also when it ended while the launcher was down (reported after
   `recover()`), until `forget(key)` is called.
 - `kill` is safe to call for unknown or finished tasks.
+
+What a backend is told and what it reports (`TaskKey`, `TaskLaunch`, `TaskRunning`,
+`TaskFinished`) are the launcher core's types (`services.launcher.core.tasks`): the
+core decides, the backend carries out.
 """
 
 from __future__ import annotations
@@ -19,58 +23,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-import msgspec
-
-from libs.common.messages import TaskPlacement
-
-
-class TaskKey(msgspec.Struct, frozen=True, kw_only=True, order=True):
-    job: str
-    attempt: int
-    role: str
-    index: int
-    taskAttempt: int = 0
-
-    @property
-    def slug(self) -> str:
-        """File- and label-safe name, unique per task attempt."""
-        user, _, name = self.job.partition("~")
-        return f"{user}.{name}.{self.attempt}.{self.role}.{self.index}.{self.taskAttempt}"
-
-
-class TaskLaunch(msgspec.Struct, frozen=True, kw_only=True):
-    key: TaskKey
-    vc: str
-    user: str
-    placement: TaskPlacement
-    commands: list[str]  # shell lines, run in order, stop at the first failure
-    env: dict[str, str]  # PAI_* and CUDA_VISIBLE_DEVICES, computed by the launcher core
-    cpu: int = 1
-    memoryMB: int = 1024
-    gpu: int = 0
-    ports: dict[str, list[int]] = {}  # label -> ports given to this instance
-    dockerImageUri: str | None = None
-    imagePullSecret: str | None = None
-
-
-class TaskRunning(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    key: TaskKey
-    node: str = ""
-    detail: str = ""
-
-
-class TaskFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    key: TaskKey
-    exitCode: int
-    signal: int | None = None
-    platformReason: str = ""  # "OOMKilled", "Evicted", "Killed", "NodeLost", ...
-    platformMessage: str = ""
-    userLogTail: str = ""  # last 64 KiB at most
-    logPath: str = ""
-    memoryPeakMB: int | None = None
-
-
-BackendEvent = TaskRunning | TaskFinished
+from services.launcher.core.tasks import BackendEvent, TaskKey, TaskLaunch
 
 
 class Backend(Protocol):

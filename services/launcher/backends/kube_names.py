@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from services.launcher.backends.base import TaskKey
+from services.launcher.core.tasks import TaskKey
 
 DNS_LABEL_MAX = 63
 LABEL_VALUE_MAX = 63

@@ -40,7 +40,7 @@ import msgspec
 
 from libs.common.messages import TaskPlacement
 from services.launcher.backends import kube_names
-from services.launcher.backends.base import TaskKey, TaskLaunch
+from services.launcher.core.tasks import TaskKey, TaskLaunch
 
 DEFAULT_IMAGE = "python:3.11-slim"
 FINALIZER = "pai/exit-record"

@@ -41,7 +41,7 @@ from kubernetes_asyncio.config import ConfigException, load_incluster_config, lo
 
 from libs.common.errors import NotFound, Transient
 from services.launcher.backends import kube_names
-from services.launcher.backends.base import BackendEvent, TaskFinished, TaskKey, TaskLaunch, TaskRunning
+from services.launcher.core.tasks import BackendEvent, TaskFinished, TaskKey, TaskLaunch, TaskRunning
 from services.launcher.backends.kube_logs import read_log
 from services.launcher.backends.kube_pods import (
     DEFAULT_IMAGE,

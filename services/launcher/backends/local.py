@@ -61,7 +61,7 @@ from pathlib import Path
 
 from libs.common.errors import NotFound
 from services.launcher.backends import local_limits, local_procs
-from services.launcher.backends.base import (
+from services.launcher.core.tasks import (
     BackendEvent,
     TaskFinished,
     TaskKey,

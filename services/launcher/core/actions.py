@@ -13,7 +13,7 @@ import msgspec
 
 from libs.common import messages
 from libs.common.records import JobRecord
-from services.launcher.backends.base import TaskKey, TaskLaunch
+from services.launcher.core.tasks import TaskKey, TaskLaunch
 
 
 class SaveJob(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from libs.common import messages
 from libs.common.messages import JobState
 from libs.common.records import JobRecord
-from services.launcher.backends.base import TaskFinished, TaskKey
+from services.launcher.core.tasks import TaskFinished, TaskKey
 
 
 def state_id(job: str, attempt: int, state: JobState) -> str:

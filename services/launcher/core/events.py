@@ -17,7 +17,7 @@ import msgspec
 from libs.common import messages
 from libs.common.messages import ExitSpec, TaskPlacement
 from libs.common.protocol.model import JobSpec
-from services.launcher.backends.base import TaskFinished, TaskKey, TaskRunning
+from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
 
 
 class Submitted(msgspec.Struct, frozen=True, kw_only=True, tag=True):

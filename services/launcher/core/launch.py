@@ -6,9 +6,9 @@ from collections.abc import Mapping
 
 from libs.common.messages import TaskPlacement
 from libs.common.records import AttemptRecord, JobRecord, TaskRecord
-from services.launcher.backends.base import TaskLaunch
 from services.launcher.core.env import PeerAddress, task_env
 from services.launcher.core.recordops import task_key
+from services.launcher.core.tasks import TaskLaunch
 
 Peers = dict[tuple[str, int], PeerAddress]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from libs.common import exitspecs as exits
 from libs.common import messages
 from libs.common.errors import BadInput, Transient
 from libs.common.messages import JobState, TaskPlacement, TaskState
@@ -43,8 +44,6 @@ from libs.common.records import (
     TaskRecord,
     Transition,
 )
-from services.launcher.backends.base import TaskFinished, TaskKey, TaskRunning
-from libs.common import exitspecs as exits
 from services.launcher.core import announcements
 from services.launcher.core.actions import Action, ForgetTask, KillTask, Publish, SaveJob, StartTask, StartTimer
 from services.launcher.core.env import peers_env
@@ -76,7 +75,8 @@ from services.launcher.core.recordops import (
     with_task,
     with_tasks,
 )
-from services.launcher.core.transitions import transition
+from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
+from services.launcher.core.transitions import move_attempt, move_task, transition
 
 ACTIVE_STATES = (JobState.WAITING, JobState.RUNNING)
 ATTEMPT_STATE_AFTER = {
@@ -427,7 +427,9 @@ class LauncherCore:
         if task.state != TaskState.WAITING or task.exited or not task.startRequested:
             return
         now = self._now()
-        running = replace(task, state=TaskState.RUNNING, launchedTime=now, runtimeDetail=event.detail)
+        running = move_task(
+            record, task, TaskState.RUNNING, why="running", launchedTime=now, runtimeDetail=event.detail
+        )
         record = self._put(with_task(record, attempt.attempt, running))
         started = announcements.task_started(record, event.key, node=event.node or task.node or "", at=now)
         self._publish(started)
@@ -454,11 +456,11 @@ class LauncherCore:
             platformReason=event.platformReason,
         )
         if task.killReason is not None and event.exitCode != 0:
-            task = replace(task, state=TaskState.STOPPED, exitSpec=self._kill_spec(attempt))
+            task = move_task(record, task, TaskState.STOPPED, why="killed", exitSpec=self._kill_spec(attempt))
         elif event.exitCode == 0:
-            task = replace(task, state=TaskState.SUCCEEDED, exitSpec=exits.SUCCEEDED)
+            task = move_task(record, task, TaskState.SUCCEEDED, why="exit code 0", exitSpec=exits.SUCCEEDED)
         else:
-            task = replace(task, state=TaskState.FAILED, verdictPending=True)
+            task = move_task(record, task, TaskState.FAILED, why="non-zero exit", verdictPending=True)
         record = self._put(with_task(record, attempt.attempt, task))
         exited = announcements.task_exited(record, event, at=now)
         self._publish(exited)
@@ -514,10 +516,12 @@ class LauncherCore:
             diagnostics=task.diagnostics,
             logPath=task.logPath,
         )
-        retried = replace(
+        retried = move_task(
+            record,
             task,
+            TaskState.WAITING,
+            why="task retry",
             taskAttempt=task.taskAttempt + 1,
-            state=TaskState.WAITING,
             launchedTime=None,
             completedTime=None,
             exitCode=None,
@@ -547,7 +551,7 @@ class LauncherCore:
         if not attempt.tasks or not check(started(t) for t in attempt.tasks):
             return record
         now = self._now()
-        attempt = replace(attempt, state=JobState.RUNNING, launchedTime=now)
+        attempt = move_attempt(record, attempt, JobState.RUNNING, why="started", launchedTime=now)
         record = replace(record, launchedTime=now, attempts=[*record.attempts[:-1], attempt])
         why = "all tasks started" if record.spec.gangAllocation else "first task started"
         return self._move(record, JobState.RUNNING, why=why, cause=cause)
@@ -657,16 +661,20 @@ class LauncherCore:
         now = self._now()
         # Tasks that never started end as STOPPED, without an exit code.
         tasks = [
-            replace(t, state=TaskState.STOPPED) if t.state in (TaskState.WAITING, TaskState.RUNNING) else t
+            move_task(record, t, TaskState.STOPPED, why="attempt ended")
+            if t.state in (TaskState.WAITING, TaskState.RUNNING)
+            else t
             for t in attempt.tasks
         ]
         placed = any(t.placed for t in tasks)
         follows = ending.outcome in (EndOutcome.RETRY, EndOutcome.PREEMPTED)
         release = follows or placed
-        attempt = replace(
+        attempt = move_attempt(
+            record,
             attempt,
+            ATTEMPT_STATE_AFTER[ending.outcome],
+            why=ending.reason,
             tasks=tasks,
-            state=ATTEMPT_STATE_AFTER[ending.outcome],
             completedTime=now,
             exitCode=ending.exitCode,
             exitSpec=ending.exitSpec,

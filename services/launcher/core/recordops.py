@@ -6,7 +6,7 @@ import msgspec
 
 from libs.common.protocol.model import JobSpec
 from libs.common.records import AttemptRecord, JobRecord, TaskRecord
-from services.launcher.backends.base import TaskKey
+from services.launcher.core.tasks import TaskKey
 
 replace = msgspec.structs.replace
 

@@ -13,7 +13,6 @@ from libs.common import messages
 from libs.common.messages import ExitSpec, JobState, Reaction, TaskPlacement
 from libs.common.protocol.model import Completion, JobSpec, Resources, TaskRole
 from libs.common.records import JobRecord, TaskRecord
-from services.launcher.backends.base import TaskFinished, TaskKey, TaskRunning
 from services.launcher.core import (
     Action,
     BackoffElapsed,
@@ -29,6 +28,7 @@ from services.launcher.core import (
     Submitted,
     Verdict,
 )
+from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
 
 JOB = "alice~train"
 

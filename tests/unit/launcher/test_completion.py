@@ -6,7 +6,7 @@ import pytest
 
 from libs.common import messages
 from libs.common.messages import JobState, Reaction, TaskState
-from services.launcher.backends.base import TaskFinished
+from services.launcher.core.tasks import TaskFinished
 from tests.unit.launcher.builders import Driver, job_spec, killed, published, role
 
 # (role, index, exit code); a non-zero exit gets a NEVER_RETRY verdict right away.

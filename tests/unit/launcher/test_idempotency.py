@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from libs.common.messages import Reaction, TaskPlacement
-from services.launcher.backends.base import TaskFinished, TaskKey, TaskRunning
 from services.launcher.core import (
     BackoffElapsed,
     LauncherCore,
@@ -15,6 +14,7 @@ from services.launcher.core import (
     Submitted,
     Verdict,
 )
+from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
 from tests.unit.launcher.builders import JOB, Clock, exit_spec, job_spec, role
 
 

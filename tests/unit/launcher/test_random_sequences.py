@@ -23,7 +23,6 @@ from libs.common import messages
 from libs.common.messages import JobState, Reaction, TaskPlacement
 from libs.common.protocol.model import JobSpec
 from libs.common.records import decode_job_record, encode_job_record
-from services.launcher.backends.base import TaskFinished, TaskKey, TaskRunning
 from services.launcher.core import (
     Action,
     BackoffElapsed,
@@ -41,6 +40,7 @@ from services.launcher.core import (
     Verdict,
 )
 from services.launcher.core.announcements import released_id, state_id
+from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
 from tests.unit.launcher.builders import JOB, Clock, exit_spec, job_spec, role
 
 NODES = ["n0", "n1"]

@@ -10,7 +10,6 @@ from libs.common import messages
 from libs.common.errors import BadInput, Transient
 from libs.common.messages import ExitSpec, JobState, TaskPlacement
 from libs.common.records import JobRecord, decode_job_record, encode_job_record
-from services.launcher.backends.base import TaskKey
 from services.launcher.core import (
     Placed,
     PreemptRequested,
@@ -19,6 +18,7 @@ from services.launcher.core import (
     Verdict,
     from_message,
 )
+from services.launcher.core.tasks import TaskKey
 from tests.unit.launcher.builders import JOB, Driver, job_spec, published, role, started
 
 

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from libs.common import messages
 from libs.common.messages import JobState, Reaction, TaskState
 from libs.common.records import decode_job_record, encode_job_record
-from services.launcher.backends.base import TaskKey
 from services.launcher.core import Action, ForgetTask, KillTask, LauncherCore, Publish, SaveJob, StartTask
 from libs.common.exitspecs import LOST_EXIT_CODE
+from services.launcher.core.tasks import TaskKey
 from tests.unit.launcher.builders import JOB, Driver, job_spec, published, role, started, timers
 
 
