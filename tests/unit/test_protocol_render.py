@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 import yaml
 from hypothesis import assume, HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libs.common.protocol import ParsedJob, ProtocolError, parse_job, protocol_error_body
+from libs.common.protocol.render import has_secret_references, render_secrets
 from tests.unit.test_protocol import DELETE, FIXTURES, job, rejection, submit
 
 PARAMETERS = {
@@ -83,8 +85,11 @@ def test_prerequisite_fields_of_the_selected_data_script_and_output_are_rendered
 
 
 def test_active_deployment_wraps_commands_with_its_pre_and_post_commands():
-    spec = parse_job((FIXTURES / "distributed-training.yaml").read_bytes(), user="alice").spec
-    worker, ps = spec.role("worker").commands, spec.role("ps").commands
+    parsed = parse_job((FIXTURES / "distributed-training.yaml").read_bytes(), user="alice")
+    spec = parsed.spec
+    worker = [render_secrets(line, parsed.secrets) for line in spec.role("worker").commands]
+    ps = spec.role("ps").commands
+    assert spec.role("worker").commands[0] == "export STORAGE_KEY=<% $secrets.storage_key %>"
     assert worker[0] == "export STORAGE_KEY=s3cr3t-Storage-Key"
     assert worker[1] == "wget https://data.example.com/imagenet/train.tar -O data/train.tar"
     assert worker[3].startswith("python train.py --model=resnet50 --optimizer=sgd --lr=0.1 --epochs=90 --amp=true")
@@ -125,13 +130,41 @@ def test_unknown_reference_message_names_what_is_missing():
 SECRET = "hunter2-Very-Secret"
 
 
-def test_secrets_reach_the_commands_but_not_the_config():
+def test_secrets_stay_references_in_the_spec_and_reach_the_launcher_apart():
     parsed = submit(job(secrets={"token": SECRET, "nested": {"key": "k-" + SECRET}},
-                        **{"taskRoles.worker.commands": ["login <% $secrets.token %> <% $secrets.nested.key %>"]}))
-    assert commands_of(parsed) == [f"login {SECRET} k-{SECRET}"]
+                        parameters={"user": "bob"},
+                        **{"taskRoles.worker.commands": ["login <%$secrets.token%> <% $secrets.nested.key %> <% $parameters.user %>"]}))
+    # Parameters render at intake; secret references stay, canonically spelled.
+    assert commands_of(parsed) == ["login <% $secrets.token %> <% $secrets.nested.key %> bob"]
+    assert SECRET not in msgspec.json.encode(parsed.spec).decode()
+    # The values travel apart, to be sealed; the launcher fills them in.
+    assert parsed.secrets == {"token": SECRET, "nested": {"key": "k-" + SECRET}}
+    assert [render_secrets(line, parsed.secrets) for line in commands_of(parsed)] == [f"login {SECRET} k-{SECRET} bob"]
     assert parsed.config["secrets"] == {"token": "******", "nested": {"key": "******"}}
     assert SECRET not in json.dumps(parsed.config)
     assert SECRET not in " ".join(parsed.warnings)
+
+
+def test_a_job_that_uses_no_secret_carries_none():
+    parsed = submit(job(secrets={"token": SECRET}, **{"taskRoles.worker.commands": ["echo hi"]}))
+    assert parsed.secrets == {} and not has_secret_references(commands_of(parsed))
+    assert submit(job(**{"taskRoles.worker.commands": ["echo $secrets <% $parameters.x %>"]},
+                      parameters={"x": 1})).secrets == {}
+
+
+@pytest.mark.parametrize(
+    ("line", "secrets", "rendered"),
+    [
+        ("a <% $secrets.s %> b", {"s": "v"}, "a v b"),
+        ("<% $secrets.list[1] %>", {"list": ["x", "y"]}, "y"),
+        ("<% $secrets.missing %> kept", {"s": "v"}, "<% $secrets.missing %> kept"),
+        ("<% $parameters.p %> not ours", {"s": "v"}, "<% $parameters.p %> not ours"),
+        ("<% $secrets %>", {"s": True}, '{"s":true}'),
+    ],
+    ids=["plain", "index", "unknown-left", "other-root-left", "whole-mapping"],
+)
+def test_render_secrets_fills_in_only_secret_references(line, secrets, rendered):
+    assert render_secrets(line, secrets) == rendered
 
 
 def test_registry_password_is_masked_in_the_config():
@@ -181,7 +214,8 @@ def test_any_secret_is_masked_in_config_and_errors(secret):
     # cannot tell masking apart from that text.
     assume(secret not in yaml.safe_dump(job(secrets={"s": "******"}), allow_unicode=True))
     parsed = submit(document)
-    assert commands_of(parsed) == [f"use {secret}"]
+    assert commands_of(parsed) == ["use <% $secrets.s %>"]
+    assert [render_secrets(line, parsed.secrets) for line in commands_of(parsed)] == [f"use {secret}"]
     assert secret not in yaml.safe_dump(parsed.config, allow_unicode=True)
     err = rejection({**document, "name": f"{secret} !"})  # never a valid name
     assert all(secret not in e.message for e in err.errors)

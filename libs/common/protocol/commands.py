@@ -1,5 +1,6 @@
 """What a task role actually runs: the active deployment's preCommands, the role's
-commands, then the deployment's postCommands, with templates rendered.
+commands, then the deployment's postCommands, with templates rendered, except
+secret references, which the launcher fills in (see render.py).
 
 These helpers read a document that may still hold errors (validation uses them
 to find unknown references), so they skip anything of the wrong shape rather
@@ -9,7 +10,7 @@ than fail; validation reports those shapes separately.
 from __future__ import annotations
 
 from libs.common.protocol.paths import DocPath
-from libs.common.protocol.render import PREREQUISITE_ROOTS, RenderContext, render
+from libs.common.protocol.render import PREREQUISITE_ROOTS, RenderContext, has_secret_references, render
 
 
 def prerequisites_by_name(data: dict) -> dict[str, dict]:
@@ -73,9 +74,18 @@ def command_templates(data: dict, role_name: str) -> list[tuple[DocPath, str]]:
 
 
 def rendered_commands(data: dict, role_name: str) -> list[str]:
-    """The shell lines of a role; the document must already be valid."""
+    """The shell lines of a role, secret references kept; the document must already be valid."""
     context = role_context(data, data["taskRoles"][role_name])
-    return [render(template, context) for _, template in command_templates(data, role_name)]
+    return [render(template, context, keep_secrets=True) for _, template in command_templates(data, role_name)]
+
+
+def referenced_secrets(data: dict, commands: list[list[str]]) -> dict:
+    """The job's `secrets` when some role's rendered commands use them, else {}:
+    a job that uses no secret has nothing to seal (and the launcher nothing to open)."""
+    secrets = data.get("secrets")
+    if not isinstance(secrets, dict) or not secrets:
+        return {}
+    return secrets if any(has_secret_references(lines) for lines in commands) else {}
 
 
 def _strings(value: object, path: DocPath) -> list[tuple[DocPath, str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from libs.common.errors import TooLarge
+from libs.common.protocol.commands import referenced_secrets
 from libs.common.protocol.document import load_document
 from libs.common.protocol.masking import masked_config, scrub_errors, secret_values
 from libs.common.protocol.model import FieldError, JobSpec, ProtocolError
@@ -22,6 +23,10 @@ class ParsedJob(msgspec.Struct, frozen=True, kw_only=True):
     config: dict
     # One line per field PAI keeps but does not act on, for the submitter.
     warnings: list[str] = []
+    # The job's secrets when its commands use them ({} otherwise): rest seals
+    # them for the launcher; they are in no other field (commands keep the
+    # references, see render.py). Never encode a ParsedJob whole.
+    secrets: dict = {}
 
 
 def parse_job(body: bytes | str, *, content_type: str = "text/yaml", user: str) -> ParsedJob:
@@ -40,9 +45,11 @@ def parse_job(body: bytes | str, *, content_type: str = "text/yaml", user: str) 
         by_line = sorted(errors, key=lambda e: e.line if e.line is not None else 0)
         raise ProtocolError(scrub_errors(by_line, secret_values(document.data)))
     ignored_fields = [format_path(item.path) for item in ignored]
+    spec = build_job_spec(document.data, user=user, ignored_fields=ignored_fields)
     return ParsedJob(
-        spec=build_job_spec(document.data, user=user, ignored_fields=ignored_fields),
+        spec=spec,
         config=masked_config(document.data),
+        secrets=referenced_secrets(document.data, [role.commands for role in spec.taskRoles]),
         warnings=[f"{format_path(item.path)}: kept but not acted on ({item.reason})" for item in ignored],
     )
 

@@ -11,6 +11,14 @@ spelling too). Values are rendered the way OpenPAI's JavaScript renderer prints
 them: booleans as `true`/`false`, null as empty, a list of plain values joined by
 commas; a mapping is rendered as JSON. Shell variables (`$PAI_WORK_DIR`) are not
 templates and are left for the shell.
+
+Secrets are rendered late: at intake `render(..., keep_secrets=True)` checks a
+`<% $secrets.x %>` reference and writes it back in its canonical form
+(`<% $secrets.x %>`), so the JobSpec, the events and the buckets carry the
+reference, never the value; the launcher, the only service that can open the
+job's sealed secrets, fills them in with `render_secrets` just before the task
+starts. (A parameter whose value happens to spell a secret reference is filled
+in too: it is the job's own secret, given to the job's own task.)
 """
 
 from __future__ import annotations
@@ -39,13 +47,51 @@ class RenderContext(msgspec.Struct, frozen=True, kw_only=True):
     selected: dict[str, dict] = {}
 
 
+# A secret reference in its canonical form, as the JobSpec keeps it.
+SECRET_TEMPLATE = re.compile(r"<%\s*(\$secrets(?:\.[A-Za-z0-9_-]+|\[\d+\])*)\s*%>")
+
+
 def references(text: str) -> list[str]:
     return [match.group(1) for match in TEMPLATE.finditer(text)]
 
 
-def render(text: str, context: RenderContext) -> str:
-    """Replace every template in `text`; raises UnknownReference for the first unresolved one."""
-    return TEMPLATE.sub(lambda match: _to_text(resolve(match.group(1), context)), text)
+def render(text: str, context: RenderContext, *, keep_secrets: bool = False) -> str:
+    """Replace every template in `text`; raises UnknownReference for the first unresolved one.
+
+    With `keep_secrets`, a secret reference is checked and kept (canonically
+    spelled) for `render_secrets` to fill in later.
+    """
+
+    def replace(match: re.Match) -> str:
+        reference = match.group(1)
+        value = resolve(reference, context)
+        if keep_secrets and reference.startswith("$secrets") and REFERENCE.match(reference).group("root") == "secrets":
+            return f"<% {reference} %>"
+        return _to_text(value)
+
+    return TEMPLATE.sub(replace, text)
+
+
+def has_secret_references(lines: list[str]) -> bool:
+    """Whether any line still holds a secret reference (cheap: no secret is needed)."""
+    return any("$secrets" in line and SECRET_TEMPLATE.search(line) for line in lines)
+
+
+def render_secrets(text: str, secrets: dict) -> str:
+    """Fill in the secret references `render(..., keep_secrets=True)` kept.
+
+    A reference the secrets do not resolve is left as it is (intake checked
+    every reference the job wrote; one that slipped in through a parameter's
+    value is not ours to reject)."""
+    context = RenderContext(secrets=secrets)
+
+    def replace(match: re.Match) -> str:
+        try:
+            return _to_text(resolve(match.group(1), context))
+        except UnknownReference:
+            return match.group(0)
+
+    return SECRET_TEMPLATE.sub(replace, text)
 
 
 def unresolved(text: str, context: RenderContext) -> list[str]:
