@@ -33,7 +33,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.kv import KeyValue
 
-from libs.common import telemetry
+from libs.common import busauth, telemetry
 from libs.common.errors import BadInput, Transient
 from libs.common.messages import AnyEvent, Event, EventDeadLettered, decoder_for, encode, subject_of
 from libs.common.subjects import STREAM, STREAM_SUBJECTS, Bucket, Durable, Kind, kind_filter
@@ -71,32 +71,38 @@ Handler = Callable[[AnyEvent], Awaitable[None]]
 class Bus:
     """One NATS connection with its JetStream context and opened KV buckets."""
 
-    def __init__(self, nc: nats.NATS, name: str):
+    def __init__(self, nc: nats.NATS, name: str, *, user: str = ""):
         self.nc = nc
         self.js = nc.jetstream()
         self.name = name
+        self.user = user  # the NATS user (busauth.ACCESS); "" on a server without auth
         self._kv: dict[Bucket, KeyValue] = {}
 
     @classmethod
-    async def connect(cls, url: str, *, name: str, connect_timeout: float = 30.0) -> Bus:
-        """Connect, retrying until NATS answers or `connect_timeout` passes.
+    async def connect(
+        cls, url: str, *, name: str, user: str = "", password: str = "", connect_timeout: float = 30.0
+    ) -> Bus:
+        """Connect as NATS user `user`, retrying until NATS answers or `connect_timeout` passes.
 
         NATS may be restarting (chaos, `pai up` resuming); once connected the
-        client reconnects by itself forever.
+        client reconnects by itself forever. Replies come under the user's own
+        inbox prefix, the only one its permissions let it subscribe to.
         """
         deadline = time.monotonic() + connect_timeout
+        login = {"user": user, "password": password, "inbox_prefix": busauth.inbox_prefix(user)} if user else {}
         while True:
             try:
                 nc = await nats.connect(
                     url,
                     name=name,
+                    **login,
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.5,
                     connect_timeout=2,
                     error_cb=_log_nats_error,
                     disconnected_cb=_log_disconnected,
                 )
-                return cls(nc, name)
+                return cls(nc, name, user=user)
             except (OSError, nats.errors.NoServersError, asyncio.TimeoutError) as exc:
                 if time.monotonic() > deadline:
                     raise
@@ -104,7 +110,11 @@ class Bus:
                 await asyncio.sleep(0.3)
 
     async def bootstrap(self) -> None:
-        """Create the event stream and every KV bucket; safe to run by every service at start."""
+        """Create the event stream and every KV bucket (idempotent), or, as a service
+        user, which may not create them (busauth), wait until they exist."""
+        if not busauth.may_create_store(self.user):
+            await self._wait_for_store()
+            return
         config = api.StreamConfig(
             name=STREAM,
             subjects=STREAM_SUBJECTS,
@@ -120,11 +130,29 @@ class Bus:
         for bucket in Bucket:
             await self.kv(bucket)
 
+    async def _wait_for_store(self) -> None:
+        """Until the platform's bootstrap (`pai up`, the chart's Job) made the stream
+        and this user's buckets: a store still being created is not an empty one."""
+        waited = 0.0
+        while True:
+            try:
+                await self.js.stream_info(STREAM)
+                for bucket in busauth.buckets_of(self.user):
+                    await self.kv(bucket)
+                return
+            except (nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError) as exc:
+                if waited % 10 < 0.5:
+                    log.warning("waiting for the platform to create the event stream and buckets (%r)", exc)
+                await asyncio.sleep(0.5)
+                waited += 0.5
+
     async def kv(self, bucket: Bucket) -> KeyValue:
         if bucket not in self._kv:
             try:
                 self._kv[bucket] = await self.js.key_value(bucket.value)
             except nats.js.errors.BucketNotFoundError:
+                if not busauth.may_create_store(self.user):
+                    raise
                 try:
                     self._kv[bucket] = await self.js.create_key_value(
                         bucket=bucket.value, history=1, storage=api.StorageType.FILE
@@ -307,14 +335,58 @@ async def all_keys(kv: KeyValue) -> list[str]:
         return []
 
 
+# Restoring state: how long to wait for a store that is still coming back, and
+# how long one read of a bucket may pause between two entries.
+RESTORE_TIMEOUT_SECONDS = 60.0
+RESTORE_ENTRY_TIMEOUT_SECONDS = 5.0
+
+
 async def load_all(kv: KeyValue, type_: type[Any]) -> dict[str, Any]:
-    """Every live value of a bucket, decoded; used by services rebuilding state at start."""
-    out: dict[str, Any] = {}
-    for key in await all_keys(kv):
-        got = await get_json(kv, key, type_)
-        if got is not None:
-            out[key] = got[0]
-    return out
+    """Every live value of a bucket, decoded; what a service rebuilds its state from.
+
+    Read only from a store that is ready, and known to be read whole: the
+    bucket's stream must answer, and one pass over it must deliver as many
+    entries (deleted ones included) as the stream said it holds. An empty or
+    short answer of a JetStream still recovering after a restart is retried,
+    never taken for "nothing to restore"; past `RESTORE_TIMEOUT_SECONDS` the
+    service fails and its supervisor starts it again.
+    """
+    deadline = time.monotonic() + RESTORE_TIMEOUT_SECONDS
+    while True:
+        try:
+            values, seen, expected = await _read_bucket_once(kv, type_)
+            if seen >= expected:
+                return values
+            problem = f"read {seen} of the {expected} entries its stream holds"
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            problem = repr(exc)
+        if time.monotonic() > deadline:
+            raise Transient(f"bucket {kv._name} is not ready to restore from: {problem}")
+        log.warning("bucket %s not ready to restore from (%s); trying again", kv._name, problem)
+        await asyncio.sleep(0.5)
+
+
+async def _read_bucket_once(kv: KeyValue, type_: type[Any]) -> tuple[dict[str, Any], int, int]:
+    info = await kv._js.stream_info(kv._stream)
+    expected = info.state.messages  # history 1: one message per key, delete markers included
+    values: dict[str, Any] = {}
+    seen = 0
+    if expected == 0:
+        return values, 0, 0
+    watcher = await kv.watchall(ignore_deletes=False)
+    try:
+        while True:
+            entry = await watcher.updates(timeout=RESTORE_ENTRY_TIMEOUT_SECONDS)
+            if entry is None:  # the end of what the bucket held when the watch began
+                break
+            seen += 1
+            if entry.operation is None and entry.value:
+                values[entry.key] = msgspec.json.decode(entry.value, type=type_)
+            else:
+                values.pop(entry.key, None)
+    finally:
+        await watcher.stop()
+    return values, seen, expected
 
 
 async def _log_nats_error(exc: Exception) -> None:

@@ -241,3 +241,30 @@ async def test_a_transient_failure_that_never_clears_is_dead_lettered_quickly_on
     assert seen == [after.id]
     [letter] = [d for d in await dead_letters(bus) if d.eventId == stuck.id]
     assert letter.deliveries == 3 and "the store is full" in letter.reason
+
+
+async def test_restore_reads_every_live_entry_of_a_bucket(bus):
+    import msgspec
+
+    from libs.common.bus import all_keys, load_all
+
+    kv = await bus.kv(Bucket.NODES)
+    for key in await all_keys(kv):
+        await kv.purge(key)
+    for n in range(300):  # more than the watcher's queue holds at once
+        await kv.put(f"restore-{n}", msgspec.json.encode({"n": n}))
+    await kv.delete("restore-7")
+    loaded = await load_all(kv, dict)
+    assert len(loaded) == 299 and "restore-7" not in loaded and loaded["restore-299"] == {"n": 299}
+
+
+async def test_restore_from_a_store_that_does_not_answer_fails_instead_of_restoring_nothing(bus, monkeypatch):
+    """A bucket whose stream is not there (JetStream still recovering it) is never
+    taken for an empty one: the service retries, then fails so it is restarted."""
+    from libs.common import bus as bus_module
+
+    kv = await bus.kv(Bucket.NODES)
+    monkeypatch.setattr(bus_module, "RESTORE_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(kv, "_stream", "KV_not_recovered_yet")
+    with pytest.raises(Transient, match="not ready to restore from"):
+        await bus_module.load_all(kv, dict)
