@@ -1,40 +1,22 @@
-"""The rule set admins change at run time: the edits, and where it is kept.
+"""Where the rule set admins change at run time is kept: key `rules` of the
+`pai_rules` bucket. NATS plumbing only; what the value means, and every edit,
+is the core's (`services.runtime.core.rulebook`).
 
-The whole ordered rule set is one value, key `rules` of the `pai_rules`
-bucket, in OpenPAI's exit-spec file format (`spec:` list) plus who changed it
-and when. One value keeps every change atomic: a writer names the revision it
-read (`last=`), so of two admins changing rules at once, the second write fails
-and is redone on top of the first instead of erasing it.
-
-An absent key, or a stored `spec: null` (what a reset writes), means "the rule
-set PAI starts with": the shipped defaults or the configured rules file.
-
-The edits are pure functions of the current rule list; they validate with the
-same checks as a rule file, so codes and phrases stay unique and every regex
-is one RE2 runs in linear time.
+One value keeps every change atomic: a writer names the revision it read
+(`last=`), so of two admins changing rules at once, the second write fails and
+is redone on top of the first instead of erasing it. An absent key means "the
+rule set PAI starts with".
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import msgspec
 import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from libs.common.exitspecs import CATCH_ALL_CODES
-from libs.common.rules_rpc import NoSuchRule
-from services.runtime.core import Rule, RuleError, load_rules, validate_rule
-
 RULES_KEY = "rules"
-
-
-
-class StoredRuleSet(msgspec.Struct, frozen=True, kw_only=True):
-    spec: list[dict[str, Any]] | None = None  # None: the rule set PAI starts with
-    changedBy: str = ""
-    changedAt: float = 0.0
 
 
 class RuleSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,29 +24,6 @@ class RuleSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
     value: bytes | None  # None: nothing stored (never written, or deleted)
     revision: int  # 0: the key was never written (or its history is gone)
-
-    def decode(self) -> StoredRuleSet | None:
-        """The stored rule set; None when nothing is stored.
-
-        Raises RuleError for a value PAI did not write (e.g. edited by hand)."""
-        if not self.value:
-            return None
-        try:
-            return msgspec.json.decode(self.value, type=StoredRuleSet)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
-            raise RuleError([("", f"the stored rule set is not readable: {error}")]) from None
-
-
-def stored_rules(stored: StoredRuleSet) -> list[Rule] | None:
-    """The rules of a stored set, checked again; None for "as PAI starts"."""
-    if stored.spec is None:
-        return None
-    return load_rules({"spec": stored.spec})
-
-
-def to_stored(rules: list[Rule] | None, *, by: str, at: float) -> StoredRuleSet:
-    spec = None if rules is None else [rule.to_dict() for rule in rules]
-    return StoredRuleSet(spec=spec, changedBy=by, changedAt=at)
 
 
 class RuleStore:
@@ -80,11 +39,10 @@ class RuleStore:
             return RuleSnapshot(value=None, revision=0)
         return RuleSnapshot(value=entry.value, revision=entry.revision or 0)
 
-    async def write(self, stored: StoredRuleSet, *, last: int) -> int:
-        """Store `stored` if the key is still at revision `last`; its new revision.
+    async def write(self, value: bytes, *, last: int) -> int:
+        """Store `value` if the key is still at revision `last`; its new revision.
 
         Raises nats.js.errors.KeyWrongLastSequenceError when someone wrote first."""
-        value = msgspec.json.encode(stored)
         if last == 0:
             return await self.kv.create(RULES_KEY, value)
         return await self.kv.update(RULES_KEY, value, last=last)
@@ -100,58 +58,3 @@ class RuleStore:
                 yield RuleSnapshot(value=None if deleted else entry.value, revision=entry.revision or 0)
         finally:
             await watcher.stop()
-
-
-# --- edits ---------------------------------------------------------------------
-
-
-def index_of(rules: list[Rule], code: int) -> int:
-    for index, rule in enumerate(rules):
-        if rule.code == code:
-            return index
-    raise NoSuchRule(f"no rule with code {code}")
-
-
-def add_rule(
-    rules: list[Rule], data: dict, *, position: int | None = None, before: int | None = None
-) -> tuple[list[Rule], int]:
-    """The rule set with the admin's new rule in it, and the rule's index."""
-    rule = validate_rule(data, existing=rules)
-    default = next((i for i, r in enumerate(rules) if r.code in CATCH_ALL_CODES), len(rules))
-    index = _placement(rules, position=position, before=before, default=default)
-    return rules[:index] + [rule] + rules[index:], index
-
-
-def change_rule(
-    rules: list[Rule], code: int, data: dict, *, position: int | None = None, before: int | None = None
-) -> tuple[list[Rule], int]:
-    """The rule set with rule `code` replaced by the admin's version of it,
-    in the same place unless `position` or `before` moves it."""
-    old = index_of(rules, code)
-    rule = validate_rule({"code": code, **data}, existing=rules, replacing=code)
-    if before == code:
-        raise RuleError([("before", "a rule cannot go before itself")])
-    others = rules[:old] + rules[old + 1 :]
-    index = _placement(others, position=position, before=before, default=old)
-    return others[:index] + [rule] + others[index:], index
-
-
-def delete_rule(rules: list[Rule], code: int) -> tuple[list[Rule], int]:
-    """The rule set without rule `code`, and the index the rule had."""
-    index = index_of(rules, code)
-    return rules[:index] + rules[index + 1 :], index
-
-
-def _placement(rules: list[Rule], *, position: int | None, before: int | None, default: int) -> int:
-    if position is not None and before is not None:
-        raise RuleError([("position", "give either position or before, not both")])
-    if position is not None:
-        if not 0 <= position <= len(rules):
-            raise RuleError([("position", f"must be between 0 and {len(rules)}, got {position}")])
-        return position
-    if before is not None:
-        for index, rule in enumerate(rules):
-            if rule.code == before:
-                return index
-        raise RuleError([("before", f"no rule with code {before} to go before")])
-    return default

@@ -41,14 +41,8 @@ from libs.common.rules_rpc import (
 )
 from libs.common.subjects import Bucket
 from services.runtime.core import Rule, RuleEngine, RuleError, default_rules
-from services.runtime.store import (
-    RuleStore,
-    add_rule,
-    change_rule,
-    delete_rule,
-    index_of,
-    to_stored,
-)
+from services.runtime.core.edits import add_rule, change_rule, delete_rule, index_of, to_stored
+from services.runtime.store import RuleStore
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = uuid.uuid4().hex[:6]
@@ -247,7 +241,7 @@ async def test_rule_stored_by_another_replica_is_taken_up(bus, runtime, verdicts
         msgspec.convert(rule, Rule) for rule in listed.rules
     ]
 
-    await store.write(to_stored(rules, by="replica-b", at=time.time()), last=current.revision)
+    await store.write(msgspec.json.encode(to_stored(rules, by="replica-b", at=time.time())), last=current.revision)
 
     # The change reaches this replica through its KV watch, a moment later:
     # exits classified meanwhile may still get the old verdict.

@@ -2,7 +2,8 @@
 
 Pure and synchronous: no I/O besides reading a rule file when asked to. The
 service shell feeds `TaskExited` events to `RuleEngine.classify` and publishes
-the verdicts; admins change rules through `validate_rule` and a new engine.
+the verdicts; admins change rules through `RuleBook` (versions, edits, answers),
+whose stored value the shell reads and writes.
 """
 
 from services.runtime.core.engine import LOG_LIMIT_BYTES, RuleEngine, cut_log, effective_exit_code
@@ -16,6 +17,7 @@ from services.runtime.core.model import (
     RuntimePattern,
 )
 from services.runtime.core.regexes import MAX_PROGRAM_SIZE, MAX_REGEX_LENGTH, regex_problems
+from services.runtime.core.rulebook import RuleBook, RuleSet
 from services.runtime.core.validation import RuleError, validate_rule
 
 __all__ = [
@@ -28,8 +30,10 @@ __all__ = [
     "ExitPattern",
     "PodPattern",
     "Rule",
+    "RuleBook",
     "RuleEngine",
     "RuleError",
+    "RuleSet",
     "RuntimePattern",
     "cut_log",
     "default_rules",
