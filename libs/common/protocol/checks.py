@@ -72,15 +72,26 @@ class Checker:
         self.error(path, "type", f"must be true or false, not {type_name(value)}")
         return False
 
-    def integer(self, value: object, path: DocPath, *, minimum: int | None = None) -> bool:
+    def integer(self, value: object, path: DocPath, *, minimum: int | None = None,
+                maximum: int | None = None, limit: str = "") -> bool:
+        """`limit` names PAI's bound behind `maximum` for the message (see limits.py)."""
         # YAML reads `yes` as a boolean, and bool is an int in Python: reject it explicitly.
         if not isinstance(value, int) or isinstance(value, bool):
             self.error(path, "type", f"must be an integer, not {type_name(value)}")
             return False
         if minimum is not None and value < minimum:
-            self.error(path, "minimum", f"must be at least {minimum}, got {value}")
+            self.error(path, "minimum", f"must be at least {minimum}, got {_short(value)}")
+            return False
+        if maximum is not None and value > maximum:
+            self.error(path, "maximum", f"must be at most {maximum}{f' ({limit})' if limit else ''}, got {_short(value)}")
             return False
         return True
+
+    def max_length(self, value: str, path: DocPath, maximum: int, what: str) -> bool:
+        if len(value) <= maximum:
+            return True
+        self.error(path, "maxLength", f"a {what} is at most {maximum} characters, got {len(value)}")
+        return False
 
     def string_list(self, value: object, path: DocPath, *, non_empty: bool) -> bool:
         if not isinstance(value, list):
@@ -118,6 +129,13 @@ class Checker:
                 self.error((*path, key), "required", f"{key!r} is required")
                 ok = False
         return ok
+
+
+def _short(number: int) -> str:
+    """A number for a message: 10**30 is not worth 31 digits."""
+    if number.bit_length() <= 64:
+        return str(number)
+    return f"a number of about {int(number.bit_length() * 0.30103) + 1} digits"
 
 
 def _describe(pattern: re.Pattern[str]) -> str:

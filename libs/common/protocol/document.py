@@ -12,6 +12,7 @@ import json
 import msgspec
 import yaml
 
+from libs.common.protocol.depth import NestingTooDeep, check_json_depth, check_yaml_depth
 from libs.common.protocol.model import FieldError, ProtocolError
 from libs.common.protocol.paths import DocPath, format_path
 
@@ -53,6 +54,7 @@ def load_document(body: bytes | str, content_type: str | None) -> Document:
     if not is_json and kind not in YAML_TYPES and kind not in LENIENT_TYPES and not kind.endswith("+yaml"):
         _fail("content_type", f"content type {kind!r} is not supported; send text/yaml or application/json")
     text = _decode_text(body)
+    _check_depth(text, is_json)
     if is_json:
         data = _load_json(text)
         lines, duplicates = _lines_or_nothing(text)
@@ -89,6 +91,17 @@ def _fail(rule: str, message: str, line: int | None = None) -> None:
     raise ProtocolError([FieldError(path="$", rule=rule, message=message, line=line)])
 
 
+def _check_depth(text: str, is_json: bool) -> None:
+    """Refuse a body nested too deeply before a loader recurses into it (see depth.py)."""
+    try:
+        # A JSON body is composed by the YAML loader too, for its lines.
+        if is_json:
+            check_json_depth(text)
+        check_yaml_depth(text)
+    except NestingTooDeep as exc:
+        _fail("max_depth", str(exc), exc.line)
+
+
 def _decode_text(body: bytes | str) -> str:
     if isinstance(body, str):
         return body
@@ -106,7 +119,14 @@ def _load_json(text: str) -> object:
         _fail("json_syntax", f"JSON syntax error: {exc.msg} (column {exc.colno})", exc.lineno)
     except RecursionError:
         _fail("too_complex", "the job document is nested too deeply")
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        _fail("json_syntax", f"JSON value not accepted: {_first_words(exc)}")
     raise AssertionError("unreachable")
+
+
+def _first_words(exc: Exception) -> str:
+    """The start of an error's text, never a piece of the document."""
+    return str(exc).split(";", 1)[0][:120]
 
 
 def _load_yaml(text: str) -> tuple[object, dict[DocPath, int], list[FieldError]]:
@@ -129,6 +149,10 @@ def _load_yaml(text: str) -> tuple[object, dict[DocPath, int], list[FieldError]]
         _fail("yaml_syntax", f"YAML syntax error: {type(exc).__name__}")
     except RecursionError:
         _fail("too_complex", "the job document is nested too deeply")
+    except ProtocolError:
+        raise  # a ValueError too, raised on purpose above
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        _fail("yaml_syntax", f"YAML value not accepted: {_first_words(exc)}")
     finally:
         loader.dispose()
     raise AssertionError("unreachable")

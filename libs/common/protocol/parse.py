@@ -7,13 +7,13 @@ import msgspec
 from libs.common.errors import TooLarge
 from libs.common.protocol.commands import referenced_secrets
 from libs.common.protocol.document import load_document
+from libs.common.protocol.limits import MAX_BODY_BYTES, MAX_SPEC_BYTES
 from libs.common.protocol.masking import masked_config, scrub_errors, secret_values
 from libs.common.protocol.model import FieldError, JobSpec, ProtocolError
 from libs.common.protocol.normalise import build_job_spec
 from libs.common.protocol.paths import format_path
 from libs.common.protocol.validate import validate_document
 
-MAX_BODY_BYTES = 1024 * 1024
 ERROR_CODE = "InvalidJobConfigError"
 
 
@@ -46,12 +46,25 @@ def parse_job(body: bytes | str, *, content_type: str = "text/yaml", user: str) 
         raise ProtocolError(scrub_errors(by_line, secret_values(document.data)))
     ignored_fields = [format_path(item.path) for item in ignored]
     spec = build_job_spec(document.data, user=user, ignored_fields=ignored_fields)
+    _check_spec_size(spec)
     return ParsedJob(
         spec=spec,
         config=masked_config(document.data),
         secrets=referenced_secrets(document.data, [role.commands for role in spec.taskRoles]),
         warnings=[f"{format_path(item.path)}: kept but not acted on ({item.reason})" for item in ignored],
     )
+
+
+def _check_spec_size(spec: JobSpec) -> None:
+    """The normalised job travels in one NATS message; with deployments' commands
+    folded into every role it can be larger than the document, so it is measured
+    as it will travel."""
+    size = len(msgspec.json.encode(spec))
+    if size > MAX_SPEC_BYTES:
+        raise ProtocolError([FieldError(
+            path="$", rule="maxSize",
+            message=f"the normalised job is {size} bytes; PAI's limit is {MAX_SPEC_BYTES} bytes",
+        )])
 
 
 def protocol_error_body(err: ProtocolError) -> dict:

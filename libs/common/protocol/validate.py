@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from libs.common.ids import NAME_PATTERN
 from libs.common.protocol.checks import Checker, Ignored
+from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_JOB_RETRY_COUNT, MAX_NAME_LENGTH
 from libs.common.protocol.model import FieldError
 from libs.common.protocol.paths import DocPath
 from libs.common.protocol.validate_extras import check_extras
@@ -33,7 +34,6 @@ PLUGIN_PREREQUISITE_KEYS = frozenset({
 DEPLOYMENT_KEYS = frozenset({"name", "taskRoles"})
 DEPLOYMENT_ROLE_KEYS = frozenset({"preCommands", "postCommands"})
 DEFAULTS_KEYS = frozenset({"virtualCluster", "deployment"})
-MAX_NAME_LENGTH = 255
 
 
 def validate_document(data: dict, line_of: Callable[[DocPath], int | None]) -> tuple[list[FieldError], list[Ignored]]:
@@ -44,7 +44,8 @@ def validate_document(data: dict, line_of: Callable[[DocPath], int | None]) -> t
         if section in data:
             check.mapping(data[section], (section,))
     if "jobRetryCount" in data:
-        check.integer(data["jobRetryCount"], ("jobRetryCount",), minimum=0)
+        check.integer(data["jobRetryCount"], ("jobRetryCount",), minimum=0, maximum=MAX_JOB_RETRY_COUNT,
+                      limit="PAI's limit of job retries")
     prerequisite_types = _check_prerequisites(check, data)
     check_task_roles(check, data, prerequisite_types)
     deployment_names = _check_deployments(check, data)
@@ -61,7 +62,7 @@ def _check_header(check: Checker, data: dict) -> None:
     if "name" not in data:
         check.error(("name",), "required", "'name' is required: the job's name")
     else:
-        _check_name(check, data["name"], ("name",), "job name")
+        _check_name(check, data["name"], ("name",), "job name", max_length=MAX_JOB_NAME_LENGTH)
     if "type" in data and data["type"] != "job":
         check.error(("type",), "enum", "must be 'job'")
     for key in ("version", "contributor", "description"):
@@ -75,13 +76,11 @@ def _check_protocol_version(check: Checker, value: object, path: DocPath) -> Non
         check.error(path, "enum", "must be 2 (this is protocol version 2)")
 
 
-def _check_name(check: Checker, value: object, path: DocPath, what: str) -> bool:
+def _check_name(check: Checker, value: object, path: DocPath, what: str, *, max_length: int = MAX_NAME_LENGTH) -> bool:
+    # Shorter than OpenPAI's 255: names become parts of file names, KV keys and subjects (limits.py).
     if not check.string(value, path, non_empty=True):
         return False
-    if len(value) > MAX_NAME_LENGTH:
-        check.error(path, "maxLength", f"must be at most {MAX_NAME_LENGTH} characters, got {len(value)}")
-        return False
-    return check.pattern(value, path, NAME_PATTERN, what)
+    return check.max_length(value, path, max_length, what) and check.pattern(value, path, NAME_PATTERN, what)
 
 
 def _check_prerequisites(check: Checker, data: dict) -> dict[str, str]:
@@ -167,7 +166,8 @@ def _check_deployments(check: Checker, data: dict) -> set[str]:
         check.known_keys(deployment, path, DEPLOYMENT_KEYS)
         if "name" not in deployment:
             check.error((*path, "name"), "required", "a deployment needs a 'name'")
-        elif check.string(deployment["name"], (*path, "name"), non_empty=True):
+        elif check.string(deployment["name"], (*path, "name"), non_empty=True) and check.max_length(
+                deployment["name"], (*path, "name"), MAX_NAME_LENGTH, "deployment name"):
             if deployment["name"] in names:
                 check.error((*path, "name"), "duplicate", f"another deployment is already named {deployment['name']!r}")
             names.add(deployment["name"])

@@ -1,0 +1,53 @@
+"""Every bound PAI puts on what it takes in, in one table.
+
+Validation errors, rest's 4xx bodies and README.md quote these names and
+numbers; change a bound here and nowhere else.
+
+Why the numbers:
+- Names become NATS subject tokens, KV keys, file names (`{user}~{name}` under
+  the task log directory) and environment variable names. OpenPAI allows 255
+  characters for a job name; PAI keeps the whole job id under 100 characters so
+  that every derived name stays far below file system and NATS limits.
+- A job travels as one NATS message (`job.submitted`, `job.placed`, the
+  launcher's status document, which holds the job and about 1 KiB per placed
+  task), and NATS refuses messages over 1 MiB: `instances: 2600` once made the
+  launcher crash-loop. 512 tasks per job (OpenPAI's largest example job has 501),
+  64 KiB of rendered commands per role and 128 KiB for the whole normalised job
+  keep each of them under that (tests/unit/test_intake_limits.py checks the
+  largest job allowed).
+- Nesting: a job is about 8 levels deep; PyYAML's C composer recurses once per
+  level and crashes the process at about 25,000, so depth is checked on the
+  parser's events before anything is composed.
+"""
+
+from __future__ import annotations
+
+# --- bodies -------------------------------------------------------------------
+MAX_BODY_BYTES = 1024 * 1024  # a job document (YAML or JSON)
+MAX_ADMIN_BODY_BYTES = 64 * 1024  # users, failure rules, executionType
+MAX_NESTING_DEPTH = 64  # mappings and lists inside each other, any body
+
+# --- names --------------------------------------------------------------------
+MAX_JOB_NAME_LENGTH = 64
+MAX_USERNAME_LENGTH = 32
+MAX_NAME_LENGTH = 64  # virtual clusters, prerequisites, deployments
+MAX_TASK_ROLE_NAME_LENGTH = 64
+MAX_EMAIL_LENGTH = 254  # RFC 5321's limit on a path
+
+# --- shape of a job -------------------------------------------------------------
+MAX_TASK_ROLES = 32
+MAX_INSTANCES_PER_ROLE = 512
+MAX_TASKS_PER_JOB = 512  # OpenPAI's largest example job has 501
+MAX_COMMANDS_CHARS_PER_ROLE = 64 * 1024  # after templates are rendered, pre/post commands included
+MAX_SPEC_BYTES = 128 * 1024  # the normalised job as it travels on the bus
+
+# --- resources per task instance ----------------------------------------------
+MAX_CPU = 1024
+MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
+MAX_GPU = 64
+MAX_PORTS_PER_INSTANCE = 100  # all port labels together
+MAX_SHM_MB = MAX_MEMORY_MB
+
+# --- retries ------------------------------------------------------------------
+MAX_JOB_RETRY_COUNT = 100
+MAX_TASK_RETRY_COUNT = 100
