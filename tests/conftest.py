@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from libs.common.busauth import load_or_create_credentials
 from libs.common.natsserver import NatsServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,6 +24,10 @@ def shared_path(*parts: str) -> Path:
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory):
-    """A real nats-server with JetStream, one per test session, on a free port."""
-    with NatsServer(tmp_path_factory.mktemp("nats")) as srv:
+    """A real nats-server with JetStream, one per test session, on a free port, with
+    PAI's users and permissions (as `pai up` runs it) and its store bootstrapped.
+    Tests connect with `Bus.connect(..., **nats_server.login(user))`."""
+    root = tmp_path_factory.mktemp("nats")
+    with NatsServer(root / "store", auth=load_or_create_credentials(root / "nats-credentials.json")) as srv:
+        srv.bootstrap()
         yield srv

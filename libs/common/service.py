@@ -154,7 +154,7 @@ def run(
 
 
 async def _main(name, config, body, single_active, app_factory) -> None:
-    bus = await Bus.connect(config.nats_url, name=f"pai-{name}")
+    bus = await Bus.connect(config.nats_url, name=f"pai-{name}", user=config.nats_user, password=config.nats_password)
     ctx = ServiceContext(name=name, config=config, bus=bus)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -15,7 +15,7 @@ from libs.common.subjects import STREAM, Bucket, Durable, Kind
 
 @pytest.fixture
 async def bus(nats_server):
-    b = await Bus.connect(nats_server.url, name="test")
+    b = await Bus.connect(nats_server.url, name="test", **nats_server.login("platform"))
     await b.bootstrap()
     # Each test gets a clean stream so consumers start from nothing.
     await b.js.purge_stream(STREAM)
@@ -144,7 +144,7 @@ async def test_trace_context_travels_from_publisher_to_handler(bus):
 async def test_ordered_consumer_keeps_order_when_its_process_dies_mid_event(bus, nats_server):
     """A message handed to a consumer that died is redelivered before any later one."""
     first, second = stop_event(6), stop_event(7)
-    crashed = Bus(await __import__("nats").connect(nats_server.url), "crashing")
+    crashed = await Bus.connect(nats_server.url, name="crashing", **nats_server.login("platform"))
     got_first = asyncio.Event()
 
     async def hang(event):

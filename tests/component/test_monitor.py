@@ -35,7 +35,7 @@ from libs.common.messages import (
     encode,
     subject_of,
 )
-from libs.common.natsserver import free_port
+from libs.common.natsserver import NatsServer, free_port
 from libs.common.protocol.model import JobSpec
 from libs.common.records import JobRecord, encode_job_record
 from libs.common.subjects import Bucket
@@ -86,11 +86,12 @@ class Monitor:
 
 
 @contextlib.asynccontextmanager
-async def monitor_process(nats_url: str, data_dir: Path, node: str) -> AsyncIterator[Monitor]:
+async def monitor_process(nats: NatsServer, data_dir: Path, node: str) -> AsyncIterator[Monitor]:
     port = free_port()
     env = {
         **os.environ,
-        "PAI_NATS_URL": nats_url,
+        "PAI_NATS_URL": nats.url,
+        **nats.env("monitor"),  # logs in as the monitor, allowed only what it owns
         "PAI_MONITOR_PORT": str(port),
         "PAI_DATA_DIR": str(data_dir),
         "PAI_NODE_SAMPLE_SECONDS": "0.2",
@@ -125,7 +126,7 @@ async def wait_ready(monitor: Monitor) -> None:
 
 @pytest.fixture
 async def bus(nats_server) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_server.url, name="monitor-test")
+    b = await Bus.connect(nats_server.url, name="monitor-test", **nats_server.login("platform"))
     await b.bootstrap()
     yield b
     await b.close()
@@ -133,7 +134,7 @@ async def bus(nats_server) -> AsyncIterator[Bus]:
 
 @pytest.fixture
 async def monitor(nats_server, bus, tmp_path) -> AsyncIterator[Monitor]:
-    async with monitor_process(nats_server.url, tmp_path, f"node-{RUN}") as m:
+    async with monitor_process(nats_server, tmp_path, f"node-{RUN}") as m:
         yield m
 
 
@@ -295,12 +296,12 @@ async def test_gauges_are_rebuilt_from_the_launcher_records_after_a_restart(nats
     await status.put(job_key(done), encode_job_record(job_record(done, vc, JobState.FAILED, attempt=2)))
     await status.put(f"alice.broken{RUN}", b'{"not": "a job record"}')
 
-    async with monitor_process(nats_server.url, tmp_path, f"node-{RUN}") as first:
+    async with monitor_process(nats_server, tmp_path, f"node-{RUN}") as first:
         await bus.publish(submitted(running, vc))
         await bus.publish(state(running, vc, JobState.RUNNING, since=0.1))
         await first.until(lambda s: s.value("pai_job_submit_to_running_seconds_count", vc=vc) == 1)
 
-    async with monitor_process(nats_server.url, tmp_path, f"node-{RUN}") as second:
+    async with monitor_process(nats_server, tmp_path, f"node-{RUN}") as second:
         restored = await second.until(lambda s: s.value("pai_jobs", state="RUNNING", vc=vc) == 1)
         assert restored.value("pai_jobs", state="FAILED", vc=vc) == 1
         # Events older than the records change nothing.

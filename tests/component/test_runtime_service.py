@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from libs.common.bus import Bus
 from libs.common.errors import BadInput
 from libs.common.messages import TaskExited, TaskVerdict
-from libs.common.natsserver import free_port
+from libs.common.natsserver import NatsServer, free_port
 from libs.common.rules_rpc import (
     NoSuchRule,
     RuleAction,
@@ -54,8 +54,8 @@ _exit_numbers = itertools.count()
 class Runtime:
     """One `python -m services.runtime` process, restartable."""
 
-    def __init__(self, nats_url: str, data_dir: Path):
-        self.nats_url = nats_url
+    def __init__(self, nats: NatsServer, data_dir: Path):
+        self.nats = nats
         self.data_dir = data_dir
         self.proc: subprocess.Popen | None = None
 
@@ -63,7 +63,8 @@ class Runtime:
         port = free_port()
         env = {
             **os.environ,
-            "PAI_NATS_URL": self.nats_url,
+            "PAI_NATS_URL": self.nats.url,
+            **self.nats.env("runtime"),  # logs in as the runtime, allowed only what it owns
             "PAI_RUNTIME_PORT": str(port),
             "PAI_DATA_DIR": str(self.data_dir),
         }
@@ -87,8 +88,8 @@ class Runtime:
 
 
 @contextlib.asynccontextmanager
-async def runtime_process(nats_url: str, data_dir: Path) -> AsyncIterator[Runtime]:
-    runtime = Runtime(nats_url, data_dir)
+async def runtime_process(nats: NatsServer, data_dir: Path) -> AsyncIterator[Runtime]:
+    runtime = Runtime(nats, data_dir)
     try:
         await runtime.start()
         yield runtime
@@ -130,7 +131,7 @@ class Verdicts:
 
 @pytest.fixture(scope="module")
 async def bus(nats_server) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_server.url, name="runtime-test")
+    b = await Bus.connect(nats_server.url, name="runtime-test", **nats_server.login("platform"))
     await b.bootstrap()
     yield b
     await b.close()
@@ -139,7 +140,7 @@ async def bus(nats_server) -> AsyncIterator[Bus]:
 @pytest.fixture(scope="module")
 async def runtime_service(nats_server, bus, tmp_path_factory) -> AsyncIterator[Runtime]:
     """One runtime for the module (starting one takes a second or two)."""
-    async with runtime_process(nats_server.url, tmp_path_factory.mktemp("runtime")) as r:
+    async with runtime_process(nats_server, tmp_path_factory.mktemp("runtime")) as r:
         yield r
 
 
@@ -360,7 +361,7 @@ async def test_change_based_on_an_old_revision_is_refused(bus, runtime):
 
 async def test_two_replicas_lose_no_concurrent_change_and_both_apply_it(bus, nats_server, runtime, verdicts,
                                                                          tmp_path):
-    async with runtime_process(nats_server.url, tmp_path):
+    async with runtime_process(nats_server, tmp_path):
         added = await asyncio.gather(
             *(ask(bus, RuleAction.ADD, rule=marker_rule(code, f"Parallel{code}", f"PARALLEL-{code}-{RUN}"))
               for code in range(200, 210))
