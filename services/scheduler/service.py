@@ -1,11 +1,18 @@
-"""scheduler's shell: bus events in, core decisions out.
+"""scheduler's shell: bus events in, core decisions carried out.
 
-Cycle per event (kueue's admit/assume): decide in the pure core, record the
-outcome in KV (pai_schedule, key user.name), then publish. The KV record is the
-scheduler's durable state: at start-up placed jobs are restored onto their cells
-and waiting jobs are queued again, in submission order, before any event is
-consumed; placements whose `JobPlaced` may have been lost in a crash are
-published again (the event id dedupes them).
+The cycle per event, as kueue's admit/assume: the core decides and records its
+decisions at once (cells bound, attempt numbered, first wait noted); the shell
+then does the I/O for each decision: the job's entry in KV (pai_schedule, key
+user.name) and the event on the bus. A decision the shell could not carry out
+goes back into the core as `NotSent`; the core gives it again, brought up to
+date, with the next event or Tick, and the event in hand is nak'ed so it is
+redelivered. No placement waits for a restart to reach the launcher.
+
+The shell keeps no copy of the core's state: what it stores is `core.entry(job)`.
+At start-up placed jobs are restored onto their cells and waiting jobs are queued
+again, in submission order, before any event is consumed; placements whose
+`JobPlaced` may have been lost in a crash are published again (the event id
+dedupes them).
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ import logging
 import time
 
 import msgspec
+import nats.errors
 
 from libs.common import ids, machine, service
 from libs.common.bus import load_all
 from libs.common.config import Config, load_config
+from libs.common.errors import Transient
 from libs.common.messages import (
     JobPlaced,
     JobReleased,
@@ -36,9 +45,12 @@ from services.scheduler import metrics
 from services.scheduler.cluster import ClusterConfig, load_cluster_config, local_cluster_config
 from services.scheduler.core import (
     Cancel,
+    Decision,
     NodeHealth,
+    NotSent,
     Place,
     Preempt,
+    RefreshReasons,
     Release,
     Restore,
     SchedulerCore,
@@ -50,6 +62,8 @@ from services.scheduler.core import (
 log = logging.getLogger("pai.scheduler")
 
 TICK_SECONDS = 1.0
+# What goes wrong talking to NATS (a publish the stream refuses included); anything else is a bug.
+NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
 CONSUMED = (JobSubmitted, StopRequested, JobReleased, NodeStatus)
 
 
@@ -65,88 +79,61 @@ class SchedulerShell:
         self.ctx = ctx
         self.core = core
         self.lock = asyncio.Lock()
-        self.entries: dict[str, ScheduleEntry] = {}
         self._view_dirty = True
 
     async def restore(self) -> None:
         stored = await load_all(await self.ctx.bus.kv(Bucket.SCHEDULE), ScheduleEntry)
-        restores, queued = [], []
+        restores, queued, placed = [], [], []
         for entry in stored.values():
             if entry.spec is None:
                 continue
-            self.entries[entry.job] = entry
             if entry.placed:
                 restores.append(Restore(job=entry.job, attempt=entry.attempt, spec=entry.spec, tasks=entry.tasks))
+                placed.append(entry)
             else:
-                queued.append((entry.queuedAt, entry.job, Submit(job=entry.job, attempt=entry.attempt, spec=entry.spec)))
-        queued.sort(key=lambda q: (q[0], q[1]))
-        decisions = self.core.handle(*restores, *(q[2] for q in queued))
+                queued.append(Submit(job=entry.job, attempt=entry.attempt, spec=entry.spec, at=entry.queuedAt))
+        queued.sort(key=lambda submit: (submit.at, submit.job))
+        decisions = self.core.handle(*restores, *queued)
         log.info("restored %d placed and %d waiting jobs", len(restores), len(queued))
-        await self._apply(decisions, cause="restore")
+        await self._carry_out(decisions, touched=[], cause="restore")
         # A placement recorded just before a crash may never have reached the launcher.
-        for entry in list(self.entries.values()):
-            if entry.placed:
-                await self._publish_placed(entry, cause="restore")
+        for entry in placed:
+            await self.ctx.bus.publish(placed_event(entry.job, entry.attempt, entry.vc, entry.tasks, cause="restore"))
 
     async def handle(self, event) -> None:
         async with self.lock:
             match event:
                 case JobSubmitted(spec=spec):
-                    if event.job in self.entries:
-                        return  # redelivered
-                    entry = ScheduleEntry(
-                        job=event.job, attempt=1, vc=spec.virtualCluster, reason="queued", updatedAt=time.time(), spec=spec, queuedAt=event.at
-                    )
-                    await self._save(entry)
-                    decisions = self.core.handle(Submit(job=event.job, attempt=1, spec=spec))
+                    decisions = self.core.handle(Submit(job=event.job, attempt=1, spec=spec, at=event.at))
                 case JobReleased(attempt=attempt, requeue=requeue):
-                    entry = self.entries.get(event.job)
-                    if entry is None or entry.attempt != attempt:
-                        return  # already handled, or a late release of an old attempt
-                    if requeue:
-                        again = msgspec.structs.replace(
-                            entry, attempt=attempt + 1, placed=False, tasks=[], reason="queued again", updatedAt=time.time()
-                        )
-                        await self._save(again)
-                    else:
-                        await self._forget(event.job)
                     decisions = self.core.handle(Release(job=event.job, attempt=attempt, requeue=requeue))
                 case StopRequested():
-                    entry = self.entries.get(event.job)
                     decisions = self.core.handle(Cancel(job=event.job))
-                    if entry is not None and not entry.placed:
-                        await self._forget(event.job)
                 case NodeStatus(node=node, healthy=healthy, reason=reason):
                     if node not in self.core.node_names():
                         return
                     decisions = self.core.handle(NodeHealth(node=node, healthy=healthy, reason=reason))
                 case _:
                     return
-            await self._apply(decisions, cause=event.id)
             self._view_dirty = True
+            touched = [] if isinstance(event, NodeStatus) else [event.job]
+            await self._carry_out(decisions, touched=touched, cause=event.id)
 
     async def tick_forever(self) -> None:
         while not self.ctx.stopping.is_set():
             await asyncio.sleep(TICK_SECONDS)
             async with self.lock:
-                await self._apply(self.core.handle(Tick()), cause="tick")
-                if self._view_dirty:
-                    self._view_dirty = False
-                    await self._refresh_reasons()
-                    await self.publish_view()
-
-    async def _refresh_reasons(self) -> None:
-        """Keep the stored reasons' live figures (cells free, jobs ahead) current.
-
-        The core decides Wait only when the kind of wait changes; the counts in
-        its text move with every placement and release.
-        """
-        for entry in list(self.entries.values()):
-            if entry.placed:
-                continue
-            reason = self.core.waiting_reason(entry.job)
-            if reason and reason != entry.reason:
-                await self._save(msgspec.structs.replace(entry, reason=reason, updatedAt=time.time()))
+                try:
+                    await self._carry_out(self.core.handle(Tick()), touched=[], cause="tick")
+                    if self._view_dirty:
+                        self._view_dirty = False
+                        # The core gives a Wait only when the kind of wait changes; the
+                        # counts in its text move with every placement and release.
+                        await self._carry_out(self.core.handle(RefreshReasons()), touched=[], cause="refresh")
+                        await self.publish_view()
+                except NATS_TROUBLE as error:
+                    self._view_dirty = True
+                    log.warning("tick: NATS trouble (%r); trying again at the next tick", error)
 
     async def publish_view(self) -> None:
         view = ClusterView(
@@ -156,51 +143,63 @@ class SchedulerShell:
         )
         await (await self.ctx.bus.kv(Bucket.CLUSTER)).put(CLUSTER_VCS_KEY, msgspec.json.encode(view))
 
-    async def _apply(self, decisions, *, cause: str) -> None:
+    async def _carry_out(self, decisions: list[Decision], *, touched: list[str], cause: str) -> None:
+        """Record and publish every decision; what fails goes back to the core as NotSent.
+
+        Raises Transient when anything failed, so the event in hand is redelivered."""
+        failed: list[Decision] = []
+        unrecorded = 0  # recorded again when the event in hand is redelivered
+        for job in touched:
+            try:
+                await self._record(job)
+            except NATS_TROUBLE as error:
+                log.warning("recording %s failed (%r)", job, error, extra={"job": job})
+                unrecorded += 1
         for decision in decisions:
-            match decision:
-                case Place(job=job, attempt=attempt, tasks=tasks, partial=partial):
-                    entry = self.entries.get(job)
-                    if entry is None:
-                        log.error("placed unknown job %s", job, extra={"job": job})
-                        continue
-                    all_tasks = (list(entry.tasks) + list(tasks)) if entry.placed else list(tasks)
-                    entry = msgspec.structs.replace(entry, attempt=attempt, placed=True, tasks=all_tasks, reason="", updatedAt=time.time())
-                    await self._save(entry)
-                    metrics.DECISIONS.labels(kind="place").inc()
-                    await self._publish_placed(entry, cause=cause, tasks=tasks, partial=partial)
-                case Preempt(job=job, attempt=attempt, vc=vc, by=by, reason=reason):
-                    metrics.DECISIONS.labels(kind="preempt").inc()
-                    await self.ctx.bus.publish(
-                        PreemptRequested(id=f"{job}/{attempt}/preempt", job=job, cause=cause, at=time.time(), vc=vc, attempt=attempt, by=by, reason=reason)
-                    )
-                case Wait(job=job, attempt=attempt, vc=vc, reason=reason):
-                    entry = self.entries.get(job)
-                    if entry is None or entry.placed:
-                        continue
-                    first = not entry.reason or entry.reason.startswith("queued")
-                    await self._save(msgspec.structs.replace(entry, reason=reason, updatedAt=time.time()))
+            try:
+                await self._carry_out_one(decision, cause=cause)
+            except NATS_TROUBLE as error:
+                log.warning("%s of %s#%d not sent (%r); the core gives it again", type(decision).__name__,
+                            decision.job, decision.attempt, error, extra={"job": decision.job})
+                failed.append(decision)
+        if failed:
+            self.core.handle(*(NotSent(decision=d) for d in failed))
+        if failed or unrecorded:
+            raise Transient(f"{len(failed) + unrecorded} effect(s) of {cause} not carried out; done again later")
+
+    async def _carry_out_one(self, decision: Decision, *, cause: str) -> None:
+        match decision:
+            case Place(job=job, attempt=attempt, vc=vc, tasks=tasks, partial=partial):
+                await self._record(job)
+                metrics.DECISIONS.labels(kind="place").inc()
+                await self.ctx.bus.publish(placed_event(job, attempt, vc, tasks, cause=cause, partial=partial))
+            case Preempt(job=job, attempt=attempt, vc=vc, by=by, reason=reason):
+                metrics.DECISIONS.labels(kind="preempt").inc()
+                await self.ctx.bus.publish(
+                    PreemptRequested(id=f"{job}/{attempt}/preempt", job=job, cause=cause, at=time.time(), vc=vc, attempt=attempt, by=by, reason=reason)
+                )
+            case Wait(job=job, attempt=attempt, vc=vc, reason=reason, first=first):
+                await self._record(job)
+                if cause != "refresh":
                     metrics.DECISIONS.labels(kind="wait").inc()
-                    if first:
-                        await self.ctx.bus.publish(
-                            JobWaiting(id=f"{job}/{attempt}/waiting", job=job, cause=cause, at=time.time(), vc=vc, attempt=attempt, reason=reason)
-                        )
+                if first:
+                    await self.ctx.bus.publish(
+                        JobWaiting(id=f"{job}/{attempt}/waiting", job=job, cause=cause, at=time.time(), vc=vc, attempt=attempt, reason=reason)
+                    )
 
-    async def _publish_placed(self, entry: ScheduleEntry, *, cause: str, tasks=None, partial: bool = False) -> None:
-        tasks = entry.tasks if tasks is None else tasks
-        suffix = "" if not partial else "/" + ",".join(f"{t.role}.{t.index}" for t in tasks)
-        await self.ctx.bus.publish(
-            JobPlaced(id=f"{entry.job}/{entry.attempt}/placed{suffix}", job=entry.job, cause=cause, at=time.time(), vc=entry.vc, attempt=entry.attempt, tasks=list(tasks), partial=partial)
-        )
+    async def _record(self, job: str) -> None:
+        """Store what the core holds about the job's current attempt (or that it holds nothing)."""
+        kv = await self.ctx.bus.kv(Bucket.SCHEDULE)
+        entry = self.core.entry(job)
+        if entry is None:
+            await kv.delete(ids.job_key(job))
+        else:
+            await kv.put(ids.job_key(job), msgspec.json.encode(entry))
 
-    async def _save(self, entry: ScheduleEntry) -> None:
-        self.entries[entry.job] = entry
-        await (await self.ctx.bus.kv(Bucket.SCHEDULE)).put(ids.job_key(entry.job), msgspec.json.encode(entry))
 
-    async def _forget(self, job: str) -> None:
-        self.entries.pop(job, None)
-        await (await self.ctx.bus.kv(Bucket.SCHEDULE)).delete(ids.job_key(job))
-
+def placed_event(job: str, attempt: int, vc: str, tasks, *, cause: str, partial: bool = False) -> JobPlaced:
+    suffix = "" if not partial else "/" + ",".join(f"{t.role}.{t.index}" for t in tasks)
+    return JobPlaced(id=f"{job}/{attempt}/placed{suffix}", job=job, cause=cause, at=time.time(), vc=vc, attempt=attempt, tasks=list(tasks), partial=partial)
 
 
 async def body(ctx: ServiceContext) -> None:

@@ -13,7 +13,17 @@ See `scheduler.py` for the policy (queues, anti-starvation, preemption) and
 
 from services.scheduler.cluster import ClusterConfig, ClusterConfigError, load_cluster_config, local_cluster_config
 from services.scheduler.core.decisions import Decision, Place, Preempt, Wait
-from services.scheduler.core.events import Cancel, NodeHealth, Release, Restore, SchedulerEvent, Submit, Tick
+from services.scheduler.core.events import (
+    Cancel,
+    NodeHealth,
+    NotSent,
+    RefreshReasons,
+    Release,
+    Restore,
+    SchedulerEvent,
+    Submit,
+    Tick,
+)
 from services.scheduler.core.scheduler import GANG_PRIORITY_AFTER_S, SchedulerCore
 from services.scheduler.core.status import VcSkuStatus, VcStatus
 
@@ -24,8 +34,10 @@ __all__ = [
     "ClusterConfigError",
     "Decision",
     "NodeHealth",
+    "NotSent",
     "Place",
     "Preempt",
+    "RefreshReasons",
     "Release",
     "Restore",
     "SchedulerCore",

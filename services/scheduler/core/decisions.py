@@ -30,12 +30,15 @@ class Preempt(msgspec.Struct, frozen=True, kw_only=True, tag="preempt"):
 
 
 class Wait(msgspec.Struct, frozen=True, kw_only=True, tag="wait"):
-    """The attempt waits, for a reason a person can act on (sent when the reason is new or changed)."""
+    """The attempt waits, for a reason a person can act on (sent when the reason is new or changed).
+    `first`: the first wait of this attempt, to be announced (JobWaiting); later ones only update
+    the stored reason."""
 
     job: str
     attempt: int
     vc: str
     reason: str
+    first: bool = False
 
 
 Decision = Union[Place, Preempt, Wait]

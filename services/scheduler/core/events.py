@@ -8,6 +8,7 @@ import msgspec
 
 from libs.common.messages import TaskPlacement
 from libs.common.protocol.model import JobSpec
+from services.scheduler.core.decisions import Decision
 
 
 class Submit(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
@@ -16,6 +17,7 @@ class Submit(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
     job: str
     attempt: int
     spec: JobSpec
+    at: float | None = None  # when it was submitted (kept across restarts for queue order); None: now
 
 
 class Release(msgspec.Struct, frozen=True, kw_only=True, tag="release"):
@@ -52,4 +54,20 @@ class Tick(msgspec.Struct, frozen=True, kw_only=True, tag="tick"):
     the backfill behind them. Send it periodically (e.g. every second)."""
 
 
-SchedulerEvent = Union[Submit, Release, Cancel, NodeHealth, Restore, Tick]
+class NotSent(msgspec.Struct, frozen=True, kw_only=True, tag="not_sent"):
+    """The shell could not carry out this decision (its publish or its record failed).
+
+    The core keeps what it decided (cells stay bound: kueue's "assume") and gives
+    the decision again, brought up to date, with the next call that brings any
+    other event (a redelivery, a Tick): so a lost publish never waits for a restart.
+    A decision that no longer applies (the attempt was released meanwhile) is dropped."""
+
+    decision: Decision
+
+
+class RefreshReasons(msgspec.Struct, frozen=True, kw_only=True, tag="refresh_reasons"):
+    """Give a `Wait` (not `first`) for every waiting attempt whose reason text changed
+    since it was last given: its live counts (cells free, jobs ahead) moved."""
+
+
+SchedulerEvent = Union[Submit, Release, Cancel, NodeHealth, Restore, Tick, NotSent, RefreshReasons]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from libs.common.messages import TaskPlacement
 from libs.common.protocol.model import OPPORTUNISTIC_PRIORITY, JobSpec
 from services.scheduler.core.demand import GroupDemand, TaskDemand, affinity_groups
 
@@ -16,9 +17,10 @@ class JobRecord:
         "id", "attempt", "spec", "vc", "priority", "opportunistic", "lazy", "seq", "queued_at", "groups",
         "placed", "pending_groups", "preempting", "victims", "reserved", "cancelled", "reason_key",
         "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "seen_epoch", "behind", "fresh", "failed_epoch", "blocking", "reason_text",
+        "submitted_at", "sent", "wait_given", "reason_given",
     )
 
-    def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float):
+    def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float, submitted_at: float | None = None):
         self.id = job
         self.attempt = attempt
         self.spec = spec
@@ -54,6 +56,10 @@ class JobRecord:
         self.behind: str | None = None  # the aged gang it waits behind, if any
         self.fresh = False  # queued, and no scheduling pass has looked at it since
         self.restored = False
+        self.submitted_at = now if submitted_at is None else submitted_at  # for queue order after a restart
+        self.sent: dict[tuple[str, int], TaskPlacement] = {}  # (role, index) -> placement given in a Place
+        self.wait_given = False  # a first Wait was given for this attempt
+        self.reason_given = ""  # the reason text last given in a Wait
 
     @property
     def key(self) -> tuple[int, int]:

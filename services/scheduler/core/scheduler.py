@@ -36,13 +36,24 @@ from __future__ import annotations
 from typing import Callable
 
 from libs.common.messages import TaskPlacement
+from libs.common.schedule import ScheduleEntry
 from services.scheduler.cluster.model import ClusterConfig
 from services.scheduler.core import reasons
 from services.scheduler.core.cells import Cell
 from services.scheduler.core.decisions import Decision, Place, Preempt, Wait
 from services.scheduler.core.demand import GroupDemand, TaskDemand, leaf_cells_for
 from services.scheduler.core.eligibility import candidate_skus, never_fits
-from services.scheduler.core.events import Cancel, NodeHealth, Release, Restore, SchedulerEvent, Submit, Tick
+from services.scheduler.core.events import (
+    Cancel,
+    NodeHealth,
+    NotSent,
+    RefreshReasons,
+    Release,
+    Restore,
+    SchedulerEvent,
+    Submit,
+    Tick,
+)
 from services.scheduler.core.invariants import check_invariants
 from services.scheduler.core.jobs import JobRecord
 from services.scheduler.core.planner import Plan, plan_guaranteed, plan_opportunistic
@@ -86,6 +97,7 @@ class SchedulerCore:
         self._preemptor_of: dict[str, JobRecord] = {}  # victim job id -> the job waiting for its cells
         self._next_seq = 0
         self._started = False
+        self._not_sent: dict[tuple[str, str], Decision] = {}  # (kind, job) -> decision to give again
         self.restore_warnings: list[str] = []
 
     # --- public API ----------------------------------------------------------------------
@@ -93,10 +105,17 @@ class SchedulerCore:
     def handle(self, *events: SchedulerEvent) -> list[Decision]:
         decisions: list[Decision] = []
         run_pass = False
+        refresh = False
         for event in events:
             match event:
                 case Restore():
                     self._restore(event)
+                    continue
+                case NotSent(decision=decision):
+                    self._not_sent[(type(decision).__name__, decision.job)] = decision
+                    continue
+                case RefreshReasons():
+                    refresh = True
                     continue
                 case Submit():
                     self._submit(event)
@@ -114,6 +133,9 @@ class SchedulerCore:
             run_pass = True
         if run_pass:
             decisions.extend(self._schedule())
+            decisions.extend(self._again())
+        if refresh:
+            decisions.extend(self._refreshed_reasons())
         return decisions
 
     def waiting_reason(self, job: str) -> str | None:
@@ -121,6 +143,27 @@ class SchedulerCore:
         if record is None or not record.waiting or record.reason_text is None:
             return None
         return record.reason_text(self._queues.position(record))
+
+    def entry(self, job: str) -> ScheduleEntry | None:
+        """What is recorded about the job's current attempt (pai_schedule); None: nothing."""
+        record = self._jobs.get(job)
+        if record is None:
+            return None
+        placed = bool(record.sent)
+        return ScheduleEntry(
+            job=record.id,
+            attempt=record.attempt,
+            vc=record.vc,
+            placed=placed,
+            reason="" if placed else (self.waiting_reason(job) or "queued"),
+            tasks=list(record.sent.values()),
+            updatedAt=self._clock(),
+            spec=record.spec,
+            queuedAt=record.submitted_at,
+        )
+
+    def knows(self, job: str) -> bool:
+        return job in self._jobs
 
     def queued_count(self) -> int:
         """Attempts waiting for (more) cells."""
@@ -137,11 +180,12 @@ class SchedulerCore:
 
     # --- events ------------------------------------------------------------------------------
 
-    def _new_record(self, job: str, attempt: int, spec, *, seq: int | None = None) -> JobRecord:
+    def _new_record(self, job: str, attempt: int, spec, *, seq: int | None = None,
+                    submitted_at: float | None = None) -> JobRecord:
         if seq is None:
             seq = self._next_seq
             self._next_seq += 1
-        record = JobRecord(job, attempt, spec, seq=seq, now=self._clock())
+        record = JobRecord(job, attempt, spec, seq=seq, now=self._clock(), submitted_at=submitted_at)
         record.never = never_fits(self.config, self._state, record)
         vc = self._state.vcs.get(record.vc)
         if vc is not None:
@@ -165,7 +209,7 @@ class SchedulerCore:
             if existing.attempt >= event.attempt or existing.holds_cells or existing.victims:
                 return  # a redelivery, or an attempt the launcher has not released yet
             self._drop(existing)
-        record = self._new_record(event.job, event.attempt, event.spec)
+        record = self._new_record(event.job, event.attempt, event.spec, submitted_at=event.at)
         self._jobs[event.job] = record
         self._enqueue(record)
 
@@ -175,7 +219,8 @@ class SchedulerCore:
             return
         self._drop(record)
         if event.requeue and not record.cancelled:
-            again = self._new_record(record.id, record.attempt + 1, record.spec, seq=record.seq)
+            again = self._new_record(record.id, record.attempt + 1, record.spec, seq=record.seq,
+                                     submitted_at=record.submitted_at)
             self._jobs[record.id] = again
             self._enqueue(again)
 
@@ -252,6 +297,7 @@ class SchedulerCore:
         record.restored = True
         self._jobs[event.job] = record
         self.restore_warnings.extend(restore_attempt(self._state, record, event.tasks))
+        record.sent = {(t.role, t.index): t for t in event.tasks if (t.role, t.index) in record.placed}
         if record.placed:
             self._note_holding(record)
         if record.pending_groups:
@@ -419,8 +465,43 @@ class SchedulerCore:
             record.behind = None
         if key != record.reason_key:
             record.reason_key = key
-            position = self._queues.position(record)
-            decisions.append(Wait(job=record.id, attempt=record.attempt, vc=record.vc, reason=text(position)))
+            decisions.append(self._wait(record))
+
+    def _wait(self, record: JobRecord) -> Wait:
+        """The Wait to give now; the first of an attempt not yet placed is to be announced."""
+        reason = record.reason_text(self._queues.position(record))
+        first = not record.wait_given and not record.sent
+        record.wait_given = True
+        record.reason_given = reason
+        return Wait(job=record.id, attempt=record.attempt, vc=record.vc, reason=reason, first=first)
+
+    def _refreshed_reasons(self) -> list[Decision]:
+        waits: list[Decision] = []
+        for record in self._jobs.values():
+            if record.sent or not record.waiting or record.reason_text is None:
+                continue
+            if record.reason_text(self._queues.position(record)) != record.reason_given:
+                waits.append(self._wait(record))
+        return waits
+
+    def _again(self) -> list[Decision]:
+        """The decisions the shell could not carry out, as they stand now (see NotSent)."""
+        decisions: list[Decision] = []
+        for (_, job), decision in self._not_sent.items():
+            record = self._jobs.get(job)
+            if record is None or record.attempt != decision.attempt:
+                continue  # released meanwhile: nothing left to say
+            match decision:
+                case Place() if record.sent:
+                    decisions.append(Place(job=job, attempt=record.attempt, vc=record.vc,
+                                           tasks=list(record.sent.values()), partial=bool(record.pending_groups)))
+                case Preempt() if record.preempting:
+                    decisions.append(decision)
+                case Wait() if not record.sent and record.reason_text is not None:
+                    record.wait_given = record.wait_given and not decision.first
+                    decisions.append(self._wait(record))
+        self._not_sent.clear()
+        return decisions
 
     def _try_place(self, record: JobRecord, decisions: list[Decision]) -> None:
         if record.victims:
@@ -453,6 +534,7 @@ class SchedulerCore:
                 break
         if placements:
             self._note_holding(record)
+            record.sent.update(((p.role, p.index), p) for p in placements)
             decisions.append(Place(job=record.id, attempt=record.attempt, vc=record.vc, tasks=placements,
                                    partial=bool(record.pending_groups)))
         if not record.pending_groups:

@@ -1,0 +1,124 @@
+"""The scheduler's shell against a real nats-server: a decision whose publish
+fails goes back into the core and is carried out later, without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import msgspec
+import nats.js.api
+import nats.js.errors
+import pytest
+
+from libs.common.bus import Bus
+from libs.common.config import Config
+from libs.common.messages import JobPlaced, JobSubmitted, subject_of
+from libs.common.protocol.model import JobSpec, Resources, TaskRole
+from libs.common.schedule import ScheduleEntry
+from libs.common.service import ServiceContext
+from libs.common.subjects import STREAM, Bucket, Durable, Kind
+from services.scheduler.cluster import local_cluster_config
+from services.scheduler.core import SchedulerCore
+from services.scheduler.service import CONSUMED, SchedulerShell
+
+RUN = uuid.uuid4().hex[:6]
+WAIT_SECONDS = 30.0
+
+
+@pytest.fixture
+async def admin(nats_server) -> AsyncIterator[Bus]:
+    bus = await Bus.connect(nats_server.url, name="test-admin", **nats_server.login("platform"))
+    await bus.bootstrap()
+    try:
+        await bus.js.delete_consumer(STREAM, Durable.SCHEDULER.value)
+    except nats.js.errors.NotFoundError:
+        pass
+    yield bus
+    await bus.close()
+
+
+def submitted(job: str) -> JobSubmitted:
+    user, name = job.split("~")
+    spec = JobSpec(
+        name=name,
+        user=user,
+        virtualCluster="default",
+        taskRoles=[TaskRole(name="worker", instances=2, resources=Resources(gpu=0, cpu=1, memoryMB=1024))],
+    )
+    return JobSubmitted(id=f"{job}/submitted", job=job, at=time.time(), spec=spec)
+
+
+async def until(check, what: str):
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        found = await check()
+        if found:
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"waited {WAIT_SECONDS:g}s for {what}")
+
+
+async def test_a_placement_whose_publish_the_stream_refused_reaches_the_launcher_without_a_restart(
+    admin, nats_server, caplog
+):
+    """kueue's assume: the core keeps the cells bound, takes the refusal back as NotSent and
+    gives the Place again with the redelivered event or the next Tick."""
+    caplog.set_level(logging.WARNING, logger="pai.scheduler")
+    job = f"alice~refused{RUN}"
+    await admin.publish(submitted(job))
+    # The stream takes no more messages: the scheduler's JobPlaced will be refused.
+    before = await admin.js.stream_info(STREAM)
+    full = nats.js.api.StreamConfig.from_response(before.config.as_dict())
+    full.max_msgs = before.state.messages
+    full.discard = nats.js.api.DiscardPolicy.NEW
+    await admin.js.update_stream(full)
+    placed_subject = subject_of(JobPlaced(id="", job=job, vc="default", attempt=1, tasks=[]))
+
+    async def last_placed() -> JobPlaced | None:
+        try:
+            msg = await admin.js.get_last_msg(STREAM, placed_subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        return msgspec.json.decode(msg.data, type=JobPlaced)
+
+    try:
+        bus = await Bus.connect(nats_server.url, name="scheduler", **nats_server.login("scheduler"))
+        ctx = ServiceContext(name="scheduler", config=Config(), bus=bus)
+        core = SchedulerCore(local_cluster_config(node="node-a", gpus=0, cpus=4, memory_mb=8192), clock=time.time)
+        shell = SchedulerShell(ctx, core)
+        await shell.restore()
+        ctx.spawn(shell.tick_forever(), "tick")
+        kinds = [Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.JOB_RELEASED, Kind.NODE_STATUS]
+        consuming = asyncio.create_task(
+            bus.consume(Durable.SCHEDULER, kinds, CONSUMED, shell.handle, stopping=ctx.stopping, ordered=True)
+        )
+
+        async def refused() -> bool:
+            return any("Place of " + job in r.getMessage() and "not sent" in r.getMessage() for r in caplog.records)
+
+        await until(refused, "the scheduler to see its JobPlaced refused")
+        assert await last_placed() is None
+        # The cells stay assumed for the job meanwhile: the core recorded its decision.
+        entry = core.entry(job)
+        assert entry is not None and entry.placed and len(entry.tasks) == 2
+    finally:
+        await admin.js.update_stream(before.config)  # room again
+
+    try:
+        placed = await until(last_placed, "the JobPlaced to appear in the stream")
+        assert (placed.attempt, sorted(t.index for t in placed.tasks), placed.partial) == (1, [0, 1], False)
+        # No restart: the same shell, still consuming, did it.
+        assert not consuming.done() and not ctx.stopping.is_set()
+        stored = await (await bus.kv(Bucket.SCHEDULE)).get(job.replace("~", "."))
+        assert msgspec.json.decode(stored.value, type=ScheduleEntry).placed
+        core.validate_state()
+    finally:
+        ctx.stopping.set()
+        for task in [consuming, *ctx.tasks]:
+            task.cancel()
+        await asyncio.gather(consuming, *ctx.tasks, return_exceptions=True)
+        await bus.close()
