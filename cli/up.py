@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from pathlib import Path
 import msgspec
 
 from cli.client import Connection, connection_file
+from libs.common import sealing
 from libs.common.config import Config
 from libs.common.natsserver import NatsServer
 
@@ -48,6 +51,7 @@ class Platform:
 
     def start(self) -> Connection:
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.config = secure_data_dir(self.config, self.data, print_fn=self.print)
         port = int(self.config.nats_url.rsplit(":", 1)[-1])
         self.nats = NatsServer(self.data / "nats", port=port, host=self.config.host, log_file=self.logs / "nats.log").start()
         for name in SERVICES:
@@ -155,6 +159,71 @@ class Platform:
             asyncio.run(stop_local_tasks(self.data / "launcher", grace_seconds=min(self.config.grace_seconds, 5.0)))
         if self.nats is not None:
             self.nats.stop()
+
+
+# -- tasks isolated, secrets sealed ---------------------------------------------
+
+TASK_USER = "pai-task"
+# Under the data dir: only these are reachable by tasks, and only by traversal
+# (no listing): the way to each task's working directory (its own, 0700).
+_TRAVERSE_ONLY = ("", "launcher", "launcher/work")
+_PRIVATE_DIRS = ("nats", "logs", "launcher/tasks")
+
+
+def secure_data_dir(config: Config, data: Path, *, print_fn=print) -> Config:
+    """Make the data dir the platform's: the key pair that seals job secrets
+    (made at first start), the user tasks run as, private modes.
+
+    Everything the platform keeps is 0600 (files) or 0700 (directories); the
+    data dir, `launcher/` and `launcher/work/` are 0711 so that a task, which
+    runs as another user, can reach its working directory by its absolute path
+    (PAI_WORK_DIR, HOME) but list or read nothing on the way. Returns the
+    config the services get (key files and task user filled in)."""
+    private_key = Path(config.secrets_private_key_file or data / "secrets.key")
+    public_key = Path(config.secrets_public_key_file or data / "secrets.pub")
+    if sealing.write_key_pair(private_key, public_key):
+        print_fn(f"created the key pair that seals job secrets: {private_key} (private), {public_key}")
+    task_user = config.task_user or (choose_task_user(print_fn=print_fn) if os.geteuid() == 0 else "")
+    for name in _PRIVATE_DIRS:  # made private before anything is written in them
+        (data / name).mkdir(mode=0o700, parents=True, exist_ok=True)
+    for child in data.iterdir():
+        if child.is_symlink():
+            continue
+        if child.is_dir():
+            child.chmod(0o700)
+        elif child.is_file():
+            child.chmod(0o600)
+    for name in _TRAVERSE_ONLY:
+        path = data / name
+        path.mkdir(exist_ok=True)
+        path.chmod(0o711)
+    return msgspec.structs.replace(
+        config,
+        secrets_private_key_file=str(private_key),
+        secrets_public_key_file=str(public_key),
+        task_user=task_user,
+    )
+
+
+def choose_task_user(*, print_fn=print) -> str:
+    """`pai-task` (a system user made for the purpose when missing), else `nobody`."""
+    try:
+        pwd.getpwnam(TASK_USER)
+        return TASK_USER
+    except KeyError:
+        pass
+    useradd = shutil.which("useradd")
+    if useradd is not None:
+        made = subprocess.run(
+            [useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", TASK_USER],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode in (0, 9):  # 9: it exists (made meanwhile)
+            print_fn(f"created the system user {TASK_USER}; local tasks run under its group, each job with a uid of its own")
+            return TASK_USER
+        print_fn(f"[yellow]useradd {TASK_USER} failed ({made.stderr.strip()}); tasks use the group of nobody[/]")
+    return "nobody"
 
 
 # platformReason of tasks ended because the platform itself was stopped; the

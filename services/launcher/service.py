@@ -19,18 +19,20 @@ import time
 
 import msgspec
 
-from libs.common import ids, service
+from libs.common import ids, job_secrets, service
 from libs.common.bus import load_all
 from libs.common.config import Config, load_config
 from libs.common.errors import NotFound, PaiError
 from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest, MAX_REPLY_BYTES
 from libs.common.messages import JobPlaced, JobSubmitted, PreemptRequested, StopRequested, TaskVerdict
+from libs.common.protocol.masking import scrub_bytes, scrub_text
+from libs.common.protocol.render import render_secrets
 from libs.common.records import JobRecord, encode_job_record
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.launcher import metrics
 from services.launcher.backends.base import Backend
-from services.launcher.core.tasks import TaskKey
+from services.launcher.core.tasks import TaskFinished, TaskKey
 from services.launcher.core import (
     BackoffElapsed,
     ForgetTask,
@@ -60,6 +62,7 @@ def make_backend(config: Config) -> Backend:
         config.data_path / "launcher",
         log_cap_bytes=config.task_log_cap_bytes,
         grace_seconds=config.grace_seconds,
+        task_user=config.task_user,  # as root: never root, a uid per job (local_users)
     )
 
 
@@ -70,6 +73,9 @@ class LauncherShell:
         self.backend = backend
         self.lock = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
+        # job -> its opened secrets; only jobs whose commands reference one
+        # are ever looked up (the others cost nothing).
+        self._secrets: dict[str, dict] = {}
 
     async def restore(self) -> None:
         records = await load_all(await self.ctx.bus.kv(Bucket.JOB_STATUS), JobRecord)
@@ -87,7 +93,61 @@ class LauncherShell:
 
     async def pump_backend(self) -> None:
         async for event in self.backend.events():
+            if isinstance(event, TaskFinished):
+                event = await self._scrubbed_exit(event)
             await self._apply(event)
+
+    # -- secrets: opened here alone, filled in at start, scrubbed from what is shown --
+
+    def _job_uses_secrets(self, job: str) -> bool:
+        record = self.core.job(job)
+        return record is not None and any(job_secrets.needs_secrets(role.commands) for role in record.spec.taskRoles)
+
+    async def _job_secrets(self, job: str) -> dict:
+        opened = self._secrets.get(job)
+        if opened is None:
+            kv = await self.ctx.bus.kv(Bucket.SECRETS)
+            opened = self._secrets[job] = await job_secrets.fetch(kv, self.ctx.config.secrets_private_key_file, ids.job_key(job))
+        return opened
+
+    async def _secret_values(self, job: str) -> list[str] | None:
+        """What to scrub from a job's output: [] for a job without secrets,
+        None when its secrets cannot be opened (then nothing of its output is shown)."""
+        if not self._job_uses_secrets(job):
+            return []
+        try:
+            return job_secrets.values_of(await self._job_secrets(job))
+        except job_secrets.SecretsUnavailable as exc:
+            log.error("cannot scrub the output of %s: %s", job, exc.message)
+            return None
+
+    async def _start(self, launch) -> None:
+        if not job_secrets.needs_secrets(launch.commands):
+            await self.backend.start(launch)
+            return
+        try:
+            secrets = await self._job_secrets(launch.key.job)
+        except job_secrets.SecretsUnavailable as exc:
+            # Started without them, its references left as they are: the task
+            # fails visibly (and the reason is in the launcher's log) rather
+            # than the launcher stalling every other job.
+            log.error("starting %s without its secrets: %s", launch.key.slug, exc.message)
+            await self.backend.start(launch)
+            return
+        rendered = [render_secrets(line, secrets) for line in launch.commands]
+        await self.backend.start(launch, secret_commands=rendered)
+
+    async def _scrubbed_exit(self, event: TaskFinished) -> TaskFinished:
+        values = await self._secret_values(event.key.job)
+        if values == []:
+            return event
+        if values is None:
+            return msgspec.structs.replace(event, userLogTail="", platformMessage="(hidden: the job's secrets could not be opened to scrub it)")
+        return msgspec.structs.replace(
+            event,
+            userLogTail=scrub_text(event.userLogTail, values),
+            platformMessage=scrub_text(event.platformMessage, values),
+        )
 
     async def _apply(self, event) -> None:
         async with self.lock:
@@ -107,7 +167,7 @@ class LauncherShell:
                     pass
                 case StartTask(launch=launch):
                     metrics.TASKS_STARTED.inc()
-                    await self.backend.start(launch)
+                    await self._start(launch)
                 case KillTask(key=key, reason=reason, grace_seconds=grace):
                     self._in_background(self.backend.kill(key, grace_seconds=grace, reason=reason))
                 case Publish(event=event):
@@ -156,7 +216,17 @@ class LauncherShell:
         if task is None or not task.startRequested:
             raise NotFound(f"task {req.role}[{req.index}] of {req.job} attempt {req.attempt} has not started")
         key = TaskKey(job=req.job, attempt=req.attempt, role=req.role, index=req.index, taskAttempt=task.taskAttempt if req.taskAttempt is None else req.taskAttempt)
-        data = await self.backend.read_log(key, tail_bytes=req.tailBytes)
+        values = await self._secret_values(req.job)
+        if values is None:
+            raise NotFound(f"the log of {req.job} cannot be shown: its secrets cannot be opened to scrub it")
+        # Scrubbed whole, then cut: a tail must not begin inside a secret.
+        margin = max((len(v.encode()) for v in values), default=0)
+        tail = req.tailBytes + margin if req.tailBytes is not None and values else req.tailBytes
+        data = await self.backend.read_log(key, tail_bytes=tail)
+        if values:
+            data = scrub_bytes(data, values)
+            if req.tailBytes is not None:
+                data = data[-req.tailBytes :] if req.tailBytes else b""
         return data[req.offset :] if req.offset else data
 
     async def close(self) -> None:

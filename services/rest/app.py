@@ -20,7 +20,7 @@ import nats.js.errors
 import yaml
 from aiohttp import web
 
-from libs.common import ids, telemetry
+from libs.common import ids, job_secrets, telemetry
 from libs.common.bus import all_keys, get_json
 from libs.common.errors import (
     BadInput,
@@ -151,6 +151,9 @@ async def submit_job(request: web.Request) -> web.Response:
     )
     kv = await ctx.bus.kv(Bucket.JOBS)
     key = ids.job_key(jid)
+    if parsed.secrets:  # sealed for the launcher alone, stored before the record names the job
+        await job_secrets.store(await ctx.bus.kv(Bucket.SECRETS), ctx.config.secrets_public_key_file, key,
+                                parsed.secrets, job_exists=lambda: get_json(kv, key, SubmittedJob))
     try:
         revision = await kv.create(key, msgspec.json.encode(record))
     except nats.js.errors.KeyWrongLastSequenceError:

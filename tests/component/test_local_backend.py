@@ -129,7 +129,7 @@ class Harness:
         self.events = Events(backend)
 
     def work_dir(self, key: TaskKey) -> Path:
-        return self.backend.tasks_dir / key.slug / "work"
+        return self.backend.work_root / key.slug
 
     async def run(self, task: TaskLaunch) -> TaskFinished:
         await self.backend.start(task)

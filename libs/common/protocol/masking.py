@@ -2,8 +2,9 @@
 
 The protocol asks that `secrets` be kept from anybody reading the job later
 (GET .../config, job cloning, logs); registry passwords under a docker image's
-`auth` are treated the same way. Rendered commands still carry the values,
-because the task itself needs them.
+`auth` are treated the same way. Commands keep secret references, not values
+(render.py); the launcher fills them in and scrubs the values from what a task
+prints before PAI shows it (`scrub_text`, `scrub_bytes`).
 """
 
 from __future__ import annotations
@@ -76,3 +77,19 @@ def _mask_auth(prerequisite: object) -> object:
     if "password" not in auth:
         return prerequisite
     return {**prerequisite, "auth": {**auth, "password": MASK}}
+
+
+def scrub_text(text: str, secrets: list[str]) -> str:
+    """`text` with every secret (longest first, see secret_values) replaced by MASK."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def scrub_bytes(data: bytes, secrets: list[str]) -> bytes:
+    for secret in secrets:
+        raw = secret.encode()
+        if raw in data:
+            data = data.replace(raw, MASK.encode())
+    return data

@@ -23,11 +23,19 @@ How a task runs (kube_pods for the Pod, kube_status for reading its status):
   no report comes (a lost node), the task counts as ended `termination margin`
   seconds after the grace period, with exit code -1.
 - A Pod deleted by anyone else, or gone while it ran, ends with "NodeLost".
+- Secrets: a task whose commands use the job's secrets gets its script (the
+  commands with the secrets filled in) from a Kubernetes Secret of its own,
+  named like its Pod and created before it, through an environment variable
+  `valueFrom.secretKeyRef` that its shell reads, unsets and runs
+  (`with_secret_script`). The Pod spec carries only the references, as the
+  JobSpec does; the Pod's `pai/secret` annotation names the Secret, which
+  `forget` deletes with the Pod. Other tasks cost no extra API call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import math
 import time
@@ -51,6 +59,7 @@ from services.launcher.backends.kube_pods import (
     holds_finalizer,
     read_record,
     release_patch,
+    task_script,
 )
 from services.launcher.backends.kube_status import (
     NO_EXIT_CODE,
@@ -175,7 +184,9 @@ class KubernetesBackend:
         self._ensure_watching(version)
         return sorted(task.key for task in self._tasks.values())
 
-    async def start(self, launch: TaskLaunch) -> None:
+    async def start(self, launch: TaskLaunch, *, secret_commands: list[str] | None = None) -> None:
+        """Create the task's Pod once; `secret_commands`: its commands with the
+        job's secrets filled in, given through a Secret of its own."""
         api = await self._ready()
         name = kube_names.pod_name(launch.key)
         if name in self._tasks or name in self._forgotten:
@@ -185,6 +196,20 @@ class KubernetesBackend:
             launch, namespace=self.namespace, default_image=self.default_image, host_network=self.host_network
         )
         task = self._track(launch.key, name, manifest["spec"]["containers"][0]["name"])
+        if secret_commands is not None:
+            secret = with_secret_script(manifest, task_script(secret_commands))
+            try:
+                await self._retrying(
+                    f"creating Secret {name}",
+                    lambda: self._json(api.create_namespaced_secret(self.namespace, secret, **_CALL)),
+                )
+            except ApiException as exc:
+                if exc.status != 409:  # 409: an earlier launcher made it, for this same task
+                    await self._launch_failed(task, f"the Kubernetes API refused the task's Secret: {exc.status} {exc.reason}")
+                    return
+            except _CONNECTION_ERRORS as exc:
+                await self._launch_failed(task, f"the Kubernetes API could not be reached: {exc!r}")
+                return
         try:
             created = await self._retrying(
                 f"creating Pod {name}",
@@ -258,6 +283,9 @@ class KubernetesBackend:
             if holds_finalizer(pod):
                 await self._patch(api, name, release_patch(pod))
             await self._delete(api, name)
+            secret = _annotations_of(pod).get(SECRET_ANNOTATION)
+            if secret:
+                await self._delete_secret(api, secret)
         except (ApiException, *_CONNECTION_ERRORS) as exc:
             # Not fatal: the exit is recorded; after a restart the Pod is
             # reported again and forgotten again.
@@ -483,6 +511,15 @@ class KubernetesBackend:
             ),
         )
 
+    async def _delete_secret(self, api: CoreV1Api, name: str) -> None:
+        try:
+            await self._retrying(
+                f"deleting Secret {name}", lambda: self._json(api.delete_namespaced_secret(name, self.namespace, **_CALL))
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     async def _delete(self, api: CoreV1Api, name: str, *, grace_seconds: int | None = None) -> dict:
         return await self._retrying(
             f"deleting Pod {name}",
@@ -602,3 +639,38 @@ def _node_of(task: _PodTask) -> str:
         if node:
             return node
     return ""
+
+
+# -- secrets -----------------------------------------------------------------
+
+SECRET_ANNOTATION = "pai/secret"
+SECRET_SCRIPT_KEY = "script"
+SECRET_SCRIPT_ENV = "PAI_TASK_SCRIPT"
+# The container's shell takes its script from the Secret's variable, removes
+# the variable (the task's programs do not inherit it) and runs the script
+# (errexit applies inside eval as with -c).
+SECRET_SCRIPT_LOADER = f'__pai_script=${SECRET_SCRIPT_ENV}; unset {SECRET_SCRIPT_ENV}; eval "$__pai_script"'
+
+
+def with_secret_script(manifest: dict, script: str) -> dict:
+    """Point the Pod `manifest` (changed in place) at a Secret holding its
+    script; returns that Secret, named and labelled like the Pod."""
+    meta = manifest["metadata"]
+    container = manifest["spec"]["containers"][0]
+    container["command"] = [container["command"][0], "-c", SECRET_SCRIPT_LOADER]
+    container["env"] = [
+        *container["env"],
+        {"name": SECRET_SCRIPT_ENV, "valueFrom": {"secretKeyRef": {"name": meta["name"], "key": SECRET_SCRIPT_KEY}}},
+    ]
+    meta["annotations"][SECRET_ANNOTATION] = meta["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": dict(meta["labels"])},
+        "type": "Opaque",
+        "data": {SECRET_SCRIPT_KEY: base64.b64encode(script.encode()).decode()},
+    }
+
+
+def _annotations_of(pod: dict) -> dict:
+    return (pod.get("metadata") or {}).get("annotations") or {}

@@ -7,9 +7,21 @@ How a task runs (local_layout: the files; local_forkserver, local_shim: the proc
   also across launcher restarts, and a second `start` only watches), then runs
   the commands, joined by newlines, as `bash --noprofile --norc -e -c` in a new
   session: one command after another, stopping at the first that fails
-  (bash's errexit rules, like a CI step), in `work/`, stdin from /dev/null.
+  (bash's errexit rules, like a CI step), in its working directory
+  `<data_dir>/work/<slug>/`, stdin from /dev/null.
+- Users (local_users): when the launcher runs as root, each job's tasks run
+  under a uid of the job's own, never root; the shim stays privileged and
+  drops privileges only for the task's shell. The task reaches its working
+  directory (0700, its own) and nothing else of the data dir: `tasks/` (specs,
+  logs, exits) is 0700 and its files 0600.
+- Secrets: `start(launch, secret_commands=...)` gives the commands with the
+  job's secrets filled in; they travel to the shim over the fork server's pipe
+  and to the task's shell through an in-memory file, never into spec.json
+  (which keeps the references) or any other file.
 - Environment: PATH, HOME, USER, LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ and
-  TMPDIR from the launcher (PATH defaults to the usual system one), then
+  TMPDIR from the launcher (PATH defaults to the usual system one; a task
+  that runs as another user gets HOME = its working directory and USER,
+  LOGNAME = the task user), then
   `launch.env` (PAI_*, CUDA_VISIBLE_DEVICES), then PAI_WORK_DIR (the task's
   working directory) and PAI_TASK_KEY (the task's slug, which marks its
   processes).
@@ -59,8 +71,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import msgspec
+
 from libs.common.errors import NotFound
-from services.launcher.backends import local_limits, local_procs
+from services.launcher.backends import local_limits, local_procs, local_users
 from services.launcher.core.tasks import (
     BackendEvent,
     TaskFinished,
@@ -75,13 +89,16 @@ from services.launcher.backends.local_layout import (
     LIMITS_NONE,
     LIMITS_RLIMIT,
     OUTPUT_LOG,
+    PRIVATE_DIR_MODE,
     REPORTED,
+    SECRET_SEPARATOR,
     SPEC,
     TASK_KEY_ENV,
     TASKS_DIR,
+    TRAVERSE_ONLY_MODE,
     UNKNOWN_EXIT_CODE,
-    WORK,
     WORK_DIR_ENV,
+    WORK_ROOT,
     ExitRecord,
     KillRequest,
     ShimRecord,
@@ -113,6 +130,7 @@ _STOP_POLL_SECONDS = 0.05
 # belongs to a claimer that died in between.
 CLAIM_WRITE_SECONDS = 10.0
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
+_encoder = msgspec.json.Encoder()
 
 
 class TaskSpec(ShimSpec, frozen=True, kw_only=True, omit_defaults=True):
@@ -161,12 +179,22 @@ class LocalBackend:
         cgroup_root: Path = local_limits.CGROUP_ROOT,
         sweep_interval_seconds: float = 1.0,
         clock: Callable[[], float] = time.time,
+        task_user: str | None = None,
     ):
         if limits not in LIMIT_CHOICES:
             raise ValueError(f"limits must be one of {LIMIT_CHOICES}, not {limits!r}")
         self.data_dir = Path(data_dir).resolve()
         self.tasks_dir = self.data_dir / TASKS_DIR
-        self.tasks_dir.mkdir(parents=True, exist_ok=True)
+        self.work_root = self.data_dir / WORK_ROOT
+        # task_user None: tasks run as the launcher's user (tests, tools);
+        # otherwise, when root, as users of their own (local_users).
+        self.task_users = local_users.resolve(task_user)
+        # Traverse-only on the way to a task's working directory; the rest private.
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.tasks_dir.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+        self.work_root.mkdir(mode=TRAVERSE_ONLY_MODE, exist_ok=True)
+        for path, mode in ((self.data_dir, TRAVERSE_ONLY_MODE), (self.tasks_dir, PRIVATE_DIR_MODE), (self.work_root, TRAVERSE_ONLY_MODE)):
+            os.chmod(path, mode)
         # Every declared node maps onto this machine; placements name any of them.
         self.node_names = list(node_names or [socket.gethostname()])
         self.log_cap_bytes = log_cap_bytes
@@ -199,7 +227,10 @@ class LocalBackend:
                 self._check(task)
         return known
 
-    async def start(self, launch: TaskLaunch) -> None:
+    async def start(self, launch: TaskLaunch, *, secret_commands: list[str] | None = None) -> None:
+        """Start a task once; `secret_commands`: its commands with the job's
+        secrets filled in (launch.commands keep the references), given to the
+        task through memory only."""
         await self._ensure_running()
         slug = launch.key.slug
         if slug in self._tasks:
@@ -210,13 +241,17 @@ class LocalBackend:
         self._tasks[slug] = task
         if task_dir.exists():
             return  # started before, perhaps by an earlier launcher: watch, never rerun
+        identity = (self.task_users.uid_of(launch.key.job), self.task_users.gid) if self.task_users else (None, None)
         spec = TaskSpec(
             taskDir=str(task_dir),
+            workDir=str(self.work_root / slug),
+            uid=identity[0],
+            gid=identity[1],
             key=launch.key,
             slug=slug,
             node=node,
             commands=launch.commands,
-            env=self._task_env(launch, task_dir),
+            env=self._task_env(launch, self.work_root / slug),
             cpu=launch.cpu,
             memoryMB=launch.memoryMB,
             gpu=launch.gpu,
@@ -229,6 +264,8 @@ class LocalBackend:
             submittedAt=self._clock(),
         )
         task.spec_line = encode(spec) + b"\n"
+        if secret_commands is not None:
+            task.spec_line = encode(spec) + SECRET_SEPARATOR + _encoder.encode(secret_commands) + b"\n"
         self._send(task)
         # Let the doorbell be read between starts: shims wait while its queue is full.
         await asyncio.sleep(0)
@@ -516,10 +553,12 @@ class LocalBackend:
             local_limits.kill_cgroup(self._cgroup_parent / task.key.slug, signal.SIGKILL)
         local_procs.sweep_marked(task.key.slug, TASK_KEY_ENV)
 
-    def _task_env(self, launch: TaskLaunch, task_dir: Path) -> dict[str, str]:
+    def _task_env(self, launch: TaskLaunch, work_dir: Path) -> dict[str, str]:
         env = dict(self._base_env)
+        if self.task_users is not None:
+            env.update(HOME=str(work_dir), USER=self.task_users.name, LOGNAME=self.task_users.name)
         env.update(launch.env)
-        env[WORK_DIR_ENV] = str(task_dir / WORK)
+        env[WORK_DIR_ENV] = str(work_dir)
         env[TASK_KEY_ENV] = launch.key.slug
         return env
 
@@ -565,7 +604,8 @@ def _choose_limits(limits: str, cgroup_root: Path, cgroup_parent: Path | None) -
 
 
 def _fork_server_env() -> dict[str, str]:
-    env = dict(os.environ)
+    # Its shims and their tasks must not hold the launcher's NATS login (busauth).
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PAI_NATS_")}
     paths = [str(_PROJECT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env

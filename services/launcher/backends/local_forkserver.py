@@ -49,9 +49,14 @@ def _detach_stdio() -> None:
 
 
 def run_shim(specs: list[bytes], doorbell_name: str) -> None:
-    """Body of a forked shim; never returns."""
+    """Body of a forked shim; never returns.
+
+    Each item is a task line: a spec, and for a task with secrets its
+    filled-in commands after local_layout.SECRET_SEPARATOR, read from the
+    launcher's pipe, so secrets pass through memory only."""
     try:
         os.setsid()  # out of the launcher's session: its ^C or hangup is not ours
+        os.umask(0o077)  # what a shim writes (specs, logs, exits) is the platform's alone
         _detach_stdio()
         shim = Shim(Doorbell(doorbell_name))
         for spec_json in specs:

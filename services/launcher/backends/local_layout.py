@@ -8,7 +8,6 @@ durable record, so a launcher that restarts learns everything from it:
                    shim that claims the task, or by a stop that cancels it first,
                    and spec.json is written right after, so a task never starts
                    twice
-    work/          the working directory (PAI_WORK_DIR)
     kill.json      a stop order (reason, grace) left for the shim
     output.log     stdout and stderr interleaved in arrival order (what `read_log` gives)
     stderr.log     stderr alone, so errors stay findable when stdout is chatty
@@ -17,6 +16,12 @@ durable record, so a launcher that restarts learns everything from it:
                    writer: the shim, or the backend once no shim can be alive
     reported.json  exit.json, renamed once the launcher recorded the exit
                    (`forget`; a rename costs far less than creating a file); logs stay
+
+The task's working directory (PAI_WORK_DIR) is apart, `<data_dir>/work/<key.slug>/`,
+so that a task, which may run as another user (local_users), can reach it and
+nothing else: `tasks/` and everything in it are the platform's alone (0700 and
+0600: specs, logs, exit records), `work/` is traverse-only (0711: no listing) and
+each working directory 0700, owned by the task's user.
 
 No fsync: these records must survive a launcher crash, and a machine crash
 takes the tasks with it anyway. Every file operation counts (hundreds of tasks a
@@ -35,8 +40,8 @@ from typing import TypeVar
 import msgspec
 
 TASKS_DIR = "tasks"
+WORK_ROOT = "work"
 SPEC = "spec.json"
-WORK = "work"
 KILL = "kill.json"
 EXIT = "exit.json"
 REPORTED = "reported.json"
@@ -55,6 +60,20 @@ UNKNOWN_EXIT_CODE = -1
 LIMITS_CGROUP = "cgroup"
 LIMITS_RLIMIT = "rlimit"
 LIMITS_NONE = "none"
+
+# A task line sent to the fork server is its spec JSON, then, for a task whose
+# commands use secrets, this byte and the JSON list of its commands with the
+# secrets filled in. That part is never written to spec.json or any file: the
+# shim hands it to the task's shell through an in-memory file (local_shim).
+# JSON escapes every control character, so the byte cannot occur inside.
+SECRET_SEPARATOR = b"\x1f"
+
+# Modes of what the platform keeps (the launcher may run as root and its tasks
+# as other users): private files and directories, traverse-only directories on
+# the way to a task's working directory.
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
+TRAVERSE_ONLY_MODE = 0o711
 
 
 class ShimRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,6 +96,7 @@ class ShimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     taskDir: str
     slug: str
+    workDir: str = ""  # "": `<taskDir>/work` (specs written before it was apart)
     commands: list[str]
     env: dict[str, str]  # complete: inherited basics + launch env + PAI markers
     cpu: int
@@ -85,7 +105,15 @@ class ShimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     cgroupParent: str = ""
     graceSeconds: float = 10.0
     logCapBytes: int = 64 * 1024 * 1024
+    # Who the task runs as (the shim drops to it; see local_users); None: the
+    # shim's own user (the platform does not run as root).
+    uid: int | None = None
+    gid: int | None = None
     shim: ShimRecord | None = None  # added by whoever claims the task
+
+    @property
+    def work_dir(self) -> str:
+        return self.workDir or os.path.join(self.taskDir, "work")
 
 
 def with_claim(spec_json: bytes, record: ShimRecord) -> bytes:

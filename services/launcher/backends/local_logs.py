@@ -51,7 +51,7 @@ class CappedLog:
         elif self._size + len(data) > self.segment_bytes:
             self._rotate()
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.write(self._fd, data)
         self._size += len(data)
 

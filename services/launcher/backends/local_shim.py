@@ -14,6 +14,18 @@ task has ended.
 
 Tasks are spawned with posix_spawn (vfork + exec): no copy of the shim's
 pages, which on a small virtual machine costs more than running the task.
+When the task runs as another user (the platform runs as root; see
+local_users) posix_spawn cannot switch users, so the shim forks and the child
+joins the task's cgroup, drops every group and its uid, then execs: the shim
+itself stays privileged (it must write the platform's records, signal the
+task, read its cgroup), the task's shell never is.
+
+Secrets: a task whose commands use secrets gets its script, secrets filled in,
+through an in-memory file (memfd) on fd 3, which its shell reads and closes
+before running it (SCRIPT_LOADER). The script is then in no file on disk, not
+in spec.json, and not in the shell's argv, which any user may read in
+/proc/<pid>/cmdline; only processes of the task's own user (and root) can see
+its memory or environment.
 
 A shim rings the backend's doorbell (local_doorbell) when a task runs and when
 its exit.json is written. SIGUSR1 means "a stop order waits" (the shim reads
@@ -38,11 +50,12 @@ from services.launcher.backends.local_layout import (
     LIMITS_CGROUP,
     LIMITS_RLIMIT,
     OUTPUT_LOG,
+    PRIVATE_DIR_MODE,
+    SECRET_SEPARATOR,
     SPEC,
     STDERR_LOG,
     TASK_KEY_ENV,
     UNKNOWN_EXIT_CODE,
-    WORK,
     ExitRecord,
     KillRequest,
     ShimRecord,
@@ -70,6 +83,12 @@ _SIGNALS_RESET_FOR_TASK = frozenset(
     {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ}
 )
 _SHIM_SIGNALS = (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM)
+# The fd on which a task with secrets finds its script, and the shell text that
+# reads it whole, closes it and runs it (errexit applies inside eval as in -c).
+SCRIPT_FD = 3
+SCRIPT_LOADER = f"IFS= read -r -d '' __pai_script <&{SCRIPT_FD} || true; exec {SCRIPT_FD}<&-; eval \"$__pai_script\"\n"
+# The umask tasks start with (the shim's own is 077: what it writes is private).
+TASK_UMASK = 0o022
 
 
 class _Limits:
@@ -78,6 +97,9 @@ class _Limits:
     def __init__(self, spec: ShimSpec):
         self.mode = spec.limits
         self.cgroup: Path | None = None
+        # A task that changes user joins its cgroup before it does (it could
+        # not move itself afterwards); the others do it in their prelude.
+        self.join_in_child = spec.uid is not None
         if self.mode == LIMITS_CGROUP:
             try:
                 self.cgroup = local_limits.create_task_cgroup(
@@ -86,16 +108,18 @@ class _Limits:
             except OSError:
                 self.mode = LIMITS_RLIMIT
         self.detail = local_limits.describe(self.mode, spec.cpu, spec.memoryMB)
-        self.prelude = local_limits.prelude(self.mode, self.cgroup, spec.memoryMB)
+        self.prelude = local_limits.prelude(self.mode, None if self.join_in_child else self.cgroup, spec.memoryMB)
 
 
 class _Run:
     """One task under a shim."""
 
-    def __init__(self, task_dir: Path, spec: ShimSpec, limits: _Limits):
+    def __init__(self, task_dir: Path, spec: ShimSpec, limits: _Limits, secret_commands: list[str] | None = None):
         self.dir = task_dir
         self.spec = spec
         self.limits = limits
+        # The commands with secrets filled in (spec.commands keeps references).
+        self.secret_commands = secret_commands
         self.marker = local_procs.marker_entry(TASK_KEY_ENV, spec.slug)
         self.output = CappedLog(task_dir / OUTPUT_LOG, spec.logCapBytes)
         self.errors = CappedLog(task_dir / STDERR_LOG, spec.logCapBytes)
@@ -143,8 +167,12 @@ class Shim:
 
     # -- start ---------------------------------------------------------------
 
-    def take(self, spec_json: bytes) -> None:
-        """Claim and start one task; a task someone else claimed is skipped."""
+    def take(self, line: bytes) -> None:
+        """Claim and start one task; a task someone else claimed is skipped.
+
+        `line` is the spec JSON, then, for a task with secrets, SECRET_SEPARATOR
+        and its commands with the secrets filled in (kept in memory only)."""
+        spec_json, separator, secret_part = line.partition(SECRET_SEPARATOR)
         spec = decoder(ShimSpec).decode(spec_json)
         task_dir = Path(spec.taskDir)
         if not claim_dir(task_dir):
@@ -155,8 +183,9 @@ class Shim:
                 shimPid=self.pid, shimStartTicks=self.ticks, detail=limits.detail, claimedAt=time.time()
             )
             (task_dir / SPEC).write_bytes(with_claim(spec_json, record))
-            (task_dir / WORK).mkdir()
-            run = _Run(task_dir, spec, limits)
+            _make_work_dir(Path(spec.work_dir), spec)
+            secret_commands = decoder(list[str]).decode(secret_part) if separator else None
+            run = _Run(task_dir, spec, limits, secret_commands)
             self._spawn(run)
         except Exception as exc:  # noqa: BLE001 - recorded as the task's exit
             (task_dir / "shim.error").write_text(traceback.format_exc())
@@ -176,25 +205,22 @@ class Shim:
     def _spawn(self, run: _Run) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        script = run.limits.prelude + "\n".join(run.spec.commands) + "\n"
+        script_fd = None
+        if run.secret_commands is not None:
+            script_fd = _script_file(run.limits.prelude + "\n".join(run.secret_commands) + "\n")
+            script = SCRIPT_LOADER
+        else:
+            script = run.limits.prelude + "\n".join(run.spec.commands) + "\n"
         argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, f"pai-task-{run.spec.slug}"]
         run.started_at = time.time()
-        # posix_spawn cannot chdir: the task inherits ours, set just for it.
-        os.chdir(run.dir / WORK)
+        spec = run.spec
         try:
-            run.pid = os.posix_spawn(
-                BASH,
-                argv,
-                run.spec.env,
-                file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, out_w, 1),
-                    (os.POSIX_SPAWN_DUP2, err_w, 2),
-                ],
-                setsid=True,  # its own session and process group, led by the task
-                setsigdef=_SIGNALS_RESET_FOR_TASK,
-                setsigmask=(),
-            )
+            if spec.uid is not None and spec.gid is not None:
+                run.pid = _fork_exec_as(
+                    argv, spec.env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.cgroup
+                )
+            else:
+                run.pid = _posix_spawn(argv, spec.env, spec.work_dir, out_w, err_w, script_fd)
         except OSError:
             os.close(out_r)
             os.close(err_r)
@@ -202,7 +228,8 @@ class Shim:
         finally:
             os.close(out_w)
             os.close(err_w)
-            os.chdir("/")
+            if script_fd is not None:
+                os.close(script_fd)
         # Read after the spawn: the exec happened inside it, so this bounds
         # what the kernel put in the task's peak from our pages.
         run.shim_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -416,6 +443,119 @@ class Shim:
             time.sleep(_RESWEEP_SECONDS)
             self._reap()
         self._reap()
+
+
+def _make_work_dir(work: Path, spec: ShimSpec) -> None:
+    """The task's working directory: 0700, its user's alone."""
+    work.mkdir(mode=PRIVATE_DIR_MODE)
+    if spec.uid is not None and spec.gid is not None:
+        os.chown(work, spec.uid, spec.gid)
+
+
+def _script_file(script: str) -> int:
+    """An in-memory file holding `script`, positioned at its start (close-on-exec:
+    only the fd the task is given survives its exec)."""
+    fd = os.memfd_create("pai-task-script", os.MFD_CLOEXEC)
+    try:
+        data = script.encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _posix_spawn(argv: list[str], env: dict[str, str], work_dir: str, out_w: int, err_w: int, script_fd: int | None) -> int:
+    """Spawn the task as our own user (vfork + exec)."""
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_DUP2, out_w, 1),
+        (os.POSIX_SPAWN_DUP2, err_w, 2),
+    ]
+    if script_fd is not None:
+        actions.append((os.POSIX_SPAWN_DUP2, script_fd, SCRIPT_FD))
+    # posix_spawn can neither chdir nor set a umask: the task inherits ours,
+    # set just for it.
+    os.chdir(work_dir)
+    umask = os.umask(TASK_UMASK)
+    try:
+        return os.posix_spawn(
+            BASH,
+            argv,
+            env,
+            file_actions=actions,
+            setsid=True,  # its own session and process group, led by the task
+            setsigdef=_SIGNALS_RESET_FOR_TASK,
+            setsigmask=(),
+        )
+    finally:
+        os.umask(umask)
+        os.chdir("/")
+
+
+def _fork_exec_as(
+    argv: list[str],
+    env: dict[str, str],
+    work_dir: str,
+    out_w: int,
+    err_w: int,
+    script_fd: int | None,
+    uid: int,
+    gid: int,
+    cgroup: Path | None,
+) -> int:
+    """Fork, enter the task's bounds, become `uid`:`gid` with no other group, exec.
+
+    A failure before the exec comes back through a close-on-exec pipe and is
+    raised here as OSError (the task's LaunchFailed), as posix_spawn would."""
+    report_r, report_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing here may return or raise
+        try:
+            signal.set_wakeup_fd(-1)
+            for sig in _SIGNALS_RESET_FOR_TASK:
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            if script_fd is not None:
+                if report_w == SCRIPT_FD:
+                    report_w = os.dup(report_w)
+                if script_fd == SCRIPT_FD:
+                    os.set_inheritable(SCRIPT_FD, True)
+                else:
+                    os.dup2(script_fd, SCRIPT_FD)
+            if cgroup is not None:
+                with open(cgroup / "cgroup.procs", "w") as procs:
+                    procs.write(str(os.getpid()))
+            os.chdir(work_dir)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            os.umask(TASK_UMASK)
+            os.execve(BASH, argv, env)
+        except BaseException as exc:  # noqa: BLE001 - reported to the shim, then gone
+            try:
+                os.write(report_w, f"{type(exc).__name__}: {exc}".encode(errors="replace"))
+            finally:
+                os._exit(127)
+    os.close(report_w)
+    try:
+        failure = b""
+        while chunk := os.read(report_r, 4096):
+            failure += chunk
+    finally:
+        os.close(report_r)
+    if failure:
+        os.waitpid(pid, 0)
+        raise OSError(f"the task could not be started as uid {uid}: {failure.decode(errors='replace')}")
+    return pid
 
 
 def _drain(fd: int) -> None:
