@@ -57,6 +57,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Local backend: the unprivileged user task processes run as (when PAI runs
     # as root). Empty: `pai up` chooses/creates one; tasks never run as root.
     task_user: str = ""
+    # rest: requests per bearer token, a token bucket (services/rest/ratelimit.py):
+    # this many at once, refilled at this many per second; past it 429.
+    rest_rate_limit_burst: int = 200
+    rest_rate_limit_per_second: float = 100.0
 
     @property
     def data_path(self) -> Path:

@@ -32,6 +32,26 @@ from libs.common.subjects import Bucket
 log = logging.getLogger("pai.service")
 
 LEASE_SECONDS = 10.0
+# How often a service checks that its NATS connection is not closed for good.
+BUS_WATCH_SECONDS = 1.0
+BUS_CLOSED_REASON = "the NATS connection is closed and will not reconnect"
+
+
+class BusClosed(RuntimeError):
+    """nats-py gave the connection up (e.g. after a protocol error): only a restart recovers."""
+
+
+async def exit_when_bus_closed(ctx: ServiceContext) -> None:
+    """Raise BusClosed once the connection is closed for good while the service runs.
+
+    Spawned by `run`: the failure stops the service and the process exits
+    non-zero, so `pai up` or Kubernetes starts it again with a fresh connection
+    (a service that answered every request with 500 until killed was the result before).
+    """
+    while not ctx.stopping.is_set():
+        if ctx.bus.nc.is_closed:
+            raise BusClosed(BUS_CLOSED_REASON)
+        await asyncio.sleep(BUS_WATCH_SECONDS)
 
 
 @dataclass
@@ -67,6 +87,11 @@ class ServiceContext:
 
 def health_routes(ctx_getter: Callable[[], ServiceContext | None]) -> list[web.RouteDef]:
     async def healthz(_: web.Request) -> web.Response:
+        # Alive means able to recover by itself: a connection that is only
+        # reconnecting is, one that nats-py closed for good is not.
+        ctx = ctx_getter()
+        if ctx is not None and ctx.bus.nc.is_closed:
+            return web.json_response({"status": "unhealthy", "reason": BUS_CLOSED_REASON}, status=503)
         return web.json_response({"status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
@@ -169,6 +194,7 @@ async def _main(name, config, body, single_active, app_factory) -> None:
     site = web.TCPSite(runner, config.host, config.port_of(name), reuse_address=True)
     await site.start()
     log.info("%s serving on %s:%s", name, config.host, config.port_of(name))
+    ctx.spawn(exit_when_bus_closed(ctx), "bus-watch")
     try:
         await bus.bootstrap()
         if single_active:

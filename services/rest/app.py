@@ -33,14 +33,15 @@ from libs.common.errors import (
 from libs.common.logs import LogRequest, request_log
 from libs.common.messages import JobSubmitted, StopRequested
 from libs.common.protocol import MAX_BODY_BYTES, parse_job, protocol_error_body
+from libs.common.protocol.limits import MAX_EMAIL_LENGTH, MAX_JOB_NAME_LENGTH, MAX_USERNAME_LENGTH
 from libs.common.protocol.model import ProtocolError
 from libs.common.records import JobRecord
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext, health_routes
 from libs.common.subjects import Bucket
-from services.rest import auth, metrics, rules, views
-from services.rest.records import SubmittedJob
-from services.rest.request import CTX, USER, ctx_of, read_body
+from services.rest import auth, fallback, metrics, ratelimit, rules, views
+from services.rest.records import NewUser, SubmittedJob
+from services.rest.request import CTX, USER, bad_field, ctx_of, decode_fields, read_body, read_json_object
 
 log = logging.getLogger("pai.rest")
 
@@ -110,7 +111,12 @@ def _bus_unavailable(message: str) -> web.Response:
 
 
 async def create_app(ctx: ServiceContext) -> web.Application:
-    app = web.Application(middlewares=[error_middleware, auth.middleware], client_max_size=MAX_BODY_BYTES * 2)
+    limiter = ratelimit.TokenBuckets(rate=ctx.config.rest_rate_limit_per_second, burst=ctx.config.rest_rate_limit_burst)
+    app = web.Application(
+        middlewares=[fallback.middleware, error_middleware, ratelimit.middleware(limiter, auth.PUBLIC_PREFIXES),
+                     auth.middleware],
+        client_max_size=MAX_BODY_BYTES * 2,
+    )
     app[CTX] = ctx
     app.add_routes(health_routes(lambda: ctx))
     app.add_routes(
@@ -207,10 +213,25 @@ async def _cluster_view(ctx: ServiceContext) -> ClusterView:
 def _job_param(request: web.Request) -> str:
     jid = request.match_info["job"]
     try:
-        ids.split_job_id(jid)
+        user, name = ids.split_job_id(jid)
     except ValueError:
-        raise NotFound(f"no job {jid!r}: job ids look like user~name") from None
+        raise NotFound(f"no job {jid[:200]!r}: job ids look like user~name") from None
+    if len(user) > MAX_USERNAME_LENGTH or len(name) > MAX_JOB_NAME_LENGTH:  # no such job can exist; spare NATS the key
+        raise NotFound(f"no job {jid[:200]!r}: user names are at most {MAX_USERNAME_LENGTH} characters, "
+                       f"job names at most {MAX_JOB_NAME_LENGTH}")
     return jid
+
+
+def _may_read_output(request: web.Request, sub: SubmittedJob) -> bool:
+    """A job's output (logs, and the lines of them that explain a failure), its config
+    and its attempts are for its owner and admins: they can show what its secrets printed."""
+    user = request[USER]
+    return user.admin or user.username == sub.user
+
+
+def _require_owner_or_admin(request: web.Request, sub: SubmittedJob, what: str) -> None:
+    if not _may_read_output(request, sub):
+        raise Forbidden(f"only {sub.user} or an admin may {what} {sub.job}")
 
 
 async def _load(ctx: ServiceContext, jid: str) -> tuple[SubmittedJob, JobRecord | None, ScheduleEntry | None]:
@@ -243,16 +264,20 @@ def _reason(rec: JobRecord | None, sched: ScheduleEntry | None) -> str | None:
 
 async def get_job(request: web.Request) -> web.Response:
     sub, rec, sched = await _load(ctx_of(request), _job_param(request))
-    return web.json_response(views.job_detail(sub, rec, _reason(rec, sched), backend=ctx_of(request).config.backend))
+    detail = views.job_detail(sub, rec, _reason(rec, sched), backend=ctx_of(request).config.backend,
+                              with_output=_may_read_output(request, sub))
+    return web.json_response(detail)
 
 
 async def get_job_attempts(request: web.Request) -> web.Response:
-    _, rec, _ = await _load(ctx_of(request), _job_param(request))
+    sub, rec, _ = await _load(ctx_of(request), _job_param(request))
+    _require_owner_or_admin(request, sub, "read the attempts of")
     return web.json_response(views.job_attempts(rec))
 
 
 async def get_job_config(request: web.Request) -> web.Response:
     sub, _, _ = await _load(ctx_of(request), _job_param(request))
+    _require_owner_or_admin(request, sub, "read the config of")
     if "yaml" in request.headers.get("Accept", ""):
         return web.Response(text=yaml.safe_dump(sub.config, sort_keys=False), content_type="text/yaml")
     return web.json_response(sub.config)
@@ -288,20 +313,16 @@ async def list_jobs(request: web.Request) -> web.Response:
 async def put_execution_type(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     jid = _job_param(request)
-    try:
-        body = await request.json()
-    except ValueError:
-        raise BadInput('body must be JSON like {"value": "STOP"}') from None
-    value = body.get("value") if isinstance(body, dict) else None
+    sub, rec, _ = await _load(ctx, jid)
+    _require_owner_or_admin(request, sub, "stop")
+    user = request[USER]
+    body = await read_json_object(request, what="the body", example='{"value": "STOP"}')
+    value = body.get("value")
     if value not in ("STOP", "START"):
         raise BadInput(
-            f"value must be STOP (got {value!r})",
+            f"value must be STOP (got {str(value)[:40]!r})",
             details={"errors": [{"path": "value", "rule": "enum", "message": "one of STOP"}]},
         )
-    sub, rec, _ = await _load(ctx, jid)
-    user = request[USER]
-    if not user.admin and user.username != sub.user:
-        raise Forbidden(f"only {sub.user} or an admin may stop {jid}")
     if value == "START":
         raise BadInput("a stopped job cannot be started again; submit it under a new name")
     await ctx.bus.publish(StopRequested(id=f"{jid}/stop", job=jid, vc=sub.vc, by=user.username, at=time.time()))
@@ -315,6 +336,7 @@ async def get_job_logs(request: web.Request) -> web.StreamResponse:
     ctx = ctx_of(request)
     jid = _job_param(request)
     sub, rec, _ = await _load(ctx, jid)
+    _require_owner_or_admin(request, sub, "read the logs of")
     q = request.query
     role = q.get("taskRole") or sub.spec.taskRoles[0].name
     try:
@@ -363,20 +385,19 @@ async def whoami(request: web.Request) -> web.Response:
 async def create_user(request: web.Request) -> web.Response:
     if not request[USER].admin:
         raise Forbidden("only an admin may create users")
-    try:
-        body = await request.json()
-    except ValueError:
-        raise BadInput('body must be JSON like {"username": "alice"}') from None
-    username = body.get("username") if isinstance(body, dict) else None
-    if not isinstance(username, str) or not ids.NAME_PATTERN.match(username):
-        raise BadInput(
-            "username must match ^[a-zA-Z0-9_-]+$",
-            details={"errors": [{"path": "username", "rule": "pattern", "message": "letters, digits, _ and - only"}]},
-        )
-    token = await auth.create_user(
-        ctx_of(request).bus, username, admin=bool(body.get("admin", False)), email=str(body.get("email", ""))
-    )
-    return web.json_response({"username": username, "token": token}, status=201)
+    example = '{"username": "alice", "admin": false, "email": "alice@example.com"}'
+    body = await read_json_object(request, what="the new user", example=example)
+    new = decode_fields(body, NewUser, what="the new user")
+    # The name becomes a KV key and part of every job id: bounded before NATS sees it.
+    if len(new.username) > MAX_USERNAME_LENGTH:
+        raise bad_field("username", "maxLength",
+                        f"a username is at most {MAX_USERNAME_LENGTH} characters, got {len(new.username)}")
+    if not ids.NAME_PATTERN.match(new.username):
+        raise bad_field("username", "pattern", "a username must match ^[a-zA-Z0-9_-]+$ (letters, digits, _ and -)")
+    if len(new.email) > MAX_EMAIL_LENGTH:
+        raise bad_field("email", "maxLength", f"an email address is at most {MAX_EMAIL_LENGTH} characters")
+    token = await auth.create_user(ctx_of(request).bus, new.username, admin=new.admin, email=new.email)
+    return web.json_response({"username": new.username, "token": token}, status=201)
 
 
 async def startup(ctx: ServiceContext) -> None:

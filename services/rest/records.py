@@ -30,3 +30,11 @@ class User(msgspec.Struct, frozen=True, kw_only=True):
     admin: bool = False
     email: str = ""
     virtualClusters: list[str] = []  # empty: every VC
+
+
+class NewUser(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The body of POST /api/v2/users, read strictly: `"admin": "false"` is refused, not an admin."""
+
+    username: str
+    admin: bool = False
+    email: str = ""

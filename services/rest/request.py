@@ -1,12 +1,20 @@
 """What every rest handler reads off a request: the service context, the
-authenticated user, and a body no bigger than the route allows."""
+authenticated user, and a body no bigger and no deeper than the route allows."""
 
 from __future__ import annotations
 
+import json
+from typing import Any, TypeVar
+
+import msgspec
 from aiohttp import web
 
-from libs.common.errors import TooLarge
+from libs.common.errors import BadInput, TooLarge
+from libs.common.protocol.depth import NestingTooDeep, check_json_depth
+from libs.common.protocol.limits import MAX_ADMIN_BODY_BYTES
 from libs.common.service import ServiceContext
+
+T = TypeVar("T")
 
 CTX = web.AppKey("ctx", ServiceContext)
 USER = "pai_user"  # request key holding the authenticated `records.User`
@@ -17,10 +25,53 @@ def ctx_of(request: web.Request) -> ServiceContext:
 
 
 async def read_body(request: web.Request, *, limit: int, what: str) -> bytes:
-    """The body, refused with 413 naming the limit when it is larger than `limit` bytes."""
+    """The whole body, or 413 naming the limit once more than `limit` bytes arrived.
+
+    Read until the end of the body: one `content.read(n)` returns only what has
+    arrived so far, which cut short a chunked body sent in pieces.
+    """
     if request.content_length is not None and request.content_length > limit:
-        raise TooLarge(f"{what} is {request.content_length} bytes; the limit is {limit} bytes")
-    body = await request.content.read(limit + 1)
-    if len(body) > limit:
-        raise TooLarge(f"{what} exceeds the limit of {limit} bytes")
-    return body
+        raise TooLarge(f"{what} is {request.content_length} bytes; the limit is {limit} bytes",
+                       details={"limit": limit})
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"{what} exceeds the limit of {limit} bytes", details={"limit": limit})
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json_object(request: web.Request, *, what: str, example: str) -> dict[str, Any]:
+    """A small JSON object body (admin and control requests), or a 4xx naming what is wrong."""
+    body = await read_body(request, limit=MAX_ADMIN_BODY_BYTES, what=what)
+    try:
+        text = body.decode("utf-8")
+        check_json_depth(text)  # before json recurses into it
+        data = json.loads(text)
+    except NestingTooDeep as exc:
+        raise bad_field("$", "max_depth", str(exc)) from None
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise bad_field("$", "json", f"{what} must be JSON like {example}") from None
+    if not isinstance(data, dict):
+        raise bad_field("$", "type", f"{what} must be a JSON object like {example}")
+    return data
+
+
+def decode_fields(data: dict[str, Any], type_: type[T], *, what: str) -> T:
+    """`data` as the Struct `type_`, strictly: `"false"` is not a boolean, unknown keys are refused."""
+    try:
+        return msgspec.convert(data, type_, strict=True)
+    except msgspec.ValidationError as exc:
+        message, _, where = str(exc).partition(" - at `")
+        path = where.rstrip("`").removeprefix("$").removeprefix(".") or "$"
+        raise bad_field(path, "type", f"{what}: {message}") from None
+
+
+def bad_field(path: str, rule: str, message: str) -> BadInput:
+    """A 400 whose body names the field path and the rule, like a rejected job's."""
+    return BadInput(
+        f"{path}: {message}" if path != "$" else message,
+        details={"errors": [{"path": path, "rule": rule, "message": message}]},
+    )

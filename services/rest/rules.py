@@ -20,6 +20,8 @@ import yaml
 from aiohttp import web
 
 from libs.common.errors import BadInput, Forbidden
+from libs.common.protocol.depth import NestingTooDeep, check_yaml_depth
+from libs.common.protocol.limits import MAX_ADMIN_BODY_BYTES
 from libs.common.rules_rpc import (
     NoSuchRule,
     RuleAction,
@@ -29,7 +31,7 @@ from libs.common.rules_rpc import (
 )
 from services.rest.request import USER, ctx_of, read_body
 
-MAX_RULE_BODY_BYTES = 64 * 1024
+MAX_RULE_BODY_BYTES = MAX_ADMIN_BODY_BYTES
 _PLACEMENT_KEYS = ("position", "before")
 
 
@@ -121,9 +123,15 @@ async def _read_rule(request: web.Request) -> tuple[dict, dict[str, int]]:
     """The rule in the body, and where it should go."""
     body = await read_body(request, limit=MAX_RULE_BODY_BYTES, what="a rule")
     try:
-        data = yaml.safe_load(body)  # JSON is YAML too
+        text = body.decode("utf-8-sig")
+        check_yaml_depth(text)  # before the loader recurses into it
+        data = yaml.safe_load(text)  # JSON is YAML too
+    except NestingTooDeep as error:
+        raise _bad("", "max_depth", str(error)) from None
     except yaml.YAMLError as error:
         raise _bad("", "yaml", f"the body is not valid YAML or JSON: {error}") from None
+    except (ValueError, RecursionError) as error:  # not UTF-8; an integer of thousands of digits
+        raise _bad("", "yaml", f"the body is not a rule PAI can read: {str(error).split(';')[0][:120]}") from None
     if _is_rule_file(data):
         entries = data["spec"]
         if len(entries) != 1:

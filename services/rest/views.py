@@ -64,8 +64,13 @@ def _task_status(task: TaskRecord) -> dict[str, Any]:
     }
 
 
-def job_detail(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | None, *, backend: str) -> dict[str, Any]:
-    """GET /api/v2/jobs/{user}~{name}; `backend` is the launcher's ("local" ignores images)."""
+def job_detail(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | None, *, backend: str,
+               with_output: bool = True) -> dict[str, Any]:
+    """GET /api/v2/jobs/{user}~{name}; `backend` is the launcher's ("local" ignores images).
+
+    Anyone may see a job's status; without `with_output` (not its owner, not an
+    admin) the exit diagnostics, which quote the job's own output, are left out.
+    """
     summary = job_summary(sub, rec, waiting_reason)
     status = {
         "username": sub.user,
@@ -81,7 +86,7 @@ def job_detail(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | N
         "priority": sub.spec.priority,
         "appExitCode": rec.appExitCode if rec else None,
         "appExitSpec": _spec(rec.appExitSpec) if rec else None,
-        "appExitDiagnostics": "\n".join(rec.appExitDiagnostics) if rec and rec.appExitDiagnostics else None,
+        "appExitDiagnostics": "\n".join(rec.appExitDiagnostics) if with_output and rec and rec.appExitDiagnostics else None,
         "appExitTriggerTaskRoleName": rec.appExitTriggerTaskRoleName if rec else None,
         "appExitTriggerTaskIndex": rec.appExitTriggerTaskIndex if rec else None,
         "waitingReason": summary["waitingReason"],
@@ -92,7 +97,10 @@ def job_detail(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | N
         statuses = []
         for index in range(role.instances):
             task = current.get((role.name, index))
-            statuses.append(_task_status(task) if task else {"taskIndex": index, "taskState": "WAITING", "retries": 0})
+            if task is None:
+                statuses.append({"taskIndex": index, "taskState": "WAITING", "retries": 0})
+            else:
+                statuses.append(_task_status(task) | ({} if with_output else {"containerExitDiagnostics": None}))
         roles[role.name] = {"taskRoleStatus": {"name": role.name}, "taskStatuses": statuses}
     notes = []
     if backend == "local":
