@@ -27,6 +27,7 @@ import msgspec
 from cli.client import Connection, connection_file
 from libs.common import sealing
 from libs.common.config import Config
+from libs.common.busauth import BusCredentials, load_or_create_credentials
 from libs.common.natsserver import NatsServer
 
 SERVICES = ("rest", "scheduler", "launcher", "runtime", "monitor")
@@ -42,6 +43,7 @@ class Platform:
         self.logs = self.data / "logs"
         self.procs: dict[str, subprocess.Popen] = {}
         self.nats: NatsServer | None = None
+        self.nats_credentials: BusCredentials | None = None
         self.print = print_fn
         self._stopping = False
 
@@ -51,9 +53,20 @@ class Platform:
 
     def start(self) -> Connection:
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.data.chmod(0o700)  # the bus credentials, the admin token and the store are the platform's alone
         self.config = secure_data_dir(self.config, self.data, print_fn=self.print)
         port = int(self.config.nats_url.rsplit(":", 1)[-1])
-        self.nats = NatsServer(self.data / "nats", port=port, host=self.config.host, log_file=self.logs / "nats.log").start()
+        # Made at first start, reused on resume: NATS users and permissions (busauth).
+        self.nats_credentials = load_or_create_credentials(self.data / "nats-credentials.json")
+        self.nats = NatsServer(
+            self.data / "nats",
+            port=port,
+            host=self.config.host,
+            log_file=self.logs / "nats.log",
+            auth=self.nats_credentials,
+            config_file=self.data / "nats-server.conf",
+        ).start()
+        self.nats.bootstrap()  # the stream and buckets, which no service may create
         for name in SERVICES:
             self._spawn(name)
         for name in SERVICES:
@@ -65,9 +78,11 @@ class Platform:
         path.chmod(0o600)
         return conn
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, name: str) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.config.to_env())
+        assert self.nats_credentials is not None
+        env.update(self.nats_credentials.env_for(name))  # its own NATS user, no other's
         env["PAI_DATA_DIR"] = str(self.data)
         env.pop("PAI_CONFIG", None)
         env["PYTHONUNBUFFERED"] = "1"
@@ -77,7 +92,7 @@ class Platform:
         log = open(self.logs / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", f"services.{name}"],
-            env=self._env(),
+            env=self._env(name),
             stdout=log,
             stderr=log,
             cwd=Path(__file__).resolve().parents[1],

@@ -185,6 +185,8 @@ def permissions(user: str) -> Permissions:
     if access.admin:
         return Permissions(publish=(">",), subscribe=(">",))
     publish: list[str] = [kind_filter(kind) for kind in access.publishes]
+    if access.publishes:
+        publish.append(_api("STREAM.INFO", STREAM))  # waits for the stream at start
     subscribe: list[str] = [f"{inbox_prefix(user)}.>"]
     if access.durable is not None:
         publish += _consuming(access.durable)
