@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,21 @@ async def written(path: Path, timeout: float = 20.0) -> str:
             return path.read_text().strip()
         await asyncio.sleep(0.05)
     raise AssertionError(f"{path} was not written in {timeout:.0f}s")
+
+
+@pytest.fixture(autouse=True)
+def tmp_path_open_to_tasks(request: pytest.FixtureRequest) -> None:
+    """Tasks run as users of their own when the platform runs as root: a test
+    that exchanges files with its tasks through tmp_path must let them in
+    (write to it, and pass through the directories above it)."""
+    if os.geteuid() != 0 or "tmp_path" not in request.fixturenames:
+        return
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    tmp_path.chmod(0o1777)
+    for parent in tmp_path.parents:
+        if parent == Path("/") or parent == Path(tempfile.gettempdir()):
+            break
+        parent.chmod(parent.stat().st_mode | 0o011)
 
 
 @pytest.fixture(scope="session")
