@@ -18,6 +18,8 @@ the framework controller sees them deleted externally), so PAI defines
 
 from __future__ import annotations
 
+import msgspec
+
 from libs.common.messages import ExitSpec, Reaction
 
 SUCCEEDED_EXIT_CODE = 0
@@ -25,6 +27,7 @@ STOP_EXIT_CODE = -210
 ATTEMPT_COMPLETION_EXIT_CODE = -220
 PREEMPTED_EXIT_CODE = -240
 PORTS_EXHAUSTED_EXIT_CODE = -250
+DEAD_LETTERED_EXIT_CODE = -260
 # A task the launcher recorded as running but the backend no longer knows after
 # a restart; the same code as OpenPAI's PodNodeLost, with platform reason "Lost".
 LOST_EXIT_CODE = -1001
@@ -144,6 +147,44 @@ UNDEFINED_POSITIVE = ExitSpec(
     reaction=Reaction.RETRY_TO_MAX,
     reason="The task ended with an exit code above 255, which no process can return by itself.",
 )
+
+def dead_lettered(consumer: str, event_kind: str, reason: str) -> ExitSpec:
+    """A PAI service could not handle one of this job's events, on every try, and
+    gave up on it (a poison message) so that other jobs go on."""
+    return ExitSpec(
+        code=DEAD_LETTERED_EXIT_CODE,
+        phrase="PlatformGaveUpOnEvent",
+        issuer="PAI_FC",
+        causer="PAI_FC",
+        type="PLATFORM_FAILURE",
+        stage="UNKNOWN",
+        behavior="PERMANENT",
+        reaction=Reaction.NEVER_RETRY,
+        reason=f"The {consumer} service failed on this job's {event_kind} event on every try and gave up on it: {reason}",
+        solution=[
+            "Contact the cluster admin: the failure is PAI's, and an alert was raised",
+            "Submitting the job again under another name may work once the cause is fixed",
+        ],
+    )
+
+
+def platform_retries_exhausted(spec: ExitSpec, *, retries: int) -> ExitSpec:
+    """The failure that the job kept meeting, once PAI stopped retrying it: same
+    code and phrase, so a person sees what failed, and a reason saying why the
+    job ended although the failure is one PAI normally retries."""
+    return msgspec.structs.replace(
+        spec,
+        reaction=Reaction.NEVER_RETRY,
+        reason=(
+            f"{spec.reason} PAI retried this job {retries} times for failures that do not use its "
+            f"jobRetryCount (the platform's limit), and stops here."
+        ).strip(),
+        solution=[
+            *spec.solution,
+            "Look at why each attempt failed (job attempts, task logs) before submitting again",
+        ],
+    )
+
 
 # Every fixed spec by code: what `spec_for(code)` answers when no rule names the
 # code (the two that carry who and why, stop and preemption, are built per event).

@@ -125,6 +125,8 @@ class AttemptEnding(msgspec.Struct, frozen=True, kw_only=True):
     triggerTaskRoleName: str | None = None
     triggerTaskIndex: int | None = None
     retryCounted: bool = False
+    # A retry jobRetryCount does not count (it uses the platform's retry cap).
+    platformRetry: bool = False
     backoffSeconds: float | None = None
     preemptedBy: str | None = None
     cause: str = ""  # id of the event that decided it
@@ -176,6 +178,9 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int = 1  # current attempt number, from 1
     retries: int = 0  # retries counted against jobRetryCount
     backoffRetries: int = 0  # ALWAYS_BACKOFF_RETRY retries so far (delay grows)
+    # Retries jobRetryCount does not count (ALWAYS_RETRY, ALWAYS_BACKOFF_RETRY);
+    # capped by the launcher's MAX_PLATFORM_RETRIES.
+    platformRetries: int = 0
     attempts: list[AttemptRecord] = []  # oldest first; the last is the current one
     # How the last ended attempt ended (so while a retry waits, why it retries).
     appExitCode: int | None = None

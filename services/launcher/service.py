@@ -24,7 +24,14 @@ from libs.common.bus import load_all
 from libs.common.config import Config, load_config
 from libs.common.errors import NotFound, PaiError
 from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest, MAX_REPLY_BYTES
-from libs.common.messages import JobPlaced, JobSubmitted, PreemptRequested, StopRequested, TaskVerdict
+from libs.common.messages import (
+    EventDeadLettered,
+    JobPlaced,
+    JobSubmitted,
+    PreemptRequested,
+    StopRequested,
+    TaskVerdict,
+)
 from libs.common.protocol.masking import scrub_bytes, scrub_text
 from libs.common.protocol.render import render_secrets
 from libs.common.records import JobRecord, encode_job_record
@@ -47,8 +54,11 @@ from services.launcher.core import (
 
 log = logging.getLogger("pai.launcher")
 
-CONSUMED_KINDS = [Kind.JOB_SUBMITTED, Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_STOP_REQUESTED, Kind.TASK_VERDICT]
-CONSUMED_TYPES = (JobSubmitted, JobPlaced, PreemptRequested, StopRequested, TaskVerdict)
+CONSUMED_KINDS = [
+    Kind.JOB_SUBMITTED, Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_STOP_REQUESTED, Kind.TASK_VERDICT,
+    Kind.EVENT_DEAD_LETTERED,
+]
+CONSUMED_TYPES = (JobSubmitted, JobPlaced, PreemptRequested, StopRequested, TaskVerdict, EventDeadLettered)
 
 
 def make_backend(config: Config) -> Backend:

@@ -60,6 +60,16 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     id: str = ""
 
 
+class DeadLettered(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """A service gave up on one of the job's events (see libs.common.bus)."""
+
+    job: str
+    consumer: str
+    eventKind: str
+    reason: str
+    id: str = ""
+
+
 class BackoffElapsed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     job: str
     attempt: int
@@ -71,6 +81,7 @@ LauncherEvent = Union[
     PreemptRequested,
     StopRequested,
     Verdict,
+    DeadLettered,
     BackoffElapsed,
     TaskRunning,
     TaskFinished,
@@ -88,6 +99,8 @@ def from_message(message: messages.Event) -> LauncherEvent | None:
             return PreemptRequested(job=message.job, attempt=attempt, by=by, reason=reason, id=message.id)
         case messages.StopRequested(by=by):
             return StopRequested(job=message.job, by=by, id=message.id)
+        case messages.EventDeadLettered(consumer=consumer, eventKind=kind, reason=reason) if message.job:
+            return DeadLettered(job=message.job, consumer=consumer, eventKind=kind, reason=reason, id=message.id)
         case messages.TaskVerdict():
             key = TaskKey(
                 job=message.job,

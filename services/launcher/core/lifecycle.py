@@ -49,6 +49,7 @@ from services.launcher.core.actions import Action, ForgetTask, KillTask, Publish
 from services.launcher.core.env import peers_env
 from services.launcher.core.events import (
     BackoffElapsed,
+    DeadLettered,
     LauncherEvent,
     Placed,
     PreemptRequested,
@@ -231,6 +232,8 @@ class LauncherCore:
                 self._on_preempt(event)
             case BackoffElapsed():
                 self._on_backoff_elapsed(event)
+            case DeadLettered():
+                self._on_dead_lettered(event)
             case _:
                 raise TypeError(f"not a launcher event: {event!r}")
 
@@ -601,7 +604,14 @@ class LauncherCore:
     ) -> JobRecord:
         """The attempt failed: fail the job, or retry it as its exit spec's reaction says."""
         reaction = spec.reaction if spec is not None else messages.Reaction.RETRY_TO_MAX
-        decision = job_retry(reaction, retries=record.retries, job_retry_count=record.spec.jobRetryCount)
+        decision = job_retry(
+            reaction,
+            retries=record.retries,
+            job_retry_count=record.spec.jobRetryCount,
+            platform_retries=record.platformRetries,
+        )
+        if decision.exhausted and spec is not None:
+            spec = exits.platform_retries_exhausted(spec, retries=record.platformRetries)
         exit_text = describe_exit(exit_code, spec)
         backoff: float | None = None
         if not decision.retry:
@@ -624,6 +634,7 @@ class LauncherCore:
             triggerTaskRoleName=trigger[0],
             triggerTaskIndex=trigger[1],
             retryCounted=decision.counted,
+            platformRetry=decision.retry and not decision.counted,
             backoffSeconds=backoff,
             cause=cause,
         )
@@ -713,6 +724,7 @@ class LauncherCore:
             attempts=[*record.attempts, following],
             retries=record.retries + (1 if ending.retryCounted else 0),
             backoffRetries=record.backoffRetries + (1 if ending.backoffSeconds is not None else 0),
+            platformRetries=record.platformRetries + (1 if ending.platformRetry else 0),
             launchedTime=None,
         )
         return self._move(record, JobState.WAITING, why=ending.reason, cause=cause)
@@ -763,6 +775,33 @@ class LauncherCore:
                 exitSpec=spec,
                 diagnostics=[spec.reason],
                 preemptedBy=event.by,
+                cause=event.id,
+            ),
+            cause=event.id,
+        )
+
+    def _on_dead_lettered(self, event: DeadLettered) -> None:
+        """End the job FAILED (killing what runs): the platform cannot carry it on.
+
+        A job the launcher never recorded (its own submission was the event it
+        gave up on) has no record to fail; the monitor's alert names it.
+        """
+        record = self._jobs.get(event.job)
+        if record is None or record.state not in ACTIVE_STATES:
+            return
+        ending = record.current.ending
+        if ending is not None and ending.outcome != EndOutcome.RETRY:
+            return  # already ending as it should
+        spec = exits.dead_lettered(event.consumer, event.eventKind, event.reason)
+        self._begin_ending(
+            record,
+            AttemptEnding(
+                outcome=EndOutcome.FAILED,
+                decidedTime=self._now(),
+                reason=f"failed: {spec.reason}",
+                exitCode=spec.code,
+                exitSpec=spec,
+                diagnostics=[event.reason],
                 cause=event.id,
             ),
             cause=event.id,

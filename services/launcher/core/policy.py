@@ -22,6 +22,13 @@ Retry of a failed attempt, by the trigger task's exit spec reaction:
 - ALWAYS_BACKOFF_RETRY: a new attempt after a delay growing with each such retry
   (`base * 2**n`, capped), not counted.
 
+Not counted is not unbounded: a job gets at most `MAX_PLATFORM_RETRIES`
+retries that jobRetryCount does not count (a task that SIGKILLs itself, exit
+137, would otherwise retry forever); past the first
+`PLATFORM_RETRIES_BEFORE_BACKOFF` of them an ALWAYS_RETRY waits like an
+ALWAYS_BACKOFF_RETRY; at the cap the job FAILS, its exit spec saying why.
+Preemptions are not failures and do not use this budget.
+
 Retry of a task alone (`gangAllocation: false` only, before any of the above):
 while the task's `retries < taskRetryCount` and the reaction is not NEVER_RETRY,
 the task gets a new task attempt on its placement; every such retry is counted,
@@ -93,18 +100,26 @@ def attempt_completion(spec: JobSpec, tasks: Sequence[TaskRecord], trigger: Task
     return None
 
 
+MAX_PLATFORM_RETRIES = 10
+PLATFORM_RETRIES_BEFORE_BACKOFF = 3
+
+
 class JobRetry(msgspec.Struct, frozen=True, kw_only=True):
     retry: bool
     counted: bool = False
     backoff: bool = False
+    # No retry because the job used up MAX_PLATFORM_RETRIES.
+    exhausted: bool = False
 
 
-def job_retry(reaction: Reaction, *, retries: int, job_retry_count: int) -> JobRetry:
+def job_retry(reaction: Reaction, *, retries: int, job_retry_count: int, platform_retries: int = 0) -> JobRetry:
     match reaction:
         case Reaction.NEVER_RETRY:
             return JobRetry(retry=False)
+        case Reaction.ALWAYS_RETRY | Reaction.ALWAYS_BACKOFF_RETRY if platform_retries >= MAX_PLATFORM_RETRIES:
+            return JobRetry(retry=False, exhausted=True)
         case Reaction.ALWAYS_RETRY:
-            return JobRetry(retry=True)
+            return JobRetry(retry=True, backoff=platform_retries >= PLATFORM_RETRIES_BEFORE_BACKOFF)
         case Reaction.ALWAYS_BACKOFF_RETRY:
             return JobRetry(retry=True, backoff=True)
         case _:  # RETRY_TO_MAX

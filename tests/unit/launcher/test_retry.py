@@ -177,3 +177,36 @@ def test_a_task_retry_reuses_the_placement_and_ports_with_a_new_task_attempt() -
     driver.finish("worker", 0, 0)
     driver.finish("worker", 1, 0)
     assert driver.state == JobState.SUCCEEDED
+
+
+def test_a_failure_retried_without_counting_is_retried_at_most_the_platform_limit_then_fails_saying_why():
+    """A task that SIGKILLs itself (ALWAYS_RETRY) is not retried forever: after
+    MAX_PLATFORM_RETRIES uncounted retries, backing off past the first few, the
+    job fails with the failure's own code and a reason naming the limit."""
+    from services.launcher.core.policy import MAX_PLATFORM_RETRIES, PLATFORM_RETRIES_BEFORE_BACKOFF
+
+    driver = Driver(job_spec(job_retry_count=0))
+    driver.submit()
+    fail_attempts(driver, R.ALWAYS_RETRY, MAX_PLATFORM_RETRIES)
+    record = driver.record
+    assert (record.state, record.attempt, record.platformRetries) == (JobState.WAITING, MAX_PLATFORM_RETRIES + 1, MAX_PLATFORM_RETRIES)
+    # The first few come at once, the rest after a growing delay.
+    assert record.backoffRetries == MAX_PLATFORM_RETRIES - PLATFORM_RETRIES_BEFORE_BACKOFF
+
+    fail_attempts(driver, R.ALWAYS_RETRY, 1)
+    record = driver.record
+    assert record.state == JobState.FAILED and record.attempt == MAX_PLATFORM_RETRIES + 1
+    assert record.appExitSpec is not None and record.appExitSpec.reaction == R.NEVER_RETRY
+    assert f"retried this job {MAX_PLATFORM_RETRIES} times" in record.appExitSpec.reason
+
+
+def test_preemptions_do_not_use_the_platform_retry_limit():
+    from services.launcher.core.policy import MAX_PLATFORM_RETRIES
+
+    driver = Driver(job_spec())
+    driver.submit()
+    for _ in range(MAX_PLATFORM_RETRIES + 2):
+        driver.place()
+        driver.running()
+        driver.confirm_kills(driver.preempt())
+    assert driver.record.state == JobState.WAITING and driver.record.platformRetries == 0

@@ -120,3 +120,28 @@ def test_kills_carry_the_configured_grace_period() -> None:
     driver.start()
     [kill] = [a for a in driver.stop() if type(a).__name__ == "KillTask"]
     assert kill.grace_seconds == 5.0
+
+
+def test_an_event_the_platform_gave_up_on_fails_the_job_and_kills_its_tasks():
+    """A poison message of this job (dead-lettered by a service) ends it FAILED with
+    an exit spec saying which service gave up and why, never retried."""
+    from libs.common import exitspecs
+    from services.launcher.core.events import DeadLettered
+
+    driver = Driver(job_spec(role("worker", 2), job_retry_count=3))
+    driver.start()
+    decided = driver.handle(
+        DeadLettered(job=driver.record.job, consumer="runtime", eventKind="task.exited", reason="RuntimeError: boom",
+                     id="alice~train/x/dead-lettered/runtime")
+    )
+    assert sorted(killed(decided)) == sorted([driver.key("worker", 0), driver.key("worker", 1)])
+    driver.confirm_kills(decided)
+    record = driver.record
+    assert record.state == JobState.FAILED and record.attempt == 1
+    assert record.appExitCode == exitspecs.DEAD_LETTERED_EXIT_CODE
+    assert "runtime" in record.appExitSpec.reason and "RuntimeError: boom" in record.appExitSpec.reason
+    # A second announcement (redelivery) changes nothing.
+    assert driver.handle(
+        DeadLettered(job=driver.record.job, consumer="runtime", eventKind="task.exited", reason="RuntimeError: boom",
+                     id="alice~train/x/dead-lettered/runtime")
+    ) == []
