@@ -327,7 +327,7 @@ def test_nats_keeps_jetstream_files_on_a_persistent_volume(manifests: list[dict]
     (sts,) = find(manifests, "StatefulSet")
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     mounts = {m["name"]: m["mountPath"] for m in container(sts)["volumeMounts"]}
-    conf = one(manifests, "ConfigMap", f"{RELEASE}-nats")["data"]["nats.conf"]
+    conf = one(manifests, "Secret", f"{RELEASE}-nats")["stringData"]["nats.conf"]
     store_dir = re.search(r"store_dir:\s*(\S+)", conf).group(1)
     assert store_dir.startswith(mounts[claim["metadata"]["name"]] + "/")
     assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
@@ -337,12 +337,29 @@ def test_nats_keeps_jetstream_files_on_a_persistent_volume(manifests: list[dict]
 
 def test_rendered_nats_config_is_accepted_by_nats_server(manifests: list[dict], tmp_path: Path) -> None:
     conf = tmp_path / "nats.conf"
-    conf.write_text(one(manifests, "ConfigMap", f"{RELEASE}-nats")["data"]["nats.conf"])
+    conf.write_text(one(manifests, "Secret", f"{RELEASE}-nats")["stringData"]["nats.conf"])
     done = subprocess.run(
         [nats_server_binary(), "--config", str(conf), "-t"],
         capture_output=True, text=True, timeout=30, env={"POD_NAME": f"{RELEASE}-nats-0"},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_each_service_logs_in_to_nats_as_itself_from_a_secret(manifests: list[dict]) -> None:
+    """The bus is authenticated (libs/common/busauth.py): no anonymous user, each
+    service's password from its own key of the credentials Secret, hashed in nats.conf."""
+    from libs.common import busauth
+
+    credentials = one(manifests, "Secret", f"{RELEASE}-bus-credentials")
+    assert set(credentials["data"]) == set(busauth.ACCESS)
+    for service in SERVICES:
+        env = {e["name"]: e for e in container(deployment(manifests, service))["env"]}
+        assert env["PAI_NATS_USER"]["value"] == service
+        assert env["PAI_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": f"{RELEASE}-bus-credentials", "key": service}
+    conf = one(manifests, "Secret", f"{RELEASE}-nats")["stringData"]["nats.conf"]
+    for user in busauth.ACCESS:
+        assert f'"user": "{user}", "password": "$2a$' in conf
+    assert "no_auth_user" not in conf
 
 
 def test_external_nats_replaces_the_bundled_one(tools: KubeTools) -> None:
@@ -669,7 +686,7 @@ def test_kubectl_creates_every_rendered_object_through_the_api(tools: KubeTools,
         created = {(resource.plural, namespace, name) for resource, namespace, name in emulator.objects.keys()}
     plural = {"Deployment": "deployments", "StatefulSet": "statefulsets", "Service": "services",
               "ConfigMap": "configmaps", "ServiceAccount": "serviceaccounts", "Role": "roles",
-              "RoleBinding": "rolebindings"}  # fmt: skip
+              "RoleBinding": "rolebindings", "Secret": "secrets", "Job": "jobs"}  # fmt: skip
     assert created == {(plural[d["kind"]], NAMESPACE, d["metadata"]["name"]) for d in docs}
 
 
