@@ -54,10 +54,12 @@ class Platform:
     def start(self) -> Connection:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.data.chmod(0o700)  # the bus credentials, the admin token and the store are the platform's alone
-        self.config = secure_data_dir(self.config, self.data, print_fn=self.print)
         port = int(self.config.nats_url.rsplit(":", 1)[-1])
         # Made at first start, reused on resume: NATS users and permissions (busauth).
         self.nats_credentials = load_or_create_credentials(self.data / "nats-credentials.json")
+        # After the credentials (which make the data dir 0700): the data dir
+        # ends traverse-only, everything in it private (see secure_data_dir).
+        self.config = secure_data_dir(self.config, self.data, print_fn=self.print)
         self.nats = NatsServer(
             self.data / "nats",
             port=port,
@@ -67,6 +69,7 @@ class Platform:
             config_file=self.data / "nats-server.conf",
         ).start()
         self.nats.bootstrap()  # the stream and buckets, which no service may create
+        self.data.chmod(0o711)  # writing the server config made it 0700: tasks pass through to their work dirs
         for name in SERVICES:
             self._spawn(name)
         for name in SERVICES:
@@ -146,6 +149,7 @@ class Platform:
         if self.nats is not None and self.nats.proc is not None and self.nats.proc.poll() is not None and not self._stopping:
             self.print(f"[yellow]nats-server exited with code {self.nats.proc.returncode}; starting it again[/]")
             self.nats.start()  # same store and port: JetStream recovers its streams
+            self.data.chmod(0o711)  # as at start: writing the server config made it 0700
             restarted.append("nats")
         for name, proc in list(self.procs.items()):
             if proc.poll() is not None and not self._stopping:
