@@ -6,10 +6,11 @@ JOB_UID_COUNT)`, with the primary group of the configured task user (`task_user`
 `pai up` creates `pai-task` when it is missing, else `nobody` is used), and no
 other group. A uid of its own means a job's files (its working directories are
 0700) are out of every other job's reach; a numeric uid needs no passwd entry.
-The range, 1879048192 to 1946157055, lies above the ranges systemd hands out
-(to 0x6FFFFFFF) and is reserved for PAI on a machine that runs it. Two jobs
-may draw the same uid (for 1,000 jobs alive at once, about one chance in
-135,000); they could then read each other's working directories.
+The range, 0x70000000 to 0x7FFFFFFF (1879048192 to 2147483647), lies above
+the ranges systemd hands out (to 0x6FFFFFFF), below 2^31 (which some tools
+read as signed), and is reserved for PAI on a machine that runs it. Two jobs
+may draw the same uid, and could then read each other's working directories
+(kept after a job ends): for 1,000 jobs, about one chance in 500.
 
 When PAI does not run as root it cannot switch users: tasks run as the
 platform's own user, and the data directory's modes are then no barrier to
@@ -25,7 +26,7 @@ import pwd
 import msgspec
 
 JOB_UID_BASE = 0x70000000
-JOB_UID_COUNT = 1 << 26
+JOB_UID_COUNT = 1 << 28
 DEFAULT_TASK_USER = "nobody"
 
 
