@@ -45,6 +45,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     kube_namespace: str = "default"
     kube_api_url: str = ""  # empty: in-cluster config or kubeconfig
     log_level: str = "INFO"
+    # Which replica this process is, for the single-active services' lease: a
+    # process restarted as the same replica takes its own lease back at once, a
+    # standby (another replica) waits until the lease expires. Empty: the host
+    # name (one replica per host, one per pod on Kubernetes).
+    replica: str = ""
     # --- security (issue: a platform safe to share) ---
     # NATS credentials of this process (each service has its own user; see
     # libs/common/busauth.py). Empty: connect without credentials.

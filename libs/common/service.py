@@ -118,7 +118,7 @@ async def hold_leadership(ctx: ServiceContext) -> None:
     process: two active schedulers or launchers must never run at once.
     """
     kv = await ctx.bus.kv(Bucket.LEASES)
-    me = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+    me = f"{ctx.config.replica or socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
     revision = None
     while revision is None:
         revision = await _try_take(kv, ctx.name, me)
@@ -148,9 +148,9 @@ async def _try_take(kv, key: str, me: str) -> int | None:
         pass
     entry = await kv.get(key)
     current = msgspec.json.decode(entry.value, type=_Lease) if entry.value else None
-    # The lease is free when it expired, or when its holder ran on this host:
-    # a host runs one replica of a single-active service (one pod in
-    # Kubernetes, one `pai up`), and it is restarted only after it died.
+    # The lease is free when it expired, or when its holder was this same
+    # replica (Config.replica: the host name unless set): a replica is started
+    # again only after it died, so its old holder is gone.
     if current is None or current.expires < time.time() or current.holder.split("/")[0] == me.split("/")[0]:
         try:
             return await kv.update(key, value, last=entry.revision)
