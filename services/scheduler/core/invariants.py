@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.scheduler.core.cells import FREE, INSIDE, SPLIT, TAKEN, leaf_counts
 from services.scheduler.core.jobs import JobRecord
+from services.scheduler.core.lifecycle import check_state
 from services.scheduler.core.queues import Queues
 from services.scheduler.core.state import ClusterState, _holds
 
@@ -123,6 +124,11 @@ def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], queues: Qu
     _require(len({id(job) for job in queue}) == len(queue), "a job is queued twice")
     for job in queue:
         _require(jobs.get(job.id) is job and job.waiting, f"{job} is queued but not waiting")
-    for job in jobs.values():
+    queued = {id(job) for job in queue}
+    for key, job in jobs.items():
         if job.waiting and not job.preempting:
             _require(job in queue, f"{job} waits but is not queued")
+        _require(job.id == key, f"{job} is recorded as {key}")
+        # Each state's promises (lifecycle.py): e.g. a PLACED attempt holds cells, a QUEUED one none.
+        problem = check_state(job, id(job) in queued)
+        _require(problem is None, f"{job} in state {job.state.value} {problem}")

@@ -7,15 +7,26 @@ from typing import TYPE_CHECKING
 from libs.common.messages import TaskPlacement
 from libs.common.protocol.model import OPPORTUNISTIC_PRIORITY, JobSpec
 from services.scheduler.core.demand import GroupDemand, TaskDemand, affinity_groups
+from services.scheduler.core.lifecycle import BEING_PREEMPTED_STATES, CANCELLED_STATES, AttemptState
 
 if TYPE_CHECKING:
     from services.scheduler.core.cells import Cell
 
 
 class JobRecord:
+    """One attempt. Its lifecycle is `state` (see lifecycle.py), changed only by `lifecycle.move()`.
+
+    The other marks are not lifecycle and stay plain fields: `opportunistic` is the job's
+    class (a lazy downgrade or a restore may change it, whatever the state); `fresh`,
+    `blocking`, `behind`, `failed_epoch` and `seen_epoch` are the queue policy's notes;
+    `restored` says where the attempt came from; `sent`, `wait_given` and `reason_given`
+    record what was announced to the shell; `placed`, `reserved` and `victims` are the
+    cells and jobs the state is about.
+    """
+
     __slots__ = (
         "id", "attempt", "spec", "vc", "priority", "opportunistic", "lazy", "seq", "queued_at", "groups",
-        "placed", "pending_groups", "preempting", "victims", "reserved", "cancelled", "reason_key",
+        "placed", "pending_groups", "state", "history", "victims", "reserved", "reason_key",
         "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "seen_epoch", "behind", "fresh", "failed_epoch", "blocking", "reason_text",
         "submitted_at", "sent", "wait_given", "reason_given",
     )
@@ -35,10 +46,10 @@ class JobRecord:
         self.groups: list[GroupDemand] = affinity_groups(spec)
         self.placed: dict[tuple[str, int], list[Cell]] = {}  # (role, index) -> leaves
         self.pending_groups: list[GroupDemand] = list(self.groups)
-        self.preempting = False  # a Preempt was sent; its cells are on their way to another job
+        self.state = AttemptState.QUEUED
+        self.history: list[tuple[AttemptState, str]] = [(AttemptState.QUEUED, "queued")]
         self.victims: set[str] = set()  # attempts preempted for this one, not yet released
         self.reserved: list[tuple[GroupDemand, list[TaskDemand], list[list[Cell]]]] = []
-        self.cancelled = False
         self.reason_key: tuple | None = None
         # Builds the reason text for a given number of jobs ahead in the queue (counts are read when called).
         self.reason_text = None
@@ -65,6 +76,15 @@ class JobRecord:
     def key(self) -> tuple[int, int]:
         """Queue order: higher priority first, then arrival."""
         return (-self.priority, self.seq)
+
+    @property
+    def preempting(self) -> bool:
+        """A Preempt was given: its cells are on their way to another job."""
+        return self.state in BEING_PREEMPTED_STATES
+
+    @property
+    def cancelled(self) -> bool:
+        return self.state in CANCELLED_STATES
 
     @property
     def waiting(self) -> bool:

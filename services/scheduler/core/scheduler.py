@@ -56,6 +56,7 @@ from services.scheduler.core.events import (
 )
 from services.scheduler.core.invariants import check_invariants
 from services.scheduler.core.jobs import JobRecord
+from services.scheduler.core.lifecycle import CANCELLED_FROM, PREEMPTED_FROM, AttemptState, move, waiting_state
 from services.scheduler.core.planner import Plan, plan_guaranteed, plan_opportunistic
 from services.scheduler.core.preemption import plan_with_victims
 from services.scheduler.core.queues import Queues
@@ -208,7 +209,7 @@ class SchedulerCore:
         if existing is not None:
             if existing.attempt >= event.attempt or existing.holds_cells or existing.victims:
                 return  # a redelivery, or an attempt the launcher has not released yet
-            self._drop(existing)
+            self._drop(existing, f"attempt {event.attempt} submitted")
         record = self._new_record(event.job, event.attempt, event.spec, submitted_at=event.at)
         self._jobs[event.job] = record
         self._enqueue(record)
@@ -217,8 +218,9 @@ class SchedulerCore:
         record = self._jobs.get(event.job)
         if record is None or record.attempt != event.attempt:
             return
-        self._drop(record)
-        if event.requeue and not record.cancelled:
+        cancelled = record.cancelled
+        self._drop(record, "released, requeued" if event.requeue and not cancelled else "released")
+        if event.requeue and not cancelled:
             again = self._new_record(record.id, record.attempt + 1, record.spec, seq=record.seq,
                                      submitted_at=record.submitted_at)
             self._jobs[record.id] = again
@@ -229,11 +231,14 @@ class SchedulerCore:
         if record is None:
             return
         if record.holds_cells:
-            record.cancelled = True  # the launcher stops it and sends Release
+            # The launcher stops it and sends Release.
+            cancelled = CANCELLED_FROM.get(record.state, AttemptState.CANCELLED)
+            if record.state is not cancelled:
+                move(record, cancelled, "cancelled")
             self._drop_reservations(record)
             self._dequeue(record)
             return
-        self._drop(record)
+        self._drop(record, "cancelled")
 
     def _node_health(self, event: NodeHealth) -> None:
         node = self._state.tree.nodes.get(event.node)
@@ -245,7 +250,7 @@ class SchedulerCore:
         self._holding.setdefault(record.vc, {})[record] = None
         record.held_skus = frozenset(leaves[0].sku for leaves in record.placed.values())
 
-    def _drop(self, record: JobRecord) -> None:
+    def _drop(self, record: JobRecord, why: str) -> None:
         """Forget an attempt: free its cells and reservations, leave the queue."""
         state = self._state
         units = []
@@ -269,6 +274,7 @@ class SchedulerCore:
         for victim in record.victims:
             self._preemptor_of.pop(victim, None)
         record.victims = set()
+        move(record, AttemptState.RELEASED, why)
 
     def _drop_reservations(self, record: JobRecord) -> None:
         state = self._state
@@ -292,7 +298,7 @@ class SchedulerCore:
             self.restore_warnings.append(f"{event.job}: Restore after other events; applied anyway")
         existing = self._jobs.get(event.job)
         if existing is not None:
-            self._drop(existing)
+            self._drop(existing, f"attempt {event.attempt} restored")
         record = self._new_record(event.job, event.attempt, event.spec)
         record.restored = True
         self._jobs[event.job] = record
@@ -303,7 +309,10 @@ class SchedulerCore:
         if record.pending_groups:
             self._enqueue(record)
         if not record.placed and not record.pending_groups:
+            move(record, AttemptState.RELEASED, "restored with nothing left to run")
             del self._jobs[event.job]
+        else:
+            self._settle(record, "restored")
 
     # --- scheduling pass --------------------------------------------------------------------
 
@@ -542,6 +551,25 @@ class SchedulerCore:
             record.reason_key = None
             self._stop_blocking(record)
             self._dequeue(record)
+        self._settle(record, None)
+
+    @staticmethod
+    def _settle(record: JobRecord, why: str | None) -> None:
+        """Move a waiting or placed attempt to the state its cells, reservations and victims make it."""
+        state = waiting_state(record)
+        if state is record.state:
+            return
+        if why is None:
+            match state:
+                case AttemptState.PREEMPTING:
+                    why = "preempting " + ", ".join(sorted(record.victims)) if record.victims else "reserved cells"
+                case AttemptState.PLACED:
+                    why = "every task placed"
+                case AttemptState.PARTLY_PLACED:
+                    why = "some tasks placed, more to place"
+                case _:
+                    why = "reserved cells lost"
+        move(record, state, why)
 
     def _fail(self, record: JobRecord, group: GroupDemand, tasks: list[TaskDemand], decisions: list[Decision]) -> None:
         record.failed_epoch = self._state.epoch
@@ -685,7 +713,8 @@ class SchedulerCore:
             why = f"opportunistic job preempted: VC {by.vc} needs these cells for guaranteed job {by.id}"
         else:
             why = f"preempted in VC {victim.vc} by job {by.id} of higher priority ({by.priority} > {victim.priority})"
-        self._state.refresh_job_leaves(victim, lambda: setattr(victim, "preempting", True))
+        state = PREEMPTED_FROM.get(victim.state, AttemptState.BEING_PREEMPTED)
+        self._state.refresh_job_leaves(victim, lambda: move(victim, state, f"preempted by {by.id}"))
         self._dequeue(victim)
         by.victims.add(victim.id)
         self._preemptor_of[victim.id] = by
