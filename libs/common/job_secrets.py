@@ -66,7 +66,9 @@ async def store(kv, key_file: str, job_key: str, secrets: dict, *, job_exists) -
     """
     blob = sealing.seal(public_key(key_file), msgspec.json.encode(secrets), aad=job_key.encode())
     try:
-        await kv.create(job_key, blob)
+        # Not kv.create: on a conflict it reads the entry back, and rest may
+        # not read this bucket (it only writes it).
+        await kv.update(job_key, blob, last=0)
     except nats.js.errors.KeyWrongLastSequenceError:
         if await job_exists():
             raise Conflict(f"job {job_key} already exists; job names are unique per user") from None
