@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
+from services.scheduler.cluster import load_cluster_config  # noqa: E402
 from services.scheduler.core import (  # noqa: E402
     Place,
     Preempt,
@@ -39,7 +40,6 @@ from services.scheduler.core import (  # noqa: E402
     SchedulerCore,
     Submit,
     Wait,
-    load_cluster_config,
 )
 
 DEFAULT_DATA = ROOT / ".." / "shared" / "data" / "traces" / "pai_machine_spec.csv"

@@ -18,8 +18,6 @@ Every problem found is reported at once, each naming its path.
 
 from __future__ import annotations
 
-import ipaddress
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,7 @@ from services.scheduler.cluster.model import (
     VirtualCluster,
 )
 from services.scheduler.cluster.quantities import parse_memory_mb
+from services.scheduler.core.buddy import shortfall
 
 _PC = "physicalCluster"
 
@@ -452,28 +451,6 @@ def free_cells_per_type(cell: PhysicalCell, pinned: set[str]) -> Counter:
     return total
 
 
-def shortfall(chain: str, cell_types: dict[str, CellType], free: Counter, demand: Counter) -> tuple[int, str] | None:
-    """(missing cells, of type) when the demand cannot be carved out of the free cells.
-
-    Buddy allocation takes a free cell of the asked type first and splits the
-    smallest bigger one only when there is none, so demand at each level is met
-    by free cells of that level, then by splitting cells one level up.
-    """
-    levels = []
-    current: str | None = chain
-    while current is not None:
-        levels.append(current)
-        current = cell_types[current].childCellType
-    carry = 0
-    for position in range(len(levels) - 1, -1, -1):
-        type_name = levels[position]
-        missing = max(0, demand[type_name] + carry - free[type_name])
-        if position == 0:
-            return (missing, type_name) if missing else None
-        carry = math.ceil(missing / cell_types[levels[position - 1]].childCellNumber)
-    return None
-
-
 def _check_capacity(cell_types: dict[str, CellType], cells: list[PhysicalCell],
                     vcs: dict[str, VirtualCluster], errors: list[str]) -> None:
     pinned = {pin for vc in vcs.values() for pin in vc.pinnedCells}
@@ -534,12 +511,3 @@ def local_cluster_config(*, node: str = "local", gpus: int, cpus: int, memory_mb
         "physicalCluster": {"skuTypes": sku, "cellTypes": cell_types, "physicalCells": physical},
         "virtualClusters": {"default": {"virtualCells": [{"cellType": top, "cellNumber": 1}]}},
     })
-
-
-def host_ip(node: str) -> str:
-    """The address tasks use to reach a node: the node name when it is an IP, else loopback."""
-    try:
-        ipaddress.ip_address(node)
-    except ValueError:
-        return "127.0.0.1"
-    return node

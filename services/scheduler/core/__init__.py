@@ -1,6 +1,6 @@
 """The HiveD-style cell scheduler core: pure, synchronous, deterministic (no I/O, injected clock).
 
-    core = SchedulerCore(load_cluster_config(path), clock=clock)
+    core = SchedulerCore(config, clock=clock)  # config: services.scheduler.cluster.load_cluster_config(path)
     core.handle(Restore(...), ...)           # at start-up: attempts already running
     decisions = core.handle(Submit(...))     # -> [Place | Preempt | Wait, ...]
     core.waiting_reason(job)                 # why a job waits, with current counts
@@ -8,10 +8,12 @@
     core.restore_warnings                    # what Restore could not bring back exactly
 
 See `scheduler.py` for the policy (queues, anti-starvation, preemption) and
-`cells.py` for buddy allocation and VC safety.
+`cells.py` for buddy allocation and VC safety, `lifecycle.py` for the states of an
+attempt. The core reads a `ClusterConfig` but never the file: loading is
+`services.scheduler.cluster`'s job, and nothing here imports the loader or YAML.
 """
 
-from services.scheduler.cluster import ClusterConfig, ClusterConfigError, load_cluster_config, local_cluster_config
+from services.scheduler.cluster.model import ClusterConfig
 from services.scheduler.core.decisions import Decision, Place, Preempt, Wait
 from services.scheduler.core.events import (
     Cancel,
@@ -31,7 +33,6 @@ __all__ = [
     "GANG_PRIORITY_AFTER_S",
     "Cancel",
     "ClusterConfig",
-    "ClusterConfigError",
     "Decision",
     "NodeHealth",
     "NotSent",
@@ -47,6 +48,4 @@ __all__ = [
     "VcSkuStatus",
     "VcStatus",
     "Wait",
-    "load_cluster_config",
-    "local_cluster_config",
 ]

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from services.scheduler.cluster.loader import host_ip
 from services.scheduler.cluster.model import ClusterConfig, PhysicalCell
+from services.scheduler.core.buddy import host_ip
 
 if TYPE_CHECKING:
     from services.scheduler.core.jobs import JobRecord

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from services.scheduler.cluster.loader import shortfall
 from services.scheduler.cluster.model import ClusterConfig
+from services.scheduler.core.buddy import shortfall
 from services.scheduler.core.cells import FREE, INSIDE, TAKEN, Cell, CellTree, Chain, refresh_leaf
 from services.scheduler.core.jobs import JobRecord
 

@@ -8,6 +8,7 @@ import pytest
 
 from libs.common.messages import TaskPlacement
 from libs.common.protocol.model import PRIORITY_CLASSES, JobSpec, Resources, TaskRole
+from services.scheduler.cluster import load_cluster_config
 from services.scheduler.core import (
     Cancel,
     ClusterConfig,
@@ -21,7 +22,6 @@ from services.scheduler.core import (
     Submit,
     Tick,
     Wait,
-    load_cluster_config,
 )
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "clusters"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from services.scheduler.core import load_cluster_config
+from services.scheduler.cluster import load_cluster_config
 
 from .builders import FIXTURES, Harness, Place, only, preempted_jobs, spec
 

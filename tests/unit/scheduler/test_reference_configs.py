@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.core import load_cluster_config
+from services.scheduler.cluster import load_cluster_config
 
 from .builders import Harness, Place, only, quota_leaves, reference_hived
 from .test_config import REFERENCE_CONFIGS
