@@ -234,7 +234,7 @@ class LauncherShell:
         tail = req.tailBytes + margin if req.tailBytes is not None and values else req.tailBytes
         data = await self.backend.read_log(key, tail_bytes=tail)
         if values:
-            data = scrub_bytes(data, values)
+            data = _without_secret_start(scrub_bytes(data, values), values)
             if req.tailBytes is not None:
                 data = data[-req.tailBytes :] if req.tailBytes else b""
         return data[req.offset :] if req.offset else data
@@ -243,6 +243,20 @@ class LauncherShell:
         for task in list(self._background):
             task.cancel()
         await self.backend.close()
+
+
+def _without_secret_start(data: bytes, values: list[str]) -> bytes:
+    """`data` less a trailing beginning of a secret: a task still printing one
+    (or a log read mid-write) must not show its first characters; the whole
+    secret is masked once it is there (follow mode reads on from here)."""
+    cut = 0
+    for value in values:
+        raw = value.encode()
+        for length in range(min(len(raw) - 1, len(data)), cut, -1):
+            if data.endswith(raw[:length]):
+                cut = length
+                break
+    return data[: len(data) - cut] if cut else data
 
 
 async def body(ctx: ServiceContext) -> None:
