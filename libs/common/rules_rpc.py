@@ -6,100 +6,48 @@ group: exactly one replica answers each request. The replica that answers
 writes the rule set to the `pai_rules` bucket; every replica watches that
 bucket, so the next task exit is classified with the new rules everywhere.
 
-Rules travel as plain mappings in OpenPAI's exit-spec format (the entries of
-its `spec:` list), exactly as an admin writes them in a rule file.
+The messages and outcomes are in `libs.common.rules_messages` (no nats, so the
+runtime core can use them); they are re-exported here for the callers of the RPC.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import Any
-
 import msgspec
 import nats.errors
 
-from libs.common.errors import BadInput, Conflict, NotFound, PaiError, Transient
+from libs.common.errors import Transient
+from libs.common.rules_messages import (
+    REQUEST_TIMEOUT_SECONDS,
+    RULES_QUEUE,
+    RULES_SUBJECT,
+    NoSuchRule,
+    Outcome,
+    RuleAction,
+    RuleProblem,
+    RulesBusy,
+    RuleSource,
+    RulesReply,
+    RulesRequest,
+    StaleRules,
+    raise_for_outcome,
+)
 
-# Outside the event stream (pai.v1.>): JetStream would store a request and
-# answer it with a publish ack before the runtime could.
-RULES_SUBJECT = "pai.rpc.v1.rules"
-RULES_QUEUE = "runtime"
-# Validating and storing a rule set takes milliseconds; retries on a busy
-# bucket add a little. Past this the runtime is down or stuck.
-REQUEST_TIMEOUT_SECONDS = 10.0
-
-
-class RuleAction(StrEnum):
-    LIST = "list"
-    GET = "get"
-    ADD = "add"
-    CHANGE = "change"
-    DELETE = "delete"
-    RESET = "reset"  # back to the rule set PAI starts with
-
-
-class RulesRequest(msgspec.Struct, frozen=True, kw_only=True):
-    action: RuleAction
-    code: int | None = None  # get, change, delete: the rule concerned
-    rule: dict[str, Any] | None = None  # add, change: the rule as the admin wrote it
-    # add, change: where the rule goes (the first matching rule wins, so order
-    # matters). At most one of them; neither: a new rule goes before the
-    # catch-all rules, a changed rule keeps its place.
-    position: int | None = None  # 0-based index in the ordered list
-    before: int | None = None  # code of the rule it goes before
-    # Optimistic concurrency: apply the change only if the rule set is still
-    # at this revision (what the admin last saw). None: apply it to the latest.
-    revision: int | None = None
-    by: str = ""  # who asked; recorded with the rule set
-
-
-class Outcome(StrEnum):
-    OK = "ok"
-    INVALID = "invalid"  # the rule or the request is wrong: `problems` says where
-    NOT_FOUND = "not_found"  # no rule with that code
-    STALE = "stale"  # the rule set changed since `revision`
-    BUSY = "busy"  # others kept changing the rule set; try again
-    UNAVAILABLE = "unavailable"  # the runtime could not reach the rule store
-
-
-class RuleProblem(msgspec.Struct, frozen=True, kw_only=True):
-    path: str  # field path inside the submitted rule, e.g. "pattern.runtimeContainerPatterns[0].userLogRegex"
-    message: str
-
-
-class RuleSource(StrEnum):
-    DEFAULTS = "defaults"  # the rules PAI ships
-    FILE = "file"  # the runtime's configured rules file
-    ADMIN = "admin"  # changed at run time through the API
-
-
-class RulesReply(msgspec.Struct, frozen=True, kw_only=True):
-    outcome: Outcome
-    message: str = ""
-    problems: list[RuleProblem] = []
-    # list: every rule in order; get, add, change: the one rule concerned.
-    rules: list[dict[str, Any]] = []
-    position: int | None = None  # get, add, change: the rule's index in the ordered list
-    revision: int = 0  # of the rule set in the bucket; 0: never changed at run time
-    source: RuleSource = RuleSource.DEFAULTS
-    changedBy: str = ""
-    changedAt: float = 0.0
-
-
-class NoSuchRule(NotFound):
-    code = "NoRuleError"
-
-
-class StaleRules(PaiError):
-    """The admin's change was based on a rule set that has changed since."""
-
-    status = 412
-    code = "PreconditionFailed"
-
-
-class RulesBusy(Conflict):
-    code = "ConflictRuleError"
-
+__all__ = [
+    "REQUEST_TIMEOUT_SECONDS",
+    "RULES_QUEUE",
+    "RULES_SUBJECT",
+    "NoSuchRule",
+    "Outcome",
+    "RuleAction",
+    "RuleProblem",
+    "RuleSource",
+    "RulesBusy",
+    "RulesReply",
+    "RulesRequest",
+    "StaleRules",
+    "raise_for_outcome",
+    "request_rules",
+]
 
 _reply_decoder = msgspec.json.Decoder(RulesReply)
 
@@ -113,26 +61,3 @@ async def request_rules(bus, req: RulesRequest, *, timeout: float = REQUEST_TIME
     reply = _reply_decoder.decode(msg.data)
     raise_for_outcome(reply)
     return reply
-
-
-def raise_for_outcome(reply: RulesReply) -> None:
-    match reply.outcome:
-        case Outcome.OK:
-            return
-        case Outcome.INVALID:
-            raise BadInput(
-                reply.message,
-                details={
-                    "errors": [
-                        {"path": p.path, "rule": "invalid_rule", "message": p.message} for p in reply.problems
-                    ]
-                },
-            )
-        case Outcome.NOT_FOUND:
-            raise NoSuchRule(reply.message)
-        case Outcome.STALE:
-            raise StaleRules(reply.message)
-        case Outcome.BUSY:
-            raise RulesBusy(reply.message)
-        case Outcome.UNAVAILABLE:
-            raise Transient(reply.message)

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from libs.common.exitspecs import CATCH_ALL_CODES
-from libs.common.rules_rpc import NoSuchRule
+from libs.common.rules_messages import NoSuchRule
 from services.runtime.core.loading import load_rules
 from services.runtime.core.model import Rule
 from services.runtime.core.validation import RuleError, validate_rule

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from libs.common.rules_rpc import NoSuchRule, Outcome, RuleAction, RuleProblem, RuleSource, RulesReply, RulesRequest
+from libs.common.rules_messages import NoSuchRule, Outcome, RuleAction, RuleProblem, RuleSource, RulesReply, RulesRequest
 from services.runtime.core.edits import (
     add_rule,
     change_rule,

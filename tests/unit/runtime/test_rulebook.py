@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from libs.common.rules_rpc import Outcome, RuleAction, RuleSource, RulesReply, RulesRequest
+from libs.common.rules_messages import Outcome, RuleAction, RuleSource, RulesReply, RulesRequest
 from services.runtime.core import RuleBook, RuleSet, default_rules
 from services.runtime.core.edits import StoredRuleSet, to_stored
 from services.runtime.core.rulebook import Edit
