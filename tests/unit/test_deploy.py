@@ -220,7 +220,8 @@ def test_other_services_get_no_api_token(manifests: list[dict], service: str) ->
 def test_launcher_role_allows_exactly_job_pod_lifecycle_and_logs(manifests: list[dict]) -> None:
     (role,) = find(manifests, "Role")
     rules = {tuple(r["resources"]): sorted(r["verbs"]) for r in role["rules"]}
-    assert rules == {("pods",): sorted(["create", "get", "list", "watch", "delete", "patch"]), ("pods/log",): ["get"]}
+    assert rules == {("pods",): sorted(["create", "get", "list", "watch", "delete", "patch"]), ("pods/log",): ["get"],
+                     ("secrets",): ["create", "delete"]}  # a task's script with its secrets; never read back
     (binding,) = find(manifests, "RoleBinding")
     role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
     assert binding["roleRef"] == role_ref
