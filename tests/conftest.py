@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 
 import pytest
@@ -22,12 +24,21 @@ def shared_path(*parts: str) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def authenticated_nats_server(root: Path):
+    with NatsServer(root / "store", auth=load_or_create_credentials(root / "nats-credentials.json")) as srv:
+        srv.bootstrap()
+        yield srv
+
+
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory):
     """A real nats-server with JetStream, one per test session, on a free port, with
     PAI's users and permissions (as `pai up` runs it) and its store bootstrapped.
-    Tests connect with `Bus.connect(..., **nats_server.login(user))`."""
-    root = tmp_path_factory.mktemp("nats")
-    with NatsServer(root / "store", auth=load_or_create_credentials(root / "nats-credentials.json")) as srv:
-        srv.bootstrap()
+    Tests connect with `Bus.connect(..., **nats_server.login(user))`.
+
+    A test module that reads whole buckets or replays the whole stream (as a
+    service restoring its state does) overrides it with `own_nats_server`, so
+    what other modules left on the shared server cannot reach it."""
+    with authenticated_nats_server(tmp_path_factory.mktemp("nats")) as srv:
         yield srv

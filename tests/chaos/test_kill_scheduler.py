@@ -48,6 +48,7 @@ async def test_jobs_queued_while_the_scheduler_is_killed_each_run_once(platform,
     tag = uuid.uuid4().hex[:6]
     spans = tmp_path / "spans"
     spans.mkdir()
+    spans.chmod(0o1777)  # tasks run as their job's own uid and write here
     begin, end = record_span(spans)
 
     def body(name: str) -> str:

@@ -179,6 +179,8 @@ async def test_a_service_writes_its_own_buckets_and_no_other(login, platform, us
     assert await key_exists(platform, own_bucket, key)
     assert await client.try_publish(f"$KV.{other_bucket.value}.{key}")
     assert not await key_exists(platform, other_bucket, key)
+    # The buckets are shared with the session's other tests, which read them whole.
+    await (await platform.kv(own_bucket)).purge(key)
 
 
 async def test_only_the_launcher_reads_job_secrets(login, platform):

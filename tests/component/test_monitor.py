@@ -124,6 +124,16 @@ async def wait_ready(monitor: Monitor) -> None:
     pytest.fail("the monitor never became ready")
 
 
+@pytest.fixture(scope="module")
+def nats_server(tmp_path_factory):
+    """This module's own server: its services restore from whole buckets and the
+    whole stream, which the other modules' leftovers must not reach."""
+    from tests.conftest import authenticated_nats_server
+
+    with authenticated_nats_server(tmp_path_factory.mktemp("nats-own")) as srv:
+        yield srv
+
+
 @pytest.fixture
 async def bus(nats_server) -> AsyncIterator[Bus]:
     b = await Bus.connect(nats_server.url, name="monitor-test", **nats_server.login("platform"))

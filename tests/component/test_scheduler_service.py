@@ -29,6 +29,16 @@ RUN = uuid.uuid4().hex[:6]
 WAIT_SECONDS = 30.0
 
 
+@pytest.fixture(scope="module")
+def nats_server(tmp_path_factory):
+    """This module's own server: its services restore from whole buckets and the
+    whole stream, which the other modules' leftovers must not reach."""
+    from tests.conftest import authenticated_nats_server
+
+    with authenticated_nats_server(tmp_path_factory.mktemp("nats-own")) as srv:
+        yield srv
+
+
 @pytest.fixture
 async def admin(nats_server) -> AsyncIterator[Bus]:
     bus = await Bus.connect(nats_server.url, name="test-admin", **nats_server.login("platform"))
