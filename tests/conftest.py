@@ -42,3 +42,11 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory):
     what other modules left on the shared server cannot reach it."""
     with authenticated_nats_server(tmp_path_factory.mktemp("nats")) as srv:
         yield srv
+
+
+@pytest.fixture(scope="module")
+def own_nats_server(tmp_path_factory: pytest.TempPathFactory):
+    """A server for one test module alone, for modules whose services restore from
+    whole buckets and the whole stream, which other modules' leftovers must not reach."""
+    with authenticated_nats_server(tmp_path_factory.mktemp("nats-own")) as srv:
+        yield srv

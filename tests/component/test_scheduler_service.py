@@ -30,13 +30,9 @@ WAIT_SECONDS = 30.0
 
 
 @pytest.fixture(scope="module")
-def nats_server(tmp_path_factory):
-    """This module's own server: its services restore from whole buckets and the
-    whole stream, which the other modules' leftovers must not reach."""
-    from tests.conftest import authenticated_nats_server
-
-    with authenticated_nats_server(tmp_path_factory.mktemp("nats-own")) as srv:
-        yield srv
+def nats_server(own_nats_server):
+    """This module's own server (see tests/conftest.py, own_nats_server)."""
+    return own_nats_server
 
 
 @pytest.fixture
