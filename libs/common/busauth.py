@@ -61,17 +61,19 @@ class Access(msgspec.Struct, frozen=True, kw_only=True):
 
 ACCESS: dict[str, Access] = {
     "rest": Access(
-        publishes=(Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED),
+        publishes=(Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.NODE_CORDON),
         writes=(Bucket.JOBS, Bucket.USERS, Bucket.SECRETS),
         # Not SECRETS: sealed for the launcher, rest only stores them.
-        reads=(Bucket.JOBS, Bucket.USERS, Bucket.JOB_STATUS, Bucket.SCHEDULE, Bucket.CLUSTER),
+        # NODES, NODE_HEALTH: the node list of `GET /api/v2/cluster/nodes`.
+        reads=(Bucket.JOBS, Bucket.USERS, Bucket.JOB_STATUS, Bucket.SCHEDULE, Bucket.CLUSTER, Bucket.NODES, Bucket.NODE_HEALTH),
         asks=(LOG_SUBJECT, RULES_SUBJECT),
     ),
     "scheduler": Access(
         publishes=(Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_WAITING),
         durable=Durable.SCHEDULER,
         writes=(Bucket.SCHEDULE, Bucket.CLUSTER),
-        reads=(Bucket.SCHEDULE, Bucket.CLUSTER),
+        # JOB_STATUS: its restore is checked against the launcher's truth (core/truth.py).
+        reads=(Bucket.SCHEDULE, Bucket.CLUSTER, Bucket.JOB_STATUS),
         lease=True,
     ),
     "launcher": Access(
@@ -92,8 +94,8 @@ ACCESS: dict[str, Access] = {
     "monitor": Access(
         publishes=(Kind.NODE_STATUS, Kind.ALERT_FIRING, Kind.ALERT_RESOLVED),
         durable=Durable.MONITOR,
-        writes=(Bucket.NODES,),
-        reads=(Bucket.NODES, Bucket.JOB_STATUS),
+        writes=(Bucket.NODES, Bucket.NODE_HEALTH),
+        reads=(Bucket.NODES, Bucket.NODE_HEALTH, Bucket.JOB_STATUS),
     ),
     INTEGRATOR: Access(reads_events=True),
     PLATFORM: Access(admin=True),
@@ -334,12 +336,13 @@ def bootstrap_from_env() -> None:  # pragma: no cover - the chart's bootstrap Jo
 
     from libs.common.bus import Bus
     from libs.common.config import load_config
+    from libs.common.jetstream_limits import store_settings
 
     async def main() -> None:
         config = load_config()
         bus = await Bus.connect(config.nats_url, name="pai-bootstrap", user=config.nats_user, password=config.nats_password)
         try:
-            await bus.bootstrap()
+            await bus.bootstrap(store_settings(config))  # replicas and limits from the config
         finally:
             await bus.close()
 

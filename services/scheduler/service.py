@@ -38,6 +38,7 @@ from libs.common.messages import (
     PreemptRequested,
     StopRequested,
 )
+from libs.common.records import JobRecord as LauncherRecord
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
@@ -58,6 +59,7 @@ from services.scheduler.core import (
     Tick,
     Wait,
 )
+from services.scheduler.core.truth import Outcome, check_restore, truth_from_record
 
 log = logging.getLogger("pai.scheduler")
 
@@ -82,23 +84,36 @@ class SchedulerShell:
         self._view_dirty = True
 
     async def restore(self) -> None:
+        """Rebuild from pai_schedule, checked against the launcher's job documents
+        (core/truth.py): stale placements free their cells, attempts the launcher
+        runs keep theirs."""
         stored = await load_all(await self.ctx.bus.kv(Bucket.SCHEDULE), ScheduleEntry)
-        restores, queued, placed = [], [], []
+        launcher = await load_all(await self.ctx.bus.kv(Bucket.JOB_STATUS), LauncherRecord)
+        placed, queued, vcs = [], [], {}
         for entry in stored.values():
             if entry.spec is None:
                 continue
+            vcs[(entry.job, entry.attempt)] = entry.vc
             if entry.placed:
-                restores.append(Restore(job=entry.job, attempt=entry.attempt, spec=entry.spec, tasks=entry.tasks))
-                placed.append(entry)
+                placed.append(Restore(job=entry.job, attempt=entry.attempt, spec=entry.spec, tasks=entry.tasks))
             else:
                 queued.append(Submit(job=entry.job, attempt=entry.attempt, spec=entry.spec, at=entry.queuedAt))
-        queued.sort(key=lambda submit: (submit.at, submit.job))
-        decisions = self.core.handle(*restores, *queued)
-        log.info("restored %d placed and %d waiting jobs", len(restores), len(queued))
-        await self._carry_out(decisions, touched=[], cause="restore")
+        queued.sort(key=lambda submit: (submit.at or 0.0, submit.job))
+        truth = {record.job: truth_from_record(record) for record in launcher.values()}
+        checked = check_restore(placed, queued, truth)
+        decisions = self.core.handle(*checked.restores, *checked.queued)
+        for note in checked.notes:
+            if note.outcome is not Outcome.KEPT:
+                log.warning("restore: %s#%d %s: %s", note.job, note.attempt, note.outcome.value, note.why,
+                            extra={"job": note.job})
+        log.info("restored %d placed and %d waiting jobs", len(checked.restores), len(checked.queued))
+        await self._carry_out(decisions, touched=checked.changed_jobs(), cause="restore")
         # A placement recorded just before a crash may never have reached the launcher.
-        for entry in placed:
-            await self.ctx.bus.publish(placed_event(entry.job, entry.attempt, entry.vc, entry.tasks, cause="restore"))
+        for note in checked.notes:
+            restore = next((r for r in checked.restores if r.job == note.job and r.attempt == note.attempt), None)
+            if note.outcome is Outcome.KEPT and restore is not None:
+                vc = vcs.get((note.job, note.attempt), restore.spec.virtualCluster)
+                await self.ctx.bus.publish(placed_event(note.job, note.attempt, vc, restore.tasks, cause="restore"))
 
     async def handle(self, event) -> None:
         async with self.lock:
