@@ -4,16 +4,64 @@
   it (`term`) with the reason logged, rest answers 4xx.
 - `Transient`: try again later; a consumer naks it with a growing delay.
 - anything else is a bug: logged loudly, the process exits and is restarted.
+
+Every error rest answers is a JSON body `{code, message}` (plus `details` where a
+field is named). The codes are OpenPAI's rest-server codes, so a client written
+for OpenPAI recognises them; `CODES` below is the one table of them, and each
+class names its code from it.
 """
 
 from __future__ import annotations
+
+# OpenPAI's error codes -> HTTP status, in one place.
+CODES: dict[str, int] = {
+    "InvalidParametersError": 400,  # a request field is missing, mistyped or out of bounds
+    "InvalidProtocolError": 400,  # a job's protocol is not valid
+    "UnauthorizedUserError": 401,  # no valid token, wrong or expired credentials
+    "IncorrectPasswordError": 401,  # login with a wrong password (or an unknown user: same answer)
+    "ForbiddenUserError": 403,  # signed in, but not allowed this
+    "ForbiddenKeyError": 403,  # an action the platform reserves for itself (built-in groups, one's own admin flag)
+    "NoJobError": 404,
+    "NoUserError": 404,
+    "NoGroupError": 404,
+    "NoVirtualClusterError": 404,
+    "NoTokenError": 404,
+    "NoRuleError": 404,  # a failure rule (libs/common/rules_messages.py)
+    "NotFoundError": 404,  # no such route
+    "MethodNotAllowed": 405,
+    "ConflictJobError": 409,
+    "ConflictUserError": 409,
+    "ConflictGroupError": 409,
+    "ConflictRuleError": 409,
+    "PreconditionFailed": 412,  # a rules change based on a rule set changed since
+    "RequestEntityTooLarge": 413,
+    "UnsupportedMediaType": 415,
+    "TooManyRequestsError": 429,
+    "InternalError": 500,
+    "ServiceUnavailable": 503,  # NATS away: retry after a moment
+}
+
+# What aiohttp's own answers (no route, wrong method, a body over its cap) are called.
+HTTP_STATUS_CODES: dict[int, str] = {
+    400: "InvalidParametersError",
+    401: "UnauthorizedUserError",
+    403: "ForbiddenUserError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    413: "RequestEntityTooLarge",
+    415: "UnsupportedMediaType",
+    429: "TooManyRequestsError",
+}
+
+
+def _code(name: str) -> tuple[str, int]:
+    return name, CODES[name]
 
 
 class PaiError(Exception):
     """Base of PAI's domain errors; `status` is the HTTP status rest maps it to."""
 
-    status = 500
-    code = "InternalError"
+    code, status = _code("InternalError")
 
     def __init__(self, message: str, *, details: object | None = None):
         super().__init__(message)
@@ -22,40 +70,65 @@ class PaiError(Exception):
 
 
 class BadInput(PaiError):
-    status = 400
-    code = "BadRequest"
+    code, status = _code("InvalidParametersError")
 
 
 class Unauthorized(PaiError):
-    status = 401
-    code = "UnauthorizedUserError"
+    code, status = _code("UnauthorizedUserError")
+
+
+class IncorrectPassword(Unauthorized):
+    code, status = _code("IncorrectPasswordError")
 
 
 class Forbidden(PaiError):
-    status = 403
-    code = "ForbiddenUserError"
+    code, status = _code("ForbiddenUserError")
+
+
+class ForbiddenKey(Forbidden):
+    code, status = _code("ForbiddenKeyError")
 
 
 class NotFound(PaiError):
-    status = 404
-    code = "NoJobError"
+    code, status = _code("NoJobError")
+
+
+class NoUser(NotFound):
+    code, status = _code("NoUserError")
+
+
+class NoGroup(NotFound):
+    code, status = _code("NoGroupError")
+
+
+class NoVirtualCluster(NotFound):
+    code, status = _code("NoVirtualClusterError")
+
+
+class NoToken(NotFound):
+    code, status = _code("NoTokenError")
 
 
 class Conflict(PaiError):
-    status = 409
-    code = "ConflictJobError"
+    code, status = _code("ConflictJobError")
+
+
+class ConflictUser(Conflict):
+    code, status = _code("ConflictUserError")
+
+
+class ConflictGroup(Conflict):
+    code, status = _code("ConflictGroupError")
 
 
 class TooLarge(PaiError):
-    status = 413
-    code = "RequestEntityTooLarge"
+    code, status = _code("RequestEntityTooLarge")
 
 
 class Transient(PaiError):
     """Retry later: `delay` seconds is a hint for the first retry."""
 
-    status = 503
-    code = "ServiceUnavailable"
+    code, status = _code("ServiceUnavailable")
 
     def __init__(self, message: str, *, delay: float = 1.0):
         super().__init__(message)

@@ -12,18 +12,12 @@ import logging
 
 from aiohttp import web
 
+from libs.common.errors import HTTP_STATUS_CODES
+
 log = logging.getLogger("pai.rest")
 
-# aiohttp's statuses -> OpenPAI-style codes; others get a generic one.
-HTTP_CODES = {
-    400: "BadRequest",
-    401: "UnauthorizedUserError",
-    403: "ForbiddenUserError",
-    404: "NotFoundError",
-    405: "MethodNotAllowed",
-    413: "RequestEntityTooLarge",
-    415: "UnsupportedMediaType",
-}
+# aiohttp's statuses -> OpenPAI-style codes (one table, libs/common/errors.py); others get a generic one.
+HTTP_CODES = HTTP_STATUS_CODES
 
 
 @web.middleware

@@ -276,7 +276,7 @@ DEEP_YAML = ("{a: " * 12_000 + "1" + "}" * 12_000).encode()
 async def test_deep_bodies_are_a_json_400_naming_the_depth(rest, method, path, body, content_type):
     status, reply, _ = await rest.call("admin", method, path, body=body, content_type=content_type)
     assert status == 400 and isinstance(reply, dict), reply
-    assert reply["code"] in ("BadRequest", "InvalidJobConfigError")
+    assert reply["code"] in ("InvalidParametersError", "InvalidJobConfigError")
     assert f"more than {limits.MAX_NESTING_DEPTH} levels" in json.dumps(reply)
 
 
@@ -295,7 +295,7 @@ async def test_deep_bodies_are_a_json_400_naming_the_depth(rest, method, path, b
         "username-33", "username-dot", "email-300", "not-an-object"])
 async def test_malformed_new_users_are_400_naming_the_field(rest, body, path, rule):
     status, reply, _ = await rest.call("admin", "POST", "/api/v2/users", body=json.dumps(body).encode())
-    assert (status, reply["code"]) == (400, "BadRequest"), reply
+    assert (status, reply["code"]) == (400, "InvalidParametersError"), reply
     assert reply["details"]["errors"][0]["path"] == path and reply["details"]["errors"][0]["rule"] == rule
     if isinstance(body, dict) and isinstance(body.get("username"), str):
         status, _, _ = await rest.call("admin", "GET", "/api/v2/users/me")
@@ -320,7 +320,7 @@ async def test_admin_false_creates_an_ordinary_user(rest):
 ], ids=["not-utf8", "huge-integer", "bad-json", "not-a-mapping"])
 async def test_malformed_rule_bodies_are_json_4xx(rest, body, content_type):
     status, reply, _ = await rest.call("admin", "POST", "/api/v2/rules", body=body, content_type=content_type)
-    assert 400 <= status < 500 and isinstance(reply, dict) and reply["code"] == "BadRequest", (status, reply)
+    assert 400 <= status < 500 and isinstance(reply, dict) and reply["code"] == "InvalidParametersError", (status, reply)
 
 
 # --- rate limit ------------------------------------------------------------------------
