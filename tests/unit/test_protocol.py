@@ -255,7 +255,7 @@ REJECTIONS = [
     ("job-name-with-dot", job(name="a.b"), "name", "pattern"),
     ("job-name-too-long", job(name="x" * 256), "name", "maxLength"),
     ("type-not-job", job(type="service"), "type", "enum"),
-    ("negative-job-retries", job(jobRetryCount=-1), "jobRetryCount", "minimum"),
+    ("negative-job-retries", job(jobRetryCount=-3), "jobRetryCount", "minimum"),  # -1 and -2 are OpenPAI's unlimited
     ("job-retries-not-int", job(jobRetryCount="3"), "jobRetryCount", "type"),
     ("parameters-not-mapping", job(parameters=["a"]), "parameters", "type"),
     ("instances-0", job(**{"taskRoles.worker.instances": 0}), "taskRoles.worker.instances", "minimum"),

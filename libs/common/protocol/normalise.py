@@ -9,6 +9,7 @@ completion 1 / -1, gangAllocation true) and the JobSpec model's otherwise
 from __future__ import annotations
 
 from libs.common.protocol.commands import prerequisites_by_name, rendered_commands
+from libs.common.protocol.limits import MAX_JOB_RETRY_COUNT
 from libs.common.protocol.model import (
     DEFAULT_PRIORITY_CLASS,
     PRIORITY_CLASSES,
@@ -31,7 +32,7 @@ def build_job_spec(data: dict, *, user: str, ignored_fields: list[str]) -> JobSp
         name=data["name"],
         user=user,
         virtualCluster=defaults.get("virtualCluster", DEFAULT_VIRTUAL_CLUSTER),
-        jobRetryCount=data.get("jobRetryCount", 0),
+        jobRetryCount=_job_retry_count(data.get("jobRetryCount", 0)),
         priorityClass=priority_class,
         priority=PRIORITY_CLASSES[priority_class],
         gangAllocation=extras.get("gangAllocation", True),
@@ -57,8 +58,8 @@ def _task_role(data: dict, name: str, role: dict, hived: dict) -> TaskRole:
         name=name,
         instances=role.get("instances", 1),
         completion=Completion(
-            minFailedInstances=completion.get("minFailedInstances", 1),
-            minSucceededInstances=completion.get("minSucceededInstances", -1),
+            minFailedInstances=completion.get("minFailedInstances", completion.get("minFailedTaskCount", 1)),
+            minSucceededInstances=completion.get("minSucceededInstances", completion.get("minSucceededTaskCount", -1)),
         ),
         taskRetryCount=role.get("taskRetryCount", 0),
         dockerImage=image,
@@ -73,6 +74,11 @@ def _task_role(data: dict, name: str, role: dict, hived: dict) -> TaskRole:
         skuType=hived.get("skuType"),
         affinityGroupName=hived.get("affinityGroupName"),
     )
+
+
+def _job_retry_count(value: int) -> int:
+    """OpenPAI's negative counts (retry without limit) become PAI's largest."""
+    return MAX_JOB_RETRY_COUNT if value < 0 else value
 
 
 def _wants_notification(setting: bool | dict) -> bool:

@@ -44,8 +44,7 @@ def validate_document(data: dict, line_of: Callable[[DocPath], int | None]) -> t
         if section in data:
             check.mapping(data[section], (section,))
     if "jobRetryCount" in data:
-        check.integer(data["jobRetryCount"], ("jobRetryCount",), minimum=0, maximum=MAX_JOB_RETRY_COUNT,
-                      limit="PAI's limit of job retries")
+        _check_job_retry_count(check, data["jobRetryCount"])
     prerequisite_types = _check_prerequisites(check, data)
     check_task_roles(check, data, prerequisite_types)
     deployment_names = _check_deployments(check, data)
@@ -81,6 +80,20 @@ def _check_name(check: Checker, value: object, path: DocPath, what: str, *, max_
     if not check.string(value, path, non_empty=True):
         return False
     return check.max_length(value, path, max_length, what) and check.pattern(value, path, NAME_PATTERN, what)
+
+
+# OpenPAI's framework controller reads a negative retry count as "retry without
+# limit" (-1 on failures, -2 always); marketplace serving jobs use -2.
+UNLIMITED_RETRY_COUNTS = frozenset({-1, -2})
+
+
+def _check_job_retry_count(check: Checker, value: object) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and value in UNLIMITED_RETRY_COUNTS:
+        check.ignore(("jobRetryCount",), f"OpenPAI's {value} means retry without limit; "
+                     f"PAI retries at most {MAX_JOB_RETRY_COUNT} times")
+        return
+    check.integer(value, ("jobRetryCount",), minimum=0, maximum=MAX_JOB_RETRY_COUNT,
+                  limit="PAI's limit of job retries")
 
 
 def _check_prerequisites(check: Checker, data: dict) -> dict[str, str]:

@@ -62,6 +62,8 @@ def _check_hived(check: Checker, hived: object, path: DocPath, data: dict) -> No
                 if check.string(value, where) and value not in PRIORITY_CLASSES:
                     check.error(where, "enum", f"{value!r} is not a priority class; use one of "
                                 + ", ".join(PRIORITY_CLASSES))
+            case "skuType" if value is None:
+                pass  # OpenPAI writes `skuType: null` for "any sku"
             case "skuType" | "pinnedCellId":
                 check.string(value, where, non_empty=True)
             case "lazyPreemptionEnable":
@@ -85,6 +87,8 @@ def _check_hived_roles(check: Checker, roles: object, path: DocPath, data: dict)
             continue
         for key, value in settings.items():
             if key in HIVED_ROLE_KEYS:
+                if value is None:
+                    continue  # `skuType: null`: any sku, as in OpenPAI; no affinity group
                 check.string(value, (*where, key), non_empty=True)
             else:
                 check.ignore((*where, str(key)), "a hivedScheduler task role field PAI does not act on")

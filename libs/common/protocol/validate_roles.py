@@ -30,6 +30,8 @@ ROLE_KEYS = frozenset({
     "extraContainerOptions", "resourcePerInstance", "commands",
 })
 COMPLETION_KEYS = frozenset({"minFailedInstances", "minSucceededInstances"})
+# OpenPAI's earlier names of the same two counts, still in marketplace job files.
+COMPLETION_ALIASES = {"minFailedTaskCount": "minFailedInstances", "minSucceededTaskCount": "minSucceededInstances"}
 RESOURCE_KEYS = frozenset({"cpu", "memoryMB", "gpu", "ports"})
 RESOURCE_MAXIMA = {
     "cpu": (MAX_CPU, "PAI's limit of CPUs per task instance"),
@@ -104,8 +106,11 @@ def _check_role(check: Checker, data: dict, name: str, role: dict, path: DocPath
 def _check_completion(check: Checker, completion: object, path: DocPath, instances: int | None) -> None:
     if not check.mapping(completion, path):
         return
-    check.known_keys(completion, path, COMPLETION_KEYS)
-    for key in sorted(COMPLETION_KEYS & completion.keys()):
+    check.known_keys(completion, path, COMPLETION_KEYS | COMPLETION_ALIASES.keys())
+    for alias, name in COMPLETION_ALIASES.items():
+        if alias in completion and name in completion:
+            check.error((*path, alias), "duplicate", f"{alias} is the older name of {name}; give one of them")
+    for key in sorted((COMPLETION_KEYS | COMPLETION_ALIASES.keys()) & completion.keys()):
         value = completion[key]
         where = (*path, key)
         if not check.integer(value, where, minimum=-1):
