@@ -37,7 +37,7 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int = 1
 
 
-class TaskAttemptSummary(msgspec.Struct, frozen=True, kw_only=True):
+class TaskAttemptSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A finished earlier attempt of one task (retried alone, `taskRetryCount`)."""
 
     taskAttempt: int
@@ -51,8 +51,11 @@ class TaskAttemptSummary(msgspec.Struct, frozen=True, kw_only=True):
     logPath: str = ""
 
 
-class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One task instance (`role`, `index`) within one job attempt."""
+class TaskRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One task instance (`role`, `index`) within one job attempt.
+
+    Fields at their defaults are left out of the stored document (decoding fills
+    them in): a 512-task attempt must fit NATS's 1 MiB message (see `TaskBrief`)."""
 
     role: str
     index: int
@@ -96,6 +99,24 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def placed(self) -> bool:
         return self.node is not None
+
+
+class TaskBrief(msgspec.Struct, frozen=True, array_like=True):
+    """One task of an older, compacted attempt, in a few bytes.
+
+    A job's document is one KV value, and NATS refuses a value over its max
+    payload (1 MiB by default): a 512-task job retried a few times would not fit
+    with every attempt in full. So only the latest attempt keeps every
+    `TaskRecord`; an older one keeps its own outcome, the full records of the
+    tasks that failed by themselves (what explains it), and one brief per task
+    (services/launcher/core/compaction.py)."""
+
+    role: str
+    index: int
+    state: TaskState
+    exitCode: int | None = None
+    taskAttempt: int = 0
+    started: bool = False  # ordered to start: it has a log
 
 
 class EndOutcome(StrEnum):
@@ -153,10 +174,20 @@ class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
     backoffUntil: float | None = None  # tasks start no earlier than this
     released: bool = False  # JobReleased was published for this attempt
     lateReleases: list[str] = []  # ids of releases answering late placements
+    # An older attempt compacted (see TaskBrief): `tasks` holds only the tasks
+    # that explain its end, `taskBriefs` every task.
+    compacted: bool = False
+    taskBriefs: list[TaskBrief] = []
 
     @property
     def ended(self) -> bool:
         return self.completedTime is not None
+
+    def brief(self, role: str, index: int) -> TaskBrief | None:
+        for brief in self.taskBriefs:
+            if brief.role == role and brief.index == index:
+                return brief
+        return None
 
     def task(self, role: str, index: int) -> TaskRecord | None:
         for task in self.tasks:

@@ -34,7 +34,7 @@ from libs.common.messages import (
 )
 from libs.common.protocol.masking import scrub_bytes, scrub_text
 from libs.common.protocol.render import render_secrets
-from libs.common.records import JobRecord, encode_job_record
+from libs.common.records import JobRecord, TaskRecord, encode_job_record
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.launcher import metrics
@@ -222,8 +222,10 @@ class LauncherShell:
         if record is None:
             raise NotFound(f"no job {req.job}")
         attempt = record.attempt_record(req.attempt)
-        task = attempt.task(req.role, req.index) if attempt else None
-        if task is None or not task.startRequested:
+        # A compacted older attempt knows its other tasks by their brief alone.
+        task = (attempt.task(req.role, req.index) or attempt.brief(req.role, req.index)) if attempt else None
+        started = task is not None and (task.startRequested if isinstance(task, TaskRecord) else task.started)
+        if task is None or not started:
             raise NotFound(f"task {req.role}[{req.index}] of {req.job} attempt {req.attempt} has not started")
         key = TaskKey(job=req.job, attempt=req.attempt, role=req.role, index=req.index, taskAttempt=task.taskAttempt if req.taskAttempt is None else req.taskAttempt)
         values = await self._secret_values(req.job)

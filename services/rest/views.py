@@ -128,6 +128,16 @@ def job_attempts(rec: JobRecord | None) -> list[dict[str, Any]]:
             roles.setdefault(task.role, []).append(
                 _task_status(task) | {"taskAttempts": [msgspec.to_builtins(a) for a in task.taskAttempts]}
             )
+        shown = {(t.role, t.index) for t in attempt.tasks}
+        for brief in attempt.taskBriefs:  # a compacted older attempt: its other tasks, briefly
+            if (brief.role, brief.index) not in shown:
+                roles.setdefault(brief.role, []).append(
+                    {"taskIndex": brief.index, "taskState": brief.state.value, "containerExitCode": brief.exitCode,
+                     "retries": brief.taskAttempt, "brief": True}
+                )
+        if attempt.taskBriefs:
+            for listed in roles.values():
+                listed.sort(key=lambda status: status["taskIndex"])
         out.append(
             {
                 "attemptIndex": attempt.attempt,

@@ -46,6 +46,7 @@ from libs.common.records import (
 )
 from services.launcher.core import announcements
 from services.launcher.core.actions import Action, ForgetTask, KillTask, Publish, SaveJob, StartTask, StartTimer
+from services.launcher.core.compaction import compact_older, trim_task_attempts
 from services.launcher.core.env import peers_env
 from services.launcher.core.events import (
     BackoffElapsed,
@@ -533,7 +534,7 @@ class LauncherCore:
             platformReason="",
             logPath="",
             retries=task.retries + 1,
-            taskAttempts=[*task.taskAttempts, summary],
+            taskAttempts=trim_task_attempts(replace(task, taskAttempts=[*task.taskAttempts, summary])).taskAttempts,
             startRequested=False,
             killReason=None,
             verdictPending=False,
@@ -721,7 +722,8 @@ class LauncherCore:
         record = replace(
             record,
             attempt=following.attempt,
-            attempts=[*record.attempts, following],
+            # Only the latest attempt keeps every task in full (compaction.py).
+            attempts=compact_older([*record.attempts, following]),
             retries=record.retries + (1 if ending.retryCounted else 0),
             backoffRetries=record.backoffRetries + (1 if ending.backoffSeconds is not None else 0),
             platformRetries=record.platformRetries + (1 if ending.platformRetry else 0),
@@ -835,6 +837,11 @@ class LauncherCore:
                     )
                     if task.startRequested:
                         recorded.add(task_key(record, attempt, task))
+                for brief in attempt.taskBriefs:  # a compacted attempt: all its task attempts
+                    recorded.update(
+                        TaskKey(job=job, attempt=attempt.attempt, role=brief.role, index=brief.index, taskAttempt=n)
+                        for n in range(brief.taskAttempt + 1)
+                    )
             self._recover_job(record, known)
         for key in sorted(known - recorded):
             self._emit(KillTask(key=key, reason="not known to the launcher", grace_seconds=self._grace))

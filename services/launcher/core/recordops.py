@@ -60,6 +60,8 @@ def find_task(record: JobRecord, key: TaskKey) -> tuple[AttemptRecord, TaskRecor
 def exit_recorded(record: JobRecord, key: TaskKey) -> bool:
     """Whether the exit of that task attempt is already in the record."""
     attempt = record.attempt_record(key.attempt)
+    if attempt is not None and attempt.compacted:
+        return True  # an ended older attempt (compaction.py): every task of it exited
     task = attempt.task(key.role, key.index) if attempt is not None else None
     if task is None:
         return False
