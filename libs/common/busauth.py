@@ -279,9 +279,25 @@ class TlsFiles(msgspec.Struct, frozen=True, kw_only=True):
     ca_file: str = ""
 
 
-def server_config(credentials: BusCredentials, *, host: str, port: int, store_dir: Path, tls: TlsFiles | None = None) -> dict:
+class ClusterRoutes(msgspec.Struct, frozen=True, kw_only=True):
+    """One node's place in a NATS cluster (libs/common/natsserver.NatsCluster):
+    its name, where it listens for the other nodes, and their route URLs."""
+
+    server_name: str
+    name: str = "pai"
+    host: str
+    port: int
+    routes: tuple[str, ...]  # every node's nats-route://host:port, this one's included
+    # Nodes log in to each other with this; routes without it are refused.
+    user: str = "route"
+    password: str
+
+
+def server_config(credentials: BusCredentials, *, host: str, port: int, store_dir: Path, tls: TlsFiles | None = None,
+                  cluster: ClusterRoutes | None = None) -> dict:
     """nats-server's configuration (JSON is valid nats-server syntax): JetStream,
-    one user per line of `ACCESS` with its bcrypt hash, no anonymous access."""
+    one user per line of `ACCESS` with its bcrypt hash, no anonymous access;
+    with `cluster`, one node of a JetStream cluster (same users on every node)."""
     config: dict = {
         "host": host,
         "port": port,
@@ -290,6 +306,15 @@ def server_config(credentials: BusCredentials, *, host: str, port: int, store_di
     }
     if tls is not None:
         config["tls"] = {k: v for k, v in msgspec.structs.asdict(tls).items() if v}
+    if cluster is not None:
+        config["server_name"] = cluster.server_name
+        config["cluster"] = {
+            "name": cluster.name,
+            "host": cluster.host,
+            "port": cluster.port,
+            "authorization": {"user": cluster.user, "password": cluster.password},
+            "routes": [route.replace("://", f"://{cluster.user}:{cluster.password}@", 1) for route in cluster.routes],
+        }
     return config
 
 

@@ -35,7 +35,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Seconds between SIGTERM and SIGKILL when a task is stopped or preempted.
     grace_seconds: float = 10.0
     task_log_cap_bytes: int = 64 * 1024 * 1024
-    node_sample_seconds: float = 10.0
+    node_sample_seconds: float = 5.0
     rules_file: str = ""  # failure rules to load instead of the shipped defaults
     smtp_host: str = ""
     smtp_port: int = 25
@@ -66,6 +66,41 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # this many at once, refilled at this many per second; past it 429.
     rest_rate_limit_burst: int = 200
     rest_rate_limit_per_second: float = 100.0
+    # rest: how long bearer tokens live, in seconds (services/rest/identity):
+    # from a login (`pai login`), an application token's default, and the most
+    # anyone may ask for. The admin token `pai up` writes does not expire.
+    rest_login_token_seconds: float = 7 * 86400.0
+    rest_application_token_seconds: float = 90 * 86400.0
+    rest_token_max_seconds: float = 366 * 86400.0
+    # rest: seconds between heartbeat comments on GET /api/v2/events (SSE).
+    rest_events_heartbeat_seconds: float = 15.0
+    # --- the NATS store (docs/deploy.md; libs/common/jetstream_limits.py) ---
+    # nats_url may list several servers of one NATS cluster, comma-separated
+    # ("nats://a:4222,nats://b:4222"): a client moves to another when its own goes.
+    # Copies of the event stream and every bucket, made by the platform's
+    # bootstrap: 3 on a three-node JetStream cluster (one node may fail), 1 on a
+    # single server.
+    nats_replicas: int = 1
+    # Overrides of jetstream_limits' table; 0 keeps the table's value.
+    nats_events_max_bytes: int = 0
+    nats_events_max_age_seconds: float = 0.0
+    nats_bucket_max_bytes: int = 0  # every bucket alike
+    nats_max_message_bytes: int = 0  # the event stream and every bucket but the lease
+
+    # --- node agent, node health and traces (docs/monitoring.md) ---
+    # "agent": sample this node only; "cluster": node health, metrics of every
+    # event, alerts; "both" (what `pai up` runs): one process does both.
+    monitor_mode: str = "both"
+    # A node whose agent has been silent this long is lost: unhealthy, its tasks
+    # are ended (exit spec PodNodeLost) and retried elsewhere.
+    node_lost_seconds: float = 30.0
+    # The data disk this full (percent used) makes a node unhealthy (disk pressure).
+    node_disk_full_percent: float = 95.0
+    # Memory this full (percent used) makes a node unhealthy (memory pressure).
+    node_memory_full_percent: float = 98.0
+    # OTLP/HTTP endpoint spans are exported to, e.g. http://otel-collector:4318;
+    # empty: spans are not exported.
+    otlp_endpoint: str = ""
 
     @property
     def data_path(self) -> Path:

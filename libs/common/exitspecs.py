@@ -32,6 +32,11 @@ DEAD_LETTERED_EXIT_CODE = -260
 # a restart; the same code as OpenPAI's PodNodeLost, with platform reason "Lost".
 LOST_EXIT_CODE = -1001
 LOST_PLATFORM_REASON = "Lost"
+# A task on a node the monitor declared lost (its agent silent for
+# `node_lost_seconds`): the launcher ends it with platform reason "NodeLost",
+# which the runtime's PodNodeLost rule (the same code) retries without counting.
+NODE_LOST_EXIT_CODE = -1001
+NODE_LOST_PLATFORM_REASON = "NodeLost"
 UNKNOWN_FAILURE_CODE = 255
 UNDEFINED_NEGATIVE_CODE = -8000
 UNDEFINED_POSITIVE_CODE = 256
@@ -148,6 +153,23 @@ UNDEFINED_POSITIVE = ExitSpec(
     reason="The task ended with an exit code above 255, which no process can return by itself.",
 )
 
+NODE_LOST = ExitSpec(
+    code=NODE_LOST_EXIT_CODE,
+    phrase="PodNodeLost",
+    issuer="PAI_FC",
+    causer="PAI_FC",
+    type="PLATFORM_FAILURE",
+    stage="RUNNING",
+    behavior="TRANSIENT",
+    reaction=Reaction.ALWAYS_RETRY,
+    reason=(
+        "The node running the task stopped answering (its PAI agent sent no sample for too long), "
+        "so PAI ended the task and runs the job again on healthy nodes."
+    ),
+    solution=["Wait for the automatic retry", "Tell your cluster admin: the node needs attention"],
+)
+
+
 def dead_lettered(consumer: str, event_kind: str, reason: str) -> ExitSpec:
     """A PAI service could not handle one of this job's events, on every try, and
     gave up on it (a poison message) so that other jobs go on."""
@@ -197,5 +219,6 @@ BUILTIN: dict[int, ExitSpec] = {
         UNKNOWN_FAILURE,
         UNDEFINED_NEGATIVE,
         UNDEFINED_POSITIVE,
+        NODE_LOST,
     )
 }

@@ -194,10 +194,36 @@ class TaskVerdict(Event, kw_only=True, frozen=True, tag=Kind.TASK_VERDICT.value)
 # --- monitor ----------------------------------------------------------------
 
 
+class NodeCondition(StrEnum):
+    """Why a node is unhealthy; a node may have several at once."""
+
+    LOST = "lost"  # its agent has been silent too long: its tasks are ended and retried
+    GPU_ECC_ERROR = "gpu_ecc_error"  # a GPU reported an uncorrectable (double-bit) ECC error
+    DISK_PRESSURE = "disk_pressure"  # the data disk is nearly full
+    MEMORY_PRESSURE = "memory_pressure"  # almost no memory left
+    CORDONED = "cordoned"  # an admin took it out of scheduling
+
+
 class NodeStatus(Event, kw_only=True, frozen=True, tag=Kind.NODE_STATUS.value):
     node: NodeName
     healthy: bool
     reason: str = ""
+    # NodeCondition values; empty when healthy. Only LOST ends the node's tasks;
+    # the others only keep new work away.
+    conditions: list[str] = []
+
+    @property
+    def lost(self) -> bool:
+        return not self.healthy and NodeCondition.LOST in self.conditions
+
+
+class NodeCordonChanged(Event, kw_only=True, frozen=True, tag=Kind.NODE_CORDON.value):
+    """An admin cordoned (`cordoned`) or uncordoned a node; `job` is ""."""
+
+    node: NodeName
+    cordoned: bool
+    reason: str = ""
+    by: str = ""
 
 
 class AlertFiring(Event, kw_only=True, frozen=True, tag=Kind.ALERT_FIRING.value):
@@ -245,6 +271,7 @@ AnyEvent = Union[
     TaskExited,
     TaskVerdict,
     NodeStatus,
+    NodeCordonChanged,
     AlertFiring,
     AlertResolved,
     EventDeadLettered,
@@ -258,7 +285,7 @@ EVENT_TYPES: dict[Kind, type[Event]] = {
 def subject_of(event: Event) -> str:
     kind = Kind(event.__struct_config__.tag)
     match event:
-        case NodeStatus(node=node):
+        case NodeStatus(node=node) | NodeCordonChanged(node=node):
             return node_subject(kind, node)
         case AlertFiring(rule=rule) | AlertResolved(rule=rule):
             return alert_subject(kind, rule)

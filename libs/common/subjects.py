@@ -35,6 +35,8 @@ class Kind(StrEnum):
     TASK_EXITED = "task.exited"
     TASK_VERDICT = "task.verdict"
     NODE_STATUS = "node.status"
+    # An admin cordoned or uncordoned a node (rest); the monitor folds it into NodeStatus.
+    NODE_CORDON = "node.cordon"
     ALERT_FIRING = "alert.firing"
     ALERT_RESOLVED = "alert.resolved"
     # A consumer gave up on an event that failed the same way too often.
@@ -78,6 +80,9 @@ class Bucket(StrEnum):
     CLUSTER = "pai_cluster"  # scheduler: VC and node view for the API
     RULES = "pai_rules"  # runtime: failure rules changed at run time
     NODES = "pai_nodes"  # monitor: latest node sample and health
+    # monitor: each node's health as the cluster monitor decided it (conditions,
+    # cordon and its reason), so a restarted monitor and the API read one record.
+    NODE_HEALTH = "pai_node_health"
     LEASES = "pai_leases"  # single-active services: leader lease
     # rest: each job's secrets, sealed with the launcher's public key; only the
     # launcher can open them (and only it may read the bucket).

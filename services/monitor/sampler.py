@@ -25,6 +25,7 @@ import pynvml
 
 from services.monitor.core.gpus import NvmlReading, gpu_sample
 from services.monitor.core.samples import GpuSample, NodeSample
+from services.monitor.core.tasks import ProcessReading, TaskIdentity, identify, parse_environ, task_usage
 
 log = logging.getLogger("pai.monitor.sampler")
 
@@ -99,10 +100,30 @@ class NvmlGpus:
             utilization=ask("utilization", nvml.nvmlDeviceGetUtilizationRates, handle),
             memory=ask("memory", nvml.nvmlDeviceGetMemoryInfo, handle),
             temperature=ask("temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
+            power_milliwatts=ask("power", _optional(nvml, "nvmlDeviceGetPowerUsage"), handle),
+            performance_state=ask("performance state", _optional(nvml, "nvmlDeviceGetPerformanceState"), handle),
+            ecc_errors=self._ecc(handle, errors),
             compute_processes=ask("compute processes", nvml.nvmlDeviceGetComputeRunningProcesses, handle) or (),
             graphics_processes=ask("graphics processes", nvml.nvmlDeviceGetGraphicsRunningProcesses, handle) or (),
             errors=tuple(errors),
         )
+
+    def _ecc(self, handle: Any, errors: list[str]) -> dict[str, Any]:
+        """Uncorrected ECC counts the way OpenPAI labels them. Boards without ECC (or
+        with it off) answer "Not Supported": that is no error, just no counts."""
+        nvml = self._nvml
+        query = getattr(nvml, "nvmlDeviceGetTotalEccErrors", None)
+        if query is None:
+            return {}
+        counts: dict[str, Any] = {}
+        for label, bit, counter in ECC_QUERIES:
+            try:
+                counts[label] = query(handle, bit, counter)
+            except nvml.NVMLError as exc:
+                if _not_supported(nvml, exc):
+                    return {}
+                errors.append(f"ecc {label}: {exc}")
+        return counts
 
     def _count(self) -> int:
         return int(self._ask_or(self._nvml.nvmlDeviceGetCount, 0))
@@ -121,6 +142,76 @@ class NvmlGpus:
         self.note = note
 
 
+# OpenPAI's ECC type label -> (NVML memory error type, NVML counter type):
+# NVML_MEMORY_ERROR_TYPE_CORRECTED/UNCORRECTED = 0/1, NVML_VOLATILE_ECC/AGGREGATE_ECC = 0/1.
+ECC_QUERIES = (
+    ("volatile_single", 0, 0),
+    ("volatile_double", 1, 0),
+    ("aggregated_single", 0, 1),
+    ("aggregated_double", 1, 1),
+)
+
+
+def _optional(nvml: Any, name: str) -> Callable[..., Any]:
+    """A query an older binding may lack: missing answers None, like "Not Supported"."""
+    return getattr(nvml, name, None) or (lambda *_: None)
+
+
+def _not_supported(nvml: Any, exc: Exception) -> bool:
+    return getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3)
+
+
+class TaskProcesses:
+    """Every live process of a PAI task on this machine (see core/tasks.py).
+
+    A process is identified once, by pid and start time, from its environment
+    (or, where that cannot be read, its cgroup naming a Kubernetes Pod); later
+    samples only read its CPU and memory. psutil keeps each Process between
+    calls, so its CPU percent covers the time since the previous sample.
+    """
+
+    def __init__(self, proc: Path = Path("/proc")):
+        self._proc = proc
+        self._known: dict[tuple[int, float], TaskIdentity | None] = {}
+        self._own_pid = os.getpid()
+
+    def read(self) -> list[ProcessReading]:
+        seen: dict[tuple[int, float], TaskIdentity | None] = {}
+        out: list[ProcessReading] = []
+        for process in psutil.process_iter():
+            try:
+                if process.pid == self._own_pid:
+                    continue
+                key = (process.pid, process.create_time())
+                identity = self._known[key] if key in self._known else self._identify(process.pid)
+                seen[key] = identity
+                if identity is None:
+                    continue
+                out.append(
+                    ProcessReading(
+                        pid=process.pid,
+                        task=identity,
+                        cpuPercent=float(process.cpu_percent(interval=None)),
+                        rssBytes=int(process.memory_info().rss),
+                    )
+                )
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        self._known = seen
+        return out
+
+    def _identify(self, pid: int) -> TaskIdentity | None:
+        try:
+            env = parse_environ((self._proc / str(pid) / "environ").read_bytes())
+        except OSError:
+            # Another user's process (the agent is not root): only its cgroup tells.
+            try:
+                return identify({}, (self._proc / str(pid) / "cgroup").read_text())
+            except OSError:
+                return None
+        return identify(env)
+
+
 class NodeSampler:
     def __init__(
         self,
@@ -128,12 +219,15 @@ class NodeSampler:
         data_dir: Path,
         *,
         gpus: NvmlGpus | None = None,
+        tasks: TaskProcesses | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self.node = node
         self.data_dir = Path(data_dir)
         self.gpus = gpus or NvmlGpus()
+        self.tasks = tasks or TaskProcesses()
         self._clock = clock
+        self.agent = f"{socket.gethostname()}/{os.getpid()}"
 
     def open(self) -> None:
         # psutil measures CPU busy time between two calls; the first call only
@@ -150,10 +244,12 @@ class NodeSampler:
         disk_path = existing_ancestor(self.data_dir)
         disk = psutil.disk_usage(str(disk_path))
         gpus = self.gpus.sample()
+        cpu_count = psutil.cpu_count() or 0
+        tasks, external = task_usage(self.tasks.read(), gpus, cpu_count=cpu_count)
         return NodeSample(
             node=self.node,
             at=self._clock(),
-            cpuCount=psutil.cpu_count() or 0,
+            cpuCount=cpu_count,
             cpuPercent=float(psutil.cpu_percent(interval=None)),
             # "Used" as people read it: what programs could not get back without swapping.
             memoryUsedBytes=int(memory.total - memory.available),
@@ -166,6 +262,9 @@ class NodeSampler:
             diskTotalBytes=int(disk.total),
             gpus=gpus,
             gpuNote=self.gpus.note if not gpus else "",
+            tasks=tasks,
+            externalGpuProcesses=external,
+            agent=self.agent,
         )
 
 

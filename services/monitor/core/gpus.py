@@ -39,6 +39,10 @@ class NvmlReading(msgspec.Struct, frozen=True, kw_only=True):
     utilization: Any = None
     memory: Any = None
     temperature: Any = None
+    power_milliwatts: Any = None
+    performance_state: Any = None
+    # OpenPAI's ECC type label -> the count NVML gave (None where it could not).
+    ecc_errors: Any = None
     compute_processes: Any = ()
     graphics_processes: Any = ()
     errors: tuple[str, ...] = ()
@@ -57,6 +61,9 @@ def gpu_sample(reading: NvmlReading) -> GpuSample:
         memoryUsedBytes=_bytes_or_none(getattr(memory, "used", None)),
         memoryTotalBytes=_bytes_or_none(getattr(memory, "total", None)),
         temperatureCelsius=None if reading.temperature is None else float(reading.temperature),
+        powerWatts=None if reading.power_milliwatts is None else float(reading.power_milliwatts) / 1000.0,
+        performanceState=_performance_state(reading.performance_state),
+        eccErrors={kind: n for kind, count in (reading.ecc_errors or {}).items() if (n := _bytes_or_none(count)) is not None},
         processes=merge_processes(reading.compute_processes or (), reading.graphics_processes or ()),
         errors=list(reading.errors),
     )
@@ -75,6 +82,17 @@ def merge_processes(*lists: Iterable[Any]) -> list[GpuProcess]:
         known = by_pid.get(pid)
         by_pid[pid] = used if known is None else max(known, used or 0)
     return [GpuProcess(pid=pid, usedMemoryBytes=used) for pid, used in sorted(by_pid.items())]
+
+
+# NVML_PSTATE_UNKNOWN; P-states run from 0 (fastest) to 15.
+NVML_PSTATE_UNKNOWN = 32
+
+
+def _performance_state(value: Any) -> int | None:
+    if value is None:
+        return None
+    value = int(value)
+    return value if 0 <= value <= 15 else None
 
 
 def _text(value: Any) -> str:

@@ -23,6 +23,35 @@ class GpuProcess(msgspec.Struct, frozen=True, kw_only=True):
     usedMemoryBytes: int | None = None
 
 
+class ExternalGpuProcess(msgspec.Struct, frozen=True, kw_only=True):
+    """A process holding a GPU that belongs to no PAI task."""
+
+    minorNumber: str
+    pid: int
+
+
+class TaskGpuUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """One task on one GPU."""
+
+    minorNumber: str
+    gpuPercent: float | None = None  # the card's busy percent (cards are not shared by tasks)
+    gpuMemPercent: float | None = None  # the task's share of the card's memory
+
+
+class TaskUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """What one PAI task uses on this node (services/monitor/core/tasks.py)."""
+
+    key: str
+    username: str = ""
+    jobName: str = ""  # the job id user~name, as PAI_JOB_NAME
+    roleName: str = ""
+    taskIndex: str = ""
+    virtualCluster: str = ""
+    cpuPercent: float = 0.0  # of the whole node
+    memoryBytes: int = 0  # resident memory of all its processes
+    gpus: list[TaskGpuUsage] = []
+
+
 class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
     """One GPU at sample time. A reading NVML could not give is None, not 0:
     "unknown" and "idle" must not look alike on a dashboard."""
@@ -36,6 +65,12 @@ class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
     memoryUsedBytes: int | None = None
     memoryTotalBytes: int | None = None
     temperatureCelsius: float | None = None
+    powerWatts: float | None = None
+    performanceState: int | None = None  # P0 (fastest) .. P15; None when unknown
+    # ECC error counts by OpenPAI's type label: volatile_single, volatile_double
+    # (since the driver loaded), aggregated_single, aggregated_double (lifetime).
+    # Empty where the board has no ECC or it is off.
+    eccErrors: dict[str, int] = {}
     processes: list[GpuProcess] = []
     # Why some readings are missing ("memory: Not Supported", "GPU is lost", ...).
     errors: list[str] = []
@@ -59,6 +94,11 @@ class NodeSample(msgspec.Struct, frozen=True, kw_only=True):
     # Why `gpus` is empty when it is: "" with GPUs, else e.g. "NVML not available:
     # NVML Shared Library Not Found" (a node without GPUs is a normal node).
     gpuNote: str = ""
+    # The PAI tasks running here and what they use; GPU processes of no task.
+    tasks: list[TaskUsage] = []
+    externalGpuProcesses: list[ExternalGpuProcess] = []
+    # Which agent took the sample ("" before agents said so).
+    agent: str = ""
 
 
 _KV_KEY_FORBIDDEN = re.compile(r"[^-/_=.a-zA-Z0-9]")

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import msgspec
 
-from services.monitor.core.samples import GpuSample, NodeSample
+from services.monitor.core.samples import GpuSample, NodeSample, TaskUsage
 
 GPU_LABELS = ("minor_number", "uuid")
+ECC_LABELS = (*GPU_LABELS, "type")
+# OpenPAI job-exporter's task labels (its job_instance_id is PAI's attempt, not shown).
+TASK_LABELS = ("username", "job_name", "role_name", "task_index", "virtual_cluster")
+TASK_GPU_LABELS = (*TASK_LABELS, "minor_number")
+EXTERNAL_PROCESS_LABELS = ("minor_number", "pid")
 
 
 class Series(msgspec.Struct, frozen=True):
@@ -39,6 +44,24 @@ def node_series(sample: NodeSample) -> list[Series]:
     ]
     for gpu in sample.gpus:
         out.extend(gpu_series(gpu))
+    for task in sample.tasks:
+        out.extend(task_series(task))
+    for process in sample.externalGpuProcesses:
+        out.append(Series("gpu_used_by_external_process_count", (process.minorNumber, str(process.pid)), 1.0))
+    return out
+
+
+def task_series(task: TaskUsage) -> list[Series]:
+    labels = (task.username, task.jobName, task.roleName, task.taskIndex, task.virtualCluster)
+    out = [
+        Series("task_cpu_percent", labels, task.cpuPercent),
+        Series("task_mem_usage_byte", labels, float(task.memoryBytes)),
+    ]
+    for gpu in task.gpus:
+        if gpu.gpuPercent is not None:
+            out.append(Series("task_gpu_percent", (*labels, gpu.minorNumber), gpu.gpuPercent))
+        if gpu.gpuMemPercent is not None:
+            out.append(Series("task_gpu_mem_percent", (*labels, gpu.minorNumber), gpu.gpuMemPercent))
     return out
 
 
@@ -58,5 +81,11 @@ def gpu_series(gpu: GpuSample) -> list[Series]:
         "nvidiasmi_memory_total_bytes": gpu.memoryTotalBytes,
         "nvidiasmi_temperature": gpu.temperatureCelsius,
         "nvidiasmi_process_count": len(gpu.processes),
+        "nvidiasmi_power_draw_watts": gpu.powerWatts,
+        "nvidiasmi_performance_state": gpu.performanceState,
     }
-    return [Series(name, labels, float(value)) for name, value in readings.items() if value is not None]
+    out = [Series(name, labels, float(value)) for name, value in readings.items() if value is not None]
+    out.extend(
+        Series("nvidiasmi_ecc_error_count", (*labels, kind), float(count)) for kind, count in sorted(gpu.eccErrors.items())
+    )
+    return out
