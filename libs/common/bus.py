@@ -35,13 +35,20 @@ from nats.js.kv import KeyValue
 
 from libs.common import busauth, telemetry
 from libs.common.errors import BadInput, Transient
+from libs.common.jetstream_limits import StoreSettings
 from libs.common.messages import AnyEvent, Event, EventDeadLettered, decoder_for, encode, subject_of
 from libs.common.subjects import STREAM, STREAM_SUBJECTS, Bucket, Durable, Kind, kind_filter
 
 log = logging.getLogger("pai.bus")
 
-# JetStream drops a publish whose Nats-Msg-Id it saw within this window.
-DUPLICATE_WINDOW_SECONDS = 600.0
+# Dead-server detection: a connection whose pings go unanswered this many times
+# in a row is given up and the client reconnects to another server (10-15 s).
+PING_INTERVAL_SECONDS = 5.0
+MAX_OUTSTANDING_PINGS = 2
+# How long the platform's bootstrap waits for JetStream (a cluster electing its
+# leader) before it gives up; JetStream's "temporarily unavailable" error code.
+STORE_READY_SECONDS = 60.0
+JS_TEMPORARILY_UNAVAILABLE = 10008
 # A message not acked within this time is redelivered (the handler died); a
 # handler that runs longer keeps its message with `in_progress()` heartbeats.
 ACK_WAIT_SECONDS = 5.0
@@ -64,6 +71,14 @@ TRANSIENT_DEAD_LETTER_AFTER = 12
 # JetStream stops delivering after this many; above both limits, it only acts
 # when the process died before it could dead-letter the event itself.
 MAX_DELIVER = TRANSIENT_DEAD_LETTER_AFTER + 3
+# A handler still at work after this long is stuck (a call that never returns, a
+# lock never released): heartbeats would keep its event, and the events behind
+# it, forever. It is cancelled -- the same as a crash mid-way, which handlers
+# survive (idempotent, effects recorded before the ack) -- and its event is
+# retried; on its `STALLED_DEAD_LETTER_AFTER`-th stall it is dead-lettered, so
+# the events behind it wait at most about that many deadlines.
+HANDLER_DEADLINE_SECONDS = 300.0
+STALLED_DEAD_LETTER_AFTER = 3
 
 Handler = Callable[[AnyEvent], Awaitable[None]]
 
@@ -84,21 +99,29 @@ class Bus:
     ) -> Bus:
         """Connect as NATS user `user`, retrying until NATS answers or `connect_timeout` passes.
 
-        NATS may be restarting (chaos, `pai up` resuming); once connected the
-        client reconnects by itself forever. Replies come under the user's own
-        inbox prefix, the only one its permissions let it subscribe to.
+        `url` may list the servers of a NATS cluster, comma-separated; the client
+        picks one and, when it goes, moves to another (and to those the cluster
+        announces). NATS may be restarting (chaos, `pai up` resuming); once
+        connected the client reconnects by itself forever. Replies come under the
+        user's own inbox prefix, the only one its permissions let it subscribe to.
         """
         deadline = time.monotonic() + connect_timeout
+        servers = server_urls(url)
         login = {"user": user, "password": password, "inbox_prefix": busauth.inbox_prefix(user)} if user else {}
         while True:
             try:
                 nc = await nats.connect(
-                    url,
+                    servers=servers,
                     name=name,
                     **login,
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.5,
                     connect_timeout=2,
+                    # A server cut off by the network sends no reset: only
+                    # unanswered pings tell. nats-py's default (2 min x 2) would
+                    # leave a service talking into the void for four minutes.
+                    ping_interval=PING_INTERVAL_SECONDS,
+                    max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                     error_cb=_log_nats_error,
                     disconnected_cb=_log_disconnected,
                 )
@@ -109,26 +132,35 @@ class Bus:
                 log.warning("NATS at %s not reachable yet (%s); retrying", url, exc)
                 await asyncio.sleep(0.3)
 
-    async def bootstrap(self) -> None:
-        """Create the event stream and every KV bucket (idempotent), or, as a service
-        user, which may not create them (busauth), wait until they exist."""
+    async def bootstrap(self, settings: StoreSettings | None = None) -> None:
+        """Create or update the event stream and every KV bucket with `settings`
+        (replicas and limits, jetstream_limits), idempotently; or, as a service
+        user, which may not create them (busauth), wait until they exist.
+
+        On a NATS cluster just formed, JetStream answers "unavailable" until its
+        nodes have elected a leader: the platform retries until `STORE_READY_SECONDS`.
+        """
         if not busauth.may_create_store(self.user):
             await self._wait_for_store()
             return
-        config = api.StreamConfig(
-            name=STREAM,
-            subjects=STREAM_SUBJECTS,
-            storage=api.StorageType.FILE,
-            retention=api.RetentionPolicy.LIMITS,
-            duplicate_window=DUPLICATE_WINDOW_SECONDS,
-            max_age=7 * 24 * 3600,
-        )
-        try:
-            await self.js.add_stream(config)
-        except nats.js.errors.BadRequestError:
-            await self.js.update_stream(config)
-        for bucket in Bucket:
-            await self.kv(bucket)
+        settings = settings or StoreSettings()
+        deadline = time.monotonic() + STORE_READY_SECONDS
+        while True:
+            try:
+                await _add_or_update(self.js, _event_stream_config(settings))
+                for bucket in Bucket:
+                    await _add_or_update(self.js, _bucket_stream_config(bucket, settings))
+                return
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:
+                retry = exc
+            except nats.js.errors.APIError as exc:
+                if exc.err_code != JS_TEMPORARILY_UNAVAILABLE:
+                    raise
+                retry = exc
+            if time.monotonic() > deadline:
+                raise Transient(f"JetStream not ready after {STORE_READY_SECONDS:.0f}s: {retry!r}") from retry
+            log.warning("JetStream not ready to create the store yet (%r); retrying", retry)
+            await asyncio.sleep(0.5)
 
     async def _wait_for_store(self) -> None:
         """Until the platform's bootstrap (`pai up`, the chart's Job) made the stream
@@ -185,6 +217,7 @@ class Bus:
         *,
         stopping: asyncio.Event | None = None,
         ordered: bool = False,
+        deadline: float = HANDLER_DEADLINE_SECONDS,
     ) -> None:
         """Run `handler` on every event of `kinds` until `stopping` is set.
 
@@ -199,7 +232,7 @@ class Bus:
         while not stopping.is_set():
             msgs = await _fetch(consumer)
             for msg in msgs:
-                await self._dispatch(msg, decoder, handler, durable, delays)
+                await self._dispatch(msg, decoder, handler, durable, delays, deadline)
 
     async def _pull_subscription(self, durable: Durable, kinds: Sequence[Kind], *, ordered: bool) -> Any:
         filters = [kind_filter(k) for k in kinds]
@@ -219,7 +252,13 @@ class Bus:
         return await self.js.pull_subscribe_bind(durable=durable.value, stream=STREAM)
 
     async def _dispatch(
-        self, msg: Msg, decoder: msgspec.json.Decoder, handler: Handler, durable: Durable, delays: Sequence[float]
+        self,
+        msg: Msg,
+        decoder: msgspec.json.Decoder,
+        handler: Handler,
+        durable: Durable,
+        delays: Sequence[float],
+        deadline: float = HANDLER_DEADLINE_SECONDS,
     ) -> None:
         try:
             event = decoder.decode(msg.data)
@@ -234,7 +273,15 @@ class Bus:
         with telemetry.span_from_headers(f"{durable.value} {msg.subject}", msg.headers, job=event.job):
             heartbeat = asyncio.ensure_future(_keep_in_progress(msg))
             try:
-                await handler(event)
+                await _within(deadline, handler(event))
+            except HandlerStalled as exc:
+                if deliveries >= STALLED_DEAD_LETTER_AFTER:
+                    await self._dead_letter(msg, event, durable, deliveries, f"stalled {deliveries} times: {exc}")
+                    return
+                delay = delays[min(deliveries - 1, len(delays) - 1)]
+                log.error("%s; retrying in %.1fs", exc, delay, extra={"job": event.job})
+                await msg.nak(delay=delay)
+                return
             except BadInput as exc:
                 log.error("terminating bad event %s: %s", event.id, exc.message, extra={"job": event.job})
                 await msg.term()
@@ -295,6 +342,84 @@ class Bus:
             await asyncio.wait_for(self.nc.drain(), DRAIN_SECONDS)
         except Exception:  # drain timed out, or NATS is gone: nothing left to flush
             await self.nc.close()
+
+
+def server_urls(url: str) -> list[str]:
+    """The servers of a comma-separated `nats_url` ("nats://a:4222, nats://b:4222")."""
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError(f"no NATS server in {url!r}")
+    return servers
+
+
+def _event_stream_config(settings: StoreSettings) -> api.StreamConfig:
+    limits = settings.events
+    return api.StreamConfig(
+        name=STREAM,
+        subjects=STREAM_SUBJECTS,
+        storage=api.StorageType.FILE,
+        retention=api.RetentionPolicy.LIMITS,
+        num_replicas=settings.replicas,
+        discard=api.DiscardPolicy.NEW,
+        duplicate_window=limits.duplicate_window_seconds,
+        max_age=limits.max_age_seconds or None,
+        max_bytes=limits.max_bytes,
+        max_msg_size=limits.max_message_bytes,
+    )
+
+
+def _bucket_stream_config(bucket: Bucket, settings: StoreSettings) -> api.StreamConfig:
+    """The stream behind a KV bucket, as nats-py's `create_key_value` makes it (so
+    `js.key_value` opens it), with PAI's limits; built here so an existing bucket
+    is updated in place rather than refused as "already in use"."""
+    limits = settings.bucket(bucket)
+    return api.StreamConfig(
+        name=f"KV_{bucket.value}",
+        subjects=[f"$KV.{bucket.value}.>"],
+        storage=api.StorageType.FILE,
+        num_replicas=settings.replicas,
+        allow_rollup_hdrs=True,
+        allow_msg_ttl=True,
+        deny_delete=True,
+        discard=api.DiscardPolicy.NEW,
+        duplicate_window=limits.duplicate_window_seconds,
+        max_age=limits.max_age_seconds or None,
+        max_bytes=limits.max_bytes,
+        max_consumers=-1,
+        max_msg_size=limits.max_message_bytes,
+        max_msgs=-1,
+        max_msgs_per_subject=1,  # history 1: a bucket holds current state
+    )
+
+
+async def _add_or_update(js: Any, config: api.StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except nats.js.errors.BadRequestError:  # exists with other settings: apply ours
+        await js.update_stream(config)
+
+
+class HandlerStalled(Exception):
+    """A handler ran past its deadline and was cancelled."""
+
+
+async def _within(deadline: float, work: Awaitable[None]) -> None:
+    """Await `work`, cancelling it after `deadline` seconds (HandlerStalled).
+
+    Not `asyncio.wait_for`: its TimeoutError could not be told apart from a
+    NATS timeout the handler itself raised, which is retried as transient."""
+    running = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({running}, timeout=deadline)
+    except asyncio.CancelledError:
+        running.cancel()
+        raise
+    if not done:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await running
+        raise HandlerStalled(f"handler still running after its {deadline:g}s deadline; cancelled")
+    running.result()
 
 
 async def _keep_in_progress(msg: Msg) -> None:

@@ -102,6 +102,13 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # empty: spans are not exported.
     otlp_endpoint: str = ""
 
+    # --- the one-node cluster of a laptop (no cluster_file; README "Quick start") ---
+    # CPUs of this machine to offer (`pai up --cpus N`); 0: every CPU detected.
+    local_cpus: int = 0
+    # Without GPUs each core is this many CPU cells, so a 2-core laptop runs 8
+    # one-CPU tasks at once (example jobs mostly print and wait). A cluster file keeps exact cells.
+    cpu_oversubscription: int = 4
+
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()

@@ -8,6 +8,7 @@ refuses anyone without a password; without it, anyone may connect (development).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -16,7 +17,8 @@ import time
 from pathlib import Path
 
 from libs.common import busauth
-from libs.common.busauth import BusCredentials, TlsFiles
+from libs.common.busauth import BusCredentials, ClusterRoutes, TlsFiles
+from libs.common.jetstream_limits import StoreSettings
 
 
 def binary() -> str:
@@ -34,6 +36,23 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def bootstrap_store(url: str, login: dict[str, str], settings: StoreSettings | None = None) -> None:
+    """Create (or update) the event stream and every bucket at `url`, logged in as
+    the platform user, with `settings` (replicas and limits)."""
+    import asyncio
+
+    from libs.common.bus import Bus
+
+    async def create() -> None:
+        bus = await Bus.connect(url, name="pai-bootstrap", **login)
+        try:
+            await bus.bootstrap(settings)
+        finally:
+            await bus.close()
+
+    asyncio.run(create())
 
 
 def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
@@ -80,21 +99,10 @@ class NatsServer:
         """Environment of a PAI process that logs in as `user` (none without auth)."""
         return self.auth.env_for(user) if self.auth is not None else {}
 
-    def bootstrap(self) -> None:
+    def bootstrap(self, settings: StoreSettings | None = None) -> None:
         """Create the event stream and every bucket as the platform user: services
         may not (busauth), they wait for these."""
-        import asyncio
-
-        from libs.common.bus import Bus
-
-        async def create() -> None:
-            bus = await Bus.connect(self.url, name="pai-bootstrap", **self.login(busauth.PLATFORM))
-            try:
-                await bus.bootstrap()
-            finally:
-                await bus.close()
-
-        asyncio.run(create())
+        bootstrap_store(self.url, self.login(busauth.PLATFORM), settings)
 
     @property
     def url(self) -> str:
@@ -135,6 +143,206 @@ class NatsServer:
         return self.proc.pid if self.proc else None
 
     def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --- a JetStream cluster in network namespaces ------------------------------------
+
+
+class NamespaceNetwork:
+    """`size` Linux network namespaces joined by a bridge in this (root) namespace,
+    one veth pair each: node i answers at `address(i)`, this host at `.1`. Taking
+    a node's host-side link down cuts it off from the host and from every other
+    node at once, as a network partition would, without stopping its process.
+
+    Needs root (CAP_NET_ADMIN): `NamespaceNetwork.unavailable()` says why not.
+    Names carry a random tag, so several networks (several tests) coexist; `remove`
+    deletes everything this one made.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        tag = secrets.token_hex(3)
+        self.prefix = f"pai{tag}"  # interface names stay within Linux's 15 characters
+        self.subnet = _free_subnet()
+        self.bridge = f"{self.prefix}br"
+        self.made: list[tuple[str, str]] = []  # ("netns"|"link", name), undone in reverse
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why namespaces cannot be made here, or None when they can."""
+        if shutil.which("ip") is None:
+            return "the `ip` command (iproute2) is not installed"
+        probe = f"paiprobe{secrets.token_hex(2)}"
+        made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+        if made.returncode != 0:
+            return f"`ip netns add` is not permitted here: {made.stderr.strip()}"
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+        return None
+
+    def namespace(self, i: int) -> str:
+        return f"{self.prefix}-n{i}"
+
+    def host_link(self, i: int) -> str:
+        return f"{self.prefix}h{i}"
+
+    def address(self, i: int) -> str:
+        return f"{self.subnet}.{10 + i}"
+
+    def create(self) -> NamespaceNetwork:
+        try:
+            self._ip("link", "add", self.bridge, "type", "bridge")
+            self.made.append(("link", self.bridge))
+            self._ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+            self._ip("link", "set", self.bridge, "up")
+            for i in range(self.size):
+                ns, host, peer = self.namespace(i), self.host_link(i), f"{self.prefix}p{i}"
+                self._ip("netns", "add", ns)
+                self.made.append(("netns", ns))
+                self._ip("link", "add", host, "type", "veth", "peer", "name", peer)
+                self.made.append(("link", host))  # deleting one end deletes the pair
+                self._ip("link", "set", peer, "netns", ns)
+                self._ip("link", "set", host, "master", self.bridge)
+                self._ip("link", "set", host, "up")
+                self._ip("-n", ns, "link", "set", "lo", "up")
+                self._ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", peer)
+                self._ip("-n", ns, "link", "set", peer, "up")
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def cut(self, i: int) -> None:
+        """Node i loses the network (its process keeps running, unaware)."""
+        self._ip("link", "set", self.host_link(i), "down")
+
+    def heal(self, i: int) -> None:
+        self._ip("link", "set", self.host_link(i), "up")
+
+    def run_in(self, i: int, args: list[str]) -> list[str]:
+        """`args` as a command run inside node i's namespace."""
+        return ["ip", "netns", "exec", self.namespace(i), *args]
+
+    def remove(self) -> None:
+        for kind, name in reversed(self.made):
+            command = ["ip", "netns", "del", name] if kind == "netns" else ["ip", "link", "del", name]
+            subprocess.run(command, capture_output=True)
+        self.made.clear()
+
+    @staticmethod
+    def _ip(*args: str) -> None:
+        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+
+def _free_subnet() -> str:
+    """A 10.x.y.0/24 no route of this host uses yet (the first three octets)."""
+    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    for _ in range(100):
+        candidate = f"10.{secrets.randbelow(56) + 200}.{secrets.randbelow(256)}"
+        if f"{candidate}." not in routes:
+            return candidate
+    raise OSError("no free 10.x.y.0/24 subnet found for the NATS cluster network")
+
+
+class NatsCluster:
+    """`size` nats-server nodes forming one JetStream cluster, each in a network
+    namespace of its own (`NamespaceNetwork`), with PAI's users and permissions on
+    every node. Clients get all nodes in `url` (comma-separated, as
+    `Config.nats_url` takes it); `cut(i)` and `heal(i)` partition a node away and
+    back. With three nodes and replicas 3 the store survives one node lost."""
+
+    CLIENT_PORT = 4222
+    ROUTE_PORT = 6222
+
+    def __init__(self, root: Path, *, size: int = 3, auth: BusCredentials | None = None):
+        self.root = Path(root)
+        self.size = size
+        self.auth = auth
+        self.network = NamespaceNetwork(size)
+        self.route_password = secrets.token_urlsafe(24)
+        self.procs: list[subprocess.Popen | None] = [None] * size
+
+    def login(self, user: str) -> dict[str, str]:
+        return {} if self.auth is None else {"user": user, "password": self.auth.password(user)}
+
+    def env(self, user: str) -> dict[str, str]:
+        return self.auth.env_for(user) if self.auth is not None else {}
+
+    def node_url(self, i: int) -> str:
+        return f"nats://{self.network.address(i)}:{self.CLIENT_PORT}"
+
+    @property
+    def url(self) -> str:
+        return ",".join(self.node_url(i) for i in range(self.size))
+
+    def _config(self, i: int) -> dict:
+        address = self.network.address(i)
+        routes = tuple(f"nats-route://{self.network.address(n)}:{self.ROUTE_PORT}" for n in range(self.size))
+        cluster = ClusterRoutes(server_name=f"pai-nats-{i}", host=address, port=self.ROUTE_PORT, routes=routes,
+                                password=self.route_password)
+        store = self.root / f"node-{i}" / "store"
+        if self.auth is not None:
+            return busauth.server_config(self.auth, host=address, port=self.CLIENT_PORT, store_dir=store, cluster=cluster)
+        config = busauth.server_config(busauth.BusCredentials(users={}), host=address, port=self.CLIENT_PORT,
+                                       store_dir=store, cluster=cluster)
+        config.pop("authorization")
+        return config
+
+    def start(self) -> NatsCluster:
+        self.network.create()
+        try:
+            for i in range(self.size):
+                self.start_node(i)
+            for i in range(self.size):
+                wait_for_port(self.network.address(i), self.CLIENT_PORT)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_node(self, i: int) -> None:
+        node = self.root / f"node-{i}"
+        node.mkdir(parents=True, exist_ok=True)
+        config_file = busauth.write_server_config(node / "nats-server.conf", self._config(i))
+        log = open(node / "nats.log", "ab")
+        self.procs[i] = subprocess.Popen(
+            self.network.run_in(i, [binary(), "-c", str(config_file)]),
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+
+    def bootstrap(self, settings: StoreSettings | None = None) -> None:
+        """The store with `settings` (replicas 3 unless told), once the cluster has
+        elected its JetStream leader (Bus.bootstrap waits for that)."""
+        bootstrap_store(self.url, self.login(busauth.PLATFORM), settings or StoreSettings(replicas=self.size))
+
+    def cut(self, i: int) -> None:
+        self.network.cut(i)
+
+    def heal(self, i: int) -> None:
+        self.network.heal(i)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.network.remove()
+
+    def __enter__(self) -> NatsCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

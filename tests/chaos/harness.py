@@ -217,3 +217,70 @@ def assert_each_task_started_once(log_dir: Path, jobs: dict[str, dict[str, int]]
         for index in range(instances)
     }
     assert {key: starts.attempts for key, starts in read_starts(log_dir).items()} == expected
+
+
+# --- the platform on a three-node NATS cluster (tests/chaos/test_nats_cluster.py) ---
+
+# Small store limits for the cluster tests: every node reserves the whole table
+# against its disk (jetstream_limits), and three nodes share this machine's.
+CLUSTER_STORE_LIMITS = {"nats_events_max_bytes": 256 * 1024 * 1024, "nats_bucket_max_bytes": 32 * 1024 * 1024}
+
+
+class ClusterPlatform(Platform):
+    """`Platform` (cli/up.py) on a JetStream cluster of `size` nodes, each in a network
+    namespace of its own (libs/common/natsserver.NatsCluster), instead of one
+    embedded nats-server: the services get every node in `nats_url` and the store
+    is bootstrapped with replicas = size."""
+
+    def __init__(self, config: Config, *, size: int = 3, print_fn=lambda *_: None):
+        super().__init__(config, print_fn=print_fn)
+        self.size = size
+        self.cluster = None
+
+    def start(self):
+        import msgspec
+
+        from cli.client import Connection, connection_file
+        from cli.up import secure_data_dir
+        from libs.common.busauth import load_or_create_credentials
+        from libs.common.jetstream_limits import store_settings
+        from libs.common.natsserver import NatsCluster
+
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.data.chmod(0o700)
+        self.nats_credentials = load_or_create_credentials(self.data / "nats-credentials.json")
+        self.config = secure_data_dir(self.config, self.data, print_fn=self.print)
+        self.cluster = NatsCluster(self.data / "nats", size=self.size, auth=self.nats_credentials).start()
+        self.config = msgspec.structs.replace(self.config, nats_url=self.cluster.url, nats_replicas=self.size)
+        self.cluster.bootstrap(store_settings(self.config))
+        self.data.chmod(0o711)
+        for name in SERVICES:
+            self._spawn(name)
+        for name in SERVICES:
+            self._wait_ready(name)
+        conn = Connection(url=self.api_url, token=self.config.token_path.read_text().strip())
+        path = connection_file(self.data)
+        path.write_bytes(msgspec.json.encode(conn))
+        path.chmod(0o600)
+        return conn
+
+    def stop(self) -> None:
+        try:
+            super().stop()  # services and tasks; self.nats is None, the cluster is ours
+        finally:
+            if self.cluster is not None:
+                self.cluster.stop()
+
+
+async def start_cluster_platform(data_dir: Path, *, size: int = 3) -> Api:
+    """A whole platform on a NATS cluster; the caller stops it with `stop_platform`."""
+    import msgspec
+
+    config = msgspec.structs.replace(chaos_config(data_dir), **CLUSTER_STORE_LIMITS)
+    platform = ClusterPlatform(config, size=size)
+    try:
+        conn = await asyncio.to_thread(platform.start)
+    except BaseException:
+        await asyncio.to_thread(platform.stop)
+        raise
+    return Api(platform, conn)

@@ -1,0 +1,155 @@
+"""PAI on a three-node JetStream cluster (each node in a network namespace of its own,
+the store bootstrapped with replicas 3): one node is cut off the network
+mid-workload, the one leading the event stream, so the stream elects a new leader
+and every service that talked to that node moves to another. Every job still ends
+in its right state, none is lost, no task attempt starts twice; once the link is
+back the node catches up with what it missed.
+
+Needs root (network namespaces); skipped with the reason where `ip netns` is not
+permitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from libs.common import busauth
+from libs.common.bus import Bus
+from libs.common.natsserver import NamespaceNetwork
+from libs.common.subjects import STREAM
+from tests.chaos.harness import (
+    assert_each_task_started_once,
+    chaos_job,
+    dead_services,
+    start_cluster_platform,
+    states,
+    stop_platform,
+    wait_all_final,
+)
+
+pytestmark = pytest.mark.chaos
+
+NODES = 3
+
+
+@pytest.fixture
+async def cluster_platform(tmp_path):
+    why = NamespaceNetwork.unavailable()
+    if why:
+        pytest.skip(f"a NATS cluster in network namespaces cannot run here: {why}")
+    api = await start_cluster_platform(tmp_path / "pai", size=NODES)
+    try:
+        yield api
+    finally:
+        await stop_platform(api)
+
+
+async def stream_leader(cluster) -> tuple[int, str]:
+    """(node index, server name) of the node leading the event stream."""
+    bus = await Bus.connect(cluster.url, name="test-probe", **cluster.login(busauth.PLATFORM))
+    try:
+        info = await bus.js.stream_info(STREAM)
+    finally:
+        await bus.close()
+    assert info.config.num_replicas == NODES, info.config
+    leader = info.cluster.leader
+    return int(leader.rsplit("-", 1)[1]), leader
+
+
+async def replicas_lagging(cluster, timeout: float) -> list[str]:
+    """Wait until every node holding the event stream is current; the ones still
+    lagging or offline when `timeout` passes (empty: all caught up)."""
+    deadline = time.monotonic() + timeout
+    lagging = ["(the cluster never answered)"]
+    while time.monotonic() < deadline:
+        try:
+            bus = await Bus.connect(cluster.url, name="test-probe", connect_timeout=5, **cluster.login(busauth.PLATFORM))
+            try:
+                info = await bus.js.stream_info(STREAM)
+            finally:
+                await bus.close()
+            lagging = [p.name for p in info.cluster.replicas or [] if not p.current or p.offline]
+            if not lagging:
+                return []
+        except Exception as exc:  # noqa: BLE001 - the cluster is still settling: ask again
+            lagging = [repr(exc)]
+        await asyncio.sleep(0.5)
+    return lagging
+
+
+@pytest.mark.timeout(240)
+async def test_a_nats_node_cut_off_mid_workload_loses_no_job_and_runs_no_task_twice(cluster_platform, starts_dir):
+    api = cluster_platform
+    cluster = api.platform.cluster
+    tag = uuid.uuid4().hex[:6]
+    # Five 4-CPU jobs on the 16 CPUs of VC default: four run when the node is cut,
+    # one waits in the queue; a two-role job in VC research beside them, and one
+    # job that fails (exit 1, no retry) and must end FAILED, not SUCCEEDED.
+    expected: dict[str, str] = {}
+    roles: dict[str, dict[str, int]] = {}
+    for n in range(5):
+        job = f"admin~cluster-{n}-{tag}"
+        await api.submit(chaos_job(job.split("~")[1], starts_dir, ["sleep 3"], cpu=4))
+        expected[job], roles[job] = "SUCCEEDED", {"main": 1}
+    multi = f"admin~cluster-multi-{tag}"
+    roles[multi] = {"ps": 1, "worker": 2}
+    await api.submit(chaos_job(multi.split("~")[1], starts_dir, ["sleep 3"], roles=roles[multi], vc="research"))
+    expected[multi] = "SUCCEEDED"
+    failing = f"admin~cluster-fails-{tag}"
+    await api.submit(chaos_job(failing.split("~")[1], starts_dir, ["sleep 1", "exit 1"], vc="research"))
+    expected[failing], roles[failing] = "FAILED", {"main": 1}
+    await api.wait_state(next(iter(expected)), "RUNNING", timeout=60)
+
+    node, leader = await stream_leader(cluster)
+    await asyncio.to_thread(cluster.cut, node)
+    cut_at = time.monotonic()
+    try:
+        # Submitted while the node is away: the client retries a refused or
+        # timed-out submit, as a user would; a retry of a job that did get in is
+        # answered 409 and changes nothing.
+        late = f"admin~cluster-late-{tag}"
+        await submit_until_taken(api, chaos_job(late.split("~")[1], starts_dir, ["sleep 1"], cpu=4), late, timeout=60)
+        expected[late], roles[late] = "SUCCEEDED", {"main": 1}
+
+        final = await wait_all_final(api, expected, timeout=120)
+        print(f"cut {leader} (leader of {STREAM}); all jobs final {time.monotonic() - cut_at:.1f}s later")
+        died = dead_services(api)
+    finally:
+        await asyncio.to_thread(cluster.heal, node)
+
+    assert states(final) == expected, {j: (d or {}).get("jobStatus") for j, d in final.items() if states({j: d})[j] != expected[j]}
+    assert_each_task_started_once(starts_dir, roles)
+    # A service may exit on a NATS failure it cannot handle and be restarted by
+    # the supervisor; a cut-off node that one or two others survive is not one.
+    assert died == [], f"services exited while one NATS node was cut off: {died}"
+
+    # Healed: the node is back in the stream's replica set and current.
+    assert await replicas_lagging(cluster, timeout=60) == [], f"{leader} did not catch up after its link came back"
+    # And the platform takes new work as before.
+    after = f"admin~cluster-after-{tag}"
+    await api.submit(chaos_job(after.split("~")[1], starts_dir, ["true"]))
+    final = await wait_all_final(api, [after], timeout=60)
+    assert states(final) == {after: "SUCCEEDED"}
+
+
+async def submit_until_taken(api, body: str, job: str, timeout: float) -> None:
+    from cli.client import ApiError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await api.submit(body)
+            return
+        except ApiError as exc:
+            if exc.status == 409:  # an earlier try got in after all
+                return
+            failure: Exception = exc
+        except Exception as exc:  # noqa: BLE001 - rest unreachable or slow: retry
+            failure = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"submitting {job} failed for {timeout:.0f}s: {failure!r}")
+        await asyncio.sleep(1.0)
