@@ -66,6 +66,13 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # this many at once, refilled at this many per second; past it 429.
     rest_rate_limit_burst: int = 200
     rest_rate_limit_per_second: float = 100.0
+
+    # --- the one-node cluster of a laptop (no cluster_file; README "Quick start") ---
+    # CPUs of this machine to offer (`pai up --cpus N`); 0: every CPU detected.
+    local_cpus: int = 0
+    # Without GPUs each core is this many CPU cells, so a 2-core laptop runs 8
+    # one-CPU tasks at once (example jobs mostly print and wait). A cluster file keeps exact cells.
+    cpu_oversubscription: int = 4
     # rest: how long bearer tokens live, in seconds (services/rest/identity):
     # from a login (`pai login`), an application token's default, and the most
     # anyone may ask for. The admin token `pai up` writes does not expire.

@@ -35,5 +35,8 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     """Free-form per-VC status as the scheduler core reports it."""
 
     virtualClusters: list[dict[str, Any]] = []
+    # {name, cells: [{address, cellType, sku, leafCells, pinnedCellId}]} per node
     nodes: list[dict[str, Any]] = []
+    # sku -> {gpu, cpu, memory (MB), maxLeafCellsPerNode}: what one leaf cell offers
+    skuTypes: dict[str, dict[str, Any]] = {}
     updatedAt: float = 0.0

@@ -44,6 +44,7 @@ from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.scheduler import metrics
 from services.scheduler.cluster import ClusterConfig, load_cluster_config, local_cluster_config
+from services.scheduler.cluster.published import node_cells_view, sku_types_view
 from services.scheduler.core import (
     Cancel,
     Decision,
@@ -73,7 +74,8 @@ def cluster_config(config: Config) -> ClusterConfig:
     if config.cluster_file:
         return load_cluster_config(config.cluster_file)
     info = machine.detect()
-    return local_cluster_config(node=info.hostname, gpus=info.gpus, cpus=info.cpus, memory_mb=info.memory_mb)
+    return local_cluster_config(node=info.hostname, gpus=info.gpus, cpus=config.local_cpus or info.cpus,
+                                memory_mb=info.memory_mb, cpu_oversubscription=config.cpu_oversubscription)
 
 
 class SchedulerShell:
@@ -151,9 +153,11 @@ class SchedulerShell:
                     log.warning("tick: NATS trouble (%r); trying again at the next tick", error)
 
     async def publish_view(self) -> None:
+        cells = node_cells_view(self.core.config)
         view = ClusterView(
             virtualClusters=[msgspec.to_builtins(vc) for vc in self.core.vc_status()],
-            nodes=[{"name": n} for n in self.core.node_names()],
+            nodes=[{"name": n, "cells": cells.get(n, [])} for n in self.core.node_names()],
+            skuTypes=sku_types_view(self.core.config),
             updatedAt=time.time(),
         )
         await (await self.ctx.bus.kv(Bucket.CLUSTER)).put(CLUSTER_VCS_KEY, msgspec.json.encode(view))

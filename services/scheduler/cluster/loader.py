@@ -478,23 +478,28 @@ def _check_capacity(cell_types: dict[str, CellType], cells: list[PhysicalCell],
 # --- the one-machine default ----------------------------------------------------------------
 
 
-def local_cluster_config(*, node: str = "local", gpus: int, cpus: int, memory_mb: int, nodes: int = 1) -> ClusterConfig:
+def local_cluster_config(*, node: str = "local", gpus: int, cpus: int, memory_mb: int, nodes: int = 1,
+                         cpu_oversubscription: int = 1) -> ClusterConfig:
     """The cluster of `pai up`: `nodes` identical nodes with these resources each, one VC "default".
 
     With GPUs, each GPU is a leaf cell of sku "gpu" carrying its share of cpu and
-    memory; without, each CPU core is a leaf cell of sku "cpu". Several nodes are
-    named `<node>-0`, `<node>-1`, ...
+    memory; without, CPU cells of sku "cpu": `cpu_oversubscription` cells per core,
+    each offering 1 CPU and a core's share of memory, so a core runs that many
+    one-CPU tasks side by side (most example jobs mostly wait or print; a
+    cluster file keeps exact cells). Several nodes are named `<node>-0`, `<node>-1`, ...
     """
     if nodes < 1:
         raise ValueError("nodes must be >= 1")
     if gpus < 0 or cpus < 0 or memory_mb < 0:
         raise ValueError("gpus, cpus and memory_mb must be >= 0")
+    if cpu_oversubscription < 1:
+        raise ValueError("cpu_oversubscription must be >= 1")
     if gpus > 0:
         sku = {"gpu": {"gpu": 1, "cpu": cpus // gpus, "memory": f"{memory_mb // gpus}Mi"}}
         leaf, per_node = "gpu", gpus
     elif cpus > 0:
         sku = {"cpu": {"gpu": 0, "cpu": 1, "memory": f"{memory_mb // cpus}Mi"}}
-        leaf, per_node = "cpu", cpus
+        leaf, per_node = "cpu", cpus * cpu_oversubscription
     else:
         raise ValueError("a node needs at least one GPU or one CPU")
     node_type = f"{leaf}-node"
