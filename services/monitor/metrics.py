@@ -12,7 +12,15 @@ from collections.abc import Iterable
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.monitor.core.samples import NodeSample
-from services.monitor.core.series import GPU_LABELS, node_series
+from services.monitor.core.nodes import NodeConditionCounts
+from services.monitor.core.series import (
+    ECC_LABELS,
+    EXTERNAL_PROCESS_LABELS,
+    GPU_LABELS,
+    TASK_GPU_LABELS,
+    TASK_LABELS,
+    node_series,
+)
 from services.monitor.core.updates import (
     EventCounted,
     JobsGauge,
@@ -22,6 +30,8 @@ from services.monitor.core.updates import (
     TaskExitCounted,
     Update,
 )
+
+NODE_COUNT_LABELS = ("ready", "disk_pressure", "memory_pressure", "unschedulable")
 
 # From 5 ms (an idle local cluster) to an hour (a busy VC's queue); about three
 # buckets per decade so the quantiles stay meaningful at every scale.
@@ -44,7 +54,12 @@ task_exits_total = Counter(
     'Task exits by virtual cluster and outcome: "success", or the phrase of the failure verdict.',
     ["vc", "outcome"],
 )
-node_count = Gauge("pai_node_count", "Nodes known to the monitor.")
+node_count = Gauge(
+    "pai_node_count",
+    "Nodes by condition, as OpenPAI: ready (not lost, no GPU ECC error), disk_pressure, "
+    "memory_pressure, unschedulable (cordoned).",
+    list(NODE_COUNT_LABELS),
+)
 node_up = Gauge("pai_node_up", "1 while a node is healthy, 0 when it is reported unhealthy.", ["node"])
 
 # Gauges of this machine, set from each node sample.
@@ -59,22 +74,38 @@ _NODE_GAUGES: dict[str, Gauge] = {
     "node_data_disk_total_bytes": Gauge("node_data_disk_total_bytes", "Size of the file system of PAI's data dir."),
     "nvidiasmi_attached_gpus": Gauge("nvidiasmi_attached_gpus", "GPUs NVML reports on this machine."),
 }
+# Labelled gauges of this machine (GPUs, tasks, external GPU processes): a series
+# whose GPU, task or process went away is removed at the next sample.
 _GPU_GAUGES: dict[str, Gauge] = {
-    name: Gauge(name, doc, list(GPU_LABELS))
-    for name, doc in {
-        "nvidiasmi_utilization_gpu": "GPU busy percent (NVML utilization.gpu).",
-        "nvidiasmi_utilization_memory": "GPU memory-controller busy percent (NVML utilization.memory).",
-        "nvidiasmi_memory_used_bytes": "GPU memory in use.",
-        "nvidiasmi_memory_total_bytes": "GPU memory.",
-        "nvidiasmi_temperature": "GPU core temperature in degrees Celsius.",
-        "nvidiasmi_process_count": "Processes holding a context on the GPU.",
+    name: Gauge(name, doc, list(labels))
+    for name, (doc, labels) in {
+        "nvidiasmi_utilization_gpu": ("GPU busy percent (NVML utilization.gpu).", GPU_LABELS),
+        "nvidiasmi_utilization_memory": ("GPU memory-controller busy percent (NVML utilization.memory).", GPU_LABELS),
+        "nvidiasmi_memory_used_bytes": ("GPU memory in use.", GPU_LABELS),
+        "nvidiasmi_memory_total_bytes": ("GPU memory.", GPU_LABELS),
+        "nvidiasmi_temperature": ("GPU core temperature in degrees Celsius.", GPU_LABELS),
+        "nvidiasmi_process_count": ("Processes holding a context on the GPU.", GPU_LABELS),
+        "nvidiasmi_power_draw_watts": ("GPU power draw in watts.", GPU_LABELS),
+        "nvidiasmi_performance_state": ("GPU performance state: 0 (P0, fastest) to 15.", GPU_LABELS),
+        "nvidiasmi_ecc_error_count": (
+            "ECC errors by type: volatile_single/double (since the driver loaded), aggregated_single/double (lifetime).",
+            ECC_LABELS,
+        ),
+        "task_cpu_percent": ("CPU busy percent of the whole node used by a PAI task's processes.", TASK_LABELS),
+        "task_mem_usage_byte": ("Resident memory of a PAI task's processes.", TASK_LABELS),
+        "task_gpu_percent": ("Busy percent of a GPU a PAI task holds.", TASK_GPU_LABELS),
+        "task_gpu_mem_percent": ("Percent of a GPU's memory a PAI task's processes hold.", TASK_GPU_LABELS),
+        "gpu_used_by_external_process_count": (
+            "1 for each process holding a GPU that belongs to no PAI task.",
+            EXTERNAL_PROCESS_LABELS,
+        ),
     }.items()
 }
-# GPU label sets set by the previous sample, to drop the series of a GPU that went away.
+# Label sets set by the previous sample, to drop the series of what went away.
 _gpu_series_shown: dict[str, set[tuple[str, ...]]] = {name: set() for name in _GPU_GAUGES}
 
 
-def apply(updates: Iterable[Update]) -> None:
+def apply(updates: Iterable[Update | NodeConditionCounts]) -> None:
     for update in updates:
         match update:
             case JobsGauge(vc=vc, state=state, count=count):
@@ -87,8 +118,11 @@ def apply(updates: Iterable[Update]) -> None:
                 task_exits_total.labels(vc=vc, outcome=outcome).inc()
             case NodeUp(node=node, up=up):
                 node_up.labels(node=node).set(1 if up else 0)
-            case NodeCount(count=count):
-                node_count.set(count)
+            case NodeConditionCounts(counts=counts):
+                for labels, count in counts.items():
+                    node_count.labels(*labels).set(count)
+            case NodeCount():
+                pass  # the nodes the event tally saw; pai_node_count comes from node health
             case _:
                 raise TypeError(f"not a monitor update: {update!r}")
 

