@@ -33,15 +33,17 @@ from libs.common.errors import (
 from libs.common.logs import LogRequest, request_log
 from libs.common.messages import JobSubmitted, StopRequested
 from libs.common.protocol import MAX_BODY_BYTES, parse_job, protocol_error_body
-from libs.common.protocol.limits import MAX_EMAIL_LENGTH, MAX_JOB_NAME_LENGTH, MAX_USERNAME_LENGTH
+from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_USERNAME_LENGTH
 from libs.common.protocol.model import ProtocolError
 from libs.common.records import JobRecord
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext, health_routes
 from libs.common.subjects import Bucket
 from services.rest import auth, fallback, metrics, ratelimit, rules, views
-from services.rest.records import NewUser, SubmittedJob
-from services.rest.request import CTX, USER, bad_field, ctx_of, decode_fields, read_body, read_json_object
+from services.rest.identity import core as identity_core
+from services.rest.identity import routes as identity_routes
+from services.rest.records import SubmittedJob
+from services.rest.request import CTX, USER, ctx_of, read_body, read_json_object
 
 log = logging.getLogger("pai.rest")
 
@@ -129,10 +131,9 @@ async def create_app(ctx: ServiceContext) -> web.Application:
             web.get("/api/v2/jobs/{job}/logs", get_job_logs),
             web.put("/api/v2/jobs/{job}/executionType", put_execution_type),
             web.get("/api/v2/virtual-clusters", list_virtual_clusters),
-            web.get("/api/v2/users/me", whoami),
-            web.post("/api/v2/users", create_user),
         ]
     )
+    app.add_routes(identity_routes.routes)
     app.add_routes(rules.routes)
     return app
 
@@ -193,9 +194,13 @@ async def publish_pending_submissions(ctx: ServiceContext) -> int:
     return count
 
 
-async def _check_virtual_cluster(ctx: ServiceContext, user, vc: str) -> None:
-    if user.virtualClusters and vc not in user.virtualClusters and not user.admin:
-        raise Forbidden(f"user {user.username} may not submit to virtual cluster {vc}")
+async def _check_virtual_cluster(ctx: ServiceContext, user: identity_core.Principal, vc: str) -> None:
+    # As OpenPAI: a VC is open to a user when one of their groups lists it
+    # (`extension.acls.virtualClusters`; the default group lists `default`).
+    if not identity_core.may_submit_to(user, vc):
+        granted = ", ".join(user.virtualClusters) or "none"
+        raise Forbidden(f"user {user.username} may not submit to virtual cluster {vc}: none of their groups "
+                        f"({', '.join(user.grouplist) or 'none'}) lists it; their virtual clusters: {granted}")
     view = await _cluster_view(ctx)
     known = {v.get("name") for v in view.virtualClusters}
     if known and vc not in known:
@@ -376,28 +381,6 @@ async def _follow_log(request: web.Request, ctx: ServiceContext, req: LogRequest
 async def list_virtual_clusters(request: web.Request) -> web.Response:
     view = await _cluster_view(ctx_of(request))
     return web.json_response({vc["name"]: vc for vc in view.virtualClusters})
-
-
-async def whoami(request: web.Request) -> web.Response:
-    return web.json_response(msgspec.to_builtins(request[USER]))
-
-
-async def create_user(request: web.Request) -> web.Response:
-    if not request[USER].admin:
-        raise Forbidden("only an admin may create users")
-    example = '{"username": "alice", "admin": false, "email": "alice@example.com"}'
-    body = await read_json_object(request, what="the new user", example=example)
-    new = decode_fields(body, NewUser, what="the new user")
-    # The name becomes a KV key and part of every job id: bounded before NATS sees it.
-    if len(new.username) > MAX_USERNAME_LENGTH:
-        raise bad_field("username", "maxLength",
-                        f"a username is at most {MAX_USERNAME_LENGTH} characters, got {len(new.username)}")
-    if not ids.NAME_PATTERN.match(new.username):
-        raise bad_field("username", "pattern", "a username must match ^[a-zA-Z0-9_-]+$ (letters, digits, _ and -)")
-    if len(new.email) > MAX_EMAIL_LENGTH:
-        raise bad_field("email", "maxLength", f"an email address is at most {MAX_EMAIL_LENGTH} characters")
-    token = await auth.create_user(ctx_of(request).bus, new.username, admin=new.admin, email=new.email)
-    return web.json_response({"username": new.username, "token": token}, status=201)
 
 
 async def startup(ctx: ServiceContext) -> None:

@@ -1,74 +1,79 @@
-"""Bearer-token authentication.
+"""Bearer-token authentication: who is calling, as a `Principal` on the request.
 
-Tokens are random and stored only as SHA-256 hashes (`token.<hash>` -> user name in
-the pai_users bucket), so a leaked KV dump does not leak credentials.
+A token names its user and is kept only as a SHA-256 hash (services/rest/identity/
+store.py); it works until it expires or is revoked. The caller's admin rights and
+virtual clusters come from their groups, read at each request, so a change by an
+admin applies at once.
 """
 
 from __future__ import annotations
 
-import hashlib
-import secrets
+import time
 
 import msgspec
-import nats.js.errors
 from aiohttp import web
 
-from libs.common.bus import Bus, get_json
-from libs.common.errors import Conflict, Unauthorized
-from libs.common.subjects import Bucket
-from services.rest.records import User
+from libs.common.bus import Bus
+from libs.common.errors import ConflictUser, Unauthorized
+from services.rest.identity import core, store
+from services.rest.records import TokenKind, User
 from services.rest.request import USER, ctx_of
 
 # Paths anyone may read: probes, metrics and the portal's static files.
 PUBLIC_PREFIXES = ("/healthz", "/readyz", "/metrics", "/portal")
+# Paths anyone may call: signing in (rate-limited per peer like any anonymous call).
+PUBLIC_PATHS = frozenset({"/", "/api/v2/authn/basic/login"})
 
 
-def _hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-async def create_user(bus: Bus, username: str, *, admin: bool = False, email: str = "") -> str:
-    """Create a user with one fresh token; returns the token (shown once)."""
-    kv = await bus.kv(Bucket.USERS)
-    token = secrets.token_urlsafe(32)
-    try:
-        await kv.create(f"user.{username}", msgspec.json.encode(User(username=username, admin=admin, email=email)))
-    except nats.js.errors.KeyWrongLastSequenceError:
-        raise Conflict(f"user {username} already exists") from None
-    await kv.put(f"token.{_hash(token)}", username.encode())
-    return token
+async def create_user(bus: Bus, username: str, *, admin: bool = False, email: str = "",
+                      grouplist: list[str] | None = None) -> str:
+    """Create a user with one application token that does not expire; returns the token (shown once)."""
+    groups = grouplist if grouplist is not None else [core.DEFAULT_GROUP]
+    user = User(username=username, email=email, grouplist=core.grouplist_with_admin(groups, admin),
+                createdAt=time.time())
+    await store.create_user(bus, user)
+    return await store.issue_token(bus, username, TokenKind.APPLICATION, expires_at=None,
+                                   description="made with the user")
 
 
 async def ensure_admin(bus: Bus, username: str) -> str | None:
-    """Create the admin at first start; returns its token then, None if it existed."""
+    """At start: the built-in groups, and the admin user with a platform token the first
+    time (returned then, None afterwards). An admin kept from before groups joins the admin group."""
+    await store.ensure_builtin_groups(bus)
+    user = User(username=username, grouplist=[core.DEFAULT_GROUP, core.ADMIN_GROUP], createdAt=time.time())
     try:
-        return await create_user(bus, username, admin=True)
-    except Conflict:
+        await store.create_user(bus, user)
+    except ConflictUser:
+        await store.change_user(bus, username, lambda u: msgspec.structs.replace(
+            u, grouplist=core.grouplist_with_admin(u.grouplist, True)))
         return None
+    return await store.issue_token(bus, username, TokenKind.PLATFORM, expires_at=None, description="pai up")
 
 
-async def user_for_token(bus: Bus, token: str) -> User | None:
-    kv = await bus.kv(Bucket.USERS)
-    try:
-        entry = await kv.get(f"token.{_hash(token)}")
-    except nats.js.errors.KeyNotFoundError:
+async def principal_for_token(bus: Bus, token: str, *, now: float | None = None) -> core.Principal | None:
+    found = await store.lookup_token(bus, token, time.time() if now is None else now)
+    if found is None:
         return None
-    if not entry.value:
-        return None
-    got = await get_json(kv, f"user.{entry.value.decode()}", User)
-    return got[0] if got else None
+    record, key = found
+    got = await store.get_user(bus, record.user)
+    if got is None:
+        return None  # the user was deleted; their tokens go with them
+    user = got[0]
+    groups = await store.groups_named(bus, user.grouplist)
+    return core.resolve(user, groups, token_key=key)
 
 
 @web.middleware
 async def middleware(request: web.Request, handler):
-    if request.path.startswith(PUBLIC_PREFIXES) or request.path == "/":
+    if request.path.startswith(PUBLIC_PREFIXES) or request.path in PUBLIC_PATHS:
         return await handler(request)
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    user = await user_for_token(ctx_of(request).bus, token.strip())
-    if user is None:
-        raise Unauthorized("the bearer token is not valid")
-    request[USER] = user
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>' "
+                           "(get one with POST /api/v2/authn/basic/login or `pai login`)")
+    principal = await principal_for_token(ctx_of(request).bus, token.strip())
+    if principal is None:
+        raise Unauthorized("the bearer token is not valid: unknown, expired or revoked; sign in again")
+    request[USER] = principal
     return await handler(request)

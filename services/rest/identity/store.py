@@ -1,0 +1,306 @@
+"""Users, groups and tokens in the pai_users bucket (rest owns it).
+
+Every read-modify-write is an update at the revision read (optimistic concurrency),
+retried on a conflict, so two rest replicas changing the same user never lose one
+change; creations are `create`, so a name is taken once.
+
+Tokens: a bearer token is `<user>.<random>`; the bucket keeps only its SHA-256
+(`token.<user>.<sha256>`), so a leaked dump of the bucket holds no credential, and
+a user's tokens are listed by key prefix without reading anyone else's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+from collections.abc import Callable
+
+import argon2
+import msgspec
+import nats.js.errors
+from nats.js.kv import KeyValue
+
+from libs.common.bus import Bus, get_json
+from libs.common.errors import ConflictGroup, ConflictUser, NoGroup, NoToken, NoUser
+from libs.common.ids import NAME_PATTERN
+from services.rest.identity import core
+from services.rest.records import Group, TokenKind, TokenRecord, User
+from libs.common.subjects import Bucket
+
+_hasher = argon2.PasswordHasher()  # argon2id with argon2-cffi's current defaults
+UPDATE_ATTEMPTS = 10
+TOKEN_ID_LENGTH = 16  # hex digits of the hash shown as a token's id
+
+
+async def _kv(bus: Bus) -> KeyValue:
+    return await bus.kv(Bucket.USERS)
+
+
+# --- passwords ---------------------------------------------------------------------------------
+
+
+async def hash_password(password: str) -> str:
+    # argon2 is slow on purpose; off the event loop so other requests go on.
+    return await asyncio.to_thread(_hasher.hash, password)
+
+
+async def password_matches(password_hash: str, password: str) -> bool:
+    if not password_hash:
+        return False
+    try:
+        return await asyncio.to_thread(_hasher.verify, password_hash, password)
+    except (argon2.exceptions.VerificationError, argon2.exceptions.InvalidHashError):
+        return False
+
+
+# A hash to verify against when the user does not exist, so a wrong name takes as
+# long as a wrong password and the answer does not tell which was wrong.
+_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+
+
+async def spend_password_check(password: str) -> None:
+    await password_matches(_DUMMY_HASH, password)
+
+
+# --- users -----------------------------------------------------------------------------------
+
+
+def user_key(name: str) -> str:
+    return f"user.{name}"
+
+
+def group_key(name: str) -> str:
+    return f"group.{name}"
+
+
+async def get_user(bus: Bus, name: str) -> tuple[User, int] | None:
+    if not NAME_PATTERN.match(name):
+        return None
+    return await get_json(await _kv(bus), user_key(name), User)
+
+
+async def require_user(bus: Bus, name: str) -> tuple[User, int]:
+    got = await get_user(bus, name)
+    if got is None:
+        raise NoUser(f"user {name[:64]} not found")
+    return got
+
+
+async def create_user(bus: Bus, user: User) -> None:
+    try:
+        await (await _kv(bus)).create(user_key(user.username), msgspec.json.encode(user))
+    except nats.js.errors.KeyWrongLastSequenceError:
+        raise ConflictUser(f"user {user.username} already exists") from None
+
+
+async def change_user(bus: Bus, name: str, change: Callable[[User], User]) -> User:
+    """Apply `change` to the stored user at the revision read; again if someone else changed it."""
+    kv = await _kv(bus)
+    for _ in range(UPDATE_ATTEMPTS):
+        user, revision = await require_user(bus, name)
+        changed = change(user)
+        try:
+            await kv.update(user_key(name), msgspec.json.encode(changed), last=revision)
+            return changed
+        except nats.js.errors.KeyWrongLastSequenceError:
+            continue
+    raise ConflictUser(f"user {name} is being changed by someone else; try again")
+
+
+async def delete_user(bus: Bus, name: str) -> None:
+    _, revision = await require_user(bus, name)
+    await revoke_all_tokens(bus, name)
+    try:
+        await (await _kv(bus)).delete(user_key(name), last=revision)
+    except nats.js.errors.KeyWrongLastSequenceError:
+        raise ConflictUser(f"user {name} was changed while being deleted; try again") from None
+    await revoke_all_tokens(bus, name)  # one issued meanwhile by a login in flight
+
+
+async def _keys(kv: KeyValue, prefix: str) -> list[str]:
+    try:
+        return await kv.keys(filters=[f"{prefix}>"])
+    except nats.js.errors.NoKeysError:
+        return []
+
+
+async def all_users(bus: Bus) -> list[User]:
+    kv = await _kv(bus)
+    keys = await _keys(kv, "user.")
+    got = await asyncio.gather(*(get_json(kv, key, User) for key in keys))
+    return sorted((g[0] for g in got if g is not None), key=lambda u: u.username)
+
+
+# --- groups ------------------------------------------------------------------------------------
+
+
+async def get_group(bus: Bus, name: str) -> tuple[Group, int] | None:
+    if not NAME_PATTERN.match(name):
+        return None
+    return await get_json(await _kv(bus), group_key(name), Group)
+
+
+async def require_group(bus: Bus, name: str) -> tuple[Group, int]:
+    got = await get_group(bus, name)
+    if got is None:
+        raise NoGroup(f"group {name[:64]} not found")
+    return got
+
+
+async def groups_named(bus: Bus, names: list[str] | tuple[str, ...]) -> dict[str, Group]:
+    got = await asyncio.gather(*(get_group(bus, name) for name in names))
+    return {name: g[0] for name, g in zip(names, got, strict=True) if g is not None}
+
+
+async def all_groups(bus: Bus) -> list[Group]:
+    kv = await _kv(bus)
+    keys = await _keys(kv, "group.")
+    got = await asyncio.gather(*(get_json(kv, key, Group) for key in keys))
+    return sorted((g[0] for g in got if g is not None), key=lambda g: g.groupname)
+
+
+async def create_group(bus: Bus, group: Group) -> None:
+    try:
+        await (await _kv(bus)).create(group_key(group.groupname), msgspec.json.encode(group))
+    except nats.js.errors.KeyWrongLastSequenceError:
+        raise ConflictGroup(f"group {group.groupname} already exists") from None
+
+
+async def change_group(bus: Bus, name: str, change: Callable[[Group], Group]) -> Group:
+    kv = await _kv(bus)
+    for _ in range(UPDATE_ATTEMPTS):
+        group, revision = await require_group(bus, name)
+        changed = change(group)
+        try:
+            await kv.update(group_key(name), msgspec.json.encode(changed), last=revision)
+            return changed
+        except nats.js.errors.KeyWrongLastSequenceError:
+            continue
+    raise ConflictGroup(f"group {name} is being changed by someone else; try again")
+
+
+async def delete_group(bus: Bus, name: str) -> None:
+    _, revision = await require_group(bus, name)
+    members = await members_of(bus, name)
+    if members:
+        shown = ", ".join(members[:10]) + (f" and {len(members) - 10} more" if len(members) > 10 else "")
+        raise ConflictGroup(f"group {name} still has members ({shown}); take them out of it first")
+    try:
+        await (await _kv(bus)).delete(group_key(name), last=revision)
+    except nats.js.errors.KeyWrongLastSequenceError:
+        raise ConflictGroup(f"group {name} was changed while being deleted; try again") from None
+
+
+async def members_of(bus: Bus, name: str) -> list[str]:
+    return [u.username for u in await all_users(bus) if name in u.grouplist]
+
+
+async def ensure_builtin_groups(bus: Bus) -> None:
+    for group in core.BUILTIN_GROUPS.values():
+        try:
+            await create_group(bus, group)
+        except ConflictGroup:
+            pass  # made at an earlier start (or by another replica), perhaps changed by an admin since
+
+
+# --- tokens ------------------------------------------------------------------------------------
+
+
+def _sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def token_key(token: str) -> str | None:
+    """Where `token` is kept, or None when it cannot be one of ours."""
+    user, dot, _ = token.partition(".")
+    if not dot:
+        return f"token.{_sha256(token)}" if NAME_PATTERN.match(token) else None  # made before tokens named a user
+    if not NAME_PATTERN.match(user) or len(token) > 512:
+        return None
+    return f"token.{user}.{_sha256(token)}"
+
+
+def token_id(key: str) -> str:
+    """A token's public name (a prefix of its hash): listed and revoked by it, useless as a credential."""
+    return key.rsplit(".", 1)[-1][:TOKEN_ID_LENGTH]
+
+
+async def issue_token(bus: Bus, user: str, kind: TokenKind, *, expires_at: float | None, description: str = "",
+                      now: float | None = None) -> str:
+    token = f"{user}.{secrets.token_urlsafe(32)}"
+    record = TokenRecord(user=user, kind=kind, createdAt=time.time() if now is None else now,
+                         expiresAt=expires_at, description=description)
+    await (await _kv(bus)).create(token_key(token), msgspec.json.encode(record))
+    return token
+
+
+async def lookup_token(bus: Bus, token: str, now: float) -> tuple[TokenRecord, str] | None:
+    """The live token record and its key; None when unknown, revoked or expired."""
+    key = token_key(token)
+    if key is None:
+        return None
+    kv = await _kv(bus)
+    try:
+        entry = await kv.get(key)
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    if not entry.value:
+        return None
+    if not entry.value.startswith(b"{"):  # a token made before records: the value is the user's name
+        record = TokenRecord(user=entry.value.decode(), kind=TokenKind.PLATFORM, createdAt=0.0)
+    else:
+        record = msgspec.json.decode(entry.value, type=TokenRecord)
+    if not core.is_live(record, now):
+        try:
+            await kv.delete(key, last=entry.revision)  # tidy: an expired token is never live again
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass
+        return None
+    return record, key
+
+
+async def tokens_of(bus: Bus, user: str, now: float) -> list[tuple[str, TokenRecord]]:
+    """(id, record) of each live token of `user`, newest first."""
+    kv = await _kv(bus)
+    keys = await _keys(kv, f"token.{user}.")
+    got = await asyncio.gather(*(get_json(kv, key, TokenRecord) for key in keys))
+    live = [(token_id(key), g[0]) for key, g in zip(keys, got, strict=True) if g is not None and core.is_live(g[0], now)]
+    return sorted(live, key=lambda item: item[1].createdAt, reverse=True)
+
+
+async def revoke_token(bus: Bus, user: str, token_or_id: str) -> None:
+    """Revoke one of `user`'s tokens, named by the token itself or by its id."""
+    kv = await _kv(bus)
+    key = token_key(token_or_id) if "." in token_or_id else None
+    if key is None or not key.startswith(f"token.{user}."):
+        matches = [k for k in await _keys(kv, f"token.{user}.") if token_id(k) == token_or_id[:TOKEN_ID_LENGTH]
+                   and len(token_or_id) >= 8]
+        if len(matches) != 1:
+            raise NoToken(f"{user} has no token {token_or_id[:TOKEN_ID_LENGTH]!r}")
+        key = matches[0]
+    if await get_json(kv, key, TokenRecord) is None:
+        raise NoToken(f"{user} has no such token (revoked already?)")
+    await kv.delete(key)
+
+
+async def revoke_key(bus: Bus, key: str) -> None:
+    await (await _kv(bus)).delete(key)
+
+
+async def revoke_login_tokens(bus: Bus, user: str, *, keep: str = "") -> int:
+    """End `user`'s sign-ins (after a password change), but the one with key `keep`."""
+    kv = await _kv(bus)
+    keys = [key for key in await _keys(kv, f"token.{user}.") if key != keep]
+    got = await asyncio.gather(*(get_json(kv, key, TokenRecord) for key in keys))
+    logins = [key for key, g in zip(keys, got, strict=True) if g is not None and g[0].kind == TokenKind.LOGIN]
+    await asyncio.gather(*(kv.delete(key) for key in logins))
+    return len(logins)
+
+
+async def revoke_all_tokens(bus: Bus, user: str) -> int:
+    kv = await _kv(bus)
+    keys = await _keys(kv, f"token.{user}.")
+    await asyncio.gather(*(kv.delete(key) for key in keys))
+    return len(keys)
