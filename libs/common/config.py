@@ -42,6 +42,18 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     mail_from: str = "pai@localhost"
     admin_emails: str = ""  # comma-separated recipients of alert mail
     alert_rules_file: str = ""
+    # --- alerts and mail (docs/alerts.md) ---
+    # Log in to the SMTP server as smtp_user with the password in this file
+    # (a mounted Secret); empty: no login.
+    smtp_user: str = ""
+    smtp_password_file: str = ""
+    smtp_starttls: bool = False  # upgrade the connection with STARTTLS (port 587)
+    # Base URL people open PAI at, for the links in mail; empty: http://<host>:<rest_port>.
+    portal_url: str = ""
+    alert_evaluate_seconds: float = 15.0  # how often the cluster monitor evaluates the rules
+    # The weekly usage report goes to admin_emails on this weekday (0 Monday .. 6
+    # Sunday) at 08:00 UTC; -1: never (`pai report --send` still mails it).
+    usage_report_weekday: int = 0
     kube_namespace: str = "default"
     kube_api_url: str = ""  # empty: in-cluster config or kubeconfig
     log_level: str = "INFO"
