@@ -56,6 +56,9 @@ class Access(msgspec.Struct, frozen=True, kw_only=True):
     serves: tuple[str, ...] = ()  # request/reply subjects it answers
     asks: tuple[str, ...] = ()  # request/reply subjects it sends requests on
     reads_events: bool = False  # integrators: the event stream, read-only
+    # Event kinds it reads live and by sequence, without a consumer (rest's
+    # GET /api/v2/events): a subscription per kind and STREAM.MSG.GET.
+    watches: tuple[Kind, ...] = ()
     admin: bool = False  # the platform's bootstrap: everything
 
 
@@ -67,6 +70,7 @@ ACCESS: dict[str, Access] = {
         # NODES, NODE_HEALTH: the node list of `GET /api/v2/cluster/nodes`.
         reads=(Bucket.JOBS, Bucket.USERS, Bucket.JOB_STATUS, Bucket.SCHEDULE, Bucket.CLUSTER, Bucket.NODES, Bucket.NODE_HEALTH),
         asks=(LOG_SUBJECT, RULES_SUBJECT),
+        watches=(Kind.JOB_STATE,),  # job state changes streamed to their owners (services/rest/events.py)
     ),
     "scheduler": Access(
         publishes=(Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_WAITING),
@@ -200,6 +204,9 @@ def permissions(user: str) -> Permissions:
         publish += _writing_bucket(Bucket.LEASES, key=user) + _reading_bucket(Bucket.LEASES)
     publish += access.asks
     subscribe += access.serves
+    if access.watches:
+        publish += [_api("STREAM.INFO", STREAM), _api("STREAM.MSG.GET", STREAM)]
+        subscribe += [kind_filter(kind) for kind in access.watches]
     if access.reads_events:
         events_publish, events_subscribe = _reading_events()
         publish += events_publish
