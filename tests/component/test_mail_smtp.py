@@ -1,0 +1,134 @@
+"""Alert and job mail through a real SMTP server (aiosmtpd), as admins and owners get it."""
+
+from __future__ import annotations
+
+import asyncio
+import email
+from email.message import Message
+
+import pytest
+from aiosmtpd.controller import Controller
+
+from libs.common.ids import EventId, JobId, UserName, VcName
+from libs.common.messages import ExitSpec, JobState, JobStateChanged, JobSubmitted
+from libs.common.natsserver import free_port
+from libs.common.protocol.model import JobSpec
+from services.monitor.alerts.compose import compose
+from services.monitor.alerts.core import AlertCore, NodeReading, Notification
+from services.monitor.alerts.mailer import Mailer, MailSettings
+from services.monitor.alerts.rules import load_rules_text
+
+T0 = 1_700_000_000.0
+
+
+class Inbox:
+    """What the SMTP server received: envelope recipients and parsed messages."""
+
+    def __init__(self):
+        self.mails: list[tuple[list[str], Message]] = []
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
+        self.mails.append((list(envelope.rcpt_tos), email.message_from_bytes(envelope.content)))
+        return "250 OK"
+
+
+def body_of(message: Message, subtype: str) -> str:
+    for part in message.walk():
+        if part.get_content_type() == f"text/{subtype}":
+            return part.get_payload(decode=True).decode()
+    raise AssertionError(f"no text/{subtype} part")
+
+
+@pytest.fixture
+def smtp():
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    try:
+        yield controller, inbox
+    finally:
+        controller.stop()
+
+
+def settings(controller: Controller) -> MailSettings:
+    return MailSettings(host=controller.hostname, port=controller.port, sender="pai@cluster.example",
+                        admins=("ops@example.com",), portal_url="https://pai.example")
+
+
+async def test_a_failed_jobs_owner_gets_mail_naming_job_cause_solution_and_link(smtp):
+    controller, inbox = smtp
+    core = AlertCore(load_rules_text("rules: [{name: JobFailed, when: job_failed, window: 1h}]"))
+    spec = JobSpec(name="resnet", user="alice", virtualCluster="vc1", notifyOnStateChange=True)
+    core.handle(JobSubmitted(id=EventId("s"), job=JobId("alice~resnet"), at=T0, spec=spec))
+    exit_spec = ExitSpec(code=137, phrase="ContainerOOMKilled", reason="the task ran out of memory",
+                         solution=["raise memoryMB of the task role"])
+    [notification] = core.handle(JobStateChanged(
+        id=EventId("f"), job=JobId("alice~resnet"), at=T0 + 5, vc=VcName("vc1"), user=UserName("alice"), attempt=1,
+        state=JobState.FAILED, exitCode=137, exitSpec=exit_spec))
+    mailer = Mailer(settings(controller))
+    sent = await mailer.send(compose(notification, sender="pai@cluster.example", to=["alice@example.com"],
+                                     portal_url="https://pai.example"))
+    assert sent
+    [(recipients, message)] = inbox.mails
+    assert recipients == ["alice@example.com"]
+    assert message["Subject"] == "[PAI] job alice~resnet failed: ContainerOOMKilled"
+    text = body_of(message, "plain")
+    for words in ("alice~resnet", "the task ran out of memory", "raise memoryMB of the task role",
+                  "https://pai.example/api/v2/jobs/alice~resnet", "exit code: 137"):
+        assert words in text
+    assert '<a href="https://pai.example/api/v2/jobs/alice~resnet">' in body_of(message, "html")
+
+
+async def test_admins_get_an_alert_then_nothing_before_the_repeat_interval_then_a_resolve_notice(smtp):
+    controller, inbox = smtp
+    core = AlertCore(load_rules_text(
+        "rules: [{name: NodeFilesystemUsage, when: node_disk_usage, threshold: 90, repeatInterval: 1h,"
+        " actions: [email-admin], summary: 'disk of {node} is {value}% full'}]"))
+    mailer = Mailer(settings(controller))
+
+    async def round_at(t: float, disk: float) -> None:
+        core.node_sampled(NodeReading(node="gpu-07", at=t, diskPercent=disk))
+        for out in core.evaluate(t):
+            if isinstance(out, Notification):
+                assert await mailer.send(compose(out, sender="pai@cluster.example", to=["ops@example.com"],
+                                                 portal_url="https://pai.example"))
+
+    await round_at(T0, 97.0)
+    await round_at(T0 + 600, 97.0)
+    await round_at(T0 + 1800, 97.0)
+    assert len(inbox.mails) == 1, "mailed again before the repeat interval"
+    recipients, firing = inbox.mails[0]
+    assert recipients == ["ops@example.com"]
+    assert firing["Subject"] == "[PAI] [FIRING:1] NodeFilesystemUsage (warning) gpu-07"
+    assert "disk of gpu-07 is 97.0% full" in body_of(firing, "plain")
+    await round_at(T0 + 3600, 97.0)
+    assert inbox.mails[-1][1]["Subject"].endswith("(reminder)")
+    await round_at(T0 + 3700, 40.0)
+    assert len(inbox.mails) == 3
+    resolved = inbox.mails[-1][1]
+    assert resolved["Subject"] == "[PAI] [RESOLVED] NodeFilesystemUsage (warning) gpu-07"
+    assert "Resolved:" in body_of(resolved, "plain")
+
+
+async def test_a_mail_server_that_is_away_is_retried_and_never_raises():
+    port = free_port()
+    inbox = Inbox()
+    mailer = Mailer(MailSettings(host="127.0.0.1", port=port), first_pause=0.2)
+    core = AlertCore(load_rules_text("rules: [{name: Mem, when: node_memory_usage, threshold: 90, actions: [email-admin]}]"))
+    core.node_sampled(NodeReading(node="n1", at=T0, memoryPercent=99))
+    [notification] = [o for o in core.evaluate(T0) if isinstance(o, Notification)]
+    message = compose(notification, sender="pai@localhost", to=["ops@example.com"], portal_url="http://pai")
+
+    sending = asyncio.create_task(mailer.send(message))
+    await asyncio.sleep(0.5)  # the first attempts find no server
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        assert await asyncio.wait_for(sending, timeout=30)
+    finally:
+        controller.stop()
+    assert len(inbox.mails) == 1
+
+    gone = Mailer(MailSettings(host="127.0.0.1", port=free_port()), first_pause=0.01)
+    assert await gone.send(message) is False
+    assert gone.failed == 1
