@@ -35,6 +35,7 @@ from typing import Union
 import msgspec
 
 from libs.common.messages import NodeCondition
+from libs.common.nodes import NodeHealthRecord, decode_health, encode_health  # noqa: F401 (re-exported)
 from services.monitor.core.samples import NodeSample
 from services.monitor.core.updates import NodeUp
 
@@ -52,21 +53,6 @@ class HealthSettings(msgspec.Struct, frozen=True, kw_only=True):
     lost_after_seconds: float = 30.0
     disk_full_percent: float = 95.0
     memory_full_percent: float = 98.0
-
-
-class NodeHealthRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One node's health as last decided: the `pai_node_health` value (key: node_key)."""
-
-    node: str
-    healthy: bool = True
-    conditions: list[str] = []
-    reason: str = ""
-    since: float = 0.0  # when it became what it is
-    heard: bool = False  # an agent sampled it at least once
-    lastHeard: float = 0.0  # monitor clock; 0 when never
-    cordoned: bool = False
-    cordonReason: str = ""
-    cordonedBy: str = ""
 
 
 # --- inputs -----------------------------------------------------------------------
@@ -287,16 +273,3 @@ def _reason_part(reason: str, condition: str) -> str:
         if part.startswith(condition):
             return part
     return f"{condition}: (from before the monitor restarted)"
-
-
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(NodeHealthRecord)
-
-
-def encode_health(record: NodeHealthRecord) -> bytes:
-    return _encoder.encode(record)
-
-
-def decode_health(data: bytes) -> NodeHealthRecord:
-    """Raises msgspec.ValidationError/DecodeError on a value that is not a record."""
-    return _decoder.decode(data)

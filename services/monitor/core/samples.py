@@ -10,9 +10,9 @@ evolution: new fields get defaults; no field changes type.
 
 from __future__ import annotations
 
-import re
-
 import msgspec
+
+from libs.common.nodes import node_key  # noqa: F401 (re-exported: one rule for both buckets)
 
 
 class GpuProcess(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,15 +99,6 @@ class NodeSample(msgspec.Struct, frozen=True, kw_only=True):
     externalGpuProcesses: list[ExternalGpuProcess] = []
     # Which agent took the sample ("" before agents said so).
     agent: str = ""
-
-
-_KV_KEY_FORBIDDEN = re.compile(r"[^-/_=.a-zA-Z0-9]")
-
-
-def node_key(node: str) -> str:
-    """The `pai_nodes` key of a node: its name with characters KV keys refuse replaced."""
-    key = _KV_KEY_FORBIDDEN.sub("_", node).strip(".")
-    return key or "_"
 
 
 _encoder = msgspec.json.Encoder()

@@ -84,12 +84,21 @@ def waiting_for_room(state: ClusterState, record: JobRecord, vc: VcRecord, skus:
     def unhealthy() -> int:
         return sum(state.unhealthy_leaves.get(sku, 0) for sku in skus)
 
+    def why_unhealthy() -> str:
+        """Which nodes are out and why (a cordon's reason, a lost agent), so a person
+        reading the wait knows whom to ask; at most three named."""
+        bad = [node for node in tree.nodes.values()
+               if not node.healthy and any(cell.sku in skus for cell in node.cells)]
+        named = "; ".join(f"{node.name}: {node.reason or 'unhealthy'}" for node in sorted(bad, key=lambda n: n.name)[:3])
+        more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+        return f" ({named}{more})" if named else ""
+
     if record.opportunistic:
         def idle_counts() -> tuple[int, int, str]:
             idle = sum(tree.sku_totals[sku].free for sku in skus if sku in tree.sku_totals)
             total = sum(tree.sku_leaves.get(sku, 0) for sku in skus)
             bad = unhealthy()
-            hint = f"{bad} of them on unhealthy nodes" if bad else ""
+            hint = f"{bad} of them on unhealthy nodes{why_unhealthy()}" if bad else ""
             if idle >= cells and not hint:
                 hint = "enough cells are idle but not on few enough nodes (each task needs its cells on one node)"
             return idle, total, hint
@@ -106,7 +115,7 @@ def waiting_for_room(state: ClusterState, record: JobRecord, vc: VcRecord, skus:
             held = sum(vc.held.get(sku, 0) for sku in skus)
         free = guaranteed - held
         bad = unhealthy()
-        hint = f"{bad} {sku_words(skus)} cells of the cluster are on unhealthy nodes" if bad else ""
+        hint = f"{bad} {sku_words(skus)} cells of the cluster are on unhealthy nodes{why_unhealthy()}" if bad else ""
         if free >= cells and not hint:
             hint = "enough cells are free but not on few enough nodes (each task needs its cells on one node)"
         return free, guaranteed, hint
