@@ -39,7 +39,7 @@ from libs.common.records import JobRecord
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext, health_routes
 from libs.common.subjects import Bucket
-from services.rest import auth, fallback, metrics, ratelimit, rules, views
+from services.rest import auth, events, fallback, metrics, ratelimit, rules, views
 from services.rest.identity import core as identity_core
 from services.rest.identity import routes as identity_routes
 from services.rest.records import SubmittedJob
@@ -134,6 +134,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
         ]
     )
     app.add_routes(identity_routes.routes)
+    events.setup(app)  # GET /api/v2/events (SSE) and what wakes its readers
     app.add_routes(rules.routes)
     return app
 
