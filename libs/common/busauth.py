@@ -34,6 +34,7 @@ from pathlib import Path
 
 import msgspec
 
+from libs.common.alerts_messages import ALERTS_SUBJECT
 from libs.common.logs import LOG_SUBJECT
 from libs.common.rules_rpc import RULES_SUBJECT
 from libs.common.subjects import PREFIX, STREAM, Bucket, Durable, Kind, dead_letter_subject, kind_filter
@@ -68,8 +69,9 @@ ACCESS: dict[str, Access] = {
         writes=(Bucket.JOBS, Bucket.USERS, Bucket.SECRETS),
         # Not SECRETS: sealed for the launcher, rest only stores them.
         # NODES, NODE_HEALTH: the node list of `GET /api/v2/cluster/nodes`.
-        reads=(Bucket.JOBS, Bucket.USERS, Bucket.JOB_STATUS, Bucket.SCHEDULE, Bucket.CLUSTER, Bucket.NODES, Bucket.NODE_HEALTH),
-        asks=(LOG_SUBJECT, RULES_SUBJECT),
+        reads=(Bucket.JOBS, Bucket.USERS, Bucket.JOB_STATUS, Bucket.SCHEDULE, Bucket.CLUSTER, Bucket.NODES, Bucket.NODE_HEALTH,
+               Bucket.ALERTS),
+        asks=(LOG_SUBJECT, RULES_SUBJECT, ALERTS_SUBJECT),
         watches=(Kind.JOB_STATE,),  # job state changes streamed to their owners (services/rest/events.py)
     ),
     "scheduler": Access(
@@ -96,10 +98,14 @@ ACCESS: dict[str, Access] = {
         serves=(RULES_SUBJECT,),
     ),
     "monitor": Access(
-        publishes=(Kind.NODE_STATUS, Kind.ALERT_FIRING, Kind.ALERT_RESOLVED),
+        # JOB_STOP_REQUESTED, NODE_CORDON: the stop-job and cordon-node alert actions,
+        # the same requests the API publishes.
+        publishes=(Kind.NODE_STATUS, Kind.ALERT_FIRING, Kind.ALERT_RESOLVED, Kind.JOB_STOP_REQUESTED, Kind.NODE_CORDON),
         durable=Durable.MONITOR,
-        writes=(Bucket.NODES, Bucket.NODE_HEALTH),
-        reads=(Bucket.NODES, Bucket.NODE_HEALTH, Bucket.JOB_STATUS),
+        writes=(Bucket.NODES, Bucket.NODE_HEALTH, Bucket.ALERTS, Bucket.ALERT_RULES),
+        # USERS: the mail address of a job's owner (alert and job-state mail).
+        reads=(Bucket.NODES, Bucket.NODE_HEALTH, Bucket.JOB_STATUS, Bucket.ALERTS, Bucket.ALERT_RULES, Bucket.USERS),
+        serves=(ALERTS_SUBJECT,),
     ),
     INTEGRATOR: Access(reads_events=True),
     PLATFORM: Access(admin=True),

@@ -87,6 +87,10 @@ class Bucket(StrEnum):
     # rest: each job's secrets, sealed with the launcher's public key; only the
     # launcher can open them (and only it may read the bucket).
     SECRETS = "pai_secrets"
+    # monitor: active and recent alerts (`alert.*`), what was mailed (`group.*`,
+    # `sent.*`), job tags set by alert actions (`tags.*`); rest lists from it.
+    ALERTS = "pai_alerts"
+    ALERT_RULES = "pai_alert_rules"  # monitor: the alert rule document changed at run time
 
 
 # Durable consumer names, one per consuming service.
