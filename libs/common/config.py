@@ -127,6 +127,13 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Without GPUs each core is this many CPU cells, so a 2-core laptop runs 8
     # one-CPU tasks at once (example jobs mostly print and wait). A cluster file keeps exact cells.
     cpu_oversubscription: int = 4
+    # --- retention (docs/reliability.md) ---
+    # The launcher removes a finished job's task directories and logs this long
+    # after the job ended (its record stays; asking for a log says it was
+    # removed). 0: keep them forever.
+    retention_finished_seconds: float = 7 * 86400.0
+    # How often the launcher looks for finished jobs past that age.
+    retention_sweep_seconds: float = 600.0
 
     @property
     def data_path(self) -> Path:

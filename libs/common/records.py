@@ -220,6 +220,9 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     appExitTriggerTaskRoleName: str | None = None
     appExitTriggerTaskIndex: int | None = None
     stopRequestedBy: str | None = None
+    # When the launcher removed the job's task directories and logs, past
+    # `retention_finished_seconds` after it finished (the record stays).
+    logsPrunedAt: float | None = None
     history: list[Transition] = []
     # The events published by the change that produced this version of the
     # document. The launcher publishes them after saving it; if it stops in

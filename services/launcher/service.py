@@ -18,16 +18,19 @@ import logging
 import time
 
 import msgspec
+import nats.errors
 
+from libs.common import exitspecs as exits
 from libs.common import ids, job_secrets, service
 from libs.common.bus import load_all
 from libs.common.config import Config, load_config
-from libs.common.errors import NotFound, PaiError
+from libs.common.errors import NotFound, PaiError, Transient
 from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest, MAX_REPLY_BYTES
 from libs.common.messages import (
     EventDeadLettered,
     JobPlaced,
     JobSubmitted,
+    NodeStatus,
     PreemptRequested,
     StopRequested,
     TaskVerdict,
@@ -39,12 +42,14 @@ from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.launcher import metrics
 from services.launcher.backends.base import Backend
+from services.launcher.core.retention import due_for_pruning, task_keys
 from services.launcher.core.tasks import TaskFinished, TaskKey
 from services.launcher.core import (
     BackoffElapsed,
     ForgetTask,
     KillTask,
     LauncherCore,
+    LogsPruned,
     Publish,
     SaveJob,
     StartTask,
@@ -54,11 +59,14 @@ from services.launcher.core import (
 
 log = logging.getLogger("pai.launcher")
 
+# What goes wrong talking to NATS; anything else is a bug.
+NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
+
 CONSUMED_KINDS = [
     Kind.JOB_SUBMITTED, Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_STOP_REQUESTED, Kind.TASK_VERDICT,
-    Kind.EVENT_DEAD_LETTERED,
+    Kind.EVENT_DEAD_LETTERED, Kind.NODE_STATUS,
 ]
-CONSUMED_TYPES = (JobSubmitted, JobPlaced, PreemptRequested, StopRequested, TaskVerdict, EventDeadLettered)
+CONSUMED_TYPES = (JobSubmitted, JobPlaced, PreemptRequested, StopRequested, TaskVerdict, EventDeadLettered, NodeStatus)
 
 
 def make_backend(config: Config) -> Backend:
@@ -97,6 +105,10 @@ class LauncherShell:
         log.info("restored %d jobs; backend knows %d tasks", len(records), len(known))
 
     async def handle_bus(self, message) -> None:
+        if isinstance(message, NodeStatus):
+            if message.lost:
+                await self._end_tasks_on_lost_node(message)
+            return
         event = from_message(message)
         if event is not None:
             await self._apply(event)
@@ -106,6 +118,22 @@ class LauncherShell:
             if isinstance(event, TaskFinished):
                 event = await self._scrubbed_exit(event)
             await self._apply(event)
+
+    async def _end_tasks_on_lost_node(self, status: NodeStatus) -> None:
+        """The monitor lost `status.node`: end the tasks placed there. They end like
+        any task the launcher did not ask to stop, with platform reason NodeLost,
+        so the runtime's PodNodeLost rule retries the job (without counting it)
+        and the scheduler, which avoids the unhealthy node, places it elsewhere.
+        On the local backend those tasks are real processes of this machine
+        (a cluster file's nodes all map onto it), so they are really stopped."""
+        async with self.lock:
+            keys = live_tasks_on(self.core, status.node)
+        if keys:
+            log.warning("node %s is lost (%s): ending %d task(s) there", status.node, status.reason, len(keys))
+        for key in keys:
+            self._in_background(
+                self.backend.kill(key, grace_seconds=self.ctx.config.grace_seconds, reason=exits.NODE_LOST_PLATFORM_REASON)
+            )
 
     # -- secrets: opened here alone, filled in at start, scrubbed from what is shown --
 
@@ -203,6 +231,31 @@ class LauncherShell:
             self.ctx.failed = task.exception()
             self.ctx.stopping.set()
 
+    # -- retention: finished jobs' files removed past their age (core/retention.py) --
+
+    async def prune_forever(self) -> None:
+        while not self.ctx.stopping.is_set():
+            try:
+                await self.prune_once()
+            except NATS_TROUBLE as exc:  # its record is written at the next sweep
+                log.warning("retention sweep: NATS trouble (%r); trying again at the next sweep", exc)
+            await asyncio.sleep(self.ctx.config.retention_sweep_seconds)
+
+    async def prune_once(self) -> list[str]:
+        """Remove the files of every finished job past the retention age; the jobs pruned."""
+        prune = getattr(self.backend, "prune", None)
+        if prune is None:  # a backend that keeps no files of its own (Kubernetes: the pods)
+            return []
+        records = [r for r in (self.core.job(j) for j in self.core.job_ids()) if r is not None]
+        due = due_for_pruning(records, now=time.time(), retention_seconds=self.ctx.config.retention_finished_seconds)
+        for record in due:
+            for key in task_keys(record):
+                await prune(key)
+            await self._apply(LogsPruned(job=record.job, at=time.time()))
+            log.info("removed the task files and logs of %s (finished %.0fs ago)", record.job,
+                     time.time() - (record.completedTime or 0.0), extra={"job": record.job})
+        return [record.job for record in due]
+
     async def serve_logs(self) -> None:
         async def answer(msg) -> None:
             try:
@@ -221,6 +274,12 @@ class LauncherShell:
         record = self.core.job(req.job)
         if record is None:
             raise NotFound(f"no job {req.job}")
+        if record.logsPrunedAt is not None:
+            raise NotFound(
+                f"the logs of {req.job} were removed {record.logsPrunedAt - (record.completedTime or 0.0):.0f}s "
+                f"after it finished: finished jobs' logs are kept {self.ctx.config.retention_finished_seconds:g}s "
+                "(retention_finished_seconds)"
+            )
         attempt = record.attempt_record(req.attempt)
         # A compacted older attempt knows its other tasks by their brief alone.
         task = (attempt.task(req.role, req.index) or attempt.brief(req.role, req.index)) if attempt else None
@@ -247,6 +306,21 @@ class LauncherShell:
         await self.backend.close()
 
 
+def live_tasks_on(core: LauncherCore, node: str) -> list[TaskKey]:
+    """Task attempts of active jobs placed on `node` that may still run and that the
+    launcher has not already ordered killed."""
+    keys: list[TaskKey] = []
+    for job in core.job_ids():
+        record = core.job(job)
+        if record is None or record.state.is_final or not record.attempts:
+            continue
+        attempt = record.current
+        for task in attempt.tasks:
+            if task.node == node and task.live and task.killReason is None:
+                keys.append(TaskKey(job=job, attempt=attempt.attempt, role=task.role, index=task.index, taskAttempt=task.taskAttempt))
+    return keys
+
+
 def _without_secret_start(data: bytes, values: list[str]) -> bytes:
     """`data` less a trailing beginning of a secret: a task still printing one
     (or a log read mid-write) must not show its first characters; the whole
@@ -268,6 +342,7 @@ async def body(ctx: ServiceContext) -> None:
     try:
         await shell.restore()
         ctx.spawn(shell.pump_backend(), "backend-events")
+        ctx.spawn(shell.prune_forever(), "retention")
         await shell.serve_logs()
         ctx.set_ready()
         await ctx.bus.consume(Durable.LAUNCHER, CONSUMED_KINDS, CONSUMED_TYPES, shell.handle_bus, stopping=ctx.stopping, ordered=True)

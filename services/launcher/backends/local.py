@@ -333,6 +333,21 @@ class LocalBackend:
                 (task_dir / REPORTED).touch()
         self._tasks.pop(key.slug, None)
 
+    async def prune(self, key: TaskKey) -> bool:
+        """Remove a finished task attempt's directory (logs, exit record) and its
+        working directory (retention). A task whose exit is not recorded is left
+        alone, whatever the caller thinks. True when something was removed."""
+        task_dir = self.tasks_dir / key.slug
+        if key.slug in self._tasks or (task_dir.exists() and not (task_dir / REPORTED).exists()):
+            log.warning("not pruning %s: its exit is not recorded", key.slug)
+            return False
+        removed = False
+        for path in (task_dir, self.work_root / key.slug):
+            if path.exists():
+                await asyncio.to_thread(shutil.rmtree, path, True)
+                removed = True
+        return removed
+
     async def close(self) -> None:
         """Stop watching; running tasks carry on (a later `recover` re-adopts them)."""
         if self._closed:

@@ -5,6 +5,7 @@ from services.launcher.core.env import PeerAddress, task_env
 from services.launcher.core.events import (
     BackoffElapsed,
     LauncherEvent,
+    LogsPruned,
     Placed,
     PreemptRequested,
     StopRequested,
@@ -25,6 +26,7 @@ __all__ = [
     "KillTask",
     "LauncherCore",
     "LauncherEvent",
+    "LogsPruned",
     "PeerAddress",
     "Placed",
     "PreemptRequested",

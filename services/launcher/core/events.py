@@ -75,6 +75,13 @@ class BackoffElapsed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     attempt: int
 
 
+class LogsPruned(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The shell removed the finished job's task directories and logs (retention.py)."""
+
+    job: str
+    at: float
+
+
 LauncherEvent = Union[
     Submitted,
     Placed,
@@ -85,6 +92,7 @@ LauncherEvent = Union[
     BackoffElapsed,
     TaskRunning,
     TaskFinished,
+    LogsPruned,
 ]
 
 

@@ -52,6 +52,7 @@ from services.launcher.core.events import (
     BackoffElapsed,
     DeadLettered,
     LauncherEvent,
+    LogsPruned,
     Placed,
     PreemptRequested,
     StopRequested,
@@ -235,6 +236,10 @@ class LauncherCore:
                 self._on_backoff_elapsed(event)
             case DeadLettered():
                 self._on_dead_lettered(event)
+            case LogsPruned(job=job, at=at):
+                record = self._jobs.get(job)
+                if record is not None and record.state.is_final and record.logsPrunedAt is None:
+                    self._put(replace(record, logsPrunedAt=at))
             case _:
                 raise TypeError(f"not a launcher event: {event!r}")
 
