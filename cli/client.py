@@ -6,6 +6,7 @@ Where to connect: `--url/--token`, else `PAI_URL`/`PAI_TOKEN`, else the file
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -28,6 +29,12 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status}: {message}")
 
 
+class RateLimited(Exception):
+    def __init__(self, error: ApiError, wait: float):
+        self.error = error
+        self.wait = wait
+
+
 def connection_file(data_dir: str | Path) -> Path:
     return Path(data_dir).expanduser() / "cli.json"
 
@@ -45,12 +52,37 @@ def resolve(url: str | None, token: str | None, data_dir: str | None) -> Connect
     return Connection(url=url.rstrip("/"), token=token)
 
 
+# A 429 (this token's rate limit) is waited out this many times, each for the
+# server's Retry-After (at most RATE_LIMIT_WAIT_CAP seconds), before it is shown.
+RATE_LIMIT_RETRIES = 5
+RATE_LIMIT_WAIT_CAP = 5.0
+
+
+def retry_after_seconds(header: str | None) -> float:
+    try:
+        return min(max(float(header or 1), 0.05), RATE_LIMIT_WAIT_CAP)
+    except ValueError:
+        return 1.0
+
+
 class Client:
     def __init__(self, conn: Connection):
         self.conn = conn
 
-    async def request(self, method: str, path: str, *, data: bytes | None = None, json_body: Any = None,
-                      content_type: str | None = None, params: dict[str, Any] | None = None, raw: bool = False) -> Any:
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One API call; a rate-limited one is repeated after the wait the server asks for."""
+        for attempt in range(RATE_LIMIT_RETRIES + 1):
+            try:
+                return await self._request_once(method, path, **kwargs)
+            except RateLimited as limited:
+                if attempt == RATE_LIMIT_RETRIES:
+                    raise limited.error from None
+                await asyncio.sleep(limited.wait)
+        raise AssertionError("unreachable")
+
+    async def _request_once(self, method: str, path: str, *, data: bytes | None = None, json_body: Any = None,
+                            content_type: str | None = None, params: dict[str, Any] | None = None,
+                            raw: bool = False) -> Any:
         headers = {"Authorization": f"Bearer {self.conn.token}"}
         if content_type:
             headers["Content-Type"] = content_type
@@ -63,6 +95,8 @@ class Client:
                         parsed = json.loads(body)
                     except ValueError:
                         parsed = body.decode(errors="replace")
+                    if resp.status == 429:
+                        raise RateLimited(ApiError(resp.status, parsed), retry_after_seconds(resp.headers.get("Retry-After")))
                     raise ApiError(resp.status, parsed)
                 if raw:
                     return body
