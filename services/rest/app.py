@@ -10,6 +10,7 @@ repeat.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -21,12 +22,13 @@ import yaml
 from aiohttp import web
 
 from libs.common import ids, job_secrets, telemetry
-from libs.common.bus import all_keys, get_json
+from libs.common.bus import all_keys, get_json, store_is_full
 from libs.common.errors import (
     BadInput,
     Conflict,
     Forbidden,
     NotFound,
+    NoVirtualCluster,
     PaiError,
     Transient,
 )
@@ -39,7 +41,7 @@ from libs.common.records import JobRecord
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext, health_routes
 from libs.common.subjects import Bucket
-from services.rest import auth, events, fallback, metrics, ratelimit, rules, views
+from services.rest import auth, events, fallback, metrics, nodes, ratelimit, rules, views
 from services.rest.identity import core as identity_core
 from services.rest.identity import routes as identity_routes
 from services.rest.records import SubmittedJob
@@ -66,9 +68,15 @@ async def error_middleware(request: web.Request, handler):
                 # waiting out a KV timeout while NATS restarts.
                 raise BusUnavailable(BUS_AWAY_MESSAGE)
             response = await handler(request)
-        except BUS_ERRORS as exc:
-            log.warning("%s %s: the bus did not answer: %r", request.method, request.path, exc)
-            response = _bus_unavailable(BUS_AWAY_MESSAGE)
+        except (*BUS_ERRORS, Transient) as exc:
+            if store_is_full(exc):
+                log.error("%s %s: the store is full: %r", request.method, request.path, exc)
+                response = _store_full()
+            elif isinstance(exc, BUS_ERRORS):
+                log.warning("%s %s: the bus did not answer: %r", request.method, request.path, exc)
+                response = _bus_unavailable(BUS_AWAY_MESSAGE)
+            else:
+                response = _bus_unavailable(exc.message)
         except BusUnavailable as exc:
             response = _bus_unavailable(exc.message)
         except ProtocolError as exc:
@@ -104,6 +112,20 @@ class BusUnavailable(Transient):
     code = "ServiceUnavailable"
 
 
+STORE_FULL_MESSAGE = ("PAI's store (NATS JetStream) is full: nothing was stored; an admin must free room "
+                      "(docs/reliability.md); try again later")
+STORE_FULL_RETRY_AFTER_SECONDS = 30
+
+
+def _store_full() -> web.Response:
+    """507: JetStream refused the write for want of room; nothing of the request was kept."""
+    return web.json_response(
+        {"code": "InsufficientStorage", "message": STORE_FULL_MESSAGE},
+        status=507,
+        headers={"Retry-After": str(STORE_FULL_RETRY_AFTER_SECONDS)},
+    )
+
+
 def _bus_unavailable(message: str) -> web.Response:
     return web.json_response(
         {"code": BusUnavailable.code, "message": message},
@@ -136,6 +158,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
     app.add_routes(identity_routes.routes)
     events.setup(app)  # GET /api/v2/events (SSE) and what wakes its readers
     app.add_routes(rules.routes)
+    app.add_routes(nodes.routes)
     return app
 
 
@@ -166,7 +189,16 @@ async def submit_job(request: web.Request) -> web.Response:
         revision = await kv.create(key, msgspec.json.encode(record))
     except nats.js.errors.KeyWrongLastSequenceError:
         raise Conflict(f"job {jid} already exists; job names are unique per user") from None
-    await _publish_submitted(ctx, record, revision)
+    try:
+        await _publish_submitted(ctx, record, revision)
+    except Transient as exc:
+        if store_is_full(exc):
+            # Refused for certain (not a timeout, after which it may be stored):
+            # take the record back, so the job is not left half-submitted and the
+            # same submission may be sent again once there is room.
+            with contextlib.suppress(*BUS_ERRORS, nats.js.errors.Error):
+                await kv.delete(key, last=revision)
+        raise
     metrics.JOBS_SUBMITTED.labels(vc=record.vc).inc()
     return web.json_response(
         {"job": jid, "name": spec.name, "state": "WAITING", "warnings": parsed.warnings, "ignoredFields": spec.ignoredFields},
@@ -181,6 +213,12 @@ async def _publish_submitted(ctx: ServiceContext, record: SubmittedJob, revision
         await kv.update(ids.job_key(record.job), msgspec.json.encode(msgspec.structs.replace(record, published=True)), last=revision)
     except nats.js.errors.KeyWrongLastSequenceError:
         pass  # another replica finished the same intake
+    except nats.js.errors.APIError as exc:
+        if not store_is_full(exc):
+            raise
+        # The event is out: the job is accepted. Left unmarked, the record is
+        # published again at start-up, which the event id makes harmless.
+        log.warning("submission of %s published; marking it so failed: the store is full", record.job)
 
 
 async def publish_pending_submissions(ctx: ServiceContext) -> int:
@@ -196,19 +234,19 @@ async def publish_pending_submissions(ctx: ServiceContext) -> int:
 
 
 async def _check_virtual_cluster(ctx: ServiceContext, user: identity_core.Principal, vc: str) -> None:
+    view = await _cluster_view(ctx)
+    known = {v.get("name") for v in view.virtualClusters}
+    if known and vc not in known:
+        raise NoVirtualCluster(
+            f"virtual cluster {vc!r} does not exist; known: {', '.join(sorted(known))}",
+            details={"errors": [{"path": "defaults.virtualCluster", "rule": "unknown_virtual_cluster", "message": f"no virtual cluster {vc!r}"}]},
+        )
     # As OpenPAI: a VC is open to a user when one of their groups lists it
     # (`extension.acls.virtualClusters`; the default group lists `default`).
     if not identity_core.may_submit_to(user, vc):
         granted = ", ".join(user.virtualClusters) or "none"
         raise Forbidden(f"user {user.username} may not submit to virtual cluster {vc}: none of their groups "
                         f"({', '.join(user.grouplist) or 'none'}) lists it; their virtual clusters: {granted}")
-    view = await _cluster_view(ctx)
-    known = {v.get("name") for v in view.virtualClusters}
-    if known and vc not in known:
-        raise BadInput(
-            f"virtual cluster {vc!r} does not exist; known: {', '.join(sorted(known))}",
-            details={"errors": [{"path": "defaults.virtualCluster", "rule": "unknown_virtual_cluster", "message": f"no virtual cluster {vc!r}"}]},
-        )
 
 
 async def _cluster_view(ctx: ServiceContext) -> ClusterView:

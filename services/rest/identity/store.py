@@ -120,10 +120,18 @@ async def delete_user(bus: Bus, name: str) -> None:
 
 
 async def _keys(kv: KeyValue, prefix: str) -> list[str]:
+    """The live keys under `prefix` (ending in a dot), filtered by the server: nats-py's
+    `keys(filters=...)` reads every key of the bucket and matches substrings."""
+    watcher = await kv.watch(f"{prefix}>", ignore_deletes=True, meta_only=True)
+    keys: list[str] = []
     try:
-        return await kv.keys(filters=[f"{prefix}>"])
-    except nats.js.errors.NoKeysError:
-        return []
+        async for entry in watcher:
+            if entry is None:  # the end of what is stored now
+                break
+            keys.append(entry.key)
+    finally:
+        await watcher.stop()
+    return keys
 
 
 async def all_users(bus: Bus) -> list[User]:
