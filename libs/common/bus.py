@@ -442,6 +442,23 @@ async def _fetch(consumer: Any) -> list[Msg]:
         return []
 
 
+# JetStream's answers when a stream or bucket (or the server's whole store) has
+# no room: 10077 maximum bytes, 10076 maximum messages, 10047 insufficient
+# storage resources. A definite refusal: nothing was stored.
+STORE_FULL_ERR_CODES = frozenset({10047, 10076, 10077})
+
+
+def store_is_full(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what it was raised from, e.g. a `Transient` of `Bus.publish`)
+    says JetStream refused a write for want of room."""
+    seen = 0
+    while exc is not None and seen < 4:
+        if isinstance(exc, nats.js.errors.APIError) and exc.err_code in STORE_FULL_ERR_CODES:
+            return True
+        exc, seen = exc.__cause__, seen + 1
+    return False
+
+
 async def get_json(kv: KeyValue, key: str, type_: type[Any]) -> tuple[Any, int] | None:
     """Value and revision of a key, decoded as `type_`; None when absent or deleted."""
     try:
