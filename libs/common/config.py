@@ -51,6 +51,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Base URL people open PAI at, for the links in mail; empty: http://<host>:<rest_port>.
     portal_url: str = ""
     alert_evaluate_seconds: float = 15.0  # how often the cluster monitor evaluates the rules
+    # The /readyz the ServiceDown rule probes, "name=url,..."; empty: each
+    # service's port on `host`; "-": probe none.
+    alert_probe_urls: str = ""
     # The weekly usage report goes to admin_emails on this weekday (0 Monday .. 6
     # Sunday) at 08:00 UTC; -1: never (`pai report --send` still mails it).
     usage_report_weekday: int = 0

@@ -28,6 +28,7 @@ from libs.common.messages import EVENT_TYPES, AlertFiring, AnyEvent, NodeCordonC
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.monitor import agent, metrics
+from services.monitor.alerts.shell import AlertShell
 from services.monitor.agent import runs_agent, runs_cluster
 from services.monitor.core.stored import StoredJob, decode_stored_job
 from services.monitor.core.tally import MonitorCore
@@ -64,6 +65,8 @@ async def cluster_body(ctx: ServiceContext, sampler: NodeSampler | None) -> None
     log.info("restored %d job(s) from %s", len(stored), Bucket.JOB_STATUS.value)
     nodes = agent.NodeHealthShell(ctx)
     await nodes.restore()
+    alerts = AlertShell(ctx)  # alert rules, actions and mail (services/monitor/alerts)
+    await alerts.start()
 
     ctx.set_ready()
     ctx.spawn(nodes.run(), "node-health")
@@ -73,6 +76,7 @@ async def cluster_body(ctx: ServiceContext, sampler: NodeSampler | None) -> None
     async def handle(event: AnyEvent) -> None:
         if isinstance(event, NodeCordonChanged):
             await nodes.cordon(event)
+        await alerts.handle(event)
         updates = core.handle(event)
         metrics.apply(u for u in updates if not isinstance(u, RaiseAlert))
         for alert in updates:

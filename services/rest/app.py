@@ -44,6 +44,7 @@ from libs.common.subjects import Bucket
 from services.rest import auth, events, fallback, metrics, nodes, ratelimit, rules, views
 from services.rest.identity import core as identity_core
 from services.rest.identity import routes as identity_routes
+from services.rest import alerts as alert_routes
 from services.rest.records import SubmittedJob
 from services.rest.request import CTX, USER, ctx_of, read_body, read_json_object
 
@@ -158,6 +159,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
     app.add_routes(identity_routes.routes)
     events.setup(app)  # GET /api/v2/events (SSE) and what wakes its readers
     app.add_routes(rules.routes)
+    app.add_routes(alert_routes.routes)  # alerts, alert rules, usage report
     app.add_routes(nodes.routes)
     return app
 

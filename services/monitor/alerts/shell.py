@@ -1,0 +1,476 @@
+"""The alerts' async shell in the cluster monitor: readings in, the core's
+decisions out as bucket writes, events, mail and action requests.
+
+- Evaluates the rules every `alert_evaluate_seconds` over the node samples in
+  `pai_nodes`, the job events the monitor consumes, and the readiness of the
+  PAI services (their `/readyz`).
+- Writes every alert to `pai_alerts` and publishes `AlertFiring` /
+  `AlertResolved` (ids `<fingerprint>@<startsAt>/firing|resolved`, so a
+  repeat after a crash is deduplicated by JetStream).
+- Mails through one sender task, so a slow or absent mail server delays mail,
+  never evaluation or event handling. What was mailed is stored first (group
+  state, `sent.` claims): after a crash a mail may be lost, never sent twice.
+- Runs the stop-job, tag-job and cordon-node actions: the same requests the
+  API makes.
+- Answers `pai.rpc.v1.alerts` (rules, report) as one of the queue group
+  "monitor"; every replica watches the rule document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.subscription import Subscription
+
+from libs.common.alerts_messages import (
+    ALERTS_QUEUE,
+    ALERTS_SUBJECT,
+    AlertAction,
+    AlertRecord,
+    AlertsReply,
+    AlertsRequest,
+    Outcome,
+    Problem,
+)
+from libs.common.bus import all_keys, load_all
+from libs.common.config import Config
+from libs.common.errors import Transient
+from libs.common.ids import EventId, JobId, NodeName, VcName
+from libs.common.messages import (
+    AlertFiring,
+    AlertResolved,
+    Event,
+    JobState,
+    NodeCordonChanged,
+    StopRequested,
+)
+from libs.common.records import JobRecord
+from libs.common.service import ServiceContext
+from libs.common.subjects import Bucket
+from services.monitor.alerts.compose import compose, compose_report
+from services.monitor.alerts.core import (
+    ActionDue,
+    AlertCore,
+    AlertEnded,
+    AlertFired,
+    JobView,
+    NodeReading,
+    Notification,
+    ServiceReading,
+)
+from services.monitor.alerts.mailer import Mailer, MailSettings
+from services.monitor.alerts.report import build_report
+from services.monitor.alerts.rules import Action, InvalidRules, RuleSet, load_rules_text
+from services.monitor.alerts.store import (
+    REPORT_PREFIX,
+    SENT_PREFIX,
+    AlertStore,
+    RuleDocument,
+    RulesKey,
+    Snapshot,
+)
+from services.monitor.core.samples import NodeSample
+
+log = logging.getLogger("pai.monitor.alerts")
+
+DEFAULT_RULES_FILE = Path(__file__).with_name("default_rules.yaml")
+PROBED_SERVICES = ("rest", "scheduler", "launcher", "runtime")
+PROBE_TIMEOUT_SECONDS = 5.0
+RESYNC_SECONDS = 5.0
+WATCH_RETRY_SECONDS = 1.0
+REPORT_CHECK_SECONDS = 600.0
+REPORT_HOUR_UTC = 8
+NATS_TROUBLE = (nats.errors.Error, asyncio.TimeoutError, OSError, Transient)
+
+_sample_decoder = msgspec.json.Decoder(NodeSample)
+_record_decoder = msgspec.json.Decoder(JobRecord)
+_request_decoder = msgspec.json.Decoder(AlertsRequest)
+
+
+class _User(msgspec.Struct, kw_only=True):
+    email: str = ""
+
+
+def baseline(config: Config) -> tuple[str, str]:
+    """The rule document in effect while admins changed nothing: (yaml, source)."""
+    if config.alert_rules_file:
+        return Path(config.alert_rules_file).read_text(), "file"
+    return DEFAULT_RULES_FILE.read_text(), "defaults"
+
+
+def reading_of(sample: NodeSample) -> NodeReading:
+    """The rules' view of a node sample (fields the agent may not fill are optional)."""
+
+    def percent(used: int, total: int) -> float | None:
+        return 100.0 * used / total if total else None
+
+    gpus = sample.gpus
+    return NodeReading(
+        node=sample.node, at=sample.at, cpuPercent=sample.cpuPercent,
+        memoryPercent=percent(sample.memoryUsedBytes, sample.memoryTotalBytes),
+        diskPercent=percent(sample.diskUsedBytes, sample.diskTotalBytes),
+        eccDoubleBit={g.index: n for g in gpus if (n := getattr(g, "eccErrors", {}).get("volatile_double", 0))},
+        externalProcesses=len(getattr(sample, "externalGpuProcesses", [])),
+        gpuUtilization={g.index: g.utilizationGpuPercent for g in gpus if g.utilizationGpuPercent is not None},
+    )
+
+
+def job_view_of(record: JobRecord) -> JobView:
+    """A job as the launcher recorded it, for a restarted monitor."""
+    current = record.attempts[-1] if record.attempts else None
+    tasks = current.tasks if current else []
+    failed = record.state is JobState.FAILED
+    return JobView(
+        job=record.job, user=record.user, vc=record.vc, state=record.state, attempt=record.attempt,
+        waitingSince=(current.createdTime if current else record.createdTime) or record.createdTime,
+        runningSince=record.launchedTime,
+        failedAt=record.completedTime if failed else None,
+        exitSpec=record.appExitSpec if failed else None, exitCode=record.appExitCode if failed else None,
+        gpus=[(t.node, g) for t in tasks if t.node for g in t.gpus],
+        nodes=list(dict.fromkeys(t.node for t in tasks if t.node)),
+        notify=record.spec.notifyOnStateChange, notifyEmails=list(record.spec.notifyEmails),
+    )
+
+
+class AlertShell:
+    def __init__(self, ctx: ServiceContext, *, clock: Callable[[], float] = time.time, mailer: Mailer | None = None):
+        self.ctx = ctx
+        self.config = ctx.config
+        self.clock = clock
+        self.settings = MailSettings.from_config(ctx.config)
+        self.mailer = mailer or Mailer(self.settings)
+        self.baseline_yaml, self.baseline_source = baseline(ctx.config)
+        self.core = AlertCore(load_rules_text(self.baseline_yaml))
+        self.document = Snapshot(document=None, revision=0)
+        self.outbox: asyncio.Queue[Notification] = asyncio.Queue()
+        self.written: dict[str, AlertRecord] = {}
+        self._lock = asyncio.Lock()  # one evaluation or event at a time
+
+    # --- start-up ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        bus = self.ctx.bus
+        self.rules_key = RulesKey(await bus.kv(Bucket.ALERT_RULES))
+        self.store = AlertStore(await bus.kv(Bucket.ALERTS))
+        self.users = await bus.kv(Bucket.USERS)
+        self.follow(await self.rules_key.read())
+        alerts, groups = await self.store.load()
+        self.core.restore(alerts, groups)
+        self.written = {a.fingerprint: a for a in alerts}
+        for record in await self._job_records():
+            self.core.restore_job(job_view_of(record))
+        log.info("alerts: %d rule(s), %d stored alert(s), %d job(s) restored",
+                 len(self.core.rules.rules), len(alerts), len(self.core.jobs))
+        requests = await bus.nc.subscribe(ALERTS_SUBJECT, queue=ALERTS_QUEUE)
+        await bus.nc.flush()
+        self.ctx.spawn(self._serve(requests), "alert-requests")
+        self.ctx.spawn(self._follow_rules(), "alert-rules")
+        self.ctx.spawn(self._send_forever(), "alert-mail")
+        self.ctx.spawn(self._evaluate_forever(), "alert-evaluation")
+        if self.config.usage_report_weekday >= 0:
+            self.ctx.spawn(self._weekly_report(), "usage-report")
+
+    # --- rules ---------------------------------------------------------------------
+
+    def follow(self, snapshot: Snapshot) -> None:
+        """Install the rule document of `snapshot` (a bad one stored is logged and skipped)."""
+        if snapshot.revision and snapshot.revision == self.document.revision:
+            return
+        text = snapshot.document.yaml if snapshot.document and snapshot.document.yaml else self.baseline_yaml
+        try:
+            rules = load_rules_text(text)
+        except InvalidRules as error:
+            log.error("ignoring alert rules revision %d: %s", snapshot.revision, error)
+            return
+        self.core.set_rules(rules)
+        self.document = snapshot
+        log.info("alert rules at revision %d: %d rule(s)", snapshot.revision, len(rules.rules))
+
+    async def _follow_rules(self) -> None:
+        async def watch() -> None:
+            while True:
+                try:
+                    async for snapshot in self.rules_key.watch():
+                        self.follow(snapshot)
+                except NATS_TROUBLE as error:
+                    log.warning("watching the alert rules failed (%r); watching again", error)
+                await asyncio.sleep(WATCH_RETRY_SECONDS)
+
+        async def resync() -> None:  # a watch can end silently when NATS restarts
+            while True:
+                await asyncio.sleep(RESYNC_SECONDS)
+                with contextlib.suppress(*NATS_TROUBLE):
+                    self.follow(await self.rules_key.read())
+
+        await asyncio.gather(watch(), resync())
+
+    # --- commands ------------------------------------------------------------------
+
+    async def _serve(self, subscription: Subscription) -> None:
+        try:
+            async for msg in subscription.messages:
+                reply = await self.answer(msg.data)
+                if msg.reply:
+                    with contextlib.suppress(*NATS_TROUBLE):
+                        await msg.respond(msgspec.json.encode(reply))
+        finally:
+            with contextlib.suppress(*NATS_TROUBLE):
+                await subscription.unsubscribe()
+
+    async def answer(self, data: bytes) -> AlertsReply:
+        try:
+            request = _request_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            return AlertsReply(outcome=Outcome.INVALID, message=f"not an alerts request: {error}")
+        try:
+            match request.action:
+                case AlertAction.GET_RULES:
+                    self.follow(await self.rules_key.read())
+                    return self._rules_reply()
+                case AlertAction.SET_RULES | AlertAction.RESET_RULES:
+                    return await self._set_rules(request)
+                case AlertAction.REPORT:
+                    return await self._report(request)
+        except NATS_TROUBLE as error:
+            log.warning("alerts request %s failed on NATS: %r", request.action.value, error)
+            return AlertsReply(outcome=Outcome.UNAVAILABLE, message=f"the alert store is not reachable: {error!r}")
+        return AlertsReply(outcome=Outcome.INVALID, message=f"unknown action {request.action}")
+
+    def _rules_reply(self, message: str = "") -> AlertsReply:
+        document = self.document.document
+        admin = bool(document and document.yaml)
+        return AlertsReply(
+            outcome=Outcome.OK, message=message, rules=document.yaml if admin else self.baseline_yaml,
+            revision=self.document.revision, source="admin" if admin else self.baseline_source,
+            changedBy=document.by if document else "", changedAt=document.at if document else 0.0,
+        )
+
+    async def _set_rules(self, request: AlertsRequest) -> AlertsReply:
+        text = request.rules if request.action is AlertAction.SET_RULES else ""
+        if text:
+            try:
+                load_rules_text(text)
+            except InvalidRules as error:
+                return AlertsReply(outcome=Outcome.INVALID, message=f"the alert rules are not valid: {error}",
+                                   problems=[Problem(path=p.path, message=p.message) for p in error.problems])
+        current = await self.rules_key.read()
+        if request.revision is not None and request.revision != current.revision:
+            return AlertsReply(outcome=Outcome.STALE, message=(
+                f"the alert rules changed since revision {request.revision} (now {current.revision}); "
+                "read them again and redo the change"))
+        document = RuleDocument(yaml=text, by=request.by, at=self.clock())
+        try:
+            revision = await self.rules_key.write(document, last=current.revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return AlertsReply(outcome=Outcome.STALE, message="someone changed the alert rules at the same moment; read them again")
+        self.follow(Snapshot(document=document, revision=revision))
+        log.info("alert rules %s by %s: revision %d", "set" if text else "reset", request.by or "-", revision)
+        return self._rules_reply()
+
+    async def _report(self, request: AlertsRequest) -> AlertsReply:
+        now = self.clock()
+        report = await self.build_report(now - request.days * 86400, now)
+        mailed = False
+        if request.send:
+            mailed = await self._mail_report(report, now)
+        return AlertsReply(outcome=Outcome.OK, report=report, mailed=mailed)
+
+    async def build_report(self, start: float, end: float) -> dict:
+        readings = await self._node_readings()
+        return build_report(await self._job_records(), readings, start=start, end=end)
+
+    async def _mail_report(self, report: dict, now: float) -> bool:
+        if not self.settings.admins:
+            log.warning("no admin_emails: the usage report is not mailed")
+            return False
+        return await self.mailer.send(compose_report(report, sender=self.settings.sender,
+                                                     to=list(self.settings.admins), now=now))
+
+    async def _weekly_report(self) -> None:
+        while True:
+            now = self.clock()
+            day = datetime.fromtimestamp(now, tz=timezone.utc)
+            if day.weekday() == self.config.usage_report_weekday and day.hour >= REPORT_HOUR_UTC:
+                year, week, _ = day.isocalendar()
+                try:
+                    if await self.store.claim(REPORT_PREFIX, f"{year}-W{week:02d}"):
+                        await self._mail_report(await self.build_report(now - 7 * 86400, now), now)
+                except NATS_TROUBLE as error:
+                    log.warning("weekly usage report: %r; trying again later", error)
+            await asyncio.sleep(REPORT_CHECK_SECONDS)
+
+    # --- events and evaluation -----------------------------------------------------------
+
+    async def handle(self, event: Event) -> None:
+        async with self._lock:
+            notifications = self.core.handle(event)
+        for notification in notifications:
+            # Claimed before the ack: a redelivered event or a restart mails nobody twice.
+            if await self.store.claim(SENT_PREFIX, notification.id):
+                self.outbox.put_nowait(notification)
+
+    async def _evaluate_forever(self) -> None:
+        period = max(0.05, self.config.alert_evaluate_seconds)
+        probing = asyncio.create_task(self._probe_forever(period))
+        try:
+            while True:
+                try:
+                    await self.evaluate_once()
+                except NATS_TROUBLE as error:
+                    log.warning("alert evaluation: NATS trouble (%r); next round tries again", error)
+                await asyncio.sleep(period)
+        finally:
+            probing.cancel()
+
+    async def evaluate_once(self) -> None:
+        for reading in await self._node_readings():
+            self.core.node_sampled(reading)
+        async with self._lock:
+            outputs = self.core.evaluate(self.clock())
+        await self._write_alerts()
+        for output in outputs:
+            match output:
+                case AlertFired(alert=alert):
+                    await self.ctx.bus.publish(AlertFiring(
+                        id=EventId(f"{alert.fingerprint}@{alert.startsAt:.3f}/firing"), job=JobId(alert.job),
+                        at=alert.startsAt, rule=alert.rule, severity=alert.severity, summary=alert.summary,
+                        labels=alert.labels))
+                case AlertEnded(alert=alert):
+                    await self.ctx.bus.publish(AlertResolved(
+                        id=EventId(f"{alert.fingerprint}@{alert.startsAt:.3f}/resolved"), job=JobId(alert.job),
+                        at=alert.endsAt or self.clock(), rule=alert.rule, summary=alert.summary, labels=alert.labels))
+                case Notification(group=group):
+                    if group is not None:
+                        await self.store.put_group(group)  # before mailing: never twice
+                    self.outbox.put_nowait(output)
+                case ActionDue():
+                    await self._act(output)
+
+    async def _write_alerts(self) -> None:
+        current = dict(self.core.alerts)
+        for fingerprint, alert in current.items():
+            if self.written.get(fingerprint) != alert:
+                await self.store.put_alert(alert)
+                self.written[fingerprint] = alert
+        for fingerprint in set(self.written) - set(current):
+            await self.store.forget_alert(fingerprint)
+            del self.written[fingerprint]
+
+    async def _act(self, due: ActionDue) -> None:
+        alert = due.alert
+        by = f"alert {alert.rule}"
+        match due.action:
+            case Action.STOP_JOB if alert.job:
+                await self.ctx.bus.publish(StopRequested(
+                    id=EventId(f"{alert.job}/stop"), job=JobId(alert.job), vc=VcName(alert.vc), by=by, at=self.clock()))
+                log.warning("stop of %s requested by %s", alert.job, by)
+            case Action.TAG_JOB if alert.job:
+                await self.store.add_tag(alert.job, alert.rule)
+            case Action.CORDON_NODE if alert.node:
+                await self.ctx.bus.publish(NodeCordonChanged(
+                    id=EventId(f"node/{alert.node}/cordon/alert/{alert.rule}/{int(alert.startsAt * 1000)}"), job=JobId(""),
+                    node=NodeName(alert.node), cordoned=True, reason=alert.summary, by=by, at=self.clock()))
+                log.warning("node %s cordoned by %s", alert.node, by)
+
+    async def _node_readings(self) -> list[NodeReading]:
+        kv = await self.ctx.bus.kv(Bucket.NODES)
+        readings = []
+        for key in await all_keys(kv):
+            try:
+                entry = await kv.get(key)
+                readings.append(reading_of(_sample_decoder.decode(entry.value or b"")))
+            except (nats.js.errors.KeyNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+                continue
+        return readings
+
+    async def _job_records(self) -> list[JobRecord]:
+        kv = await self.ctx.bus.kv(Bucket.JOB_STATUS)
+        records = []
+        for key, raw in (await load_all(kv, msgspec.Raw)).items():
+            try:
+                records.append(_record_decoder.decode(raw))
+            except (msgspec.DecodeError, msgspec.ValidationError) as error:  # the launcher's; skip, say so
+                log.warning("skipping job record %s: %s", key, error)
+        return records
+
+    # --- services ---------------------------------------------------------------------
+
+    def probe_targets(self) -> dict[str, str]:
+        """service -> its /readyz URL (`alert_probe_urls` "name=url,..."; "-": probe none)."""
+        configured = self.config.alert_probe_urls
+        if configured.strip() == "-":
+            return {}
+        if configured:
+            pairs = (item.split("=", 1) for item in configured.split(",") if "=" in item)
+            return {name.strip(): url.strip() for name, url in pairs}
+        return {name: f"http://{self.config.host}:{self.config.port_of(name)}/readyz" for name in PROBED_SERVICES}
+
+    async def _probe_forever(self, period: float) -> None:
+        targets = self.probe_targets()
+        if not targets:
+            return
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                for name, url in targets.items():
+                    self.core.service_probed(await _probe(http, name, url, self.clock))
+                await asyncio.sleep(period)
+
+    # --- mail -------------------------------------------------------------------------
+
+    async def _send_forever(self) -> None:
+        while True:
+            notification = await self.outbox.get()
+            try:
+                to = await self._recipients(notification)
+                if not to:
+                    log.info("notification %s has nobody to mail", notification.id)
+                    continue
+                await self.mailer.send(compose(notification, sender=self.settings.sender, to=to,
+                                               portal_url=self.settings.portal_url, now=self.clock()))
+            except NATS_TROUBLE as error:
+                log.error("notification %s not mailed: %r", notification.id, error)
+            except Exception:  # a bug in composing one mail must not stop every later one
+                log.exception("notification %s not mailed", notification.id)
+
+    async def _recipients(self, notification: Notification) -> list[str]:
+        to: list[str] = list(self.settings.admins) if notification.toAdmins else []
+        for user in notification.toUsers:
+            address = await self._email_of(user)
+            if address:
+                to.append(address)
+            else:
+                log.info("user %s has no mail address; not mailing them %s", user, notification.id)
+        to += notification.toAddresses
+        return list(dict.fromkeys(to))
+
+    async def _email_of(self, user: str) -> str:
+        try:
+            entry = await self.users.get(f"user.{user}")
+        except nats.js.errors.KeyNotFoundError:
+            return ""
+        try:
+            return msgspec.json.decode(entry.value or b"{}", type=_User).email
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return ""
+
+
+async def _probe(http: aiohttp.ClientSession, name: str, url: str, clock: Callable[[], float]) -> ServiceReading:
+    try:
+        async with http.get(url) as response:
+            ready = response.status == 200
+            reason = "" if ready else f"{url} answered {response.status}: {(await response.text())[:200]}"
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+        ready, reason = False, f"{url} did not answer: {error.__class__.__name__} {error}".strip()
+    return ServiceReading(service=name, ready=ready, at=clock(), reason=reason)
+

@@ -1,0 +1,168 @@
+"""Where alerts live between restarts: two buckets the monitor owns. NATS plumbing only.
+
+`pai_alert_rules`, key `rules`: the rule document an admin set at run time
+(absent or empty: the shipped defaults, or `alert_rules_file`). One value, so
+a change is atomic; writers name the revision they read (`last=`), so of two
+admins changing rules at once the second is refused as stale instead of
+silently erasing the first. Every monitor replica watches the key.
+
+`pai_alerts`: `alert.<sha1 of fingerprint>` (AlertRecord, what the API lists),
+`group.<sha1 of group key>` (GroupState: what was last mailed about a group),
+`sent.<sha1 of notification id>` (a job-state mail claimed before sending, so a
+redelivered event or a restart never mails it twice), `tags.<sha1 of job>`
+(tags the tag-job action put on a job), `report.<ISO week>` (the weekly
+report was mailed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+
+import msgspec
+import nats.js.errors
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from libs.common.alerts_messages import ALERT_KEY_PREFIX, AlertRecord
+from libs.common.bus import all_keys
+from services.monitor.alerts.core import GroupState, fingerprint_key
+
+RULES_KEY = "rules"
+GROUP_PREFIX = "group."
+SENT_PREFIX = "sent."
+TAGS_PREFIX = "tags."
+REPORT_PREFIX = "report."
+
+
+class RuleDocument(msgspec.Struct, frozen=True, kw_only=True):
+    """The stored value: the YAML as the admin sent it ("" = back to the baseline)."""
+
+    yaml: str
+    by: str = ""
+    at: float = 0.0
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    document: RuleDocument | None  # None: nothing stored
+    revision: int
+
+
+class JobTags(msgspec.Struct, frozen=True, kw_only=True):
+    job: str
+    tags: list[str] = []
+
+
+_document_decoder = msgspec.json.Decoder(RuleDocument)
+_alert_decoder = msgspec.json.Decoder(AlertRecord)
+_group_decoder = msgspec.json.Decoder(GroupState)
+_tags_decoder = msgspec.json.Decoder(JobTags)
+
+
+class RulesKey:
+    def __init__(self, kv: KeyValue):
+        self.kv = kv
+
+    async def read(self) -> Snapshot:
+        try:
+            entry = await self.kv.get(RULES_KEY)
+        except nats.js.errors.KeyNotFoundError:  # also a deleted key
+            return Snapshot(document=None, revision=0)
+        return Snapshot(document=_decode_document(entry.value), revision=entry.revision or 0)
+
+    async def write(self, document: RuleDocument, *, last: int) -> int:
+        """Raises nats.js.errors.KeyWrongLastSequenceError when someone wrote since `last`."""
+        value = msgspec.json.encode(document)
+        if last == 0:
+            return await self.kv.create(RULES_KEY, value)
+        return await self.kv.update(RULES_KEY, value, last=last)
+
+    async def watch(self) -> AsyncIterator[Snapshot]:
+        watcher = await self.kv.watch(RULES_KEY)
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    continue
+                deleted = entry.operation in (KV_DEL, KV_PURGE)
+                yield Snapshot(document=None if deleted else _decode_document(entry.value), revision=entry.revision or 0)
+        finally:
+            await watcher.stop()
+
+
+def _decode_document(value: bytes | None) -> RuleDocument | None:
+    if not value:
+        return None
+    try:
+        return _document_decoder.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+class AlertStore:
+    def __init__(self, kv: KeyValue):
+        self.kv = kv
+
+    async def load(self) -> tuple[list[AlertRecord], list[GroupState]]:
+        alerts: list[AlertRecord] = []
+        groups: list[GroupState] = []
+        for key in await all_keys(self.kv):
+            if not key.startswith((ALERT_KEY_PREFIX, GROUP_PREFIX)):
+                continue
+            value = await self._get(key)
+            if value is None:
+                continue
+            try:
+                if key.startswith(ALERT_KEY_PREFIX):
+                    alerts.append(_alert_decoder.decode(value))
+                else:
+                    groups.append(_group_decoder.decode(value))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue  # an older or damaged value: the next evaluation writes a good one
+        return alerts, groups
+
+    async def put_alert(self, alert: AlertRecord) -> None:
+        await self.kv.put(ALERT_KEY_PREFIX + fingerprint_key(alert.fingerprint), msgspec.json.encode(alert))
+
+    async def forget_alert(self, fingerprint: str) -> None:
+        await self.kv.delete(ALERT_KEY_PREFIX + fingerprint_key(fingerprint))
+
+    async def put_group(self, group: GroupState) -> None:
+        await self.kv.put(GROUP_PREFIX + fingerprint_key(group.key), msgspec.json.encode(group))
+
+    async def claim(self, prefix: str, name: str) -> bool:
+        """True for the first caller ever to claim `name` (a mail, a week's report)."""
+        try:
+            await self.kv.create(prefix + fingerprint_key(name), name.encode())
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def add_tag(self, job: str, tag: str) -> None:
+        key = TAGS_PREFIX + fingerprint_key(job)
+        for _ in range(5):
+            try:
+                entry = await self.kv.get(key)
+                tags, last = _tags_decoder.decode(entry.value), entry.revision
+            except nats.js.errors.KeyNotFoundError:
+                tags, last = JobTags(job=job), 0
+            if tag in tags.tags:
+                return
+            value = msgspec.json.encode(JobTags(job=job, tags=[*tags.tags, tag]))
+            try:
+                if last:
+                    await self.kv.update(key, value, last=last)
+                else:
+                    await self.kv.create(key, value)
+                return
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+
+    async def _get(self, key: str) -> bytes | None:
+        try:
+            entry = await self.kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return entry.value or None
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()

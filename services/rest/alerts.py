@@ -1,0 +1,196 @@
+"""Alerts over HTTP: the list, the rule document, the usage report.
+
+The monitor owns alerts and their rules. rest lists alerts straight from the
+`pai_alerts` bucket (so the list answers while the monitor restarts) and
+forwards rule and report commands over NATS (`pai.rpc.v1.alerts`).
+
+- `GET /api/v2/alerts[?state=firing|resolved&job=ID]`: admins see every
+  alert, a user the alerts about their own jobs (and, with `job=`, the tags
+  alert actions put on it).
+- `GET /api/v2/alerts/rules`: the rule document in effect (YAML in `rules`),
+  its `revision` also as the `ETag`.
+- `PUT /api/v2/alerts/rules` (admins): replace it with the YAML body; with
+  `If-Match: "<revision>"` only if nobody changed it since. Invalid rules are
+  a 400 naming each rule and field.
+- `POST /api/v2/alerts/rules/reset` (admins): back to the shipped rules.
+- `GET /api/v2/report?days=7` (admins): the usage report; `POST` mails it too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from aiohttp import web
+
+from libs.common.alerts_messages import (
+    ALERT_KEY_PREFIX,
+    ALERTS_SUBJECT,
+    REQUEST_TIMEOUT_SECONDS,
+    AlertAction,
+    AlertRecord,
+    AlertsReply,
+    AlertsRequest,
+    AlertState,
+    raise_for_outcome,
+)
+from libs.common.bus import all_keys
+from libs.common.errors import BadInput, Forbidden, Transient
+from libs.common.protocol.limits import MAX_ADMIN_BODY_BYTES
+from libs.common.subjects import Bucket
+from services.rest.request import USER, ctx_of, read_body
+
+MAX_REPORT_DAYS = 366
+_alert_decoder = msgspec.json.Decoder(AlertRecord)
+
+
+class _JobTags(msgspec.Struct):
+    job: str
+    tags: list[str] = []
+
+
+async def list_alerts(request: web.Request) -> web.Response:
+    user = request[USER]
+    state = request.query.get("state")
+    if state is not None and state not in {s.value for s in AlertState}:
+        raise _bad("state", "enum", f"must be firing or resolved, got {state!r}")
+    job = request.query.get("job")
+    kv = await ctx_of(request).bus.kv(Bucket.ALERTS)
+    alerts: list[AlertRecord] = []
+    tags: list[str] = []
+    for key in await all_keys(kv):
+        if not key.startswith((ALERT_KEY_PREFIX, "tags.")):
+            continue
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            continue
+        if not entry.value:
+            continue
+        if key.startswith("tags."):
+            found = msgspec.json.decode(entry.value, type=_JobTags)
+            if job and found.job == job and (user.admin or found.job.split("~")[0] == user.username):
+                tags = found.tags
+            continue
+        try:
+            alert = _alert_decoder.decode(entry.value)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if not user.admin and alert.user != user.username:
+            continue
+        if (state and alert.state.value != state) or (job and alert.job != job):
+            continue
+        alerts.append(alert)
+    alerts.sort(key=lambda a: (a.state is not AlertState.FIRING, -a.startsAt))
+    body: dict[str, Any] = {"alerts": msgspec.to_builtins(alerts)}
+    if job:
+        body["tags"] = tags
+    return web.json_response(body)
+
+
+async def get_rules(request: web.Request) -> web.Response:
+    reply = await _ask(request, AlertsRequest(action=AlertAction.GET_RULES))
+    return _rules_response(reply)
+
+
+async def put_rules(request: web.Request) -> web.Response:
+    _require_admin(request, "change the alert rules")
+    body = await read_body(request, limit=MAX_ADMIN_BODY_BYTES, what="alert rules")
+    try:
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise _bad("", "utf8", "the body must be the rule document as UTF-8 YAML") from None
+    if not text.strip():
+        raise _bad("", "required", "the body is empty; send the whole rule document (YAML), or POST .../reset")
+    reply = await _ask(request, AlertsRequest(action=AlertAction.SET_RULES, rules=text,
+                                              revision=_if_match(request), by=request[USER].username))
+    return _rules_response(reply)
+
+
+async def reset_rules(request: web.Request) -> web.Response:
+    _require_admin(request, "reset the alert rules")
+    reply = await _ask(request, AlertsRequest(action=AlertAction.RESET_RULES, revision=_if_match(request),
+                                              by=request[USER].username))
+    return _rules_response(reply)
+
+
+async def get_report(request: web.Request) -> web.Response:
+    return await _report(request, send=False)
+
+
+async def send_report(request: web.Request) -> web.Response:
+    return await _report(request, send=True)
+
+
+async def _report(request: web.Request, *, send: bool) -> web.Response:
+    _require_admin(request, "read the usage report")
+    text = request.query.get("days", "7")
+    try:
+        days = float(text)
+    except ValueError:
+        raise _bad("days", "number", f"must be a number of days, got {text!r}") from None
+    if not 0 < days <= MAX_REPORT_DAYS:
+        raise _bad("days", "range", f"must be more than 0 and at most {MAX_REPORT_DAYS}, got {days:g}")
+    reply = await _ask(request, AlertsRequest(action=AlertAction.REPORT, days=days, send=send,
+                                              by=request[USER].username))
+    return web.json_response({**reply.report, "mailed": reply.mailed})
+
+
+routes = [
+    web.get("/api/v2/alerts", list_alerts),
+    web.get("/api/v2/alerts/rules", get_rules),
+    web.put("/api/v2/alerts/rules", put_rules),
+    web.post("/api/v2/alerts/rules/reset", reset_rules),
+    web.get("/api/v2/report", get_report),
+    web.post("/api/v2/report", send_report),
+]
+
+
+async def request_alerts(bus, req: AlertsRequest, *, timeout: float = REQUEST_TIMEOUT_SECONDS) -> AlertsReply:
+    """Ask the monitor; a refused request raises the matching PAI error."""
+    try:
+        msg = await bus.nc.request(ALERTS_SUBJECT, msgspec.json.encode(req), timeout=timeout)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+        raise Transient("the monitor did not answer the alerts request; is it running?") from exc
+    reply = msgspec.json.decode(msg.data, type=AlertsReply)
+    raise_for_outcome(reply)
+    return reply
+
+
+async def _ask(request: web.Request, req: AlertsRequest) -> AlertsReply:
+    return await request_alerts(ctx_of(request).bus, req)
+
+
+def _rules_response(reply: AlertsReply) -> web.Response:
+    response = web.json_response({
+        "rules": reply.rules,
+        "revision": reply.revision,
+        "source": reply.source,
+        "changedBy": reply.changedBy or None,
+        "changedTime": int(reply.changedAt * 1000) if reply.changedAt else None,
+    })
+    response.headers["ETag"] = f'"{reply.revision}"'
+    return response
+
+
+def _require_admin(request: web.Request, what: str) -> None:
+    if not request[USER].admin:
+        raise Forbidden(f"only an admin may {what}")
+
+
+def _if_match(request: web.Request) -> int | None:
+    header = request.headers.get("If-Match")
+    if header is None:
+        return None
+    text = header.strip().removeprefix("W/").strip('"')
+    try:
+        return int(text)
+    except ValueError:
+        raise _bad("If-Match", "header", f'must be a revision like "3" (the ETag of GET /api/v2/alerts/rules), got {header!r}') from None
+
+
+def _bad(path: str, rule: str, message: str) -> BadInput:
+    return BadInput(f"{path}: {message}" if path else message,
+                    details={"errors": [{"path": path, "rule": rule, "message": message}]})
