@@ -8,6 +8,7 @@ admin applies at once.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import msgspec
@@ -23,6 +24,20 @@ from services.rest.request import USER, ctx_of
 PUBLIC_PREFIXES = ("/healthz", "/readyz", "/metrics", "/portal")
 # Paths anyone may call: signing in (rate-limited per peer like any anonymous call).
 PUBLIC_PATHS = frozenset({"/", "/api/v2/authn/basic/login"})
+
+
+@functools.cache
+def _other_public_paths() -> frozenset[str]:
+    """The job API's public paths (info, the OpenAPI document), declared in its module."""
+    try:
+        from services.rest.jobs_api import PUBLIC_PATHS as job_api_public
+    except ImportError:
+        return frozenset()
+    return frozenset(job_api_public)
+
+
+def is_public(path: str) -> bool:
+    return path.startswith(PUBLIC_PREFIXES) or path in PUBLIC_PATHS or path in _other_public_paths()
 
 
 async def create_user(bus: Bus, username: str, *, admin: bool = False, email: str = "",
@@ -65,7 +80,7 @@ async def principal_for_token(bus: Bus, token: str, *, now: float | None = None)
 
 @web.middleware
 async def middleware(request: web.Request, handler):
-    if request.path.startswith(PUBLIC_PREFIXES) or request.path in PUBLIC_PATHS:
+    if is_public(request.path):
         return await handler(request)
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")

@@ -1,0 +1,330 @@
+"""Who may call what: every route rest serves x anonymous / owner / other user / admin.
+
+rest runs in this process, logged in to a real nats-server as `rest`; the
+launcher's log replies and the runtime's rule replies come from stand-ins on their
+NATS subjects. Each row names who may call the route and what they get; everyone
+else gets 401 UnauthorizedUserError (anonymous) or 403 ForbiddenUserError. A route
+rest serves without a row here fails the first test, so a new route is placed in
+the matrix when it is added. Rows of routes not served (yet) are skipped.
+
+The owner's job carries a secret and registry credentials; no answer to anyone,
+on any route, contains either.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
+
+from libs.common import sealing
+from libs.common.bus import Bus
+from libs.common.config import load_config
+from libs.common.logs import LOG_SUBJECT, LogReply
+from libs.common.rules_rpc import RULES_SUBJECT, Outcome, RulesReply
+from libs.common.service import ServiceContext
+from services.rest.app import create_app, startup
+
+RUN = uuid.uuid4().hex[:6]
+OWNER, OTHER, ADMIN = f"mxowner{RUN}", f"mxother{RUN}", f"mxadmin{RUN}"
+PASSWORD = "matrix passphrase 1"
+SECRET = f"s3cret-{RUN}-value"
+REGISTRY_PASSWORD = f"registry-{RUN}-password"
+JOB = f"{OWNER}~secretjob"
+RULE = {"code": 137, "phrase": "killed", "reaction": "NEVER_RETRY", "pattern": {"exitCode": 137}}
+CALLERS = ("anonymous", "other", "owner", "admin")  # the owner's stop comes after the other's try
+
+ANYONE, SIGNED_IN, OWNER_OR_ADMIN, ADMIN_ONLY = "anyone", "signed in", "owner or admin", "admin only"
+ALLOWED = {
+    ANYONE: {"anonymous", "other", "owner", "admin"},
+    SIGNED_IN: {"other", "owner", "admin"},
+    OWNER_OR_ADMIN: {"owner", "admin"},
+    ADMIN_ONLY: {"admin"},
+}
+
+SECRET_JOB = f"""protocolVersion: 2
+name: secretjob
+type: job
+prerequisites:
+  - name: image
+    type: dockerimage
+    uri: registry.example.com/team/train:1
+    auth:
+      username: robot
+      password: {REGISTRY_PASSWORD}
+      registryuri: registry.example.com
+secrets:
+  apiKey: {SECRET}
+taskRoles:
+  main:
+    instances: 1
+    dockerImage: image
+    commands:
+      - echo "<% $secrets.apiKey %>"
+"""
+
+
+def job_yaml(name: str) -> str:
+    return f"protocolVersion: 2\nname: {name}\ntype: job\ntaskRoles:\n  main:\n    instances: 1\n    commands:\n      - echo hi\n"
+
+
+class Matrix:
+    """rest's API and a token per kind of caller."""
+
+    def __init__(self, server: TestServer, session: ClientSession, tokens: dict[str, str | None]):
+        self.server, self.session, self.tokens = server, session, tokens
+        self.fresh = iter(range(10**6))
+
+    def unique(self, prefix: str) -> str:
+        return f"{prefix}{RUN}n{next(self.fresh)}"
+
+    async def call(self, token: str | None, method: str, path: str, body: Any = None,
+                   content_type: str = "application/json", stream: bool = False) -> tuple[int, Any]:
+        headers = {"Content-Type": content_type}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        data = body if body is None or isinstance(body, (str, bytes)) else json.dumps(body)
+        async with self.session.request(method, self.server.make_url(path), data=data, headers=headers) as resp:
+            if stream and resp.status < 400:
+                return resp.status, ""  # an event stream: it answered; leave it
+            raw = await resp.read()
+            try:
+                return resp.status, json.loads(raw)
+            except ValueError:
+                return resp.status, raw.decode(errors="replace")
+
+    async def as_admin(self, method: str, path: str, body: Any = None) -> Any:
+        status, reply = await self.call(self.tokens["admin"], method, path, body)
+        assert status < 300, (method, path, status, reply)
+        return reply
+
+    async def fresh_user(self) -> str:
+        name = self.unique("mxu")
+        await self.as_admin("POST", "/api/v2/users", {"username": name, "password": PASSWORD})
+        return name
+
+    async def fresh_group(self) -> str:
+        name = self.unique("mxg")
+        await self.as_admin("POST", "/api/v2/groups", {"groupname": name})
+        return name
+
+    async def sign_in(self, who: str) -> str:
+        name = {"owner": OWNER, "other": OTHER, "admin": ADMIN}[who]
+        status, reply = await self.call(None, "POST", "/api/v2/authn/basic/login", {"username": name, "password": PASSWORD})
+        assert status == 200, reply
+        return reply["token"]
+
+
+# A request for one caller: (path, body), made fresh per call where the call changes something.
+Request = Callable[[Matrix, str], Awaitable[tuple[str, Any]]]
+
+
+def fixed(path: str, body: Any = None) -> Request:
+    async def request(_: Matrix, __: str) -> tuple[str, Any]:
+        return path, body
+    return request
+
+
+async def _new_job(m: Matrix, _: str) -> tuple[str, Any]:
+    return "/api/v2/jobs", job_yaml(m.unique("job"))
+
+
+async def _new_user_body(m: Matrix, _: str) -> tuple[str, Any]:
+    return "/api/v2/users", {"username": m.unique("mxnew")}
+
+
+async def _fresh_user_path(m: Matrix, _: str) -> tuple[str, Any]:
+    return f"/api/v2/users/{await m.fresh_user()}", None
+
+
+async def _new_group_body(m: Matrix, _: str) -> tuple[str, Any]:
+    return "/api/v2/groups", {"groupname": m.unique("mxnewg")}
+
+
+async def _fresh_group_path(m: Matrix, _: str) -> tuple[str, Any]:
+    return f"/api/v2/groups/{await m.fresh_group()}", None
+
+
+async def _own_token_path(m: Matrix, who: str) -> tuple[str, Any]:
+    if who == "anonymous":
+        return "/api/v2/tokens/nothing", None
+    _, made = await m.call(m.tokens[who], "POST", "/api/v2/tokens", {"expiration": 600})
+    return f"/api/v2/tokens/{made['id']}", None
+
+
+async def _login(m: Matrix, _: str) -> tuple[str, Any]:
+    return "/api/v2/authn/basic/login", {"username": OWNER, "password": PASSWORD}
+
+
+# (method, route as registered) -> (who may, request, status when allowed; a set where the
+# answer past authorization depends on cluster state this test does not make).
+MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
+    ("GET", "/healthz"): (ANYONE, fixed("/healthz"), 200),
+    ("GET", "/readyz"): (ANYONE, fixed("/readyz"), 200),
+    ("GET", "/metrics"): (ANYONE, fixed("/metrics"), 200),
+    # jobs
+    ("POST", "/api/v2/jobs"): (SIGNED_IN, _new_job, 202),
+    ("GET", "/api/v2/jobs"): (SIGNED_IN, fixed("/api/v2/jobs"), 200),
+    ("GET", "/api/v2/jobs/{job}"): (SIGNED_IN, fixed(f"/api/v2/jobs/{JOB}"), 200),
+    ("GET", "/api/v2/jobs/{job}/config"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/config"), 200),
+    ("GET", "/api/v2/jobs/{job}/job-attempts"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/job-attempts"), 200),
+    ("GET", "/api/v2/jobs/{job}/logs"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/logs"), 200),
+    ("PUT", "/api/v2/jobs/{job}/executionType"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/executionType",
+                                                                        {"value": "STOP"}), 202),
+    ("GET", "/api/v2/jobs/{job}/job-attempts/{attempt}"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/job-attempts/1"),
+                                                           {200, 404}),
+    ("GET", "/api/v2/jobs/{job}/job-attempts/{attempt}/tasks/{role}/{index}"): (
+        OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/job-attempts/1/tasks/main/0"), {200, 404}),
+    ("GET", "/api/v2/jobs/{job}/job-attempts/{attempt}/tasks/{role}/{index}/logs"): (
+        OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/job-attempts/1/tasks/main/0/logs"), {200, 404}),
+    ("PUT", "/api/v2/jobs/{job}/tag"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/tag", {"value": "baseline"}), 200),
+    ("DELETE", "/api/v2/jobs/{job}/tag"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/tag", {"value": "baseline"}), 200),
+    ("GET", "/api/v2/jobs/{job}/events"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/events"), 200),
+    # cluster
+    ("GET", "/api/v2/virtual-clusters"): (SIGNED_IN, fixed("/api/v2/virtual-clusters"), 200),
+    ("GET", "/api/v2/virtual-clusters/{vc}"): (SIGNED_IN, fixed("/api/v2/virtual-clusters/default"), {200, 404}),
+    ("GET", "/api/v2/cluster/sku-types"): (SIGNED_IN, fixed("/api/v2/cluster/sku-types"), 200),
+    ("GET", "/api/v2/cluster/nodes"): (SIGNED_IN, fixed("/api/v2/cluster/nodes"), 200),
+    ("PUT", "/api/v2/cluster/nodes/{node}/cordon"): (ADMIN_ONLY, fixed("/api/v2/cluster/nodes/node-1/cordon",
+                                                                       {"reason": "matrix"}), {202, 404}),
+    ("DELETE", "/api/v2/cluster/nodes/{node}/cordon"): (ADMIN_ONLY, fixed("/api/v2/cluster/nodes/node-1/cordon"),
+                                                        {202, 404}),
+    ("GET", "/api/v2/info"): (ANYONE, fixed("/api/v2/info"), 200),
+    ("GET", "/api/v2/openapi.json"): (ANYONE, fixed("/api/v2/openapi.json"), 200),
+    ("GET", "/api/v2/docs"): (ANYONE, fixed("/api/v2/docs"), 200),
+    # identity
+    ("POST", "/api/v2/authn/basic/login"): (ANYONE, _login, 200),
+    ("DELETE", "/api/v2/authn/basic/logout"): (SIGNED_IN, fixed("/api/v2/authn/basic/logout"), 200),
+    ("GET", "/api/v2/tokens"): (SIGNED_IN, fixed("/api/v2/tokens"), 200),
+    ("POST", "/api/v2/tokens"): (SIGNED_IN, fixed("/api/v2/tokens", {"expiration": 600}), 201),
+    ("DELETE", "/api/v2/tokens/{token}"): (SIGNED_IN, _own_token_path, 200),
+    ("GET", "/api/v2/users/me"): (SIGNED_IN, fixed("/api/v2/users/me"), 200),
+    ("PUT", "/api/v2/users/me"): (SIGNED_IN, fixed("/api/v2/users/me", {"email": "me@example.com"}), 200),
+    ("GET", "/api/v2/users"): (ADMIN_ONLY, fixed("/api/v2/users"), 200),
+    ("POST", "/api/v2/users"): (ADMIN_ONLY, _new_user_body, 201),
+    ("GET", "/api/v2/users/{user}"): (OWNER_OR_ADMIN, fixed(f"/api/v2/users/{OWNER}"), 200),
+    ("PUT", "/api/v2/users/{user}"): (ADMIN_ONLY, fixed(f"/api/v2/users/{OWNER}", {"email": "o@example.com"}), 200),
+    ("DELETE", "/api/v2/users/{user}"): (ADMIN_ONLY, _fresh_user_path, 200),
+    ("GET", "/api/v2/groups"): (SIGNED_IN, fixed("/api/v2/groups"), 200),
+    ("POST", "/api/v2/groups"): (ADMIN_ONLY, _new_group_body, 201),
+    ("GET", "/api/v2/groups/{group}"): (SIGNED_IN, fixed("/api/v2/groups/default"), 200),
+    ("PUT", "/api/v2/groups/{group}"): (ADMIN_ONLY, fixed("/api/v2/groups/default", {"description": "everyone"}), 200),
+    ("DELETE", "/api/v2/groups/{group}"): (ADMIN_ONLY, _fresh_group_path, 200),
+    ("GET", "/api/v2/groups/{group}/userlist"): (ADMIN_ONLY, fixed("/api/v2/groups/default/userlist"), 200),
+    ("GET", "/api/v2/events"): (SIGNED_IN, fixed("/api/v2/events"), 200),
+    # alerts (the monitor answers rule and report commands; none runs here: 503 past authorization)
+    ("GET", "/api/v2/alerts"): (SIGNED_IN, fixed("/api/v2/alerts"), 200),
+    ("GET", "/api/v2/alerts/rules"): (SIGNED_IN, fixed("/api/v2/alerts/rules"), {200, 503}),
+    ("PUT", "/api/v2/alerts/rules"): (ADMIN_ONLY, fixed("/api/v2/alerts/rules", "rules: []\n"), {200, 400, 503}),
+    ("POST", "/api/v2/alerts/rules/reset"): (ADMIN_ONLY, fixed("/api/v2/alerts/rules/reset"), {200, 503}),
+    ("GET", "/api/v2/report"): (ADMIN_ONLY, fixed("/api/v2/report"), {200, 503}),
+    ("POST", "/api/v2/report"): (ADMIN_ONLY, fixed("/api/v2/report"), {200, 503}),
+    # failure rules
+    ("GET", "/api/v2/rules"): (SIGNED_IN, fixed("/api/v2/rules"), 200),
+    ("POST", "/api/v2/rules"): (ADMIN_ONLY, fixed("/api/v2/rules", RULE), 201),
+    ("POST", "/api/v2/rules/reset"): (ADMIN_ONLY, fixed("/api/v2/rules/reset"), 200),
+    ("GET", "/api/v2/rules/{code}"): (SIGNED_IN, fixed("/api/v2/rules/137"), 200),
+    ("PUT", "/api/v2/rules/{code}"): (ADMIN_ONLY, fixed("/api/v2/rules/137", RULE), 200),
+    ("DELETE", "/api/v2/rules/{code}"): (ADMIN_ONLY, fixed("/api/v2/rules/137"), 200),
+}
+# Calls that end the caller's session: made with a session of their own.
+ENDS_SESSION = {("DELETE", "/api/v2/authn/basic/logout")}
+STREAMS = {("GET", "/api/v2/events")}
+
+
+@pytest.fixture(scope="module")
+def nats_server(own_nats_server):
+    return own_nats_server
+
+
+@pytest.fixture(scope="module")
+async def matrix(nats_server, tmp_path_factory) -> AsyncIterator[Matrix]:
+    platform = await Bus.connect(nats_server.url, name="matrix-platform", **nats_server.login("platform"))
+    await platform.bootstrap()
+
+    async def logs(msg):
+        await msg.respond(msgspec.json.encode(LogReply(found=True, data=b"hello from the task\n")))
+
+    async def rules(msg):
+        await msg.respond(msgspec.json.encode(RulesReply(outcome=Outcome.OK, rules=[RULE], position=0, revision=1)))
+
+    stand_ins = [await platform.nc.subscribe(LOG_SUBJECT, cb=logs), await platform.nc.subscribe(RULES_SUBJECT, cb=rules)]
+    bus = await Bus.connect(nats_server.url, name="matrix-rest", **nats_server.login("rest"))
+    data = tmp_path_factory.mktemp("matrix")
+    sealing.write_key_pair(data / "secrets.key", data / "secrets.pub")
+    config = load_config(env={}, data_dir=str(data), admin_user=ADMIN, secrets_public_key_file=str(data / "secrets.pub"))
+    ctx = ServiceContext(name="rest", config=config, bus=bus)
+    await startup(ctx)
+    server = TestServer(await create_app(ctx))
+    await server.start_server()
+    ctx.set_ready()
+    async with ClientSession() as session:
+        m = Matrix(server, session, {"anonymous": None, "admin": config.token_path.read_text().strip()})
+        await m.as_admin("PUT", f"/api/v2/users/{ADMIN}", {"password": PASSWORD})
+        for who, name in (("owner", OWNER), ("other", OTHER)):
+            await m.as_admin("POST", "/api/v2/users", {"username": name, "password": PASSWORD})
+            m.tokens[who] = await m.sign_in(who)
+        status, reply = await m.call(m.tokens["owner"], "POST", "/api/v2/jobs", job_yaml("secretjob"), "text/yaml")
+        assert status == 202, reply
+        yield m
+    await server.close()
+    for subscription in stand_ins:
+        await subscription.unsubscribe()
+    await bus.close()
+    await platform.close()
+
+
+def served_routes(m: Matrix) -> set[tuple[str, str]]:
+    return {(r.method, r.resource.canonical) for r in m.server.app.router.routes() if r.method != "HEAD"}
+
+
+def test_every_route_rest_serves_has_a_row(matrix):
+    missing = served_routes(matrix) - set(MATRIX)
+    assert not missing, f"routes with no row in the authorization matrix: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("route", list(MATRIX), ids=[f"{m} {p}" for m, p in MATRIX])
+async def test_authorization_matrix(matrix, route):
+    if route not in served_routes(matrix):
+        pytest.skip(f"{route[0]} {route[1]} is not served (yet)")
+    who_may, request, allowed_status = MATRIX[route]
+    method = route[0]
+    for caller in CALLERS:
+        path, body = await request(matrix, caller)
+        token = matrix.tokens[caller]
+        if route in ENDS_SESSION and token:
+            token = await matrix.sign_in(caller)
+        content_type = "text/yaml" if route == ("POST", "/api/v2/jobs") else "application/json"
+        status, reply = await matrix.call(token, method, path, body, content_type, stream=route in STREAMS)
+        code = reply.get("code") if isinstance(reply, dict) and status >= 400 else None
+        if caller in ALLOWED[who_may]:
+            ok = allowed_status if isinstance(allowed_status, set) else {allowed_status}
+            assert status in ok and status not in (401, 403), f"{caller}: {status} {reply}"
+        elif caller == "anonymous":
+            assert (status, code) == (401, "UnauthorizedUserError"), f"{caller}: {status} {reply}"
+        else:
+            assert (status, code) == (403, "ForbiddenUserError"), f"{caller}: {status} {reply}"
+        text = reply if isinstance(reply, str) else json.dumps(reply)
+        assert SECRET not in text and REGISTRY_PASSWORD not in text, f"{caller} {method} {path} shows a secret"
+
+
+async def test_a_secret_job_is_masked_for_its_owner_and_admins_too(matrix):
+    status, reply = await matrix.call(matrix.tokens["owner"], "POST", "/api/v2/jobs", SECRET_JOB.replace(
+        "name: secretjob", f"name: masked{RUN}"), "text/yaml")
+    assert status == 202, reply
+    job = f"{OWNER}~masked{RUN}"
+    for who in ("owner", "admin"):
+        for path in (f"/api/v2/jobs/{job}", f"/api/v2/jobs/{job}/config", f"/api/v2/jobs/{job}/job-attempts",
+                     "/api/v2/jobs"):
+            status, reply = await matrix.call(matrix.tokens[who], "GET", path)
+            text = json.dumps(reply)
+            assert status == 200 and SECRET not in text and REGISTRY_PASSWORD not in text, (who, path)
+    status, config = await matrix.call(matrix.tokens["owner"], "GET", f"/api/v2/jobs/{job}/config")
+    assert config["prerequisites"][0]["auth"]["username"] == "robot"  # only the password is masked
+    assert config["secrets"]["apiKey"] != SECRET
