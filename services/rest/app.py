@@ -45,6 +45,7 @@ from services.rest import auth, events, fallback, metrics, nodes, ratelimit, rul
 from services.rest.identity import core as identity_core
 from services.rest.identity import routes as identity_routes
 from services.rest import alerts as alert_routes
+from services.rest import jobs_api
 from services.rest.records import SubmittedJob
 from services.rest.request import CTX, USER, ctx_of, read_body, read_json_object
 
@@ -147,7 +148,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
     app.add_routes(
         [
             web.post("/api/v2/jobs", submit_job),
-            web.get("/api/v2/jobs", list_jobs),
+            web.get("/api/v2/jobs", jobs_api.list_jobs),
             web.get("/api/v2/jobs/{job}", get_job),
             web.get("/api/v2/jobs/{job}/config", get_job_config),
             web.get("/api/v2/jobs/{job}/job-attempts", get_job_attempts),
@@ -159,6 +160,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
     app.add_routes(identity_routes.routes)
     events.setup(app)  # GET /api/v2/events (SSE) and what wakes its readers
     app.add_routes(rules.routes)
+    jobs_api.setup(app, ctx)
     app.add_routes(alert_routes.routes)  # alerts, alert rules, usage report
     app.add_routes(nodes.routes)
     return app
@@ -171,6 +173,7 @@ async def submit_job(request: web.Request) -> web.Response:
     parsed = parse_job(body, content_type=request.content_type, user=user.username)
     spec = parsed.spec
     await _check_virtual_cluster(ctx, user, spec.virtualCluster)
+    await jobs_api.check_fits(ctx, spec)
     jid = ids.job_id(user.username, spec.name)
     record = SubmittedJob(
         job=jid,
@@ -191,6 +194,7 @@ async def submit_job(request: web.Request) -> web.Response:
         revision = await kv.create(key, msgspec.json.encode(record))
     except nats.js.errors.KeyWrongLastSequenceError:
         raise Conflict(f"job {jid} already exists; job names are unique per user") from None
+    jobs_api.remember_submission(request.app, record)
     try:
         await _publish_submitted(ctx, record, revision)
     except Transient as exc:
@@ -327,33 +331,6 @@ async def get_job_config(request: web.Request) -> web.Response:
     if "yaml" in request.headers.get("Accept", ""):
         return web.Response(text=yaml.safe_dump(sub.config, sort_keys=False), content_type="text/yaml")
     return web.json_response(sub.config)
-
-
-async def list_jobs(request: web.Request) -> web.Response:
-    ctx = ctx_of(request)
-    q = request.query
-    try:
-        offset = int(q.get("offset", 0))
-        limit = int(q.get("limit", 1000))
-    except ValueError:
-        raise BadInput("offset and limit must be integers") from None
-    if offset < 0 or not 1 <= limit <= 10_000:
-        raise BadInput("offset must be >= 0 and limit between 1 and 10000")
-    keys = await all_keys(await ctx.bus.kv(Bucket.JOBS))
-    if "username" in q:
-        keys = [k for k in keys if k.split(".", 1)[0] == q["username"]]
-    loaded = await asyncio.gather(*(_load_optional(ctx, ids.job_id_from_key(k)) for k in keys))
-    rows = []
-    for got in loaded:
-        if got is None or ("vc" in q and got[0].vc != q["vc"]):
-            continue
-        sub, rec, sched = got
-        row = views.job_summary(sub, rec, _reason(rec, sched))
-        if "state" in q and row["state"] != q["state"].upper():
-            continue
-        rows.append(row)
-    rows.sort(key=lambda r: r["createdTime"], reverse=True)
-    return web.json_response(rows[offset : offset + limit])
 
 
 async def put_execution_type(request: web.Request) -> web.Response:

@@ -30,6 +30,8 @@ class SubmittedJob(msgspec.Struct, frozen=True, kw_only=True):
     # Set once JobSubmitted is on the bus; a record left False by a crash is
     # published again when rest starts (the event id dedupes it).
     published: bool = False
+    # Labels the owner or an admin put on the job (PUT/DELETE /api/v2/jobs/{job}/tag).
+    tags: list[str] = []
 
 
 class User(msgspec.Struct, frozen=True, kw_only=True):

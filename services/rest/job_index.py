@@ -1,0 +1,188 @@
+"""rest's in-memory index of every job, for `GET /api/v2/jobs` without reading every key.
+
+Fed by KV watches on the three buckets a job row is made of (pai_jobs: the
+submission, pai_job_status: the launcher's state, pai_schedule: why it waits).
+It is a cache, never a store: it starts empty, is rebuilt from the buckets by the
+watches' initial values, and is not used until all three have delivered them;
+when the NATS connection comes back after a break, the watches are started
+again from scratch (a restarted NATS forgets their consumers). While it is not
+ready, the list reads the buckets as before. Nothing is written from here, so a
+crash loses nothing.
+
+Only what a list row needs is kept per job: the submission (name, VC, tags, task
+counts) and small decoded briefs of the status and schedule documents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from nats.js.kv import KeyValue
+
+from libs.common.bus import Bus
+from libs.common.messages import JobState
+from libs.common.subjects import Bucket
+from services.rest.records import SubmittedJob
+
+log = logging.getLogger("pai.rest.index")
+
+# How often the index checks that its watches still stand (a reconnect restarts them).
+CHECK_SECONDS = 1.0
+
+
+class StatusBrief(msgspec.Struct, frozen=True, kw_only=True):
+    """The fields of a `JobRecord` a list row shows (msgspec skips the rest while decoding)."""
+
+    state: JobState = JobState.WAITING
+    stopRequestedBy: str | None = None
+    retries: int = 0
+    completedTime: float | None = None
+    appExitCode: int | None = None
+    attempt: int = 1
+
+
+class ScheduleBrief(msgspec.Struct, frozen=True, kw_only=True):
+    """The fields of a `ScheduleEntry` a list row shows."""
+
+    attempt: int = 1
+    placed: bool = False
+    reason: str = ""
+
+
+class IndexedJob(msgspec.Struct, kw_only=True):
+    sub: SubmittedJob
+    status: StatusBrief | None = None
+    schedule: ScheduleBrief | None = None
+    row: Any = None  # the list row, made when first listed and dropped at every change
+
+
+class JobIndex:
+    def __init__(self) -> None:
+        self.jobs: dict[str, IndexedJob] = {}  # by KV key user.name
+        # Status and schedule documents may arrive before their submission.
+        self._status: dict[str, StatusBrief] = {}
+        self._schedule: dict[str, ScheduleBrief] = {}
+        self.ready = False
+        self._generation = 0
+
+    # --- applying one KV entry (pure; the watches call these) -------------------------------
+
+    def put_submission(self, key: str, sub: SubmittedJob) -> None:
+        self.jobs[key] = IndexedJob(sub=sub, status=self._status.get(key), schedule=self._schedule.get(key))
+
+    def put_status(self, key: str, status: StatusBrief | None) -> None:
+        self._put_side(key, status, self._status, "status")
+
+    def put_schedule(self, key: str, schedule: ScheduleBrief | None) -> None:
+        self._put_side(key, schedule, self._schedule, "schedule")
+
+    def delete_submission(self, key: str) -> None:
+        self.jobs.pop(key, None)
+
+    def _put_side(self, key: str, value, store: dict, field: str) -> None:
+        if value is None:
+            store.pop(key, None)
+        else:
+            store[key] = value
+        job = self.jobs.get(key)
+        if job is not None:
+            setattr(job, field, value)
+            job.row = None
+
+    # --- the watches ---------------------------------------------------------------------
+
+    async def run(self, bus: Bus, stopping: asyncio.Event) -> None:
+        """Keep the index current until `stopping`; rebuild after every reconnect."""
+        while not stopping.is_set():
+            reconnects = bus.nc.stats.get("reconnects", 0)
+            watchers = []
+            try:
+                self._reset()
+                watchers = await self._start(bus)
+                loaded = [asyncio.ensure_future(w.initial.wait()) for w in watchers]
+                await asyncio.wait_for(asyncio.gather(*loaded), timeout=60)
+                self.ready = True
+                log.info("job index ready: %d jobs", len(self.jobs))
+                while not stopping.is_set() and bus.nc.is_connected \
+                        and bus.nc.stats.get("reconnects", 0) == reconnects and all(not w.done for w in watchers):
+                    await asyncio.sleep(CHECK_SECONDS)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS away or restarting: the list reads the buckets meanwhile
+                log.warning("job index watch failed (%r); rebuilding", exc)
+            finally:
+                self.ready = False
+                for watcher in watchers:
+                    await watcher.stop()
+            await asyncio.sleep(CHECK_SECONDS)
+
+    def _reset(self) -> None:
+        self.jobs.clear()
+        self._status.clear()
+        self._schedule.clear()
+        self._generation += 1
+
+    async def _start(self, bus: Bus) -> list[_Watch]:
+        generation = self._generation
+
+        def submissions(key: str, raw: bytes | None) -> None:
+            if raw is None:
+                self.delete_submission(key)
+            else:
+                self.put_submission(key, msgspec.json.decode(raw, type=SubmittedJob))
+
+        def statuses(key: str, raw: bytes | None) -> None:
+            self.put_status(key, None if raw is None else msgspec.json.decode(raw, type=StatusBrief))
+
+        def schedules(key: str, raw: bytes | None) -> None:
+            self.put_schedule(key, None if raw is None else msgspec.json.decode(raw, type=ScheduleBrief))
+
+        watches = []
+        for bucket, apply in ((Bucket.JOBS, submissions), (Bucket.JOB_STATUS, statuses), (Bucket.SCHEDULE, schedules)):
+            watches.append(await _Watch.start(await bus.kv(bucket), apply, lambda: self._generation == generation))
+        return watches
+
+
+class _Watch:
+    """One bucket's watch, applying each entry; `initial` is set once the bucket's values are in."""
+
+    def __init__(self, watcher, apply: Callable[[str, bytes | None], None], current: Callable[[], bool]):
+        self.watcher = watcher
+        self.apply = apply
+        self.current = current
+        self.initial = asyncio.Event()
+        self.done = False
+        self.task = asyncio.ensure_future(self._loop())
+
+    @classmethod
+    async def start(cls, kv: KeyValue, apply, current) -> _Watch:
+        return cls(await kv.watchall(), apply, current)
+
+    async def _loop(self) -> None:
+        try:
+            async for entry in self.watcher:
+                if not self.current():
+                    break
+                if entry is None:  # the end of the values stored when the watch began
+                    self.initial.set()
+                    continue
+                deleted = entry.operation in ("DEL", "PURGE") or not entry.value
+                try:
+                    self.apply(entry.key, None if deleted else entry.value)
+                except msgspec.DecodeError as exc:  # a value this version cannot read: skip it, loudly
+                    log.error("job index: cannot decode %s: %s", entry.key, exc)
+                if not self.initial.is_set() and getattr(entry, "delta", 1) == 0:
+                    self.initial.set()
+        finally:
+            self.done = True
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        try:
+            await self.watcher.stop()
+        except Exception as exc:  # the connection may be gone already
+            log.debug("stopping a watch: %r", exc)

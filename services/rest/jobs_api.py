@@ -1,0 +1,668 @@
+"""The rest of OpenPAI's v2 job API: one attempt, its tasks and their logs, tags,
+a job's events, one VC, sku types, cluster info, and the job list
+with OpenPAI's filters, ordering and paging (served from `job_index`).
+
+Who may do what, as in the rest of the API: a job's status and the job list are
+for every signed-in user; its attempts, tasks, logs and events (they can quote
+what the job printed) and changing its tags are for its owner and admins.
+
+Response shapes are msgspec Structs where PAI defines them here, so the OpenAPI
+document (services/rest/openapi/jobs.py) is generated from the same types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import re
+import time
+from typing import Any, Literal
+
+import msgspec
+import nats.js.errors
+from aiohttp import web
+
+from libs.common import ids
+from libs.common.bus import all_keys, get_json
+from libs.common.errors import BadInput, Forbidden, NotFound, NoVirtualCluster, Transient
+from libs.common.logs import LogRequest, request_log
+from libs.common.messages import JobState
+from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_USERNAME_LENGTH
+from libs.common.protocol.model import JobSpec
+from libs.common.records import JobRecord
+from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
+from libs.common.service import ServiceContext
+from libs.common.subjects import Bucket
+from services.rest import auth, capacity, views
+from services.rest.job_index import JobIndex
+from services.rest.records import SubmittedJob
+from services.rest.request import USER, bad_field, ctx_of, read_json_object
+
+INDEX = web.AppKey("job_index", JobIndex)
+
+# Anyone may read these, signed in or not (OpenPAI's /api/v2/info is public too).
+PUBLIC_PATHS = frozenset({"/api/v2/info", "/api/v2/openapi.json", "/api/v2/docs"})
+
+MAX_TAGS_PER_JOB = 32
+MAX_TAG_LENGTH = 64
+TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+DEFAULT_LIST_LIMIT = 1000
+MAX_LIST_LIMIT = 10_000
+TAG_UPDATE_ATTEMPTS = 5
+
+
+# --- response shapes ----------------------------------------------------------------------
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    message: str
+
+
+class TagBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """PUT/DELETE /api/v2/jobs/{job}/tag, as OpenPAI: `{"value": "<tag>"}`."""
+
+    value: str
+
+
+class JobRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of GET /api/v2/jobs (OpenPAI's job summary)."""
+
+    debugId: str
+    name: str
+    username: str
+    state: JobState
+    subState: str
+    executionType: Literal["START", "STOP"]
+    retries: int
+    totalTaskNumber: int
+    totalGpuNumber: int
+    createdTime: int | None
+    completedTime: int | None
+    appExitCode: int | None
+    virtualCluster: str
+    priority: int
+    waitingReason: str | None
+    tags: list[str] = []
+
+
+class JobPage(msgspec.Struct, frozen=True, kw_only=True):
+    """GET /api/v2/jobs?withTotalCount=true (OpenPAI's paged shape)."""
+
+    totalCount: int
+    data: list[JobRow]
+
+
+class ClusterInfo(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    version: str
+    launcherType: str  # "local" (processes here) or "k8s"
+    authnMethod: str  # "basic": tokens and passwords kept by PAI
+
+
+class SkuTypeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One leaf cell of a sku (OpenPAI's sku-types answer: memory in MB)."""
+
+    gpu: int
+    cpu: int
+    memory: int
+
+
+class Resources(msgspec.Struct, frozen=True, kw_only=True):
+    cpu: int = 0
+    memory: int = 0  # MB
+    gpu: int = 0
+
+
+class VcSku(msgspec.Struct, frozen=True, kw_only=True):
+    sku: str
+    guaranteed: int
+    used: int
+    opportunistic: int
+    total: int
+    unhealthy: int = 0
+
+
+class VirtualClusterDetail(msgspec.Struct, frozen=True, kw_only=True):
+    """GET /api/v2/virtual-clusters/{vc}: OpenPAI's capacity figures (percent of the
+    cluster's cells) and resources, plus PAI's cells per sku and queue."""
+
+    name: str
+    capacity: float
+    usedCapacity: float
+    maxCapacity: float
+    dedicated: bool
+    resourcesGuaranteed: Resources
+    resourcesUsed: Resources
+    resourcesTotal: Resources
+    skus: list[VcSku]
+    queued: int
+    running: int
+
+
+class JobEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing that happened to a job (Kubernetes event-like, as OpenPAI shows them)."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+    firstTimestamp: int  # ms since the epoch
+    lastTimestamp: int
+    count: int = 1
+    attempt: int | None = None
+    involvedObject: str  # the job id, or "<job>/<role>/<index>" for a task
+
+
+class JobEvents(msgspec.Struct, frozen=True, kw_only=True):
+    data: list[JobEvent]
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def _json(value: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=_encoder.encode(value), status=status, content_type="application/json",
+                        headers=headers)
+
+
+# --- loading a job ------------------------------------------------------------------------
+
+
+def job_param(request: web.Request) -> str:
+    jid = request.match_info["job"]
+    try:
+        user, name = ids.split_job_id(jid)
+    except ValueError:
+        raise NotFound(f"no job {jid[:200]!r}: job ids look like user~name") from None
+    if len(user) > MAX_USERNAME_LENGTH or len(name) > MAX_JOB_NAME_LENGTH:
+        raise NotFound(f"no job {jid[:200]!r}: user names are at most {MAX_USERNAME_LENGTH} characters, "
+                       f"job names at most {MAX_JOB_NAME_LENGTH}")
+    return jid
+
+
+async def load_job(ctx: ServiceContext, jid: str) -> tuple[SubmittedJob, int, JobRecord | None, ScheduleEntry | None]:
+    key = ids.job_key(jid)
+    sub, rec, sched = await asyncio.gather(
+        get_json(await ctx.bus.kv(Bucket.JOBS), key, SubmittedJob),
+        get_json(await ctx.bus.kv(Bucket.JOB_STATUS), key, JobRecord),
+        get_json(await ctx.bus.kv(Bucket.SCHEDULE), key, ScheduleEntry),
+    )
+    if sub is None:
+        raise NotFound(f"job {jid} not found")
+    return sub[0], sub[1], rec[0] if rec else None, sched[0] if sched else None
+
+
+def require_owner_or_admin(request: web.Request, sub: SubmittedJob, what: str) -> None:
+    user = request[USER]
+    if not (user.admin or user.username == sub.user):
+        raise Forbidden(f"only {sub.user} or an admin may {what} {sub.job}")
+
+
+def waiting_reason(rec, sched) -> str | None:
+    """Why the job's current attempt waits, as the scheduler last said."""
+    if sched is None:
+        return "submitted; the scheduler has not taken it up yet"
+    if sched.placed or (rec is not None and sched.attempt != rec.attempt):
+        return None
+    return sched.reason or None
+
+
+def _int_param(request: web.Request, name: str) -> int:
+    raw = request.match_info[name]
+    try:
+        return int(raw)
+    except ValueError:
+        raise bad_field(name, "type", f"{name} must be an integer, got {raw[:40]!r}") from None
+
+
+# --- one attempt, its tasks, their logs ----------------------------------------------------
+
+
+def _attempt_view(sub: SubmittedJob, rec: JobRecord | None, attempt: int) -> dict[str, Any]:
+    for shown in views.job_attempts(rec):
+        if shown["attemptIndex"] == attempt:
+            roles = shown["taskRoles"]
+            return shown | {
+                "jobName": sub.name,
+                "frameworkName": sub.job,
+                "userName": sub.user,
+                "totalTaskRoleNumber": len(sub.spec.taskRoles),
+                "totalTaskNumber": sub.spec.task_count,
+                "totalGpuNumber": sum(r.instances * r.resources.gpu for r in sub.spec.taskRoles),
+                "taskRoles": {name: {"taskRoleStatus": {"name": name}, "taskStatuses": tasks}
+                              for name, tasks in roles.items()},
+            }
+    have = ", ".join(str(a.attempt) for a in rec.attempts) if rec and rec.attempts else "none yet"
+    raise NotFound(f"job {sub.job} has no attempt {attempt} (its attempts: {have})")
+
+
+async def get_job_attempt(request: web.Request) -> web.Response:
+    sub, _, rec, _ = await load_job(ctx_of(request), job_param(request))
+    require_owner_or_admin(request, sub, "read the attempts of")
+    return _json(_attempt_view(sub, rec, _int_param(request, "attempt")))
+
+
+def _task_of(sub: SubmittedJob, rec: JobRecord | None, attempt: int, role: str, index: int) -> dict[str, Any]:
+    shown = _attempt_view(sub, rec, attempt)
+    tasks = shown["taskRoles"].get(role)
+    if tasks is None:
+        roles = ", ".join(r.name for r in sub.spec.taskRoles)
+        raise NotFound(f"job {sub.job} has no task role {role[:64]!r} (its roles: {roles})")
+    for task in tasks["taskStatuses"]:
+        if task["taskIndex"] == index:
+            return task
+    raise NotFound(f"attempt {attempt} of {sub.job} has no task {role}[{index}]")
+
+
+async def get_task(request: web.Request) -> web.Response:
+    sub, _, rec, _ = await load_job(ctx_of(request), job_param(request))
+    require_owner_or_admin(request, sub, "read the tasks of")
+    task = _task_of(sub, rec, _int_param(request, "attempt"), request.match_info["role"], _int_param(request, "index"))
+    return _json(task | {"taskRoleName": request.match_info["role"]})
+
+
+async def get_task_log(request: web.Request) -> web.Response:
+    ctx = ctx_of(request)
+    jid = job_param(request)
+    sub, _, rec, _ = await load_job(ctx, jid)
+    require_owner_or_admin(request, sub, "read the logs of")
+    attempt, role, index = _int_param(request, "attempt"), request.match_info["role"], _int_param(request, "index")
+    _task_of(sub, rec, attempt, role, index)  # 404 naming what does not exist
+    tail = request.query.get("tailBytes")
+    try:
+        tail_bytes = None if tail is None else int(tail)
+    except ValueError:
+        raise bad_field("tailBytes", "type", f"tailBytes must be an integer, got {tail[:40]!r}") from None
+    if tail_bytes is not None and tail_bytes < 0:
+        raise bad_field("tailBytes", "minimum", "tailBytes must be >= 0")
+    body = await request_log(ctx.bus, LogRequest(job=jid, attempt=attempt, role=role, index=index, tailBytes=tail_bytes))
+    return web.Response(body=body, content_type="text/plain")
+
+
+# --- tags ------------------------------------------------------------------------------
+
+
+def _tag_of(body: dict[str, Any]) -> str:
+    if set(body) != {"value"}:
+        raise bad_field("value", "required", 'the body must be {"value": "<tag>"} and nothing else')
+    value = body["value"]
+    if not isinstance(value, str):
+        raise bad_field("value", "type", "the tag must be a string")
+    if not 1 <= len(value) <= MAX_TAG_LENGTH:
+        raise bad_field("value", "maxLength", f"a tag is 1 to {MAX_TAG_LENGTH} characters, got {len(value)}")
+    if not TAG_PATTERN.match(value):
+        raise bad_field("value", "pattern", "a tag is letters, digits and _ . : - (starting with a letter or digit)")
+    return value
+
+
+async def _change_tags(request: web.Request, change) -> web.Response:
+    ctx = ctx_of(request)
+    jid = job_param(request)
+    body = await read_json_object(request, what="the tag", example='{"value": "baseline"}')
+    tag = _tag_of(body)
+    kv = await ctx.bus.kv(Bucket.JOBS)
+    key = ids.job_key(jid)
+    for _ in range(TAG_UPDATE_ATTEMPTS):  # compare-and-set: a concurrent change of the record wins, then we retry
+        sub, revision, _, _ = await load_job(ctx, jid)
+        require_owner_or_admin(request, sub, "change the tags of")
+        tags, message = change(sub.tags, tag, sub.job)
+        if tags == sub.tags:
+            return _json(Message(message=message))
+        try:
+            await kv.update(key, _encoder.encode(msgspec.structs.replace(sub, tags=tags)), last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            continue
+        index = request.app.get(INDEX)
+        if index is not None:
+            index.put_submission(key, msgspec.structs.replace(sub, tags=tags))
+        return _json(Message(message=message))
+    raise Transient(f"the record of {jid} kept changing; try again")
+
+
+def _add_tag(tags: list[str], tag: str, jid: str) -> tuple[list[str], str]:
+    if tag in tags:
+        return tags, f"{jid} is already tagged {tag}"
+    if len(tags) >= MAX_TAGS_PER_JOB:
+        raise bad_field("value", "maxItems", f"a job has at most {MAX_TAGS_PER_JOB} tags; {jid} has {len(tags)}")
+    return [*tags, tag], f"tagged {jid} {tag}"
+
+
+def _remove_tag(tags: list[str], tag: str, jid: str) -> tuple[list[str], str]:
+    if tag not in tags:
+        return tags, f"{jid} is not tagged {tag}"
+    return [t for t in tags if t != tag], f"removed tag {tag} from {jid}"
+
+
+async def put_tag(request: web.Request) -> web.Response:
+    return await _change_tags(request, _add_tag)
+
+
+async def delete_tag(request: web.Request) -> web.Response:
+    return await _change_tags(request, _remove_tag)
+
+
+# --- events ---------------------------------------------------------------------------
+
+
+def job_events(sub: SubmittedJob, rec: JobRecord | None, reason: str | None, now: float) -> list[JobEvent]:
+    """What happened to the job, oldest first: submission, every state change, every
+    task attempt that ended badly, and (while it waits) why it waits now."""
+    events = [JobEvent(type="Normal", reason="Submitted", message=f"submitted to virtual cluster {sub.vc}",
+                       firstTimestamp=_ms(sub.submittedAt), lastTimestamp=_ms(sub.submittedAt), attempt=1,
+                       involvedObject=sub.job)]
+    if rec is not None:
+        for change in rec.history:
+            bad = change.to in (JobState.FAILED, JobState.STOPPED) or "retry" in change.why
+            text = f"{change.from_.value if change.from_ else 'new'} -> {change.to.value}"
+            events.append(JobEvent(type="Warning" if bad else "Normal", reason=change.to.value.capitalize(),
+                                   message=f"{text}: {change.why}" if change.why else text,
+                                   firstTimestamp=_ms(change.at), lastTimestamp=_ms(change.at),
+                                   attempt=change.attempt, involvedObject=sub.job))
+        for attempt in rec.attempts:
+            for task in attempt.tasks:
+                for ended in [*task.taskAttempts, task]:
+                    code = ended.exitCode
+                    if code is None or code == 0 or ended.completedTime is None:
+                        continue
+                    phrase = ended.exitSpec.phrase if ended.exitSpec is not None else "exited"
+                    events.append(JobEvent(
+                        type="Warning", reason="TaskFailed",
+                        message=f"task {task.role}[{task.index}] exited with code {code} ({phrase})",
+                        firstTimestamp=_ms(ended.completedTime), lastTimestamp=_ms(ended.completedTime),
+                        attempt=attempt.attempt, involvedObject=f"{sub.job}/{task.role}/{task.index}"))
+    if reason and (rec is None or rec.state == JobState.WAITING):
+        events.append(JobEvent(type="Normal", reason="Waiting", message=reason, firstTimestamp=_ms(now),
+                               lastTimestamp=_ms(now), attempt=rec.attempt if rec else 1, involvedObject=sub.job))
+    events.sort(key=lambda e: e.firstTimestamp)
+    return events
+
+
+def _ms(t: float) -> int:
+    return int(t * 1000)
+
+
+async def get_job_events(request: web.Request) -> web.Response:
+    sub, _, rec, sched = await load_job(ctx_of(request), job_param(request))
+    require_owner_or_admin(request, sub, "read the events of")
+    events = job_events(sub, rec, waiting_reason(rec, sched), time.time())
+    wanted = request.query.get("type")
+    if wanted is not None:
+        if wanted not in ("Normal", "Warning"):
+            raise bad_field("type", "enum", f"type is Normal or Warning, got {wanted[:40]!r}")
+        events = [e for e in events if e.type == wanted]
+    return _json(JobEvents(data=events))
+
+
+# --- the cluster: info, sku types, one VC, nodes -----------------------------------------
+
+
+async def cluster_view(ctx: ServiceContext) -> ClusterView:
+    got = await get_json(await ctx.bus.kv(Bucket.CLUSTER), CLUSTER_VCS_KEY, ClusterView)
+    return got[0] if got else ClusterView()
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("pai")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+async def get_info(request: web.Request) -> web.Response:
+    backend = ctx_of(request).config.backend
+    return _json(ClusterInfo(name="PAI RESTful API", version=_version(),
+                             launcherType="k8s" if backend == "kubernetes" else backend, authnMethod="basic"))
+
+
+async def get_sku_types(request: web.Request) -> web.Response:
+    view = await cluster_view(ctx_of(request))
+    skus = view.skuTypes
+    vc_name = request.query.get("vc")
+    if vc_name is not None:
+        vc = _find_vc(view, vc_name)
+        skus = {s["sku"]: skus[s["sku"]] for s in vc.get("skus", []) if s["sku"] in skus}
+    return _json({name: SkuTypeInfo(gpu=int(s.get("gpu", 0)), cpu=int(s.get("cpu", 0)), memory=int(s.get("memory", 0)))
+                  for name, s in skus.items()})
+
+
+def _find_vc(view: ClusterView, name: str) -> dict[str, Any]:
+    for vc in view.virtualClusters:
+        if vc.get("name") == name:
+            return vc
+    known = ", ".join(sorted(str(v.get("name")) for v in view.virtualClusters)) or "none yet"
+    raise NoVirtualCluster(f"virtual cluster {name[:64]!r} does not exist; known: {known}")
+
+
+def vc_detail(vc: dict[str, Any], sku_types: dict[str, dict[str, Any]]) -> VirtualClusterDetail:
+    """OpenPAI's capacity figures of one VC from its cells per sku (pure)."""
+    skus = [VcSku(sku=s["sku"], guaranteed=int(s.get("guaranteed", 0)), used=int(s.get("used", 0)),
+                  opportunistic=int(s.get("opportunistic", 0)), total=int(s.get("total", 0)),
+                  unhealthy=int(s.get("unhealthy", 0))) for s in vc.get("skus", [])]
+
+    def resources(count) -> Resources:
+        cpu = memory = gpu = 0
+        for s in skus:
+            cell = sku_types.get(s.sku, {})
+            n = count(s)
+            cpu, memory, gpu = cpu + n * int(cell.get("cpu", 0)), memory + n * int(cell.get("memory", 0)), \
+                gpu + n * int(cell.get("gpu", 0))
+        return Resources(cpu=cpu, memory=memory, gpu=gpu)
+
+    total_cells = sum(s.total for s in skus)
+    guaranteed = sum(s.guaranteed for s in skus)
+    used = sum(s.used + s.opportunistic for s in skus)
+
+    def percent(n: int) -> float:
+        return round(100.0 * n / total_cells, 2) if total_cells else 0.0
+
+    return VirtualClusterDetail(
+        name=str(vc.get("name")), capacity=percent(guaranteed), usedCapacity=percent(used), maxCapacity=100.0,
+        dedicated=False, resourcesGuaranteed=resources(lambda s: s.guaranteed),
+        resourcesUsed=resources(lambda s: s.used + s.opportunistic), resourcesTotal=resources(lambda s: s.total),
+        skus=skus, queued=int(vc.get("queued", 0)), running=int(vc.get("running", 0)),
+    )
+
+
+async def get_virtual_cluster(request: web.Request) -> web.Response:
+    view = await cluster_view(ctx_of(request))
+    return _json(vc_detail(_find_vc(view, request.match_info["vc"]), view.skuTypes))
+
+
+# --- the job list: filters, order, paging --------------------------------------------------
+
+
+ORDER_FIELDS = {
+    "submissionTime": "createdTime", "createdTime": "createdTime", "completionTime": "completedTime",
+    "completedTime": "completedTime", "name": "name", "jobName": "name", "username": "username",
+    "userName": "username", "vc": "virtualCluster", "virtualCluster": "virtualCluster", "state": "state",
+    "status": "state", "retries": "retries", "totalGpuNumber": "totalGpuNumber", "gpu": "totalGpuNumber",
+    "totalTaskNumber": "totalTaskNumber", "priority": "priority",
+}
+
+
+class ListQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """GET /api/v2/jobs's query, as OpenPAI's: every filter optional, lists comma-separated."""
+
+    username: str | None = None
+    vc: str | None = None
+    states: frozenset[str] = frozenset()
+    keyword: str | None = None
+    tags_any: frozenset[str] = frozenset()  # `tags` or OpenPAI's `tagsContain`: at least one of them
+    tags_none: frozenset[str] = frozenset()  # `tagsNotContain`: none of them
+    order_field: str = "createdTime"
+    descending: bool = True
+    offset: int = 0
+    limit: int = DEFAULT_LIST_LIMIT
+    with_total: bool = False
+
+
+def _csv(value: str | None) -> frozenset[str]:
+    return frozenset(v.strip() for v in (value or "").split(",") if v.strip())
+
+
+def parse_list_query(q) -> ListQuery:
+    """The query string of GET /api/v2/jobs, or a 400 naming the parameter (pure)."""
+    try:
+        offset = int(q.get("offset", 0))
+        limit = int(q.get("limit", DEFAULT_LIST_LIMIT))
+    except ValueError:
+        raise bad_field("offset", "type", "offset and limit must be integers") from None
+    if offset < 0:
+        raise bad_field("offset", "minimum", "offset must be >= 0")
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise bad_field("limit", "maximum", f"limit must be between 1 and {MAX_LIST_LIMIT}")
+    states = frozenset(s.upper() for s in _csv(q.get("state")))
+    unknown = states - {s.value for s in JobState}
+    if unknown:
+        raise bad_field("state", "enum", f"unknown state(s) {', '.join(sorted(unknown))[:80]}; "
+                        f"use {', '.join(s.value for s in JobState)}")
+    field, descending = "createdTime", True
+    if q.get("order"):
+        name, _, direction = q["order"].partition(",")
+        if name not in ORDER_FIELDS:
+            raise bad_field("order", "enum", f"cannot order by {name[:40]!r}; use one of {', '.join(ORDER_FIELDS)}")
+        if direction.upper() not in ("", "ASC", "DESC"):
+            raise bad_field("order", "enum", "the direction after the comma is ASC or DESC")
+        field, descending = ORDER_FIELDS[name], direction.upper() != "ASC"
+    return ListQuery(
+        username=q.get("username") or None, vc=q.get("vc") or None, states=states,
+        keyword=(q.get("keyword") or "").lower() or None,
+        tags_any=_csv(q.get("tags")) | _csv(q.get("tagsContain")), tags_none=_csv(q.get("tagsNotContain")),
+        order_field=field, descending=descending, offset=offset, limit=limit,
+        with_total=q.get("withTotalCount", "").lower() in ("1", "true", "yes"),
+    )
+
+
+def _matches(query: ListQuery, sub: SubmittedJob, row: JobRow) -> bool:
+    if query.username is not None and sub.user != query.username:
+        return False
+    if query.vc is not None and sub.vc != query.vc:
+        return False
+    if query.states and row.state.value not in query.states:
+        return False
+    if query.tags_any and not query.tags_any & set(sub.tags):
+        return False
+    if query.tags_none and query.tags_none & set(sub.tags):
+        return False
+    if query.keyword is not None and query.keyword not in sub.job.lower():
+        return False
+    return True
+
+
+def select_jobs(query: ListQuery, jobs: list[tuple[SubmittedJob, JobRow]]) -> tuple[int, list[JobRow]]:
+    """(how many match, the page asked for) (pure)."""
+    rows = [row for sub, row in jobs if _matches(query, sub, row)]
+
+    def key(row: JobRow):
+        value = getattr(row, query.order_field)
+        # Missing values (a job not completed) sort last either way; ties by job id.
+        return (value is None, value if value is not None else 0, row.debugId)
+
+    present = [r for r in rows if getattr(r, query.order_field) is not None]
+    missing = [r for r in rows if getattr(r, query.order_field) is None]
+    present.sort(key=key, reverse=query.descending)
+    missing.sort(key=lambda r: r.debugId)
+    ordered = present + missing
+    return len(ordered), ordered[query.offset: query.offset + query.limit]
+
+
+def job_row(sub: SubmittedJob, status, schedule) -> JobRow:
+    summary = views.job_summary(sub, status, waiting_reason(status, schedule))
+    return JobRow(**(summary | {"state": JobState(summary["state"])}), tags=list(sub.tags))
+
+
+async def _rows_from_buckets(ctx: ServiceContext, query: ListQuery) -> list[tuple[SubmittedJob, JobRow]]:
+    """Without the index (still loading, or NATS just came back): read the buckets."""
+    keys = await all_keys(await ctx.bus.kv(Bucket.JOBS))
+    if query.username is not None:
+        keys = [k for k in keys if k.split(".", 1)[0] == query.username]
+
+    async def one(key: str):
+        try:
+            sub, _, rec, sched = await load_job(ctx, ids.job_id_from_key(key))
+        except NotFound:
+            return None  # deleted between listing and reading
+        return sub, job_row(sub, rec, sched)
+
+    return [got for got in await asyncio.gather(*(one(k) for k in keys)) if got is not None]
+
+
+def _rows_from_index(index: JobIndex) -> list[tuple[SubmittedJob, JobRow]]:
+    rows = []
+    for job in index.jobs.values():
+        if job.row is None:
+            job.row = job_row(job.sub, job.status, job.schedule)
+        rows.append((job.sub, job.row))
+    return rows
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    query = parse_list_query(request.query)
+    index = request.app.get(INDEX)
+    if index is not None and index.ready:
+        jobs = _rows_from_index(index)
+    else:
+        jobs = await _rows_from_buckets(ctx_of(request), query)
+    total, page = select_jobs(query, jobs)
+    headers = {"X-Total-Count": str(total)}
+    if query.with_total:
+        return _json(JobPage(totalCount=total, data=page), headers=headers)
+    return _json(page, headers=headers)
+
+
+def remember_submission(app: web.Application, sub: SubmittedJob) -> None:
+    """A job this replica just accepted is in its own list at once (the watch follows)."""
+    index = app.get(INDEX)
+    if index is not None:
+        index.put_submission(ids.job_key(sub.job), sub)
+
+
+# --- submit-time capacity check -----------------------------------------------------------
+
+
+async def check_fits(ctx: ServiceContext, spec: JobSpec) -> None:
+    """400 when the job can never fit its VC even empty (services/rest/capacity.py)."""
+    problem = capacity.never_fits(spec, await cluster_view(ctx))
+    if problem is not None:
+        raise BadInput(f"{problem.path}: {problem.message}",
+                       details={"errors": [{"path": problem.path, "rule": "never_fits", "message": problem.message}]})
+
+
+# --- wiring -------------------------------------------------------------------------------
+
+
+ROUTES = [
+    web.get("/api/v2/jobs/{job}/job-attempts/{attempt}", get_job_attempt),
+    web.get("/api/v2/jobs/{job}/job-attempts/{attempt}/tasks/{role}/{index}", get_task),
+    web.get("/api/v2/jobs/{job}/job-attempts/{attempt}/tasks/{role}/{index}/logs", get_task_log),
+    web.put("/api/v2/jobs/{job}/tag", put_tag),
+    web.delete("/api/v2/jobs/{job}/tag", delete_tag),
+    web.get("/api/v2/jobs/{job}/events", get_job_events),
+    web.get("/api/v2/virtual-clusters/{vc}", get_virtual_cluster),
+    web.get("/api/v2/cluster/sku-types", get_sku_types),
+    web.get("/api/v2/info", get_info),
+]
+
+
+def setup(app: web.Application, ctx: ServiceContext) -> None:
+    """Routes, the job index (started and stopped with the app) and the public documents."""
+    from services.rest import openapi  # the document lists these routes; imported here to avoid a cycle
+
+    app.add_routes(ROUTES)
+    app.add_routes(openapi.routes)
+    # The API's own documents and info are public; the auth middleware reads this set per request.
+    auth.PUBLIC_PATHS = auth.PUBLIC_PATHS | PUBLIC_PATHS
+    index = JobIndex()
+    app[INDEX] = index
+
+    async def run_index(_: web.Application):
+        stopping = asyncio.Event()
+        task = asyncio.ensure_future(index.run(ctx.bus, stopping))
+        yield
+        stopping.set()
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    app.cleanup_ctx.append(run_index)
