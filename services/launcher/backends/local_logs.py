@@ -10,6 +10,7 @@ segments and says how much was dropped before them.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -32,6 +33,16 @@ def dropped_bytes(path: Path) -> int:
         return 0
 
 
+# A write that fails with these means the disk (or the user's quota) is full.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+DISK_FULL_PLATFORM_REASON = "LogDiskFull"  # the exit's platformReason
+DISK_FULL_NOTE = b"[pai: the rest of this log was dropped: no space left on device (ENOSPC) on the launcher's data disk]\n"
+
+
+def disk_full_marker(path: Path) -> Path:
+    return path.with_name(path.name + ".disk-full")
+
+
 class CappedLog:
     """Append-only file with rotation; created on first write (most tasks are quiet)."""
 
@@ -39,10 +50,34 @@ class CappedLog:
         self.path = path
         self.segment_bytes = max(1, cap_bytes // 2)
         self.dropped_bytes = 0
+        self.disk_full = False  # a write met a full disk: the rest of the output is dropped
         self._fd: int | None = None
         self._size = 0
 
     def write(self, data: bytes) -> None:
+        if self.disk_full:
+            self.dropped_bytes += len(data)
+            return
+        try:
+            self._write(data)
+        except OSError as exc:
+            if exc.errno not in DISK_FULL_ERRNOS:
+                raise
+            self._give_back(len(data))
+
+    def _give_back(self, lost: int) -> None:
+        """The disk is full: this log gives back what it holds, so the task's exit
+        can still be recorded and other tasks go on, and keeps nothing more of
+        this task's output; a marker says why (read_log shows it first)."""
+        self.disk_full = True
+        self.dropped_bytes += lost
+        self._drop_all()
+        try:
+            disk_full_marker(self.path).touch()
+        except OSError:
+            pass  # read_log still notes what the dropped count says
+
+    def _write(self, data: bytes) -> None:
         if len(data) > self.segment_bytes:
             # Only the end of an oversized chunk survives; all before it is older.
             self._drop_all()
@@ -77,7 +112,11 @@ class CappedLog:
     def _count_dropped(self, count: int) -> None:
         if count:
             self.dropped_bytes += count
-            dropped_note(self.path).write_text(str(self.dropped_bytes))
+            try:
+                dropped_note(self.path).write_text(str(self.dropped_bytes))
+            except OSError as exc:
+                if exc.errno not in DISK_FULL_ERRNOS:
+                    raise
 
     def close(self) -> None:
         if self._fd is not None:
@@ -88,8 +127,18 @@ class CappedLog:
 def read_log(path: Path, *, cap_bytes: int, tail_bytes: int | None = None) -> bytes:
     """The log as kept: both segments, with a note first if the cap dropped output.
 
-    `tail_bytes` returns at most that many bytes from the end (no note).
+    `tail_bytes` returns at most that many bytes from the end (no note). When
+    the disk filled up, the log ends with a note saying so: it is in every
+    tail, where the runtime's DiskFull rule finds "no space left on device".
     """
+    if disk_full_marker(path).exists():
+        kept = _read_joined(path, None if tail_bytes is None else max(0, tail_bytes - len(DISK_FULL_NOTE)), cap_bytes)
+        note = DISK_FULL_NOTE if tail_bytes is None else DISK_FULL_NOTE[-tail_bytes:] if tail_bytes else b""
+        return kept + note
+    return _read_joined(path, tail_bytes, cap_bytes)
+
+
+def _read_joined(path: Path, tail_bytes: int | None, cap_bytes: int) -> bytes:
     current = _read_end(path, tail_bytes)
     if tail_bytes is not None and len(current) >= tail_bytes:
         return current

@@ -68,7 +68,7 @@ from services.launcher.backends.local_layout import (
     write_replacing,
 )
 from services.launcher.backends.local_doorbell import FINISHED_BELL, RUNNING_BELL, Doorbell
-from services.launcher.backends.local_logs import CappedLog
+from services.launcher.backends.local_logs import DISK_FULL_PLATFORM_REASON, CappedLog
 
 BASH = shutil.which("bash") or "/bin/bash"
 _READ_CHUNK = 65536
@@ -415,6 +415,9 @@ class Shim:
         elif cgroup is not None and local_limits.oom_killed(cgroup):
             reason = "OOMKilled"
             message = f"memory.max {run.spec.memoryMB} MiB exceeded"
+        elif run.output.disk_full or run.errors.disk_full:
+            reason = DISK_FULL_PLATFORM_REASON
+            message = "the task's log was cut short: no space left on device on the launcher's data disk"
         return ExitRecord(
             exitCode=exit_code,
             signal=signal_number,
