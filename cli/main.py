@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from cli import rules
+from cli import alerts as alerts_cli
+from cli import report as report_cli
 from cli.client import ApiError, Client, resolve
 
 console = Console()
@@ -267,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     vc.add_argument("--json", action="store_true")
     vc.set_defaults(func=cmd_vcs)
     rules.add_parser(sub)
+    alerts_cli.add_parser(sub)
+    report_cli.add_parser(sub)
     from cli.simulate import add_parser as add_simulate; add_simulate(sub)  # noqa: E702
     return parser
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email
+import json
 import os
 import subprocess
 import sys
@@ -306,3 +307,28 @@ async def test_the_usage_report_on_demand_and_mailed(api, smtp):
     status, report, _ = await api.call("admin", "POST", "/api/v2/report?days=7")
     assert status == 200 and report["mailed"] is True
     await inbox.until(lambda: inbox.to(ADMIN_MAIL, "usage report"), "the report mail")
+
+
+async def run_pai(api: Api, who: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PAI_URL": str(api.server.make_url("")).rstrip("/"), "PAI_TOKEN": api.tokens[who]}
+    return await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "cli.main", *args], cwd=REPO, env=env,
+                                   input=stdin, capture_output=True, text=True, timeout=60)
+
+
+async def test_the_pai_command_reads_and_sets_rules_and_reports(api, tmp_path):
+    got = await run_pai(api, "admin", "alerts", "rules", "get")
+    assert got.returncode == 0, got.stderr
+    assert "rules:" in got.stdout and "revision" in got.stderr
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("rules: [{name: Cpu, when: node_cpu_usage, threshold: high}]\n")
+    refused = await run_pai(api, "admin", "alerts", "rules", "set", str(wrong))
+    assert refused.returncode == 2
+    assert "rules[0] (Cpu).threshold" in refused.stderr.replace("\n", " ")
+    good = tmp_path / "good.yaml"
+    good.write_text(START_RULES)
+    stale = await run_pai(api, "admin", "alerts", "rules", "set", str(good), "--revision", "99999")
+    assert stale.returncode == 2 and "412" in stale.stderr
+    listed = await run_pai(api, "alice", "alerts", "--json")
+    assert listed.returncode == 0 and isinstance(json.loads(listed.stdout)["alerts"], list)
+    report = await run_pai(api, "admin", "report", "--json", "--days", "1")
+    assert report.returncode == 0 and "gpuHoursByVc" in json.loads(report.stdout)
