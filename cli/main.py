@@ -272,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     alerts_cli.add_parser(sub)
     report_cli.add_parser(sub)
     from cli.simulate import add_parser as add_simulate; add_simulate(sub)  # noqa: E702
+    from cli import login, users, watch  # noqa: E402
+    login.add_parser(sub)
+    users.add_parser(sub)
+    watch.add_parser(sub)
     return parser
 
 

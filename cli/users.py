@@ -1,0 +1,244 @@
+"""`pai users ...`, `pai groups ...` (admins) and `pai tokens ...` (anyone, their own)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from cli.client import Client, resolve
+
+console = Console()
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(resolve(args.url, args.token, args.data_dir))
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    return asyncio.run(_client(args).request(method, path, json_body=body))
+
+
+def _print(args: argparse.Namespace, value: Any) -> None:
+    print(json.dumps(value, indent=2))
+
+
+def _password(args: argparse.Namespace) -> str | None:
+    if not getattr(args, "set_password", False):
+        return None
+    first, again = getpass.getpass("new password: "), getpass.getpass("again: ")
+    if first != again:
+        raise SystemExit("the two passwords differ")
+    return first
+
+
+# --- users --------------------------------------------------------------------------------------
+
+
+def cmd_users_list(args: argparse.Namespace) -> int:
+    users = _call(args, "GET", "/api/v2/users")
+    if args.json:
+        _print(args, users)
+        return 0
+    table = Table("user", "admin", "groups", "virtual clusters", "email")
+    for u in users:
+        table.add_row(u["username"], "yes" if u["admin"] else "", ", ".join(u["grouplist"]),
+                      ", ".join(u["virtualCluster"]), u["email"])
+    console.print(table)
+    return 0
+
+
+def cmd_users_show(args: argparse.Namespace) -> int:
+    _print(args, _call(args, "GET", f"/api/v2/users/{args.username}"))
+    return 0
+
+
+def cmd_users_add(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"username": args.username, "admin": args.admin, "email": args.email or ""}
+    if args.groups:
+        body["grouplist"] = args.groups.split(",")
+    password = _password(args)
+    if password is not None:
+        body["password"] = password
+    created = _call(args, "POST", "/api/v2/users", body)
+    console.print(f"created user [bold]{created['username']}[/]; their token (shown once):")
+    print(created["token"])
+    return 0
+
+
+def cmd_users_set(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {}
+    if args.email is not None:
+        body["email"] = args.email
+    if args.admin is not None:
+        body["admin"] = args.admin == "yes"
+    if args.groups is not None:
+        body["grouplist"] = [g for g in args.groups.split(",") if g]
+    password = _password(args)
+    if password is not None:
+        body["password"] = password
+    if not body:
+        raise SystemExit("nothing to change: give --email, --admin, --groups or --set-password")
+    _print(args, _call(args, "PUT", f"/api/v2/users/{args.username}", body))
+    return 0
+
+
+def cmd_users_delete(args: argparse.Namespace) -> int:
+    print(_call(args, "DELETE", f"/api/v2/users/{args.username}")["message"])
+    return 0
+
+
+def cmd_passwd(args: argparse.Namespace) -> int:
+    old = getpass.getpass("current password (empty if none): ")
+    args.set_password = True
+    new = _password(args)
+    body = {"password": new, **({"oldPassword": old} if old else {})}
+    _call(args, "PUT", "/api/v2/users/me", body)
+    console.print("password changed; your other sign-ins have ended")
+    return 0
+
+
+# --- groups --------------------------------------------------------------------------------------
+
+
+def cmd_groups_list(args: argparse.Namespace) -> int:
+    groups = _call(args, "GET", "/api/v2/groups")
+    if args.json:
+        _print(args, groups)
+        return 0
+    table = Table("group", "admin", "virtual clusters", "description")
+    for g in groups:
+        acls = g["extension"]["acls"]
+        table.add_row(g["groupname"], "yes" if acls["admin"] else "", ", ".join(acls["virtualClusters"]),
+                      g["description"])
+    console.print(table)
+    return 0
+
+
+def cmd_groups_show(args: argparse.Namespace) -> int:
+    group = _call(args, "GET", f"/api/v2/groups/{args.groupname}")
+    members = _call(args, "GET", f"/api/v2/groups/{args.groupname}/userlist")
+    _print(args, {**group, "members": members})
+    return 0
+
+
+def _acls(args: argparse.Namespace) -> dict[str, Any]:
+    return {"admin": bool(args.admin), "virtualClusters": [v for v in (args.vcs or "").split(",") if v]}
+
+
+def cmd_groups_add(args: argparse.Namespace) -> int:
+    body = {"groupname": args.groupname, "description": args.description or "", "extension": {"acls": _acls(args)}}
+    _print(args, _call(args, "POST", "/api/v2/groups", body))
+    return 0
+
+
+def cmd_groups_set(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"extension": {"acls": _acls(args)}}
+    if args.description is not None:
+        body["description"] = args.description
+    _print(args, _call(args, "PUT", f"/api/v2/groups/{args.groupname}", body))
+    return 0
+
+
+def cmd_groups_delete(args: argparse.Namespace) -> int:
+    print(_call(args, "DELETE", f"/api/v2/groups/{args.groupname}")["message"])
+    return 0
+
+
+# --- tokens --------------------------------------------------------------------------------------
+
+
+def cmd_tokens_list(args: argparse.Namespace) -> int:
+    tokens = _call(args, "GET", "/api/v2/tokens")["tokens"]
+    table = Table("id", "kind", "description", "created", "expires")
+    from datetime import datetime
+
+    def when(ms):
+        return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M") if ms else "never"
+
+    for t in tokens:
+        table.add_row(t["id"], t["kind"], t["description"], when(t["createdTime"]), when(t["expiresTime"]))
+    console.print(table)
+    return 0
+
+
+def cmd_tokens_add(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"description": args.description or ""}
+    if args.expiration:
+        body["expiration"] = args.expiration
+    made = _call(args, "POST", "/api/v2/tokens", body)
+    console.print(f"token {made['id']} (shown once):")
+    print(made["token"])
+    return 0
+
+
+def cmd_tokens_revoke(args: argparse.Namespace) -> int:
+    print(_call(args, "DELETE", f"/api/v2/tokens/{args.id}")["message"])
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    users = subparsers.add_parser("users", help="users (admins): list, show, add, set, delete")
+    u = users.add_subparsers(dest="users_command", required=True)
+    ls = u.add_parser("list")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_users_list)
+    show = u.add_parser("show")
+    show.add_argument("username")
+    show.set_defaults(func=cmd_users_show)
+    add = u.add_parser("add", help="create a user; prints their first token")
+    add.add_argument("username")
+    add.add_argument("--admin", action="store_true")
+    add.add_argument("--email")
+    add.add_argument("--groups", help="comma-separated groups (default: default)")
+    add.add_argument("--set-password", action="store_true", help="ask for a password to sign in with")
+    add.set_defaults(func=cmd_users_add)
+    change = u.add_parser("set", help="change a user's email, admin rights, groups or password")
+    change.add_argument("username")
+    change.add_argument("--email")
+    change.add_argument("--admin", choices=["yes", "no"])
+    change.add_argument("--groups", help="comma-separated: the user's whole group list")
+    change.add_argument("--set-password", action="store_true")
+    change.set_defaults(func=cmd_users_set)
+    delete = u.add_parser("delete", help="delete a user; their tokens stop working")
+    delete.add_argument("username")
+    delete.set_defaults(func=cmd_users_delete)
+
+    groups = subparsers.add_parser("groups", help="groups and the VCs they open (admins change them)")
+    g = groups.add_subparsers(dest="groups_command", required=True)
+    gls = g.add_parser("list")
+    gls.add_argument("--json", action="store_true")
+    gls.set_defaults(func=cmd_groups_list)
+    gshow = g.add_parser("show", help="a group and its members")
+    gshow.add_argument("groupname")
+    gshow.set_defaults(func=cmd_groups_show)
+    for name, func, help_text in (("add", cmd_groups_add, "create a group"),
+                                  ("set", cmd_groups_set, "change a group's VCs, admin flag, description")):
+        p = g.add_parser(name, help=help_text)
+        p.add_argument("groupname")
+        p.add_argument("--vcs", help="comma-separated virtual clusters its members may submit to")
+        p.add_argument("--admin", action="store_true", help="its members are admins")
+        p.add_argument("--description")
+        p.set_defaults(func=func)
+    gdel = g.add_parser("delete", help="delete a group with no members")
+    gdel.add_argument("groupname")
+    gdel.set_defaults(func=cmd_groups_delete)
+
+    tokens = subparsers.add_parser("tokens", help="your tokens: list, add (for scripts), revoke")
+    t = tokens.add_subparsers(dest="tokens_command", required=True)
+    t.add_parser("list").set_defaults(func=cmd_tokens_list)
+    tadd = t.add_parser("add", help="a token for a script; printed once")
+    tadd.add_argument("--expiration", type=int, help="seconds it lives (default: the server's, 90 days)")
+    tadd.add_argument("--description")
+    tadd.set_defaults(func=cmd_tokens_add)
+    trev = t.add_parser("revoke")
+    trev.add_argument("id", help="the token's id from `pai tokens list` (or the token itself)")
+    trev.set_defaults(func=cmd_tokens_revoke)
+
+    passwd = subparsers.add_parser("passwd", help="change your password")
+    passwd.set_defaults(func=cmd_passwd)
