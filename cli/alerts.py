@@ -33,7 +33,7 @@ SEVERITY_STYLE = {"critical": "red", "warning": "yellow", "info": "cyan"}
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     alerts = subparsers.add_parser("alerts", help="alerts and alert rules (node, GPU, job and service health)")
     alerts.add_argument("--state", choices=["firing", "resolved"])
-    alerts.add_argument("--job", help="only alerts about this job (user~name), with its tags")
+    alerts.add_argument("--job", help="only alerts about this job (user~name)")
     alerts.add_argument("--json", action="store_true")
     alerts.set_defaults(func=cmd_list)
     sub = alerts.add_subparsers(dest="alerts_command")
@@ -69,8 +69,6 @@ def cmd_list(args: argparse.Namespace) -> int:
         table.add_row(state, f"[{style}]{alert['severity']}[/]", alert["rule"], escape(about),
                       datetime.fromtimestamp(alert["startsAt"]).strftime("%Y-%m-%d %H:%M"), escape(alert["summary"]))
     console.print(table)
-    if args.job:
-        console.print(f"tags of {escape(args.job)}: {', '.join(answer.get('tags', [])) or '-'}")
     return 0
 
 

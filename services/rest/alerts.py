@@ -5,8 +5,7 @@ The monitor owns alerts and their rules. rest lists alerts straight from the
 forwards rule and report commands over NATS (`pai.rpc.v1.alerts`).
 
 - `GET /api/v2/alerts[?state=firing|resolved&job=ID]`: admins see every
-  alert, a user the alerts about their own jobs (and, with `job=`, the tags
-  alert actions put on it).
+  alert, a user the alerts about their own jobs.
 - `GET /api/v2/alerts/rules`: the rule document in effect (YAML in `rules`),
   its `revision` also as the `ETag`.
 - `PUT /api/v2/alerts/rules` (admins): replace it with the YAML body; with
@@ -17,8 +16,6 @@ forwards rule and report commands over NATS (`pai.rpc.v1.alerts`).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import msgspec
 import nats.errors
@@ -46,11 +43,6 @@ MAX_REPORT_DAYS = 366
 _alert_decoder = msgspec.json.Decoder(AlertRecord)
 
 
-class _JobTags(msgspec.Struct):
-    job: str
-    tags: list[str] = []
-
-
 async def list_alerts(request: web.Request) -> web.Response:
     user = request[USER]
     state = request.query.get("state")
@@ -59,20 +51,14 @@ async def list_alerts(request: web.Request) -> web.Response:
     job = request.query.get("job")
     kv = await ctx_of(request).bus.kv(Bucket.ALERTS)
     alerts: list[AlertRecord] = []
-    tags: list[str] = []
     for key in await all_keys(kv):
-        if not key.startswith((ALERT_KEY_PREFIX, "tags.")):
+        if not key.startswith(ALERT_KEY_PREFIX):
             continue
         try:
             entry = await kv.get(key)
         except nats.js.errors.KeyNotFoundError:
             continue
         if not entry.value:
-            continue
-        if key.startswith("tags."):
-            found = msgspec.json.decode(entry.value, type=_JobTags)
-            if job and found.job == job and (user.admin or found.job.split("~")[0] == user.username):
-                tags = found.tags
             continue
         try:
             alert = _alert_decoder.decode(entry.value)
@@ -84,10 +70,7 @@ async def list_alerts(request: web.Request) -> web.Response:
             continue
         alerts.append(alert)
     alerts.sort(key=lambda a: (a.state is not AlertState.FIRING, -a.startsAt))
-    body: dict[str, Any] = {"alerts": msgspec.to_builtins(alerts)}
-    if job:
-        body["tags"] = tags
-    return web.json_response(body)
+    return web.json_response({"alerts": msgspec.to_builtins(alerts)})
 
 
 async def get_rules(request: web.Request) -> web.Response:

@@ -38,7 +38,7 @@ from libs.common.natsserver import free_port
 from libs.common.protocol.model import JobSpec
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
-from services.monitor.core.samples import NodeSample, encode_node_sample, node_key
+from services.monitor.core.samples import GpuSample, NodeSample, encode_node_sample, node_key
 from services.rest import auth
 from services.rest.app import create_app
 
@@ -114,12 +114,39 @@ async def bus(nats_server) -> AsyncIterator[Bus]:
     await b.close()
 
 
+class RestServer:
+    def __init__(self, server: TestServer, tokens: dict[str, str]):
+        self.server, self.tokens = server, tokens
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+
 @pytest.fixture(scope="module")
-async def monitor(nats_server, bus, smtp, tmp_path_factory) -> AsyncIterator[subprocess.Popen]:
+async def rest(bus, tmp_path_factory) -> AsyncIterator[RestServer]:
+    config = load_config(env={}, data_dir=str(tmp_path_factory.mktemp("rest")))
+    ctx = ServiceContext(name="rest", config=config, bus=bus)
+    server = TestServer(await create_app(ctx))
+    await server.start_server()
+    ctx.set_ready()
+    tokens = {
+        "admin": await auth.create_user(bus, f"root{RUN}", admin=True),
+        "alice": await auth.create_user(bus, f"alice{RUN}", email=f"alice{RUN}@example.com"),
+    }
+    yield RestServer(server, tokens)
+    await server.close()
+
+
+@pytest.fixture(scope="module")
+async def monitor(nats_server, bus, smtp, rest, tmp_path_factory) -> AsyncIterator[subprocess.Popen]:
     controller, _ = smtp
     data = tmp_path_factory.mktemp("monitor")
     rules = data / "alert-rules.yaml"
     rules.write_text(START_RULES)
+    token_file = data / "api-token"
+    token_file.write_text(rest.tokens["admin"])
+    token_file.chmod(0o600)
     port = free_port()
     env = {
         **os.environ, **nats_server.env("monitor"),
@@ -127,7 +154,7 @@ async def monitor(nats_server, bus, smtp, tmp_path_factory) -> AsyncIterator[sub
         "PAI_MONITOR_MODE": "cluster", "PAI_NODE_LOST_SECONDS": "3600",
         "PAI_SMTP_HOST": controller.hostname, "PAI_SMTP_PORT": str(controller.port),
         "PAI_ADMIN_EMAILS": ADMIN_MAIL, "PAI_MAIL_FROM": "pai@cluster.example",
-        "PAI_PORTAL_URL": "https://pai.example", "PAI_ALERT_RULES_FILE": str(rules),
+        "PAI_PORTAL_URL": rest.url, "PAI_ALERT_RULES_FILE": str(rules), "PAI_ALERT_API_TOKEN_FILE": str(token_file),
         "PAI_ALERT_EVALUATE_SECONDS": "0.2", "PAI_ALERT_PROBE_URLS": "-", "PAI_USAGE_REPORT_WEEKDAY": "-1",
     }
     proc = subprocess.Popen([sys.executable, "-m", "services.monitor"], cwd=REPO, env=env)
@@ -156,27 +183,19 @@ class Api:
     def __init__(self, server: TestServer, session: ClientSession, tokens: dict[str, str]):
         self.server, self.session, self.tokens = server, session, tokens
 
-    async def call(self, who: str, method: str, path: str, *, body: str | None = None,
+    async def call(self, who: str, method: str, path: str, *, body: Any = None,
                    headers: dict[str, str] | None = None) -> tuple[int, Any, Any]:
         sent = {"Authorization": f"Bearer {self.tokens[who]}", "Content-Type": "text/yaml", **(headers or {})}
+        if isinstance(body, (dict, list)):
+            body, sent["Content-Type"] = json.dumps(body), "application/json"
         async with self.session.request(method, self.server.make_url(path), data=body, headers=sent) as resp:
             return resp.status, await resp.json(), resp.headers.copy()
 
 
 @pytest.fixture(scope="module")
-async def api(bus, monitor, tmp_path_factory) -> AsyncIterator[Api]:
-    config = load_config(env={}, data_dir=str(tmp_path_factory.mktemp("rest")))
-    ctx = ServiceContext(name="rest", config=config, bus=bus)
-    server = TestServer(await create_app(ctx))
-    await server.start_server()
-    ctx.set_ready()
-    tokens = {
-        "admin": await auth.create_user(bus, f"root{RUN}", admin=True),
-        "alice": await auth.create_user(bus, f"alice{RUN}", email=f"alice{RUN}@example.com"),
-    }
+async def api(rest, monitor) -> AsyncIterator[Api]:
     async with ClientSession() as session:
-        yield Api(server, session, tokens)
-    await server.close()
+        yield Api(rest.server, session, rest.tokens)
 
 
 def submitted(job: str, notify: bool) -> JobSubmitted:
@@ -203,7 +222,7 @@ async def test_a_job_asking_for_status_mail_mails_its_owner_on_success_and_failu
         await bus.publish(event)
 
     [success] = await inbox.until(lambda: inbox.to(owner, f"job {ok} succeeded"), "the success mail")
-    assert f"{RUN}" in text_of(success) and f"https://pai.example/api/v2/jobs/{ok}" in text_of(success)
+    assert f"{api.server.make_url('')}".rstrip("/") + f"/api/v2/jobs/{ok}" in text_of(success)
     [failure] = await inbox.until(lambda: inbox.to(owner, f"job {bad} failed"), "the failure mail")
     assert failure["Subject"] == f"[PAI] job {bad} failed: ContainerOOMKilled"
     assert "the task used more memory than it asked for" in text_of(failure)
@@ -332,3 +351,53 @@ async def test_the_pai_command_reads_and_sets_rules_and_reports(api, tmp_path):
     assert listed.returncode == 0 and isinstance(json.loads(listed.stdout)["alerts"], list)
     report = await run_pai(api, "admin", "report", "--json", "--days", "1")
     assert report.returncode == 0 and "gpuHoursByVc" in json.loads(report.stdout)
+
+
+ACTION_RULES = """
+rules:
+- {name: EccCordon, when: gpu_ecc_double_bit, actions: [cordon-node]}
+- {name: StuckJob, when: job_waiting, threshold: 1s, actions: [stop-job, tag-job]}
+"""
+
+
+async def test_actions_cordon_the_node_stop_and_tag_the_job(bus, api):
+    node = f"ecc-{RUN}"
+    requests: list[tuple[str, dict]] = []
+
+    async def seen(msg) -> None:
+        requests.append((msg.subject, msgspec.json.decode(msg.data)))
+
+    subscriptions = [await bus.nc.subscribe("pai.v1.node.cordon.>", cb=seen),
+                     await bus.nc.subscribe("pai.v1.job.stop_requested.>", cb=seen)]
+    status, body, _ = await api.call("admin", "PUT", "/api/v2/alerts/rules", body=ACTION_RULES)
+    assert status == 200, body
+    try:
+        kv = await bus.kv(Bucket.NODES)
+        gpu = GpuSample(index=0, uuid="GPU-0", eccErrors={"volatile_double": 3})
+        await kv.put(node_key(node), encode_node_sample(NodeSample(node=node, at=time.time(), gpus=[gpu])))
+        job_yaml = (f"protocolVersion: 2\nname: stuck{RUN}\ntype: job\ntaskRoles:\n  main:\n    instances: 1\n"
+                    "    commands:\n      - sleep 1\n")
+        status, body, _ = await api.call("alice", "POST", "/api/v2/jobs", body=job_yaml)
+        assert status == 202, body
+        job = body["job"]
+
+        cordons = await Inbox().until(
+            lambda: [r for s, r in requests if r["kind"] == "node.cordon" and r["node"] == node], "the cordon request")
+        assert cordons[0]["cordoned"] is True and cordons[0]["by"] == "alert EccCordon"
+        assert cordons[0]["reason"] == f"EccCordon on {node}"
+        stops = await Inbox().until(
+            lambda: [r for s, r in requests if r["kind"] == "job.stop_requested" and r["job"] == job], "the stop request")
+        assert stops[0]["by"] == "alert StuckJob"
+
+        async def tagged() -> bool:
+            status, rows, _ = await api.call("alice", "GET", "/api/v2/jobs?tags=alert:StuckJob")
+            return status == 200 and any(row.get("name") == f"stuck{RUN}" for row in rows)
+
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not await tagged():
+            assert time.monotonic() < deadline, "the job was never tagged alert:StuckJob"
+            await asyncio.sleep(0.2)
+    finally:
+        for subscription in subscriptions:
+            await subscription.unsubscribe()
+        await api.call("admin", "POST", "/api/v2/alerts/rules/reset")

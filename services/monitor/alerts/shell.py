@@ -10,8 +10,10 @@ decisions out as bucket writes, events, mail and action requests.
 - Mails through one sender task, so a slow or absent mail server delays mail,
   never evaluation or event handling. What was mailed is stored first (group
   state, `sent.` claims): after a crash a mail may be lost, never sent twice.
-- Runs the stop-job, tag-job and cordon-node actions: the same requests the
-  API makes.
+- Runs the actions: stop-job and cordon-node publish the requests the API
+  publishes; tag-job calls the API (`PUT /api/v2/jobs/{job}/tag`, tag
+  `alert:<rule>`) with the token in `alert_api_token_file`, as OpenPAI's
+  alert handler does.
 - Answers `pai.rpc.v1.alerts` (rules, report) as one of the queue group
   "monitor"; every replica watches the rule document.
 """
@@ -90,6 +92,8 @@ RESYNC_SECONDS = 5.0
 WATCH_RETRY_SECONDS = 1.0
 REPORT_CHECK_SECONDS = 600.0
 REPORT_HOUR_UTC = 8
+TAG_ATTEMPTS = 5
+MAX_TAG_LENGTH = 64  # the API's limit on a job tag
 NATS_TROUBLE = (nats.errors.Error, asyncio.TimeoutError, OSError, Transient)
 
 _sample_decoder = msgspec.json.Decoder(NodeSample)
@@ -153,6 +157,7 @@ class AlertShell:
         self.core = AlertCore(load_rules_text(self.baseline_yaml))
         self.document = Snapshot(document=None, revision=0)
         self.outbox: asyncio.Queue[Notification] = asyncio.Queue()
+        self.api_calls: asyncio.Queue[tuple[str, str]] = asyncio.Queue()  # (job, tag)
         self.written: dict[str, AlertRecord] = {}
         self._lock = asyncio.Lock()  # one evaluation or event at a time
 
@@ -176,6 +181,7 @@ class AlertShell:
         self.ctx.spawn(self._serve(requests), "alert-requests")
         self.ctx.spawn(self._follow_rules(), "alert-rules")
         self.ctx.spawn(self._send_forever(), "alert-mail")
+        self.ctx.spawn(self._tag_forever(), "alert-tags")
         self.ctx.spawn(self._evaluate_forever(), "alert-evaluation")
         if self.config.usage_report_weekday >= 0:
             self.ctx.spawn(self._weekly_report(), "usage-report")
@@ -375,7 +381,7 @@ class AlertShell:
                     id=EventId(f"{alert.job}/stop"), job=JobId(alert.job), vc=VcName(alert.vc), by=by, at=self.clock()))
                 log.warning("stop of %s requested by %s", alert.job, by)
             case Action.TAG_JOB if alert.job:
-                await self.store.add_tag(alert.job, alert.rule)
+                self.api_calls.put_nowait((alert.job, f"alert:{alert.rule}"[:MAX_TAG_LENGTH]))
             case Action.CORDON_NODE if alert.node:
                 await self.ctx.bus.publish(NodeCordonChanged(
                     id=EventId(f"node/{alert.node}/cordon/alert/{alert.rule}/{int(alert.startsAt * 1000)}"), job=JobId(""),
@@ -425,6 +431,51 @@ class AlertShell:
                 for name, url in targets.items():
                     self.core.service_probed(await _probe(http, name, url, self.clock))
                 await asyncio.sleep(period)
+
+    # --- job tags (through the API, as OpenPAI's alert handler does) -------------------
+
+    def api_token(self) -> str:
+        """The token the tag-job action calls the API with: `alert_api_token_file`,
+        else the admin token `pai up` writes; "" when neither is readable."""
+        path = Path(self.config.alert_api_token_file).expanduser() if self.config.alert_api_token_file else self.config.token_path
+        try:
+            return path.read_text().strip()
+        except OSError:
+            return ""
+
+    async def _tag_forever(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS * 2)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                job, tag = await self.api_calls.get()
+                await self._tag(http, job, tag)
+
+    async def _tag(self, http: aiohttp.ClientSession, job: str, tag: str) -> None:
+        """PUT /api/v2/jobs/{job}/tag; retried while the API is away, never raising."""
+        token = self.api_token()
+        if not token:
+            log.warning("tag-job: no API token (alert_api_token_file); %s not tagged %s", job, tag)
+            return
+        url = f"{self.settings.portal_url.rstrip('/')}/api/v2/jobs/{job}/tag"
+        pause = 1.0
+        for attempt in range(1, TAG_ATTEMPTS + 1):
+            try:
+                async with http.put(url, json={"value": tag}, headers={"Authorization": f"Bearer {token}"}) as resp:
+                    if resp.status < 300:
+                        log.info("tagged %s %s", job, tag)
+                        return
+                    answer = (await resp.text())[:300]
+                    if resp.status < 500 and resp.status != 429:  # refused: trying again changes nothing
+                        log.warning("tag-job: %s refused tagging %s %s: %s %s", url, job, tag, resp.status, answer)
+                        return
+                    problem = f"{resp.status} {answer}"
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+                problem = repr(error)
+            if attempt < TAG_ATTEMPTS:
+                log.warning("tag-job: tagging %s failed (%s); retrying in %.0f s", job, problem, pause)
+                await asyncio.sleep(pause)
+                pause = min(60.0, pause * 2)
+        log.error("tag-job: gave up tagging %s %s after %d attempts", job, tag, TAG_ATTEMPTS)
 
     # --- mail -------------------------------------------------------------------------
 

@@ -9,9 +9,8 @@ silently erasing the first. Every monitor replica watches the key.
 `pai_alerts`: `alert.<sha1 of fingerprint>` (AlertRecord, what the API lists),
 `group.<sha1 of group key>` (GroupState: what was last mailed about a group),
 `sent.<sha1 of notification id>` (a job-state mail claimed before sending, so a
-redelivered event or a restart never mails it twice), `tags.<sha1 of job>`
-(tags the tag-job action put on a job), `report.<ISO week>` (the weekly
-report was mailed).
+redelivered event or a restart never mails it twice), `report.<ISO week>`
+(the weekly report was mailed).
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from services.monitor.alerts.core import GroupState, fingerprint_key
 RULES_KEY = "rules"
 GROUP_PREFIX = "group."
 SENT_PREFIX = "sent."
-TAGS_PREFIX = "tags."
 REPORT_PREFIX = "report."
 
 
@@ -47,15 +45,9 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     revision: int
 
 
-class JobTags(msgspec.Struct, frozen=True, kw_only=True):
-    job: str
-    tags: list[str] = []
-
-
 _document_decoder = msgspec.json.Decoder(RuleDocument)
 _alert_decoder = msgspec.json.Decoder(AlertRecord)
 _group_decoder = msgspec.json.Decoder(GroupState)
-_tags_decoder = msgspec.json.Decoder(JobTags)
 
 
 class RulesKey:
@@ -135,26 +127,6 @@ class AlertStore:
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
         return True
-
-    async def add_tag(self, job: str, tag: str) -> None:
-        key = TAGS_PREFIX + fingerprint_key(job)
-        for _ in range(5):
-            try:
-                entry = await self.kv.get(key)
-                tags, last = _tags_decoder.decode(entry.value), entry.revision
-            except nats.js.errors.KeyNotFoundError:
-                tags, last = JobTags(job=job), 0
-            if tag in tags.tags:
-                return
-            value = msgspec.json.encode(JobTags(job=job, tags=[*tags.tags, tag]))
-            try:
-                if last:
-                    await self.kv.update(key, value, last=last)
-                else:
-                    await self.kv.create(key, value)
-                return
-            except nats.js.errors.KeyWrongLastSequenceError:
-                continue
 
     async def _get(self, key: str) -> bytes | None:
         try:
