@@ -4,7 +4,9 @@ The document is one KV value (libs/common/records.py) and NATS refuses a value
 over its max payload (1 MiB by default): a 512-task job that retries keeps
 512 task records per attempt. So:
 
-- the latest attempt keeps every `TaskRecord`;
+- while the job's attempts hold at most `FULL_DETAIL_TASK_RECORDS` task records
+  in all, nothing is compacted: a small job keeps every detail of every attempt;
+- past that, the latest attempt keeps every `TaskRecord`;
 - an attempt that ended and was followed by another is compacted: its own
   outcome (exit code, exit spec, end reason) stays, `tasks` keeps the full
   records of the tasks that failed by themselves (the launcher did not kill
@@ -26,13 +28,19 @@ from msgspec.structs import replace
 from libs.common.messages import ExitSpec, TaskState
 from libs.common.records import AttemptRecord, TaskAttemptSummary, TaskBrief, TaskRecord
 
+# 256 full task records stay well under 1 MiB (each is at most a few KiB with
+# its diagnostics cut to the tail the runtime keeps).
+FULL_DETAIL_TASK_RECORDS = 256
 FULL_TASKS_OF_OLDER_ATTEMPT = 8
 FULL_TASK_ATTEMPTS = 2
 BRIEFED_OLDER_ATTEMPTS = 10
 
 
 def compact_older(attempts: list[AttemptRecord]) -> list[AttemptRecord]:
-    """Every attempt but the latest compacted, the oldest ones down to their outcome."""
+    """Every attempt but the latest compacted, the oldest ones down to their outcome,
+    once the attempts hold more than `FULL_DETAIL_TASK_RECORDS` task records."""
+    if sum(len(a.tasks) for a in attempts) <= FULL_DETAIL_TASK_RECORDS:
+        return attempts
     older = [compact_attempt(a) for a in attempts[:-1]]
     far = len(older) - BRIEFED_OLDER_ATTEMPTS
     if far > 0:

@@ -7,6 +7,9 @@ from libs.common.messages import ExitSpec, JobState, Reaction, TaskState
 from libs.common.records import decode_job_record, encode_job_record
 from services.launcher.core import SaveJob, Verdict
 from services.launcher.core.tasks import TaskFinished
+import pytest
+
+from services.launcher.core import compaction
 from services.launcher.core.compaction import BRIEFED_OLDER_ATTEMPTS, FULL_TASK_ATTEMPTS, compact_attempt
 from tests.unit.launcher.builders import Driver, job_spec, role
 
@@ -72,6 +75,25 @@ def test_a_512_task_job_retried_five_times_stays_under_the_limit_and_shows_every
         assert {s["taskState"] for s in statuses[1:]} == {"STOPPED"}
 
 
+@pytest.fixture
+def compact_every_job(monkeypatch):
+    """Compaction on for the small jobs below (it starts past FULL_DETAIL_TASK_RECORDS)."""
+    monkeypatch.setattr(compaction, "FULL_DETAIL_TASK_RECORDS", 0)
+
+
+def test_a_small_job_keeps_every_detail_of_every_attempt():
+    driver = Driver(job_spec(role("worker", 3), job_retry_count=2))
+    driver.start()
+    fail_task_zero(driver)
+    older = driver.record.attempts[0]
+    assert not older.compacted and len(older.tasks) == 3
+    from services.rest import views
+
+    [_, first] = views.job_attempts(driver.record)
+    assert all("taskAttempts" in status and "brief" not in status for status in first["taskRoles"]["worker"])
+
+
+@pytest.mark.usefixtures("compact_every_job")
 def test_a_redelivered_exit_of_a_compacted_attempt_changes_nothing():
     driver = Driver(job_spec(role("worker", 3), job_retry_count=2))
     driver.start()
@@ -81,6 +103,7 @@ def test_a_redelivered_exit_of_a_compacted_attempt_changes_nothing():
     assert driver.handle(TaskFinished(key=old_key, exitCode=143)) == []
 
 
+@pytest.mark.usefixtures("compact_every_job")
 def test_the_oldest_attempts_keep_only_their_outcome():
     driver = Driver(job_spec(role("worker", 4), job_retry_count=BRIEFED_OLDER_ATTEMPTS + 3))
     driver.start()
@@ -107,6 +130,7 @@ def test_task_retries_keep_only_the_last_ones_in_full():
     assert all(s.exitSpec == USER_FAILURE and s.diagnostics for s in full)
 
 
+@pytest.mark.usefixtures("compact_every_job")
 def test_compacting_twice_changes_nothing():
     driver = Driver(job_spec(role("worker", 2), job_retry_count=1))
     driver.start()
