@@ -99,7 +99,7 @@ PATHS.update({
                           ok={"200": {"description": "report, mailed", "content": _OBJECT}}),
     },
     "/api/v2/events": {
-        "get": operation("Job state changes as Server-Sent Events (own jobs; admins all)", tags=["jobs"],
+        "get": operation("Job state changes as Server-Sent Events (own jobs; admins all)", tags=["events"],
                          params=[query_param("job", "only this job")],
                          ok={"200": {"description": "an event stream (Last-Event-ID resumes)",
                                      "content": {"text/event-stream": {"schema": {"type": "string"}}}}}),
