@@ -50,6 +50,7 @@ class EventHub:
         self.bus = bus
         self._published = asyncio.Event()
         self._subscription: Any = None
+        self.closing = False  # rest is shutting down: every stream ends (clients resume elsewhere)
 
     async def start(self) -> None:
         self._subscription = await self.bus.nc.subscribe(kind_filter(Kind.JOB_STATE), cb=self._on_event)
@@ -62,8 +63,15 @@ class EventHub:
                 pass
 
     async def _on_event(self, _msg) -> None:
+        self._wake()
+
+    def _wake(self) -> None:
         woken, self._published = self._published, asyncio.Event()
         woken.set()
+
+    async def close_streams(self, _app: web.Application) -> None:
+        self.closing = True
+        self._wake()
 
     def next_publication(self) -> asyncio.Event:
         """Set when the next job state event is published after this call."""
@@ -77,6 +85,7 @@ async def _hub_ctx(app: web.Application) -> AsyncIterator[None]:
     hub = EventHub(app[CTX].bus)
     await hub.start()
     app[HUB] = hub
+    app.on_shutdown.append(hub.close_streams)
     yield
     await hub.stop()
 
@@ -153,7 +162,7 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             await response.write(f"event: gap\ndata: {json.dumps(note)}\n\n".encode())
             cursor = info.state.first_seq
         idle = 0.0
-        while True:
+        while not hub.closing and not _gone(request):
             woken = hub.next_publication()  # before reading, so a publication meanwhile is not missed
             sent = 0
             while (msg := await _next(ctx.bus, cursor, subject)) is not None:
@@ -179,6 +188,11 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     except (ConnectionResetError, ConnectionError):
         pass  # the client went away; it resumes with Last-Event-ID
     return response
+
+
+def _gone(request: web.Request) -> bool:
+    """The client hung up (noticed at the next poll rather than the next heartbeat)."""
+    return request.transport is None or request.transport.is_closing()
 
 
 async def _next(bus: Bus, sequence: int, subject: str):
