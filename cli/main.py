@@ -52,6 +52,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         overrides["cluster_file"] = str(Path(args.cluster).resolve())
     if args.port:
         overrides["rest_port"] = args.port
+    if args.cpus:
+        if args.cpus < 1:
+            raise SystemExit("pai up: --cpus must be at least 1")
+        overrides["local_cpus"] = args.cpus
     config = load_config(args.config, **overrides)
     platform = Platform(config, print_fn=console.print)
     signal.signal(signal.SIGTERM, platform.request_stop)
@@ -233,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--cluster", help="HiveD-format cluster file (default: this machine as one node)")
     up.add_argument("--config", help="PAI config file (YAML)")
     up.add_argument("--port", type=int, help="API port (default 9186)")
+    up.add_argument("--cpus", type=int, help="CPUs of this machine to offer, without a cluster file "
+                                             "(default: all; each is cpu_oversubscription cells, 4 by default)")
     up.add_argument("--example", help="submit this job file once the platform is up and show how it ends")
     up.add_argument("--detach-after-example", action="store_true", help=argparse.SUPPRESS)
     up.set_defaults(func=cmd_up)
@@ -276,7 +282,33 @@ def build_parser() -> argparse.ArgumentParser:
     login.add_parser(sub)
     users.add_parser(sub)
     watch.add_parser(sub)
+    _accept_global_options_after_subcommands(parser)
     return parser
+
+
+# Options of `pai` itself that read as well after the subcommand: `pai up --data-dir D`
+# is `pai --data-dir D up`. Given in both places, the one after the subcommand wins.
+GLOBAL_OPTIONS = ("--url", "--token", "--data-dir")
+
+
+def _accept_global_options_after_subcommands(parser: argparse.ArgumentParser) -> None:
+    globals_ = [a for a in parser._actions if any(o in GLOBAL_OPTIONS for o in a.option_strings)]
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for subparser in set(action.choices.values()):
+            taken = {o for a in subparser._actions for o in a.option_strings}
+            for option in globals_:
+                if not taken.intersection(option.option_strings):
+                    # SUPPRESS: not given after the subcommand leaves the value given before it.
+                    subparser.add_argument(*option.option_strings, dest=option.dest, help=option.help,
+                                           default=argparse.SUPPRESS)
+            if _has_subcommands(subparser):  # `pai rules list --url U`
+                _accept_global_options_after_subcommands(subparser)
+
+
+def _has_subcommands(parser: argparse.ArgumentParser) -> bool:
+    return any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
 
 
 def main(argv: list[str] | None = None) -> int:
