@@ -174,7 +174,8 @@ def test_every_pai_variable_set_is_a_config_setting_pai_accepts(manifests: list[
     unknown = sorted(k for k in env if k.startswith("PAI_") and k[4:].lower() not in CONFIG_FIELDS)
     assert unknown == []
     config = load_config(env=env)  # raises BadInput on a value of the wrong type
-    assert config.nats_url == f"nats://{RELEASE}-nats:4222"
+    # Every pod of the three-server NATS cluster, by its stable name.
+    assert config.nats_url == ",".join(f"nats://{RELEASE}-nats-{i}.{RELEASE}-nats-headless.{NAMESPACE}.svc:4222" for i in range(3))
 
 
 @pytest.mark.parametrize("service", SERVICES, ids=SERVICES)
@@ -687,7 +688,8 @@ def test_kubectl_creates_every_rendered_object_through_the_api(tools: KubeTools,
         created = {(resource.plural, namespace, name) for resource, namespace, name in emulator.objects.keys()}
     plural = {"Deployment": "deployments", "StatefulSet": "statefulsets", "Service": "services",
               "ConfigMap": "configmaps", "ServiceAccount": "serviceaccounts", "Role": "roles",
-              "RoleBinding": "rolebindings", "Secret": "secrets", "Job": "jobs"}  # fmt: skip
+              "RoleBinding": "rolebindings", "Secret": "secrets", "Job": "jobs",
+              "PodDisruptionBudget": "poddisruptionbudgets"}  # fmt: skip
     assert created == {(plural[d["kind"]], NAMESPACE, d["metadata"]["name"]) for d in docs}
 
 

@@ -49,12 +49,35 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s%s:%s" .root.Values.image.registry .svc.image.repository (toString $tag) -}}
 {{- end -}}
 
-{{/* The URL every service connects to: the bundled NATS or the external one. */}}
+{{/*
+The URL every service connects to: the bundled NATS or the external one. With
+several bundled NATS replicas, every pod by its stable DNS name, comma-separated
+(Config.nats_url takes a list): a client whose server goes moves to the next.
+*/}}
 {{- define "pai.natsUrl" -}}
 {{- if .Values.nats.enabled -}}
-{{- printf "nats://%s:%v" (include "pai.componentName" (dict "root" . "component" "nats")) .Values.nats.port -}}
+{{- $name := include "pai.componentName" (dict "root" . "component" "nats") -}}
+{{- if gt (int .Values.nats.replicas) 1 -}}
+{{- $urls := list -}}
+{{- range $i := until (int .Values.nats.replicas) -}}
+{{- $urls = append $urls (printf "nats://%s-%d.%s-headless.%s.svc:%v" $name $i $name $.Release.Namespace $.Values.nats.port) -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- else -}}
+{{- printf "nats://%s:%v" $name .Values.nats.port -}}
+{{- end -}}
 {{- else -}}
 {{- required "nats.externalUrl is required when nats.enabled is false" .Values.nats.externalUrl -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Copies of every stream and bucket the bootstrap Job makes: the bundled NATS's
+replicas, or nats.externalReplicas for an external cluster. */}}
+{{- define "pai.storeReplicas" -}}
+{{- if .Values.nats.enabled -}}
+{{- .Values.nats.replicas -}}
+{{- else -}}
+{{- .Values.nats.externalReplicas -}}
 {{- end -}}
 {{- end -}}
 

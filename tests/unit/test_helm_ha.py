@@ -1,0 +1,181 @@
+"""The chart for a real cluster: NATS as a three-server JetStream cluster (routes,
+a volume per server, the route password from a Secret) or an external NATS; two
+replicas of the single-active scheduler and launcher, each its own replica by pod
+name; PodDisruptionBudgets; the bootstrap Job making three copies of the store;
+and `values-production.yaml`, the example a cluster admin starts from.
+
+Rendered by a real `helm` (tests/tools_helm.py); the rendered NATS configuration is
+checked by a real nats-server (`-t`).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from libs.common.config import load_config
+from libs.common.natsserver import binary as nats_server_binary
+from tests.tools_helm import KubeTools, ToolsUnavailable, kube_tools
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "pai"
+PRODUCTION = CHART / "values-production.yaml"
+RELEASE, NAMESPACE = "pai", "pai"
+SERVICES = ("rest", "scheduler", "launcher", "runtime", "monitor")
+EXTERNAL = "nats://nats-a.shared:4222,nats://nats-b.shared:4222,nats://nats-c.shared:4222"
+
+
+@pytest.fixture(scope="module")
+def tools() -> KubeTools:
+    try:
+        return kube_tools()
+    except ToolsUnavailable as exc:
+        pytest.skip(f"helm/kubectl not available: {exc}")
+
+
+def helm(tools: KubeTools, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(tools.helm), *args], capture_output=True, text=True, timeout=60)
+
+
+def render(tools: KubeTools, *args: str) -> list[dict]:
+    done = helm(tools, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def kinds(docs: list[dict], kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def env_of(doc: dict) -> dict[str, dict]:
+    (container,) = doc["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def nats_conf(docs: list[dict]) -> str:
+    return kinds(docs, "Secret")[f"{RELEASE}-nats"]["stringData"]["nats.conf"]
+
+
+def pod_urls(replicas: int) -> str:
+    return ",".join(f"nats://{RELEASE}-nats-{i}.{RELEASE}-nats-headless.{NAMESPACE}.svc:4222" for i in range(replicas))
+
+
+VALUES = {"default": (), "production": ("-f", str(PRODUCTION))}
+
+
+@pytest.fixture(scope="module", params=list(VALUES), ids=list(VALUES))
+def rendered(request, tools: KubeTools) -> tuple[str, list[dict]]:
+    return request.param, render(tools, *VALUES[request.param])
+
+
+@pytest.mark.parametrize("values", list(VALUES), ids=list(VALUES))
+def test_helm_lint_passes_strictly(tools: KubeTools, values: str) -> None:
+    done = helm(tools, "lint", "--strict", str(CHART), *VALUES[values])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_nats_is_a_three_server_jetstream_cluster_with_a_volume_each(rendered) -> None:
+    _, docs = rendered
+    sts = kinds(docs, "StatefulSet")[f"{RELEASE}-nats"]
+    assert sts["spec"]["replicas"] == 3
+    assert [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]] == ["data"]
+    ports = {p["name"]: p["containerPort"] for p in sts["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports["cluster"] == 6222
+    headless = kinds(docs, "Service")[f"{RELEASE}-nats-headless"]
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    conf = nats_conf(docs)
+    routes = re.findall(r'"nats://route:([A-Za-z0-9]+)@([^"]+)"', conf)
+    assert [host for _, host in routes] == [f"{RELEASE}-nats-{i}.{RELEASE}-nats-headless.{NAMESPACE}.svc:6222" for i in range(3)]
+    # The nodes log in to each other with the password kept in the Secret.
+    password = kinds(docs, "Secret")[f"{RELEASE}-nats"]["stringData"]["route-password"]
+    assert {p for p, _ in routes} == {password} and len(password) >= 32
+    assert re.search(r"cluster \{[^}]*authorization \{\s*user: route\s*password: \"" + password, conf)
+
+
+def test_rendered_cluster_config_is_accepted_by_nats_server(rendered, tmp_path: Path) -> None:
+    _, docs = rendered
+    conf = tmp_path / "nats.conf"
+    conf.write_text(nats_conf(docs))
+    done = subprocess.run([nats_server_binary(), "--config", str(conf), "-t"], capture_output=True, text=True,
+                          timeout=30, env={"POD_NAME": f"{RELEASE}-nats-1"})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_services_get_every_nats_server_and_the_bootstrap_makes_three_copies(rendered) -> None:
+    _, docs = rendered
+    deployments = kinds(docs, "Deployment")
+    for service in SERVICES:
+        assert env_of(deployments[f"{RELEASE}-{service}"])["PAI_NATS_URL"]["value"] == pod_urls(3)
+    job = kinds(docs, "Job")[f"{RELEASE}-bootstrap"]
+    env = {name: e["value"] for name, e in env_of(job).items() if "value" in e}
+    config = load_config(env=env)
+    assert config.nats_replicas == 3 and config.nats_url == pod_urls(3)
+
+
+@pytest.mark.parametrize("service", ["scheduler", "launcher"])
+def test_single_active_services_run_two_replicas_named_by_their_pod(rendered, service: str) -> None:
+    _, docs = rendered
+    deployment = kinds(docs, "Deployment")[f"{RELEASE}-{service}"]
+    assert deployment["spec"]["replicas"] == 2
+    assert env_of(deployment)["PAI_REPLICA"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_every_multi_pod_component_has_a_disruption_budget(rendered) -> None:
+    values, docs = rendered
+    budgets = kinds(docs, "PodDisruptionBudget")
+    expected = {"nats", "rest", "scheduler", "launcher", "runtime"}  # the monitor runs one pod: no budget
+    assert set(budgets) == {f"{RELEASE}-{name}" for name in expected}
+    for name in expected:
+        spec = budgets[f"{RELEASE}-{name}"]["spec"]
+        assert spec["maxUnavailable"] == 1
+        assert spec["selector"]["matchLabels"]["app.kubernetes.io/component"] == name
+    replicas = {name.removeprefix(f"{RELEASE}-"): d["spec"]["replicas"] for name, d in kinds(docs, "Deployment").items()}
+    if values == "production":
+        assert replicas == {"rest": 3, "scheduler": 2, "launcher": 2, "runtime": 3, "monitor": 1}
+
+
+def test_external_nats_renders_no_nats_of_its_own(tools: KubeTools) -> None:
+    docs = render(tools, "-f", str(PRODUCTION), "--set", "nats.enabled=false", "--set-string", f"nats.externalUrl={EXTERNAL.replace(',', chr(92) + ',')}")
+    assert kinds(docs, "StatefulSet") == {}
+    assert f"{RELEASE}-nats" not in kinds(docs, "Secret") and f"{RELEASE}-nats" not in kinds(docs, "Service")
+    assert f"{RELEASE}-nats" not in kinds(docs, "PodDisruptionBudget")
+    for service in SERVICES:
+        assert env_of(kinds(docs, "Deployment")[f"{RELEASE}-{service}"])["PAI_NATS_URL"]["value"] == EXTERNAL
+    job_env = env_of(kinds(docs, "Job")[f"{RELEASE}-bootstrap"])
+    assert job_env["PAI_NATS_URL"]["value"] == EXTERNAL and job_env["PAI_NATS_REPLICAS"]["value"] == "3"
+
+
+def test_a_single_nats_server_has_no_cluster_block_and_no_budget(tools: KubeTools) -> None:
+    docs = render(tools, "--set", "nats.replicas=1")
+    assert kinds(docs, "StatefulSet")[f"{RELEASE}-nats"]["spec"]["replicas"] == 1
+    assert "cluster {" not in nats_conf(docs)
+    assert f"{RELEASE}-nats" not in kinds(docs, "PodDisruptionBudget")
+    assert env_of(kinds(docs, "Deployment")[f"{RELEASE}-rest"])["PAI_NATS_URL"]["value"] == f"nats://{RELEASE}-nats:4222"
+    assert env_of(kinds(docs, "Job")[f"{RELEASE}-bootstrap"])["PAI_NATS_REPLICAS"]["value"] == "1"
+
+
+def test_an_even_number_of_nats_servers_is_refused(tools: KubeTools) -> None:
+    done = helm(tools, "template", RELEASE, str(CHART), "--set", "nats.replicas=2")
+    assert done.returncode != 0 and "replicas" in done.stderr
+
+
+def test_budgets_can_be_turned_off(tools: KubeTools) -> None:
+    assert kinds(render(tools, "--set", "podDisruptionBudget.enabled=false"), "PodDisruptionBudget") == {}
+
+
+def test_production_example_sets_only_real_settings(tools: KubeTools) -> None:
+    """Its `config` keys are PAI settings (load_config refuses a wrong type), its
+    store limits fit the NATS servers' file store."""
+    from libs.common.config import Config
+    from libs.common.jetstream_limits import store_settings
+
+    values = yaml.safe_load(PRODUCTION.read_text())
+    config = load_config(env={}, **values["config"])
+    assert isinstance(config, Config)
+    max_file = values["nats"]["jetstream"]["maxFile"]
+    assert max_file.endswith("Gi")
+    assert store_settings(config).total_bytes() < int(max_file[:-2]) * 1024**3
