@@ -419,7 +419,13 @@ class AlertShell:
         if configured:
             pairs = (item.split("=", 1) for item in configured.split(",") if "=" in item)
             return {name.strip(): url.strip() for name, url in pairs}
-        return {name: f"http://{self.config.host}:{self.config.port_of(name)}/readyz" for name in PROBED_SERVICES}
+        if self.config.backend == "kubernetes":
+            # Each service is its own pod behind its own Service name, which only
+            # the chart knows: without alert_probe_urls, ServiceDown has nothing to probe.
+            log.warning("alert_probe_urls is not set: the ServiceDown rule probes no service")
+            return {}
+        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "::", "") else self.config.host
+        return {name: f"http://{host}:{self.config.port_of(name)}/readyz" for name in PROBED_SERVICES}
 
     async def _probe_forever(self, period: float) -> None:
         targets = self.probe_targets()
