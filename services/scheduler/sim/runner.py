@@ -24,6 +24,7 @@ from services.scheduler.sim.metrics import run_figures, sharing_anomaly
 from services.scheduler.sim.policies.base import Policy
 from services.scheduler.sim.policies.core import CorePolicy
 from services.scheduler.sim.policies.fifo_quota import QuotaFifoPolicy
+from services.scheduler.sim.policies.helios import HeliosPolicy
 from services.scheduler.sim.policies.sjf import ShortestFirstPolicy
 from services.scheduler.sim.readers import read_trace
 from services.scheduler.sim.simulator import SimulationRun, simulate
@@ -31,13 +32,17 @@ from services.scheduler.sim.trace import Trace, skipped_summary
 from services.scheduler.sim.workload import Workload, parse_time, prepare_workload
 
 REPORT_VERSION = 1
-POLICIES = ("hived", "private", "fifo-quota", "sjf")
+POLICIES = ("hived", "private", "fifo-quota", "sjf", "helios-fifo", "helios-sjf")
 SHARED_POLICIES = ("hived", "fifo-quota")  # the VCs share one cluster
 POLICY_SUMMARY = {
     "hived": "PAI's scheduler core on the shared cluster: guaranteed jobs within VC quota, the rest opportunistic",
     "private": "PAI's scheduler core, every job guaranteed: each VC alone on its quota (a private cluster)",
     "fifo-quota": "shared nodes, GPU-count quotas, FIFO per VC, elastic beyond quota, no preemption (YARN-CS-like)",
     "sjf": "each VC alone on its quota, shortest job first with known durations (a reference)",
+    "helios-fifo": "HeliosArtifact's method (Hu et al., SC'21): each VC private, FIFO, strict head of line, "
+                   "consolidated placement",
+    "helios-sjf": "HeliosArtifact's method (Hu et al., SC'21): each VC private, SJF with known durations, strict "
+                  "head of line, consolidated placement",
 }
 
 
@@ -99,6 +104,8 @@ def make_policy(name: str, cluster: SimCluster, options: SimOptions) -> Policy:
         return QuotaFifoPolicy(cluster)
     if name == "sjf":
         return ShortestFirstPolicy(cluster)
+    if name in ("helios-fifo", "helios-sjf"):
+        return HeliosPolicy(cluster, order=name.removeprefix("helios-"))
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
 
 

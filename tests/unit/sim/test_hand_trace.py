@@ -36,6 +36,16 @@ b2 gets both nodes at 190; a6 waits for b4 to end (360).
 sjf: each VC alone, shortest first with backfill. At 100: a5 (5 s) and a3 (10 s)
 start, a4 (30 s) does not fit, a2 backfills at 105, a4 at 155. At 400: b5, then b6
 at 410, b4 at 430.
+
+helios-fifo (HeliosArtifact's method): each VC alone, FIFO, and the head of the queue
+stops everyone behind it. At 100 a2 and a3 start, a4 (4 GPUs) does not fit and a5 may
+not pass it: a4 starts at 150, a5 only at 180 (private let it backfill at 110). b2
+needs two whole nodes and VC b has one: never. b4 at 400, b5 at 450, b6 at 460.
+
+helios-sjf: each VC alone, shortest first, and the head stops the rest. At 100 a5 (5 s)
+and a3 (10 s) start, then a4 (30 s) is the head and does not fit: a2 (50 s) may not
+backfill at 105 as it does under sjf. a4 starts at 110, when a3 leaves, and a2 at 140.
+In VC b: b5 at 400, b6 at 410, b4 at 430.
 """
 
 from __future__ import annotations
@@ -53,6 +63,8 @@ EXPECTED_DELAYS = {
     "private":    [0, 90, 80, 120, 70, 0, NEVER, 0, 90, 130, 130, 0],
     "fifo-quota": [0, 0, 0, 30, 60, 20, 110, 0, 0, 50, 50, 20],
     "sjf":        [0, 95, 80, 125, 60, 0, NEVER, 0, 120, 80, 80, 0],
+    "helios-fifo": [0, 90, 80, 120, 140, 0, NEVER, 0, 90, 130, 130, 0],
+    "helios-sjf": [0, 130, 80, 80, 60, 0, NEVER, 0, 120, 80, 80, 0],
 }
 
 
