@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+
 from libs.common import busauth
 from libs.common.busauth import BusCredentials, ClusterRoutes, TlsFiles
 from libs.common.jetstream_limits import StoreSettings
@@ -349,7 +351,76 @@ class NatsCluster:
         self.stop()
 
 
-if __name__ == "__main__":  # pragma: no cover - manual use
-    srv = NatsServer(Path(os.environ.get("PAI_DATA_DIR", ".pai")) / "nats").start()
-    print(srv.url)
-    srv.proc.wait()
+# --- containers (docker-compose.yml) ------------------------------------------------
+
+
+def compose_init(bus_dir: Path, *, owner: tuple[int, int] | None = None, port: int = 4222, monitor_port: int = 8222,
+                 store_dir: str = "/data") -> None:
+    """What docker-compose.yml's `init` container makes once, in the volume every
+    other container mounts at `bus_dir`: the bus credentials, NATS's configuration
+    with their hashes (any address, JetStream in `store_dir`, health on
+    `monitor_port`) and the key pair that seals job secrets. Kept on a restart, so
+    the store and the sealed secrets stay readable."""
+    from libs.common import sealing
+
+    credentials = busauth.load_or_create_credentials(bus_dir / "nats-credentials.json")
+    config = busauth.server_config(credentials, host="0.0.0.0", port=port, store_dir=Path(store_dir))
+    config["http_port"] = monitor_port
+    busauth.write_server_config(bus_dir / "nats-server.conf", config)
+    sealing.write_key_pair(bus_dir / "secrets.key", bus_dir / "secrets.pub")
+    # A fresh volume is root's: init runs as root and hands the files to the
+    # services' uid; the NATS container (root) reads its configuration through it.
+    if owner is not None:
+        for path in (bus_dir, *bus_dir.iterdir()):
+            os.chown(path, *owner)
+    bus_dir.chmod(0o755)
+
+
+def run_as(user: str, credentials_file: Path, command: list[str]) -> None:
+    """Replace this process by `command`, logged in to NATS as `user` (a service in
+    a container: its password from the credentials the `init` container made)."""
+    credentials = msgspec.json.decode(Path(credentials_file).read_bytes(), type=BusCredentials)
+    os.environ.update(credentials.env_for(user))
+    os.execvp(command[0], command)
+
+
+def bootstrap_from_credentials(credentials_file: Path) -> None:
+    """The store at PAI_NATS_URL, as the platform user, with the replicas and limits
+    of the configuration (PAI_* variables)."""
+    from libs.common.config import load_config
+    from libs.common.jetstream_limits import store_settings
+
+    config = load_config()
+    credentials = msgspec.json.decode(Path(credentials_file).read_bytes(), type=BusCredentials)
+    login = {"user": busauth.PLATFORM, "password": credentials.password(busauth.PLATFORM)}
+    bootstrap_store(config.nats_url, login, store_settings(config))
+
+
+USAGE = """usage: python -m libs.common.natsserver COMMAND
+  serve                              a development nats-server in $PAI_DATA_DIR/nats
+  compose-init DIR [--owner UID:GID] bus credentials, nats-server.conf and job-secrets keys in DIR
+  bootstrap CREDENTIALS              create/update the store at $PAI_NATS_URL as the platform user
+  run-as USER CREDENTIALS -- CMD...  run CMD logged in to NATS as USER"""
+
+
+def main(argv: list[str]) -> None:  # pragma: no cover - command line, exercised by docker-compose.yml
+    match argv:
+        case ["compose-init", bus_dir]:
+            compose_init(Path(bus_dir))
+        case ["compose-init", bus_dir, "--owner", owner]:
+            uid, _, gid = owner.partition(":")
+            compose_init(Path(bus_dir), owner=(int(uid), int(gid or uid)))
+        case ["bootstrap", credentials_file]:
+            bootstrap_from_credentials(Path(credentials_file))
+        case ["run-as", user, credentials_file, "--", *command] if command:
+            run_as(user, Path(credentials_file), command)
+        case ["serve"] | []:
+            srv = NatsServer(Path(os.environ.get("PAI_DATA_DIR", ".pai")) / "nats").start()
+            print(srv.url)
+            srv.proc.wait()
+        case _:
+            sys.exit(USAGE)
+
+
+if __name__ == "__main__":  # pragma: no cover - command line
+    main(sys.argv[1:])

@@ -756,23 +756,31 @@ def compose() -> dict:
 
 
 def test_compose_names_nats_and_the_five_services(compose: dict) -> None:
-    assert set(compose["services"]) == {"nats", *SERVICES}
+    # init: the bus credentials and NATS's configuration; bootstrap: the store.
+    assert set(compose["services"]) == {"init", "nats", "bootstrap", *SERVICES}
 
 
-def test_compose_nats_runs_jetstream_on_a_volume(compose: dict) -> None:
+def test_compose_nats_runs_jetstream_on_a_volume(compose: dict, tmp_path: Path) -> None:
+    from libs.common.natsserver import compose_init
+
     nats = compose["services"]["nats"]
-    command = nats["command"]
-    assert "-js" in command
-    store = command[command.index("-sd") + 1]
+    assert nats["command"] == ["-c", "/bus/nats-server.conf"]
+    compose_init(tmp_path)  # what the init container writes into the bus volume
+    conf = json.loads((tmp_path / "nats-server.conf").read_text())
+    store = conf["jetstream"]["store_dir"]
     volumes = {v.split(":")[1]: v.split(":")[0] for v in nats["volumes"]}
-    assert volumes[store] in compose["volumes"]
+    assert volumes[store] in compose["volumes"] and volumes["/bus"] in compose["volumes"]
+    assert conf["authorization"]["users"], "NATS in compose must refuse anonymous clients"
 
 
 @pytest.mark.parametrize("service", SERVICES, ids=SERVICES)
 def test_compose_service_reaches_nats_and_publishes_its_port(compose: dict, service: str) -> None:
     spec = compose["services"][service]
     assert spec["build"] == {"context": ".", "args": {"SERVICE": service}}
-    assert spec["depends_on"]["nats"]["condition"] == "service_healthy"
+    assert spec["depends_on"]["bootstrap"]["condition"] == "service_completed_successfully"
+    # Logged in to NATS as itself, from the credentials init made.
+    assert spec["command"] == ["python", "-m", "libs.common.natsserver", "run-as", service,
+                               "/bus/nats-credentials.json", "--", "python", "-m", f"services.{service}"]  # fmt: skip
     config = load_config(env={k: str(v) for k, v in spec["environment"].items() if "${" not in str(v)})
     assert config.nats_url == "nats://nats:4222"
     assert config.host == "0.0.0.0"
