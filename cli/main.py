@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cli import rules
+from cli import nodes, rules
 from cli import alerts as alerts_cli
 from cli import report as report_cli
 from cli.client import ApiError, Client, resolve
@@ -158,6 +158,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                   f"attempt={s['attempt']}  retries={s['retries']}")
     console.print(f"submitted {_when(s['createdTime'])}  launched {_when(s['appLaunchedTime'])}  "
                   f"completed {_when(s['completedTime'])}")
+    if detail.get("traceId"):
+        console.print(f"[dim]trace: {detail['traceId']}[/]")
     if s.get("waitingReason"):
         console.print(f"[yellow]waiting:[/] {s['waitingReason']}")
     spec = s.get("appExitSpec")
@@ -277,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     rules.add_parser(sub)
     alerts_cli.add_parser(sub)
     report_cli.add_parser(sub)
+    nodes.add_parser(sub)
     from cli.simulate import add_parser as add_simulate; add_simulate(sub)  # noqa: E702
     from cli import login, users, watch  # noqa: E402
     login.add_parser(sub)

@@ -1,0 +1,215 @@
+"""A node whose agent goes silent is lost: its task ends (PodNodeLost), the job runs
+again on the other node, and nothing new is placed on the lost one. Admins
+cordon a node through the API and the reason reaches the jobs that wait.
+
+Two nodes from tests/fixtures/clusters/two-nodes.yaml, both on this machine
+(the local backend), each with a node agent of its own (`python -m
+services.monitor --agent`, NODE_NAME=node-a / node-b); the platform's monitor
+runs in cluster mode (node health only, no agent for this host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from cli.client import ApiError, Client, Connection
+from cli.up import Platform
+from libs.common.natsserver import free_port
+from tests.integration.conftest import Api, job_yaml, platform_config
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER = REPO / "tests/fixtures/clusters/two-nodes.yaml"
+LOST_AFTER_SECONDS = 3.0
+
+
+class Agents:
+    """One node agent process per node name."""
+
+    def __init__(self, platform: Platform):
+        self.platform = platform
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, node: str) -> None:
+        env = {**self.platform._env("monitor"), "NODE_NAME": node, "PAI_MONITOR_PORT": str(free_port())}
+        log = open(self.platform.logs / f"agent-{node}.log", "ab")
+        self.procs[node] = subprocess.Popen(
+            [sys.executable, "-m", "services.monitor", "--agent"], env=env, stdout=log, stderr=log, cwd=REPO
+        )
+
+    def stop(self, node: str) -> None:
+        proc = self.procs.pop(node)
+        proc.send_signal(signal.SIGKILL)  # as a machine that goes away: no goodbye
+        proc.wait()
+
+    def stop_all(self) -> None:
+        for node in list(self.procs):
+            self.stop(node)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    config = msgspec.structs.replace(
+        platform_config(tmp_path_factory.mktemp("pai-nodes"), monitor_mode="cluster", node_lost_seconds=LOST_AFTER_SECONDS),
+        cluster_file=str(CLUSTER),
+        node_sample_seconds=0.5,
+    )
+    platform = Platform(config, print_fn=lambda *_: None)
+    agents = Agents(platform)
+    try:
+        conn = platform.start()
+        for node in ("node-a", "node-b"):
+            agents.start(node)
+        yield Api(platform, conn), agents
+    finally:
+        agents.stop_all()
+        platform.stop()
+
+
+async def nodes(api: Api) -> dict[str, dict]:
+    return {row["name"]: row for row in await api.client.request("GET", "/api/v2/cluster/nodes")}
+
+
+async def until_node(api: Api, node: str, check, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    row: dict = {}
+    while time.monotonic() < deadline:
+        row = (await nodes(api)).get(node, {})
+        if row and check(row):
+            return row
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"node {node} never matched; last: {row}")
+
+
+def logs_of(api: Api) -> str:
+    """The end of the services' logs, for a failure message."""
+    ends = []
+    for name in ("launcher", "runtime", "scheduler", "monitor"):
+        path = api.platform.logs / f"{name}.log"
+        if path.exists():
+            ends.append(f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:]))
+    return "\n".join(ends)
+
+
+def task_nodes(detail: dict) -> list[str]:
+    return [t.get("containerNodeName") for info in detail["taskRoles"].values() for t in info["taskStatuses"]]
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory tasks (which may run as uids of their own) can write to. Not under
+    pytest's tmp_path: a concurrent pytest session makes /tmp/pytest-of-<user> 0700
+    again, which locks other uids out of everything below it."""
+    path = Path(tempfile.mkdtemp(prefix="pai-node-lost-"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_a_node_whose_agent_stops_is_lost_and_its_job_runs_again_elsewhere(cluster, shared_dir):
+    api, agents = cluster
+    for node in ("node-a", "node-b"):
+        await until_node(api, node, lambda row: row["agentSeen"] and row["healthy"])
+    name = f"lost-{uuid.uuid4().hex[:6]}"
+    marker = shared_dir / "runs"
+    # First run: note it and keep running (until its node is lost); a later run ends at once.
+    script = f"if [ -s {marker} ]; then echo again >> {marker}; exit 0; fi; echo first >> {marker}; sleep 600"
+    await api.submit(job_yaml(name, [script], retry=0))
+    job = f"admin~{name}"
+    detail = await api.wait_state(job, "RUNNING")
+    [first_node] = task_nodes(detail)
+    other = "node-b" if first_node == "node-a" else "node-a"
+    for _ in range(100):
+        if marker.exists() and marker.read_text().strip():
+            break
+        await asyncio.sleep(0.1)
+
+    agents.stop(first_node)
+    row = await until_node(api, first_node, lambda r: not r["healthy"], timeout=LOST_AFTER_SECONDS + 20)
+    assert row["conditions"] == ["lost"] and "no sample from its agent" in row["reason"]
+
+    detail = await api.wait_state(job, {"SUCCEEDED", "FAILED"}, timeout=60)
+    status = detail["jobStatus"]
+    assert status["state"] == "SUCCEEDED", (status.get("appExitSpec"), status.get("appExitDiagnostics"), logs_of(api))
+    assert task_nodes(detail) == [other]  # placed again, away from the lost node
+    assert marker.read_text().split() == ["first", "again"]  # the first run was really ended, once
+    attempts = await api.client.request("GET", f"/api/v2/jobs/{job}/job-attempts")
+    lost_attempt = min(attempts, key=lambda a: a["attemptIndex"])
+    spec = lost_attempt["exitSpec"] or {}
+    assert (spec.get("code"), spec.get("phrase")) == (-1001, "PodNodeLost"), lost_attempt
+    # PodNodeLost is PAI's failure, not the job's: it did not use its jobRetryCount (0).
+    assert detail["jobStatus"]["retries"] == 0
+
+    # Nothing new goes to the lost node while it is lost.
+    for i in range(2):
+        await api.submit(job_yaml(f"{name}-after{i}", ["true"]))
+    for i in range(2):
+        after = await api.wait_state(f"admin~{name}-after{i}", "SUCCEEDED")
+        assert task_nodes(after) == [other]
+
+    # Its agent comes back: healthy again, with no one's help.
+    agents.start(first_node)
+    await until_node(api, first_node, lambda r: r["healthy"], timeout=30)
+
+
+async def test_admins_cordon_a_node_and_the_reason_shows_where_jobs_wait(cluster):
+    api, agents = cluster
+    for node in ("node-a", "node-b"):
+        await until_node(api, node, lambda row: row["agentSeen"] and row["healthy"])
+    reason = f"replacing a fan {uuid.uuid4().hex[:4]}"
+    for node in ("node-a", "node-b"):
+        answer = await api.client.request("PUT", f"/api/v2/cluster/nodes/{node}/cordon", json_body={"reason": reason})
+        assert answer["cordoned"] is True
+    for node in ("node-a", "node-b"):
+        row = await until_node(api, node, lambda r: r["cordoned"])
+        assert row["conditions"] == ["cordoned"] and row["cordonReason"] == reason and row["cordonedBy"] == "admin"
+
+    name = f"cordoned-{uuid.uuid4().hex[:6]}"
+    await api.submit(job_yaml(name, ["true"]))
+    job = f"admin~{name}"
+    deadline = time.monotonic() + 20
+    waiting = ""
+    while time.monotonic() < deadline and reason not in waiting:
+        waiting = (await api.job(job))["jobStatus"].get("waitingReason") or ""
+        await asyncio.sleep(0.2)
+    assert f"node-a: cordoned by admin: {reason}" in waiting, waiting
+
+    await api.client.request("DELETE", "/api/v2/cluster/nodes/node-b/cordon")
+    detail = await api.wait_state(job, "SUCCEEDED")
+    assert task_nodes(detail) == ["node-b"]
+    await api.client.request("DELETE", "/api/v2/cluster/nodes/node-a/cordon")
+    await until_node(api, "node-a", lambda r: r["healthy"] and not r["cordoned"])
+
+
+async def test_cordon_refuses_non_admins_unknown_nodes_and_a_missing_reason(cluster):
+    api, _ = cluster
+    with pytest.raises(ApiError) as missing:
+        await api.client.request("PUT", "/api/v2/cluster/nodes/node-a/cordon", json_body={})
+    assert missing.value.status == 400 and missing.value.body["details"]["errors"][0]["path"] == "reason"
+    with pytest.raises(ApiError) as unknown:
+        await api.client.request("PUT", "/api/v2/cluster/nodes/node-zz/cordon", json_body={"reason": "x"})
+    assert unknown.value.status == 404 and "node-a" in unknown.value.body["message"]
+    with pytest.raises(ApiError) as bad:
+        await api.client.request("PUT", "/api/v2/cluster/nodes/no%20de/cordon", json_body={"reason": "x"})
+    assert bad.value.status == 400
+    name = f"bob{uuid.uuid4().hex[:4]}"
+    created = await api.client.request("POST", "/api/v2/users", json_body={"username": name})
+    bob = Client(Connection(url=api.conn.url, token=created["token"]))
+    with pytest.raises(ApiError) as forbidden:
+        await bob.request("PUT", "/api/v2/cluster/nodes/node-a/cordon", json_body={"reason": "mine now"})
+    assert forbidden.value.status == 403
+    assert len(await bob.request("GET", "/api/v2/cluster/nodes")) == 2  # anyone may look
