@@ -196,7 +196,7 @@ class Bus:
     async def publish(self, event: Event, *, attempts: int = 5) -> None:
         """Publish with `Nats-Msg-Id = event.id`: a retried publish is stored once."""
         headers = {"Nats-Msg-Id": event.id}
-        telemetry.inject(headers)
+        telemetry.inject(headers, job=event.job)  # a job's events: one trace per job
         subject = subject_of(event)
         data = encode(event)
         for attempt in range(attempts):

@@ -168,7 +168,7 @@ def run(
     app_factory: Callable[[ServiceContext], Awaitable[web.Application]] | None = None,
 ) -> None:
     """Entry point of `python -m services.<name>`."""
-    telemetry.setup(name, level=config.log_level)
+    telemetry.setup(name, level=config.log_level, otlp_endpoint=config.otlp_endpoint)
     try:
         asyncio.run(_main(name, config, body, single_active, app_factory))
     except KeyboardInterrupt:

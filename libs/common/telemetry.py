@@ -1,13 +1,25 @@
 """Tracing and structured logs.
 
-Trace context travels in NATS headers (`traceparent`, W3C format) so one
-OpenTelemetry trace spans rest -> scheduler -> launcher -> runtime. Logs are JSON
-lines carrying the job id and the trace id of the span they were written in.
+One trace per job. Its trace id is derived from the job id (`job_trace_id`),
+so every service puts the spans of a job into the same trace whatever started
+them: a request, an event, a scheduler tick or a task's exit seen by the
+launcher's backend. Trace context also travels in NATS headers (`traceparent`,
+W3C format): a consumer's span is the child of the span that published the
+event when that span is in the job's trace, else a child of the job's root,
+linked to the publisher's span. So one trace spans rest -> scheduler ->
+launcher -> runtime -> monitor: submit, placed, started, exited, verdict, state.
+
+Spans leave the process only when configured: `otlp_endpoint` (OTLP over
+HTTP/protobuf, e.g. an OpenTelemetry Collector or Jaeger at :4318), or
+PAI_TRACE_CONSOLE=1 (stderr). Logs are JSON lines carrying the job id and the
+trace id of the span they were written in.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -15,11 +27,14 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.propagate import extract, inject as otel_inject
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 
 _tracer = trace.get_tracer("pai")
 
@@ -51,8 +66,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def setup(service: str, *, level: str | None = None) -> None:
-    """JSON logs on stderr; spans exported to the console only when PAI_TRACE_CONSOLE=1."""
+def setup(service: str, *, level: str | None = None, otlp_endpoint: str = "") -> None:
+    """JSON logs on stderr; spans to `otlp_endpoint` (OTLP/HTTP) when set, to the
+    console when PAI_TRACE_CONSOLE=1."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service))
     root = logging.getLogger()
@@ -60,27 +76,97 @@ def setup(service: str, *, level: str | None = None) -> None:
     root.setLevel(level or os.environ.get("PAI_LOG_LEVEL", "INFO"))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     provider = TracerProvider(resource=Resource.create({"service.name": f"pai-{service}"}))
+    if otlp_endpoint:
+        provider.add_span_processor(BatchSpanProcessor(otlp_exporter(otlp_endpoint)))
     if os.environ.get("PAI_TRACE_CONSOLE") == "1":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     trace.set_tracer_provider(provider)
+    atexit.register(provider.shutdown)  # the last batch is sent when the service stops
 
 
-def inject(headers: dict[str, str]) -> None:
-    """Add the current trace context (`traceparent`) to outgoing NATS headers."""
-    otel_inject(headers)
+def otlp_exporter(endpoint: str) -> SpanExporter:
+    """OTLP over HTTP/protobuf to `endpoint` (the collector's base URL; /v1/traces is added)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    url = endpoint.rstrip("/")
+    if not url.endswith("/v1/traces"):
+        url += "/v1/traces"
+    return OTLPSpanExporter(endpoint=url, timeout=5)
+
+
+# --- one trace per job ---------------------------------------------------------------
+
+
+def _digest(job: str, what: bytes) -> bytes:
+    return hashlib.sha256(b"pai-trace\0" + what + b"\0" + job.encode("utf-8", "replace")).digest()
+
+
+def job_trace_id(job: str) -> int:
+    """The trace id of every span about `job` (128 bits, never 0)."""
+    return int.from_bytes(_digest(job, b"trace")[:16], "big") or 1
+
+
+def job_trace_id_hex(job: str) -> str:
+    """As trace viewers show it (32 hex digits): what `pai status` and the API give."""
+    return format(job_trace_id(job), "032x")
+
+
+def _job_root(job: str) -> SpanContext:
+    """The job's (never exported) root: the parent of spans that have no better one."""
+    span_id = int.from_bytes(_digest(job, b"root")[:8], "big") or 1
+    return SpanContext(
+        trace_id=job_trace_id(job), span_id=span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)
+    )
+
+
+def _in_job_trace(job: str, context: Context | None) -> tuple[Context, list[Link]]:
+    """`context` when its span belongs to the job's trace; else the job's root, with a
+    link to the span `context` held (the request or tick that acted for the job)."""
+    current = trace.get_current_span(context).get_span_context()
+    if current.is_valid and current.trace_id == job_trace_id(job):
+        return (context if context is not None else otel_context.get_current()), []
+    links = [Link(current)] if current.is_valid else []
+    return trace.set_span_in_context(NonRecordingSpan(_job_root(job))), links
+
+
+def inject(headers: dict[str, str], *, job: str = "") -> None:
+    """Add the trace context (`traceparent`) to outgoing NATS headers. With `job`,
+    a short span records the publish in the job's trace, and that span is the
+    context sent: the consumer's span becomes its child."""
+    if not job:
+        otel_inject(headers)
+        return
+    context, links = _in_job_trace(job, None)
+    with _tracer.start_as_current_span("publish", context=context, links=links, attributes={"job": job},
+                                       kind=trace.SpanKind.PRODUCER):
+        otel_inject(headers)
 
 
 @contextlib.contextmanager
 def span_from_headers(name: str, headers: Mapping[str, str] | None, **attributes: str) -> Iterator[None]:
-    """Continue the trace a message carries while handling it."""
-    ctx = extract(dict(headers or {}))
-    with _tracer.start_as_current_span(name, context=ctx, attributes=attributes):
+    """Continue the trace a message carries while handling it; for a job's event
+    (attribute `job`), always within the job's trace."""
+    context = extract(dict(headers or {}))
+    links: list[Link] = []
+    job = attributes.get("job", "")
+    if job:
+        context, links = _in_job_trace(job, context)
+    with _tracer.start_as_current_span(name, context=context, links=links, attributes=attributes,
+                                       kind=trace.SpanKind.CONSUMER):
         yield
 
 
 @contextlib.contextmanager
 def span(name: str, **attributes: str) -> Iterator[None]:
     with _tracer.start_as_current_span(name, attributes=attributes):
+        yield
+
+
+@contextlib.contextmanager
+def job_span(name: str, job: str, **attributes: str) -> Iterator[None]:
+    """A span of work done for `job` outside any event of it (e.g. a request)."""
+    context, links = _in_job_trace(job, None)
+    with _tracer.start_as_current_span(name, context=context, links=links, attributes={"job": job, **attributes}):
         yield
 
 

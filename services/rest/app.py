@@ -316,6 +316,7 @@ async def get_job(request: web.Request) -> web.Response:
     sub, rec, sched = await _load(ctx_of(request), _job_param(request))
     detail = views.job_detail(sub, rec, _reason(rec, sched), backend=ctx_of(request).config.backend,
                               with_output=_may_read_output(request, sub))
+    detail["traceId"] = telemetry.job_trace_id_hex(sub.job)  # open it in the trace viewer (otlp_endpoint)
     return web.json_response(detail)
 
 
