@@ -227,6 +227,15 @@ class NodeCordonChanged(Event, kw_only=True, frozen=True, tag=Kind.NODE_CORDON.v
 
 
 class AlertFiring(Event, kw_only=True, frozen=True, tag=Kind.ALERT_FIRING.value):
+    """An alert rule's condition has held for its `for` duration (docs/alerts.md).
+
+    `labels` say what it is about: `alertname`, `severity`, and `node` (and
+    `gpu`), `job`, `user` and `vc`, or `service`, plus the rule's own labels.
+    `job` is the job's id for a job alert, "" otherwise. A rule's alert has
+    the id `<rule>/<subject>@<startsAt>/firing`; the list of alerts is
+    `GET /api/v2/alerts`. A dead-lettered event raises one too (rule
+    `EventDeadLettered`, id `<event id>/alert`), which has no resolve."""
+
     rule: str
     severity: str = "warning"
     summary: str = ""
@@ -234,6 +243,9 @@ class AlertFiring(Event, kw_only=True, frozen=True, tag=Kind.ALERT_FIRING.value)
 
 
 class AlertResolved(Event, kw_only=True, frozen=True, tag=Kind.ALERT_RESOLVED.value):
+    """The alert with the same `rule` and `labels` no longer holds; its id is the
+    firing one's with `/resolved`."""
+
     rule: str
     summary: str = ""
     labels: dict[str, str] = {}

@@ -82,6 +82,7 @@ async def cluster_body(ctx: ServiceContext, sampler: NodeSampler | None) -> None
         for alert in updates:
             if isinstance(alert, RaiseAlert):
                 await ctx.bus.publish(alert_firing(alert))
+                await alerts.raised(alert)  # listed and mailed to the admins
 
     await ctx.bus.consume(
         Durable.MONITOR, list(Kind), list(EVENT_TYPES.values()), handle, stopping=ctx.stopping

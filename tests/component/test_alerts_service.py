@@ -33,7 +33,15 @@ from aiosmtpd.controller import Controller
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from libs.common.messages import ExitSpec, JobState, JobStateChanged, JobSubmitted, encode, subject_of
+from libs.common.messages import (
+    EventDeadLettered,
+    ExitSpec,
+    JobState,
+    JobStateChanged,
+    JobSubmitted,
+    encode,
+    subject_of,
+)
 from libs.common.natsserver import free_port
 from libs.common.protocol.model import JobSpec
 from libs.common.service import ServiceContext
@@ -401,3 +409,20 @@ async def test_actions_cordon_the_node_stop_and_tag_the_job(bus, api):
         for subscription in subscriptions:
             await subscription.unsubscribe()
         await api.call("admin", "POST", "/api/v2/alerts/rules/reset")
+
+
+async def test_a_dead_lettered_event_is_listed_and_mailed_to_the_admins_once(bus, api, smtp):
+    _, inbox = smtp
+    job = f"alice{RUN}~poison"
+    event = EventDeadLettered(id=f"{job}/1/placed/dead-lettered/launcher", job=job, at=time.time(),
+                              consumer="launcher", eventId=f"{job}/1/placed", eventKind="job.placed",
+                              subject="pai.v1.job.placed.default.x.y", deliveries=5, reason="KeyError: 'gpus'")
+    await bus.publish(event)
+    [mail] = await inbox.until(lambda: inbox.to(ADMIN_MAIL, "EventDeadLettered"), "the dead-letter mail")
+    assert mail["Subject"] == "[PAI] [FIRING:1] EventDeadLettered (critical) " + job
+    assert "KeyError: 'gpus'" in text_of(mail)
+    status, body, _ = await api.call("alice", "GET", f"/api/v2/alerts?job={job}")
+    assert status == 200 and [a["rule"] for a in body["alerts"]] == ["EventDeadLettered"]
+    await bus.js.publish(subject_of(event), encode(event), headers={"Nats-Msg-Id": f"redelivery/{uuid.uuid4()}"})
+    await asyncio.sleep(2)
+    assert len(inbox.to(ADMIN_MAIL, "EventDeadLettered")) == 1

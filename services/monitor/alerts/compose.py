@@ -94,7 +94,7 @@ def _facts(alert: AlertRecord, portal_url: str) -> list[tuple[str, str]]:
     if alert.solution:
         facts.append(("solution", "; ".join(alert.solution)))
     facts.append(("since", _when(alert.startsAt)))
-    if alert.endsAt is not None:
+    if alert.endsAt is not None and alert.endsAt != alert.startsAt:  # a one-off alert has no end of its own
         facts.append(("resolved", _when(alert.endsAt)))
     if alert.inhibitedBy:
         facts.append(("silenced by", alert.inhibitedBy))

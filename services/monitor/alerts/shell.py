@@ -40,6 +40,7 @@ from libs.common.alerts_messages import (
     AlertAction,
     AlertRecord,
     AlertsReply,
+    AlertState,
     AlertsRequest,
     Outcome,
     Problem,
@@ -82,6 +83,7 @@ from services.monitor.alerts.store import (
     Snapshot,
 )
 from services.monitor.core.samples import NodeSample
+from services.monitor.core.updates import RaiseAlert
 
 log = logging.getLogger("pai.monitor.alerts")
 
@@ -324,6 +326,25 @@ class AlertShell:
             # Claimed before the ack: a redelivered event or a restart mails nobody twice.
             if await self.store.claim(SENT_PREFIX, notification.id):
                 self.outbox.put_nowait(notification)
+
+    async def raised(self, raised: RaiseAlert) -> None:
+        """A one-off alert raised elsewhere in the monitor (a dead-lettered event):
+        listed (as resolved at once: there is no condition to watch end) and
+        mailed to the admins, once."""
+        at = self.clock()
+        alert = AlertRecord(
+            fingerprint=raised.id, rule=raised.rule, severity=raised.severity, state=AlertState.RESOLVED,
+            summary=raised.summary, labels={**raised.labels, "alertname": raised.rule, "severity": raised.severity},
+            startsAt=at, endsAt=at, job=raised.job, user=raised.job.split("~")[0] if "~" in raised.job else "",
+            reason=raised.summary,
+        )
+        async with self._lock:
+            self.core.alerts.setdefault(alert.fingerprint, alert)
+        if await self.store.claim(SENT_PREFIX, alert.fingerprint):
+            self.outbox.put_nowait(Notification(
+                id=alert.fingerprint, kind="alert", toAdmins=True, rule=alert.rule, severity=alert.severity,
+                firing=(alert,)))
+        await self._write_alerts()
 
     async def _evaluate_forever(self) -> None:
         period = max(0.05, self.config.alert_evaluate_seconds)
