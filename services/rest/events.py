@@ -31,6 +31,7 @@ from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.errors import BadInput
 from libs.common.messages import JobStateChanged
+from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_USERNAME_LENGTH
 from libs.common.subjects import PREFIX, STREAM, Kind, kind_filter
 from services.rest.identity import core
 from services.rest.request import CTX, USER, ctx_of
@@ -141,6 +142,8 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             ids.split_job_id(job)
         except ValueError:
             raise BadInput(f"job must be a job id user~name, got {job[:80]!r}") from None
+        if len(job) > MAX_USERNAME_LENGTH + 1 + MAX_JOB_NAME_LENGTH:
+            raise BadInput(f"job: no job id is longer than {MAX_USERNAME_LENGTH + 1 + MAX_JOB_NAME_LENGTH} characters")
     subject = subject_filter(caller, job)
     cursor = _start_sequence(request)
     info = await ctx.bus.js.stream_info(STREAM)

@@ -338,3 +338,15 @@ async def test_the_bucket_keeps_no_password_nor_token(setup, platform):
     stored = b"".join([(await kv.get(key)).value or b"" for key in await kv.keys(filters=[f"user.{name}", f"token.{name}.>"])])
     assert PASSWORD.encode() not in stored and token.encode() not in stored and token.split(".", 1)[1].encode() not in stored
     assert b"$argon2id$" in stored
+
+
+async def test_names_longer_than_any_are_404_without_asking_nats(setup):
+    api, admin = setup
+    for path, code in ((f"/api/v2/users/{'u' * 5_000}", "NoUserError"), (f"/api/v2/groups/{'g' * 5_000}", "NoGroupError")):
+        status, body = await api.call(admin, "GET", path)
+        assert (status, body["code"]) == (404, code)
+    status, body = await api.call(f"{'u' * 5_000}.secret", "GET", "/api/v2/users/me")
+    assert (status, body["code"]) == (401, "UnauthorizedUserError")
+    status, body = await api.call(None, "POST", "/api/v2/authn/basic/login", {"username": "u" * 10_000, "password": "x"})
+    assert (status, body["code"]) == (401, "IncorrectPasswordError")
+    assert (await api.call(admin, "GET", "/api/v2/users/me"))[0] == 200  # the NATS connection is still there

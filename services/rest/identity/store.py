@@ -25,6 +25,7 @@ from nats.js.kv import KeyValue
 from libs.common.bus import Bus, get_json
 from libs.common.errors import ConflictGroup, ConflictUser, NoGroup, NoToken, NoUser
 from libs.common.ids import NAME_PATTERN
+from libs.common.protocol.limits import MAX_USERNAME_LENGTH
 from services.rest.identity import core
 from services.rest.records import Group, TokenKind, TokenRecord, User
 from libs.common.subjects import Bucket
@@ -76,7 +77,8 @@ def group_key(name: str) -> str:
 
 
 async def get_user(bus: Bus, name: str) -> tuple[User, int] | None:
-    if not NAME_PATTERN.match(name):
+    # No such user can exist: spare NATS the key (a long one would break its control line).
+    if len(name) > MAX_USERNAME_LENGTH or not NAME_PATTERN.match(name):
         return None
     return await get_json(await _kv(bus), user_key(name), User)
 
@@ -145,7 +147,7 @@ async def all_users(bus: Bus) -> list[User]:
 
 
 async def get_group(bus: Bus, name: str) -> tuple[Group, int] | None:
-    if not NAME_PATTERN.match(name):
+    if len(name) > core.MAX_GROUP_NAME_LENGTH or not NAME_PATTERN.match(name):
         return None
     return await get_json(await _kv(bus), group_key(name), Group)
 
@@ -225,7 +227,7 @@ def token_key(token: str) -> str | None:
     user, dot, _ = token.partition(".")
     if not dot:
         return f"token.{_sha256(token)}" if NAME_PATTERN.match(token) else None  # made before tokens named a user
-    if not NAME_PATTERN.match(user) or len(token) > 512:
+    if len(user) > MAX_USERNAME_LENGTH or not NAME_PATTERN.match(user) or len(token) > 512:
         return None
     return f"token.{user}.{_sha256(token)}"
 
