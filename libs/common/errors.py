@@ -125,6 +125,10 @@ class TooLarge(PaiError):
     code, status = _code("RequestEntityTooLarge")
 
 
+class TooManyRequests(PaiError):
+    code, status = _code("TooManyRequestsError")
+
+
 class Transient(PaiError):
     """Retry later: `delay` seconds is a hint for the first retry."""
 

@@ -120,6 +120,19 @@ async def test_a_wrong_password_or_name_is_one_401(setup, who):
     assert (status, body["code"], body["message"]) == (401, "IncorrectPasswordError", "wrong username or password")
 
 
+async def test_repeated_failed_sign_ins_are_refused_for_a_while(setup, monkeypatch):
+    from services.rest.identity import routes
+
+    api, admin = setup
+    monkeypatch.setattr(routes, "LOGIN_THROTTLE", routes.core.LoginThrottle(max_failures=3, window=300.0))
+    name = await api.new_user(admin)
+    for _ in range(3):
+        status, body = await api.call(None, "POST", "/api/v2/authn/basic/login", {"username": name, "password": "guess1234"})
+        assert (status, body["code"]) == (401, "IncorrectPasswordError")
+    status, body = await api.call(None, "POST", "/api/v2/authn/basic/login", {"username": name, "password": PASSWORD})
+    assert (status, body["code"]) == (429, "TooManyRequestsError") and "try again in" in body["message"]
+
+
 async def test_a_login_body_is_checked(setup):
     api, _ = setup
     status, body = await api.call(None, "POST", "/api/v2/authn/basic/login", {"username": "x"})

@@ -213,3 +213,44 @@ def token_expiry(kind: TokenKind, now: float, policy: TokenPolicy, requested: in
 
 def is_live(token: TokenRecord, now: float) -> bool:
     return token.expiresAt is None or now < token.expiresAt
+
+
+# --- failed sign-ins -----------------------------------------------------------------------------
+
+
+class LoginThrottle:
+    """Failed sign-ins per user name, to slow password guessing: after `max_failures`
+    within `window` seconds, the name is refused until the window has passed, before
+    any password is checked (so a flood costs no argon2 work either). Per rest
+    process, like the request rate limit; times are passed in (`now`)."""
+
+    def __init__(self, *, max_failures: int = 10, window: float = 300.0, max_names: int = 10_000):
+        self.max_failures = max_failures
+        self.window = window
+        self.max_names = max_names
+        self._failures: dict[str, list[float]] = {}
+
+    def _recent(self, name: str, now: float) -> list[float]:
+        recent = [t for t in self._failures.get(name, []) if now - t < self.window]
+        if recent:
+            self._failures[name] = recent
+        else:
+            self._failures.pop(name, None)
+        return recent
+
+    def retry_after(self, name: str, now: float) -> float:
+        """0 when `name` may try now, else the seconds until it may."""
+        recent = self._recent(name, now)
+        if len(recent) < self.max_failures:
+            return 0.0
+        return recent[-self.max_failures] + self.window - now
+
+    def failed(self, name: str, now: float) -> None:
+        if name not in self._failures and len(self._failures) >= self.max_names:
+            oldest = min(self._failures, key=lambda n: self._failures[n][-1])
+            del self._failures[oldest]
+        self._failures.setdefault(name, []).append(now)
+
+    def succeeded(self, name: str) -> None:
+        self._failures.pop(name, None)
+

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from libs.common.errors import IncorrectPassword, NoGroup, NoToken
+from libs.common.errors import IncorrectPassword, NoGroup, NoToken, TooManyRequests
 from libs.common.service import ServiceContext
 from services.rest.identity import core, store
 from services.rest.identity.core import Action, Principal
@@ -32,6 +32,7 @@ from services.rest.records import (
 from services.rest.request import USER, ctx_of, decode_fields, read_json_object
 
 LOGIN_FAILED = "wrong username or password"
+LOGIN_THROTTLE = core.LoginThrottle()  # this process's count of failed sign-ins per name
 
 
 def _caller(request: web.Request) -> Principal:
@@ -93,13 +94,19 @@ async def login(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     body: Login = await _body(request, Login, '{"username": "alice", "password": "..."}', "the login")
     expires = core.token_expiry(TokenKind.LOGIN, time.time(), policy(ctx), body.expiration)
+    name = body.username[: core.MAX_GROUP_NAME_LENGTH]
+    wait = LOGIN_THROTTLE.retry_after(name, time.monotonic())
+    if wait > 0:
+        raise TooManyRequests(f"too many failed sign-ins as {name}; try again in {wait:.0f} s")
     got = await store.get_user(ctx.bus, body.username)
+    password = body.password[: core.MAX_PASSWORD_LENGTH + 1]
     if got is None:
-        await store.spend_password_check(body.password)  # as slow as a wrong password: names are not probed
+        await store.spend_password_check(password)  # as slow as a wrong password: names are not probed
+    if got is None or not await store.password_matches(got[0].passwordHash, password):
+        LOGIN_THROTTLE.failed(name, time.monotonic())
         raise IncorrectPassword(LOGIN_FAILED)
     user = got[0]
-    if not await store.password_matches(user.passwordHash, body.password[: core.MAX_PASSWORD_LENGTH + 1]):
-        raise IncorrectPassword(LOGIN_FAILED)
+    LOGIN_THROTTLE.succeeded(name)
     token = await store.issue_token(ctx.bus, user.username, TokenKind.LOGIN, expires_at=expires, description="login")
     groups = await store.groups_named(ctx.bus, user.grouplist)
     return web.json_response({"token": token, "user": user.username, "admin": core.resolve(user, groups).admin,

@@ -176,3 +176,28 @@ def test_the_core_imports_no_io():
             "bad = [m for m in ('asyncio', 'nats', 'aiohttp') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_login_throttle_refuses_a_name_after_too_many_failures_until_the_window_passes():
+    throttle = core.LoginThrottle(max_failures=3, window=60.0)
+    for t in (0.0, 10.0, 20.0):
+        assert throttle.retry_after("alice", t) == 0.0
+        throttle.failed("alice", t)
+    assert throttle.retry_after("alice", 21.0) == 39.0  # the first failure leaves the window at 60
+    assert throttle.retry_after("bob", 21.0) == 0.0  # per name
+    assert throttle.retry_after("alice", 60.0) == 0.0  # one failure fewer in the window
+
+
+def test_login_throttle_forgets_after_a_success():
+    throttle = core.LoginThrottle(max_failures=2, window=60.0)
+    throttle.failed("alice", 0.0)
+    throttle.succeeded("alice")
+    throttle.failed("alice", 1.0)
+    assert throttle.retry_after("alice", 2.0) == 0.0
+
+
+def test_login_throttle_memory_is_bounded():
+    throttle = core.LoginThrottle(max_failures=2, window=60.0, max_names=100)
+    for i in range(1000):
+        throttle.failed(f"name{i}", float(i) / 100)
+    assert len(throttle._failures) <= 100
