@@ -146,8 +146,44 @@ async def rest(bus, tmp_path_factory) -> AsyncIterator[RestServer]:
     await server.close()
 
 
+class MonitorProcess:
+    """`python -m services.monitor` as a cluster monitor; `restart` kills it (SIGKILL)
+    and starts it again with the same settings."""
+
+    def __init__(self, env: dict[str, str], port: int):
+        self.env, self.port = env, port
+        self.proc: subprocess.Popen | None = None
+
+    async def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "services.monitor"], cwd=REPO, env=self.env)
+        async with ClientSession() as http:
+            deadline = time.monotonic() + WAIT_SECONDS
+            while True:
+                assert self.proc.poll() is None, "the monitor exited at start"
+                with contextlib.suppress(Exception):
+                    async with http.get(f"http://127.0.0.1:{self.port}/readyz") as resp:
+                        if resp.status == 200:
+                            return
+                assert time.monotonic() < deadline, "the monitor never became ready"
+                await asyncio.sleep(0.1)
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        self.proc.kill() if kill else self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    async def restart(self) -> None:
+        self.stop(kill=True)
+        await self.start()
+
+
 @pytest.fixture(scope="module")
-async def monitor(nats_server, bus, smtp, rest, tmp_path_factory) -> AsyncIterator[subprocess.Popen]:
+async def monitor(nats_server, bus, smtp, rest, tmp_path_factory) -> AsyncIterator[MonitorProcess]:
     controller, _ = smtp
     data = tmp_path_factory.mktemp("monitor")
     rules = data / "alert-rules.yaml"
@@ -165,26 +201,12 @@ async def monitor(nats_server, bus, smtp, rest, tmp_path_factory) -> AsyncIterat
         "PAI_PORTAL_URL": rest.url, "PAI_ALERT_RULES_FILE": str(rules), "PAI_ALERT_API_TOKEN_FILE": str(token_file),
         "PAI_ALERT_EVALUATE_SECONDS": "0.2", "PAI_ALERT_PROBE_URLS": "-", "PAI_USAGE_REPORT_WEEKDAY": "-1",
     }
-    proc = subprocess.Popen([sys.executable, "-m", "services.monitor"], cwd=REPO, env=env)
+    process = MonitorProcess(env, port)
     try:
-        async with ClientSession() as http:
-            deadline = time.monotonic() + WAIT_SECONDS
-            while True:
-                assert proc.poll() is None, "the monitor exited at start"
-                with contextlib.suppress(Exception):
-                    async with http.get(f"http://127.0.0.1:{port}/readyz") as resp:
-                        if resp.status == 200:
-                            break
-                assert time.monotonic() < deadline, "the monitor never became ready"
-                await asyncio.sleep(0.1)
-        yield proc
+        await process.start()
+        yield process
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        process.stop()
 
 
 class Api:
@@ -426,3 +448,37 @@ async def test_a_dead_lettered_event_is_listed_and_mailed_to_the_admins_once(bus
     await bus.js.publish(subject_of(event), encode(event), headers={"Nats-Msg-Id": f"redelivery/{uuid.uuid4()}"})
     await asyncio.sleep(2)
     assert len(inbox.to(ADMIN_MAIL, "EventDeadLettered")) == 1
+
+
+async def test_a_restarted_monitor_neither_fires_again_nor_mails_before_the_repeat_interval(bus, api, smtp, monitor):
+    _, inbox = smtp
+    node = f"full-{RUN}"
+    firing_ids: list[str] = []
+
+    async def seen(msg) -> None:
+        event = msgspec.json.decode(msg.data)
+        if event["labels"].get("node") == node:
+            firing_ids.append(event["id"])
+
+    subscription = await bus.nc.subscribe("pai.v1.alert.firing.>", cb=seen)
+    status, body, _ = await api.call("admin", "PUT", "/api/v2/alerts/rules",
+                                     body=START_RULES.replace("threshold: 99", "threshold: 50"))
+    assert status == 200, body
+    try:
+        await put_sample(bus, node, 90.0)
+        await inbox.until(lambda: inbox.to(ADMIN_MAIL, f"NodeFilesystemUsage (warning) {node}"), "the alert mail")
+        status, body, _ = await api.call("admin", "GET", "/api/v2/alerts?state=firing")
+        [before] = [a for a in body["alerts"] if a["node"] == node]
+
+        await monitor.restart()  # SIGKILL, then the same monitor again
+        await put_sample(bus, node, 90.0)
+        await asyncio.sleep(3)  # many evaluations at 0.2 s
+        assert len(inbox.to(ADMIN_MAIL, f"NodeFilesystemUsage (warning) {node}")) == 1, "mailed again after a restart"
+        status, body, _ = await api.call("admin", "GET", "/api/v2/alerts?state=firing")
+        [after] = [a for a in body["alerts"] if a["node"] == node]
+        assert after["startsAt"] == before["startsAt"], "the restarted monitor fired the alert again"
+        assert len(set(firing_ids)) == 1
+    finally:
+        await subscription.unsubscribe()
+        await put_sample(bus, node, 10.0)
+        await api.call("admin", "POST", "/api/v2/alerts/rules/reset")
