@@ -49,6 +49,7 @@ TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 10_000
 TAG_UPDATE_ATTEMPTS = 5
+FALLBACK_READS_IN_FLIGHT = 64  # jobs read at once while the index loads
 
 
 # --- response shapes ----------------------------------------------------------------------
@@ -267,15 +268,24 @@ async def get_task_log(request: web.Request) -> web.Response:
     require_owner_or_admin(request, sub, "read the logs of")
     attempt, role, index = _int_param(request, "attempt"), request.match_info["role"], _int_param(request, "index")
     _task_of(sub, rec, attempt, role, index)  # 404 naming what does not exist
-    tail = request.query.get("tailBytes")
-    try:
-        tail_bytes = None if tail is None else int(tail)
-    except ValueError:
-        raise bad_field("tailBytes", "type", f"tailBytes must be an integer, got {tail[:40]!r}") from None
-    if tail_bytes is not None and tail_bytes < 0:
-        raise bad_field("tailBytes", "minimum", "tailBytes must be >= 0")
-    body = await request_log(ctx.bus, LogRequest(job=jid, attempt=attempt, role=role, index=index, tailBytes=tail_bytes))
+    tail_bytes = _optional_count(request, "tailBytes")
+    task_attempt = _optional_count(request, "taskAttempt")
+    body = await request_log(ctx.bus, LogRequest(job=jid, attempt=attempt, role=role, index=index, tailBytes=tail_bytes,
+                                                 taskAttempt=task_attempt))
     return web.Response(body=body, content_type="text/plain")
+
+
+def _optional_count(request: web.Request, name: str) -> int | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_field(name, "type", f"{name} must be an integer, got {raw[:40]!r}") from None
+    if value < 0:
+        raise bad_field(name, "minimum", f"{name} must be >= 0")
+    return value
 
 
 # --- tags ------------------------------------------------------------------------------
@@ -576,11 +586,16 @@ async def _rows_from_buckets(ctx: ServiceContext, query: ListQuery) -> list[tupl
     if query.username is not None:
         keys = [k for k in keys if k.split(".", 1)[0] == query.username]
 
+    # Bounded: ten thousand jobs read all at once are thirty thousand requests in
+    # flight, and NATS answers some of them only after the client gave up.
+    reading = asyncio.Semaphore(FALLBACK_READS_IN_FLIGHT)
+
     async def one(key: str):
-        try:
-            sub, _, rec, sched = await load_job(ctx, ids.job_id_from_key(key))
-        except NotFound:
-            return None  # deleted between listing and reading
+        async with reading:
+            try:
+                sub, _, rec, sched = await load_job(ctx, ids.job_id_from_key(key))
+            except NotFound:
+                return None  # deleted between listing and reading
         return sub, job_row(sub, rec, sched)
 
     return [got for got in await asyncio.gather(*(one(k) for k in keys)) if got is not None]

@@ -112,6 +112,7 @@ def job_detail(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | N
         "jobStatus": status,
         "taskRoles": roles,
         "ignoredFields": sub.spec.ignoredFields,
+        "tags": list(sub.tags),
         "warnings": sub.warnings,
         "notes": notes,
     }

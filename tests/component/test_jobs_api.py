@@ -168,6 +168,8 @@ async def test_one_attempt_its_tasks_logs_and_events(api, platform):
     assert (status, text) == (200, "log of main[0] attempt 1")
     status, _, _ = await api.call("other", "GET", f"/api/v2/jobs/{jid}/job-attempts/1/tasks/main/0/logs")
     assert status == 403
+    status, body, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/job-attempts/1/tasks/main/0/logs?tailBytes=-1")
+    assert status == 400 and body["details"]["errors"][0]["path"] == "tailBytes"
 
     status, events, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/events")
     assert status == 200
@@ -214,6 +216,7 @@ async def test_tags_owner_or_admin_only_and_validated(api):
 
     status, rows, _ = await api.call("other", "GET", f"/api/v2/jobs?keyword=tagged{RUN}")
     assert [r["tags"] for r in rows] == [["baseline", "v2.1"]]
+    assert (await api.call("other", "GET", f"/api/v2/jobs/{jid}"))[1]["tags"] == ["baseline", "v2.1"]
     assert (await api.call("owner", "DELETE", f"/api/v2/jobs/{jid}/tag", {"value": "baseline"}))[0] == 200
     status, body, _ = await api.call("owner", "DELETE", f"/api/v2/jobs/{jid}/tag", {"value": "baseline"})
     assert status == 200 and "not tagged" in body["message"]

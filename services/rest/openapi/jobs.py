@@ -93,6 +93,7 @@ JOB_DETAIL = {
         },
         "taskRoles": TASK_ROLES,
         "ignoredFields": {"type": "array", "items": {"type": "string"}},
+        "tags": {"type": "array", "items": {"type": "string"}},
         "warnings": {"type": "array", "items": {"type": "string"}},
         "notes": {"type": "array", "items": {"type": "string"}},
     },
@@ -223,7 +224,9 @@ PATHS: dict[str, Any] = {
     "/api/v2/jobs/{job}/job-attempts/{attempt}/tasks/{role}/{index}/logs": {
         "get": operation("A task's output in that attempt (owner and admins)", tags=_JOBS, fails=(400, 403, 404),
                          params=[_JOB, _ATTEMPT, _ROLE, _INDEX,
-                                 query_param("tailBytes", "only the last N bytes", {"type": "integer", "minimum": 0})],
+                                 query_param("tailBytes", "only the last N bytes", {"type": "integer", "minimum": 0}),
+                                 query_param("taskAttempt", "the task's own retry, from 0 (default: its latest)",
+                                             {"type": "integer", "minimum": 0})],
                          ok={"200": {"description": "the output, secrets masked", "content": _TEXT}}),
     },
     "/api/v2/jobs/{job}/logs": {
