@@ -40,6 +40,7 @@ from libs.common.messages import (
     JobStateChanged,
     JobSubmitted,
     JobWaiting,
+    NodeCondition,
     NodeStatus,
     TaskStarted,
 )
@@ -243,8 +244,10 @@ class AlertCore:
                     view.nodes = [*view.nodes, node]
             case JobStateChanged():
                 return self._state_changed(event)
-            case NodeStatus(node=node, healthy=healthy, reason=reason):
-                self.node_status(node, healthy, reason)
+            case NodeStatus(node=node, healthy=healthy, reason=reason, conditions=conditions):
+                # Only a lost node is not ready: disk or memory pressure, an ECC
+                # error or a cordon keep work away but have rules (or an admin) of their own.
+                self.node_status(node, healthy or bool(conditions) and NodeCondition.LOST not in conditions, reason)
         return []
 
     def _state_changed(self, event: JobStateChanged) -> list[Notification]:

@@ -140,6 +140,18 @@ def test_a_node_reported_unhealthy_is_not_ready_with_the_reason():
     assert of(core.evaluate(T0 + 70), AlertEnded)
 
 
+def test_a_node_kept_out_for_pressure_or_a_cordon_is_not_a_lost_node():
+    core = core_with(NODE_RULES)
+    core.node_sampled(NodeReading(node="n3", at=T0))
+    core.handle(NodeStatus(id=EventId("n3/c"), job=JobId(""), node=NodeName("n3"), healthy=False,
+                           reason="cordoned: replacing GPU 3", conditions=["cordoned"]))
+    assert not of(core.evaluate(T0 + 100), AlertFired)
+    core.handle(NodeStatus(id=EventId("n3/l"), job=JobId(""), node=NodeName("n3"), healthy=False,
+                           reason="agent silent for 31 s", conditions=["cordoned", "lost"]))
+    core.evaluate(T0 + 101)
+    assert [f.alert.rule for f in of(core.evaluate(T0 + 161), AlertFired)] == ["NodeNotReady"]
+
+
 JOB_RULES = """
 rules:
 - {name: PaiJobPending, when: job_waiting, threshold: 1h, actions: [email-admin, email-owner],
