@@ -307,3 +307,19 @@ def test_actions_named_by_configuration():
     core.node_sampled(NodeReading(node="n7", at=T0, eccDoubleBit={0: 1}))
     due = of(core.evaluate(T0), ActionDue)
     assert [(d.action, d.alert.node) for d in due] == [(Action.CORDON_NODE, "n7")]
+
+
+@pytest.mark.parametrize("module", ["services.monitor.alerts.core", "services.monitor.alerts.compose",
+                                    "services.monitor.alerts.report", "libs.common.alerts_messages"])
+def test_the_alert_core_and_mail_text_load_no_io_library(module):
+    """Imported in a fresh interpreter, so what other tests imported hides nothing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (f"import importlib, sys; importlib.import_module({module!r}); "
+            "print([n for n in ('asyncio', 'nats', 'aiohttp', 'aiosmtplib') if n in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
