@@ -68,11 +68,24 @@ class JobIndex:
         self._schedule: dict[str, ScheduleBrief] = {}
         self.ready = False
         self._generation = 0
+        # Bumped at every change; what `memo` computed for an older version is computed again.
+        self.version = 0
+        self._memo: dict[Any, tuple[int, Any]] = {}
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """`compute()`, remembered until the index next changes (e.g. the jobs in one order)."""
+        got = self._memo.get(key)
+        if got is not None and got[0] == self.version:
+            return got[1]
+        value = compute()
+        self._memo[key] = (self.version, value)
+        return value
 
     # --- applying one KV entry (pure; the watches call these) -------------------------------
 
     def put_submission(self, key: str, sub: SubmittedJob) -> None:
         self.jobs[key] = IndexedJob(sub=sub, status=self._status.get(key), schedule=self._schedule.get(key))
+        self.version += 1
 
     def put_status(self, key: str, status: StatusBrief | None) -> None:
         self._put_side(key, status, self._status, "status")
@@ -81,7 +94,8 @@ class JobIndex:
         self._put_side(key, schedule, self._schedule, "schedule")
 
     def delete_submission(self, key: str) -> None:
-        self.jobs.pop(key, None)
+        if self.jobs.pop(key, None) is not None:
+            self.version += 1
 
     def _put_side(self, key: str, value, store: dict, field: str) -> None:
         if value is None:
@@ -92,6 +106,7 @@ class JobIndex:
         if job is not None:
             setattr(job, field, value)
             job.row = None
+            self.version += 1
 
     # --- the watches ---------------------------------------------------------------------
 
@@ -124,7 +139,9 @@ class JobIndex:
         self.jobs.clear()
         self._status.clear()
         self._schedule.clear()
+        self._memo.clear()
         self._generation += 1
+        self.version += 1
 
     async def _start(self, bus: Bus) -> list[_Watch]:
         generation = self._generation

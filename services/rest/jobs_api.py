@@ -558,21 +558,27 @@ def _matches(query: ListQuery, sub: SubmittedJob, row: JobRow) -> bool:
     return True
 
 
-def select_jobs(query: ListQuery, jobs: list[tuple[SubmittedJob, JobRow]]) -> tuple[int, list[JobRow]]:
-    """(how many match, the page asked for) (pure)."""
-    rows = [row for sub, row in jobs if _matches(query, sub, row)]
+def order_jobs(jobs: list[tuple[SubmittedJob, JobRow]], field: str, descending: bool
+               ) -> list[tuple[SubmittedJob, JobRow]]:
+    """The jobs ordered by a row field; jobs without it (not completed yet) last, ties by job id (pure)."""
+    present = [j for j in jobs if getattr(j[1], field) is not None]
+    missing = [j for j in jobs if getattr(j[1], field) is None]
+    present.sort(key=lambda j: (getattr(j[1], field), j[1].debugId), reverse=descending)
+    missing.sort(key=lambda j: j[1].debugId)
+    return present + missing
 
-    def key(row: JobRow):
-        value = getattr(row, query.order_field)
-        # Missing values (a job not completed) sort last either way; ties by job id.
-        return (value is None, value if value is not None else 0, row.debugId)
 
-    present = [r for r in rows if getattr(r, query.order_field) is not None]
-    missing = [r for r in rows if getattr(r, query.order_field) is None]
-    present.sort(key=key, reverse=query.descending)
-    missing.sort(key=lambda r: r.debugId)
-    ordered = present + missing
-    return len(ordered), ordered[query.offset: query.offset + query.limit]
+def _filtered(query: ListQuery) -> bool:
+    return bool(query.username or query.vc or query.states or query.keyword or query.tags_any or query.tags_none)
+
+
+def select_jobs(query: ListQuery, ordered: list[tuple[SubmittedJob, JobRow]]) -> tuple[int, list[JobRow]]:
+    """(how many match, the page asked for) of jobs already in the query's order (pure)."""
+    end = query.offset + query.limit
+    if not _filtered(query):
+        return len(ordered), [row for _, row in ordered[query.offset:end]]
+    rows = [row for sub, row in ordered if _matches(query, sub, row)]
+    return len(rows), rows[query.offset:end]
 
 
 def job_row(sub: SubmittedJob, status, schedule) -> JobRow:
@@ -601,23 +607,28 @@ async def _rows_from_buckets(ctx: ServiceContext, query: ListQuery) -> list[tupl
     return [got for got in await asyncio.gather(*(one(k) for k in keys)) if got is not None]
 
 
-def _rows_from_index(index: JobIndex) -> list[tuple[SubmittedJob, JobRow]]:
-    rows = []
-    for job in index.jobs.values():
-        if job.row is None:
-            job.row = job_row(job.sub, job.status, job.schedule)
-        rows.append((job.sub, job.row))
-    return rows
+def _ordered_from_index(index: JobIndex, field: str, descending: bool) -> list[tuple[SubmittedJob, JobRow]]:
+    """The index's jobs in this order, sorted once per change of the index (lists far outnumber changes)."""
+
+    def build() -> list[tuple[SubmittedJob, JobRow]]:
+        jobs = []
+        for job in index.jobs.values():
+            if job.row is None:
+                job.row = job_row(job.sub, job.status, job.schedule)
+            jobs.append((job.sub, job.row))
+        return order_jobs(jobs, field, descending)
+
+    return index.memo(("order", field, descending), build)
 
 
 async def list_jobs(request: web.Request) -> web.Response:
     query = parse_list_query(request.query)
     index = request.app.get(INDEX)
     if index is not None and index.ready:
-        jobs = _rows_from_index(index)
+        ordered = _ordered_from_index(index, query.order_field, query.descending)
     else:
-        jobs = await _rows_from_buckets(ctx_of(request), query)
-    total, page = select_jobs(query, jobs)
+        ordered = order_jobs(await _rows_from_buckets(ctx_of(request), query), query.order_field, query.descending)
+    total, page = select_jobs(query, ordered)
     headers = {"X-Total-Count": str(total)}
     if query.with_total:
         return _json(JobPage(totalCount=total, data=page), headers=headers)
