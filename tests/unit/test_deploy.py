@@ -454,8 +454,10 @@ def test_service_monitor_is_optional_and_scrapes_every_service(tools: KubeTools,
 def dashboard(docs: list[dict]) -> dict:
     (config_map,) = [d for d in find(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
-    (text,) = config_map["data"].values()
-    return json.loads(text)
+    # One key per dashboard file; the overview is the one these tests read
+    # (tests/unit/test_dashboards.py checks every dashboard's metric names).
+    assert {"pai-overview.json", "pai-node.json", "pai-job.json"} <= set(config_map["data"])
+    return json.loads(config_map["data"]["pai-overview.json"])
 
 
 def dashboard_queries(dash: dict) -> list[str]:
@@ -689,7 +691,7 @@ def test_kubectl_creates_every_rendered_object_through_the_api(tools: KubeTools,
     plural = {"Deployment": "deployments", "StatefulSet": "statefulsets", "Service": "services",
               "ConfigMap": "configmaps", "ServiceAccount": "serviceaccounts", "Role": "roles",
               "RoleBinding": "rolebindings", "Secret": "secrets", "Job": "jobs",
-              "PodDisruptionBudget": "poddisruptionbudgets"}  # fmt: skip
+              "PodDisruptionBudget": "poddisruptionbudgets", "DaemonSet": "daemonsets"}  # fmt: skip
     assert created == {(plural[d["kind"]], NAMESPACE, d["metadata"]["name"]) for d in docs}
 
 
