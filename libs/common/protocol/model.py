@@ -69,6 +69,10 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     taskRoles: list[TaskRole] = []
     # extras.jobStatusChangeNotification
     notifyOnStateChange: bool = False
+    # The mapping form's states asked for (lower case: running, succeeded,
+    # failed, stopped, stopping, waiting, retried); empty with notifyOnStateChange:
+    # `true`, the monitor's default set (services/monitor/alerts/core.py).
+    notifyStates: list[str] = []
     notifyEmails: list[str] = []
     # Keys of the protocol we accept and keep but do not act on, e.g.
     # "extras.com.microsoft.pai.runtimeplugin"; reported back to the user.

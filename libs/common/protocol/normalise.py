@@ -44,6 +44,7 @@ def build_job_spec(data: dict, *, user: str, ignored_fields: list[str]) -> JobSp
             for name, role in data["taskRoles"].items()
         ],
         notifyOnStateChange=_wants_notification(extras.get("jobStatusChangeNotification", False)),
+        notifyStates=_notify_states(extras.get("jobStatusChangeNotification", False)),
         notifyEmails=_emails(extras.get("notifyEmails", [])),
         ignoredFields=ignored_fields,
     )
@@ -85,6 +86,12 @@ def _wants_notification(setting: bool | dict) -> bool:
     if isinstance(setting, dict):
         return any(setting.values())
     return setting
+
+
+def _notify_states(setting: bool | dict) -> list[str]:
+    if isinstance(setting, dict):
+        return sorted(str(state).lower() for state, wanted in setting.items() if wanted)
+    return []
 
 
 def _emails(setting: str | list[str]) -> list[str]:

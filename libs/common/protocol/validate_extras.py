@@ -9,8 +9,9 @@ Accepted for notification (OpenPAI writes both forms):
       jobStatusChangeNotification: {running: true, failed: true, ...}
       notifyEmails: [alice@example.com]            # or one address as a string
 
-A mapping turns notification on when any listed state is true; PAI then mails on
-every state change (it does not filter by state).
+A mapping turns notification on when any listed state is true, and the owner is
+mailed on those states only (`JobSpec.notifyStates`); `true` mails on running,
+succeeded, failed, stopped and retried (docs/alerts.md).
 """
 
 from __future__ import annotations

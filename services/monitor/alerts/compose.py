@@ -18,11 +18,19 @@ from libs.common.ids import split_job_id
 from services.monitor.alerts.core import Notification
 
 STATE_WORDS = {
+    "WAITING": "is waiting",
     "RUNNING": "is running",
+    "STOPPING": "is stopping",
     "SUCCEEDED": "succeeded",
     "FAILED": "failed",
     "STOPPED": "was stopped",
 }
+
+
+def _state_words(notification: Notification) -> str:
+    if notification.state == "WAITING" and notification.attempt > 1:
+        return f"is retried (attempt {notification.attempt})"
+    return STATE_WORDS.get(notification.state, notification.state)
 
 
 def job_link(portal_url: str, job: str) -> str:
@@ -32,7 +40,7 @@ def job_link(portal_url: str, job: str) -> str:
 
 def subject_of(notification: Notification) -> str:
     if notification.kind == "job_state":
-        line = f"[PAI] job {notification.job} {STATE_WORDS.get(notification.state, notification.state)}"
+        line = f"[PAI] job {notification.job} {_state_words(notification)}"
         if notification.state == "FAILED" and notification.exitSpec is not None:
             line += f": {notification.exitSpec.phrase}"
         return line
@@ -116,7 +124,7 @@ def _job_state(notification: Notification, portal_url: str) -> tuple[str, str]:
             facts.append(("solution", "; ".join(spec.solution)))
     link = job_link(portal_url, notification.job)
     facts.append(("link", link))
-    intro = f"Your job {name} {STATE_WORDS.get(notification.state, notification.state)}."
+    intro = f"Your job {name} {_state_words(notification)}."
     text = "\n".join([intro, "", *(f"{k}: {v}" for k, v in facts), "",
                       "You get this mail because the job sets extras.jobStatusChangeNotification."])
     body = (f"<html><body><p>{html.escape(intro)}</p><table>"

@@ -46,9 +46,10 @@ from libs.common.messages import (
 )
 from services.monitor.alerts.rules import Action, AlertRule, Condition, RuleSet, render_summary
 
-# Job states an owner asking for status-change mail hears about (WAITING and
-# STOPPING are steps on the way, not news).
-NOTIFIED_STATES = (JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
+# What an owner asking for status-change mail with `true` hears about (OpenPAI's
+# words: "retried" is a new attempt going back to WAITING). WAITING and STOPPING
+# are steps on the way, mailed only to those who list them.
+DEFAULT_NOTIFY_STATES = ("running", "succeeded", "failed", "stopped", "retried")
 # GPU utilisation history kept for the low-utilisation rule, at most.
 MAX_HISTORY_SECONDS = 24 * 3600.0
 
@@ -94,6 +95,7 @@ class JobView(msgspec.Struct, kw_only=True):
     gpus: list[tuple[str, int]] = []
     nodes: list[str] = []
     notify: bool = False
+    notifyStates: list[str] = []  # empty: DEFAULT_NOTIFY_STATES
     notifyEmails: list[str] = []
 
 
@@ -222,7 +224,8 @@ class AlertCore:
                 if event.job not in self.jobs:
                     self.jobs[event.job] = JobView(
                         job=event.job, user=spec.user, vc=spec.virtualCluster, waitingSince=event.at,
-                        notify=spec.notifyOnStateChange, notifyEmails=list(spec.notifyEmails),
+                        notify=spec.notifyOnStateChange, notifyStates=list(spec.notifyStates),
+                        notifyEmails=list(spec.notifyEmails),
                     )
             case JobWaiting(attempt=attempt, reason=reason):
                 view = self.jobs.get(event.job)
@@ -268,7 +271,8 @@ class AlertCore:
         if event.state is JobState.FAILED:
             view.failedAt = event.at
             view.exitSpec, view.exitCode = event.exitSpec, event.exitCode
-        if not view.notify or event.state not in NOTIFIED_STATES:
+        word = "retried" if event.state is JobState.WAITING and event.attempt > 1 else event.state.value.lower()
+        if not view.notify or word not in (view.notifyStates or DEFAULT_NOTIFY_STATES):
             return []
         return [Notification(
             id=f"{view.job}/{event.attempt}/{event.state.value}", kind="job_state",

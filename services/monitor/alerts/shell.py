@@ -144,7 +144,8 @@ def job_view_of(record: JobRecord) -> JobView:
         exitSpec=record.appExitSpec if failed else None, exitCode=record.appExitCode if failed else None,
         gpus=[(t.node, g) for t in tasks if t.node for g in t.gpus],
         nodes=list(dict.fromkeys(t.node for t in tasks if t.node)),
-        notify=record.spec.notifyOnStateChange, notifyEmails=list(record.spec.notifyEmails),
+        notify=record.spec.notifyOnStateChange, notifyStates=list(record.spec.notifyStates),
+        notifyEmails=list(record.spec.notifyEmails),
     )
 
 

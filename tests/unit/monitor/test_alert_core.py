@@ -35,10 +35,11 @@ def core_with(rules_yaml: str) -> AlertCore:
     return AlertCore(load_rules_text(rules_yaml))
 
 
-def submitted(job: str, at: float, *, notify: bool = False, vc: str = "vc1") -> JobSubmitted:
+def submitted(job: str, at: float, *, notify: bool = False, vc: str = "vc1", states: tuple[str, ...] = ()) -> JobSubmitted:
     user, name = job.split("~")
     return JobSubmitted(id=EventId(f"{job}/submitted"), job=JobId(job), at=at,
-                        spec=JobSpec(name=name, user=user, virtualCluster=vc, notifyOnStateChange=notify))
+                        spec=JobSpec(name=name, user=user, virtualCluster=vc, notifyOnStateChange=notify,
+                                     notifyStates=list(states)))
 
 
 def state(job: str, new: JobState, at: float, *, attempt: int = 1, spec: ExitSpec | None = None,
@@ -274,6 +275,26 @@ def test_an_owner_asking_for_status_mail_gets_one_per_state_once():
     assert core.handle(state("fred~y", JobState.FAILED, T0 + 1)) == [], "fred did not ask"
 
 
+@pytest.mark.parametrize(
+    ("states", "mailed"),
+    [
+        pytest.param((), ["running", "failed", "retried", "running", "failed"], id="true-means-the-usual-states"),
+        pytest.param(("failed",), ["failed", "failed"], id="only-failed"),
+        pytest.param(("retried", "succeeded"), ["retried"], id="only-retried"),
+        pytest.param(("waiting", "stopping"), ["waiting"], id="a-retry-is-not-a-wait"),
+    ],
+)
+def test_an_owner_is_mailed_on_the_states_they_asked_for(states, mailed):
+    core = core_with(JOB_RULES)
+    core.handle(submitted("gina~z", T0, notify=True, states=states))
+    sent = []
+    for attempt, new in [(1, JobState.WAITING), (1, JobState.RUNNING), (1, JobState.FAILED),
+                         (2, JobState.WAITING), (2, JobState.RUNNING), (2, JobState.FAILED)]:
+        for n in core.handle(state("gina~z", new, T0 + attempt, attempt=attempt)):
+            sent.append("retried" if n.state == "WAITING" and n.attempt > 1 else n.state.lower())
+    assert sent == mailed
+
+
 def test_a_restart_neither_fires_again_nor_mails_before_the_repeat_interval():
     core = core_with(NODE_RULES)
     core.node_sampled(NodeReading(node="n1", at=T0, memoryPercent=99))
@@ -323,3 +344,17 @@ def test_the_alert_core_and_mail_text_load_no_io_library(module):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("setting", "states"),
+    [("true", []), ("{running: true, failed: true, succeeded: false}", ["failed", "running"]),
+     ("{Retried: true}", ["retried"])],
+)
+def test_the_job_protocol_keeps_the_states_the_owner_asked_for(setting, states):
+    from libs.common.protocol import parse_job
+
+    body = ("protocolVersion: 2\nname: n\ntype: job\ntaskRoles:\n  main:\n    instances: 1\n    commands: [echo]\n"
+            f"extras:\n  jobStatusChangeNotification: {setting}\n")
+    spec = parse_job(body, user="alice").spec
+    assert spec.notifyOnStateChange is True and spec.notifyStates == states
