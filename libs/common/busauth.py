@@ -103,8 +103,10 @@ ACCESS: dict[str, Access] = {
         publishes=(Kind.NODE_STATUS, Kind.ALERT_FIRING, Kind.ALERT_RESOLVED, Kind.JOB_STOP_REQUESTED, Kind.NODE_CORDON),
         durable=Durable.MONITOR,
         writes=(Bucket.NODES, Bucket.NODE_HEALTH, Bucket.ALERTS, Bucket.ALERT_RULES),
-        # USERS: the mail address of a job's owner (alert and job-state mail).
-        reads=(Bucket.NODES, Bucket.NODE_HEALTH, Bucket.JOB_STATUS, Bucket.ALERTS, Bucket.ALERT_RULES, Bucket.USERS),
+        # USERS: the mail address of a job's owner (alert and job-state mail);
+        # SCHEDULE: why a waiting job waits, for a restarted monitor's PaiJobPending.
+        reads=(Bucket.NODES, Bucket.NODE_HEALTH, Bucket.JOB_STATUS, Bucket.ALERTS, Bucket.ALERT_RULES, Bucket.USERS,
+               Bucket.SCHEDULE),
         serves=(ALERTS_SUBJECT,),
     ),
     INTEGRATOR: Access(reads_events=True),

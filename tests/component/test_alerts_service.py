@@ -42,8 +42,11 @@ from libs.common.messages import (
     encode,
     subject_of,
 )
+from libs.common.ids import job_key
 from libs.common.natsserver import free_port
 from libs.common.protocol.model import JobSpec
+from libs.common.records import AttemptRecord, JobRecord, encode_job_record
+from libs.common.schedule import ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
 from services.monitor.core.samples import GpuSample, NodeSample, encode_node_sample, node_key
@@ -481,4 +484,31 @@ async def test_a_restarted_monitor_neither_fires_again_nor_mails_before_the_repe
     finally:
         await subscription.unsubscribe()
         await put_sample(bus, node, 10.0)
+        await api.call("admin", "POST", "/api/v2/alerts/rules/reset")
+
+
+async def test_a_restarted_monitor_knows_why_a_job_it_restored_waits(bus, api, monitor):
+    job = f"alice{RUN}~queued"
+    long_ago = time.time() - 2 * 3600
+    spec = JobSpec(name="queued", user=f"alice{RUN}", virtualCluster="default")
+    reason = "VC default has 0 of the 8 GPUs this job needs free; 3 jobs ahead of it"
+    await (await bus.kv(Bucket.JOB_STATUS)).put(job_key(job), encode_job_record(JobRecord(
+        job=job, name="queued", user=f"alice{RUN}", vc="default", spec=spec, createdTime=long_ago,
+        attempts=[AttemptRecord(attempt=1, createdTime=long_ago)])))
+    await (await bus.kv(Bucket.SCHEDULE)).put(job_key(job), msgspec.json.encode(ScheduleEntry(
+        job=job, attempt=1, vc="default", reason=reason, updatedAt=long_ago)))
+    rules = "rules: [{name: PaiJobPending, when: job_waiting, threshold: 1h, summary: '{job} waited {value}: {reason}'}]"
+    status, body, _ = await api.call("admin", "PUT", "/api/v2/alerts/rules", body=rules)
+    assert status == 200, body
+    try:
+        await monitor.restart()  # restores the job from the launcher's record, its reason from the scheduler's
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            status, body, _ = await api.call("alice", "GET", f"/api/v2/alerts?job={job}")
+            if body["alerts"]:
+                break
+            assert time.monotonic() < deadline, "PaiJobPending never fired for the restored job"
+            await asyncio.sleep(0.2)
+        assert body["alerts"][0]["summary"] == f"{job} waited 2h00m: {reason}"
+    finally:
         await api.call("admin", "POST", "/api/v2/alerts/rules/reset")

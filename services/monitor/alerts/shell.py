@@ -58,6 +58,7 @@ from libs.common.messages import (
     StopRequested,
 )
 from libs.common.records import JobRecord
+from libs.common.schedule import ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
 from services.monitor.alerts.compose import compose, compose_report
@@ -101,6 +102,7 @@ NATS_TROUBLE = (nats.errors.Error, asyncio.TimeoutError, OSError, Transient)
 _sample_decoder = msgspec.json.Decoder(NodeSample)
 _record_decoder = msgspec.json.Decoder(JobRecord)
 _request_decoder = msgspec.json.Decoder(AlertsRequest)
+_schedule_decoder = msgspec.json.Decoder(ScheduleEntry)
 
 
 class _User(msgspec.Struct, kw_only=True):
@@ -175,8 +177,12 @@ class AlertShell:
         alerts, groups = await self.store.load()
         self.core.restore(alerts, groups)
         self.written = {a.fingerprint: a for a in alerts}
+        reasons = await self._waiting_reasons()
         for record in await self._job_records():
-            self.core.restore_job(job_view_of(record))
+            view = job_view_of(record)
+            if view.state is JobState.WAITING:
+                view.waitingReason = reasons.get((view.job, view.attempt), "")
+            self.core.restore_job(view)
         log.info("alerts: %d rule(s), %d stored alert(s), %d job(s) restored",
                  len(self.core.rules.rules), len(alerts), len(self.core.jobs))
         requests = await bus.nc.subscribe(ALERTS_SUBJECT, queue=ALERTS_QUEUE)
@@ -420,6 +426,19 @@ class AlertShell:
             except (nats.js.errors.KeyNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
                 continue
         return readings
+
+    async def _waiting_reasons(self) -> dict[tuple[str, int], str]:
+        """(job, attempt) -> why it waits, as the scheduler last said (pai_schedule)."""
+        kv = await self.ctx.bus.kv(Bucket.SCHEDULE)
+        reasons: dict[tuple[str, int], str] = {}
+        for raw in (await load_all(kv, msgspec.Raw)).values():
+            try:
+                entry = _schedule_decoder.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue  # the scheduler's; a value we cannot read only costs a reason
+            if not entry.placed and entry.reason:
+                reasons[(entry.job, entry.attempt)] = entry.reason
+        return reasons
 
     async def _job_records(self) -> list[JobRecord]:
         kv = await self.ctx.bus.kv(Bucket.JOB_STATUS)
