@@ -95,7 +95,7 @@ class AlertsReply(msgspec.Struct, frozen=True, kw_only=True):
     changedBy: str = ""
     changedAt: float = 0.0
     report: dict = {}  # report: the usage report
-    mailed: bool = False
+    mailed: bool = False  # report: handed to the mail sender (mail is configured and there are admins)
 
 
 class StaleAlertRules(PaiError):

@@ -165,6 +165,7 @@ class AlertShell:
         self.api_calls: asyncio.Queue[tuple[str, str]] = asyncio.Queue()  # (job, tag)
         self.written: dict[str, AlertRecord] = {}
         self._lock = asyncio.Lock()  # one evaluation or event at a time
+        self._background: set[asyncio.Task] = set()
 
     # --- start-up ----------------------------------------------------------------
 
@@ -199,8 +200,8 @@ class AlertShell:
 
     def follow(self, snapshot: Snapshot) -> None:
         """Install the rule document of `snapshot` (a bad one stored is logged and skipped)."""
-        if snapshot.revision and snapshot.revision == self.document.revision:
-            return
+        if snapshot.revision and snapshot.revision <= self.document.revision:
+            return  # installed already (this replica wrote it), or older than what is
         text = snapshot.document.yaml if snapshot.document and snapshot.document.yaml else self.baseline_yaml
         try:
             rules = load_rules_text(text)
@@ -296,8 +297,12 @@ class AlertShell:
         now = self.clock()
         report = await self.build_report(now - request.days * 86400, now)
         mailed = False
-        if request.send:
-            mailed = await self._mail_report(report, now)
+        if request.send and self.settings.enabled and self.settings.admins:
+            # Sent in the background: retries against a slow mail server outlast the request.
+            task = asyncio.create_task(self._mail_report(report, now))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            mailed = True
         return AlertsReply(outcome=Outcome.OK, report=report, mailed=mailed)
 
     async def build_report(self, start: float, end: float) -> dict:
