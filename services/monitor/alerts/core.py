@@ -25,8 +25,8 @@ Contracts:
 
 from __future__ import annotations
 
+import bisect
 import hashlib
-from collections import deque
 from collections.abc import Iterable
 
 import msgspec
@@ -151,6 +151,34 @@ class ActionDue(msgspec.Struct, frozen=True, kw_only=True):
 Output = AlertFired | AlertEnded | Notification | ActionDue
 
 
+class _History:
+    """One GPU's readings, oldest first, with running sums, so the mean over any
+    recent window is two lookups rather than a pass over every reading (the
+    low-utilisation rule asks for every GPU of the cluster at each evaluation)."""
+
+    __slots__ = ("times", "sums")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.sums: list[float] = [0.0]  # sums[i]: total of the first i readings
+
+    def append(self, at: float, percent: float) -> None:
+        if self.times and at <= self.times[-1]:
+            return  # a reading delivered twice or late
+        self.times.append(at)
+        self.sums.append(self.sums[-1] + percent)
+        if self.times[0] < at - MAX_HISTORY_SECONDS and len(self.times) > 64:
+            drop = bisect.bisect_left(self.times, at - MAX_HISTORY_SECONDS)
+            base = self.sums[drop]
+            self.times = self.times[drop:]
+            self.sums = [total - base for total in self.sums[drop:]]
+
+    def mean_since(self, cutoff: float) -> float | None:
+        first = bisect.bisect_left(self.times, cutoff)
+        count = len(self.times) - first
+        return (self.sums[-1] - self.sums[first]) / count if count else None
+
+
 class _Candidate(msgspec.Struct, kw_only=True):
     """A condition holding now, before `for` and inhibition."""
 
@@ -174,8 +202,8 @@ class AlertCore:
         self.unhealthy: dict[str, str] = {}  # node -> reason, from NodeStatus
         self.services: dict[str, ServiceReading] = {}
         self.jobs: dict[str, JobView] = {}
-        # (node, gpu) -> recent (at, percent), oldest first
-        self.gpu_history: dict[tuple[str, int], deque[tuple[float, float]]] = {}
+        # (node, gpu) -> its recent utilisation readings
+        self.gpu_history: dict[tuple[str, int], _History] = {}
         self.pending: dict[str, float] = {}  # fingerprint -> since when its condition holds
         self.alerts: dict[str, AlertRecord] = {}  # firing, and resolved within RECENT_SECONDS
         self.groups: dict[str, GroupState] = {}
@@ -200,10 +228,10 @@ class AlertCore:
             return  # an older sample, delivered late
         self.nodes[reading.node] = reading
         for gpu, percent in reading.gpuUtilization.items():
-            history = self.gpu_history.setdefault((reading.node, gpu), deque())
-            history.append((reading.at, percent))
-            while history and history[0][0] < reading.at - MAX_HISTORY_SECONDS:
-                history.popleft()
+            history = self.gpu_history.get((reading.node, gpu))
+            if history is None:
+                history = self.gpu_history[(reading.node, gpu)] = _History()
+            history.append(reading.at, percent)
 
     def node_status(self, node: str, healthy: bool, reason: str) -> None:
         if healthy:
@@ -396,9 +424,9 @@ class AlertCore:
     def _gpu_means(self, now: float, window: float) -> dict[tuple[str, int], float]:
         means: dict[tuple[str, int], float] = {}
         for key, history in self.gpu_history.items():
-            values = [p for at, p in history if at >= now - window]
-            if values:
-                means[key] = sum(values) / len(values)
+            mean = history.mean_since(now - window)
+            if mean is not None:
+                means[key] = mean
         return means
 
     def _record(self, rule: AlertRule, candidate: _Candidate, since: float) -> AlertRecord:

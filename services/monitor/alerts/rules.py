@@ -378,7 +378,11 @@ def render_summary(rule: AlertRule, fields: dict[str, Any]) -> str:
     if not rule.summary:
         about = fields.get(rule.subject, "")
         return f"{rule.name} on {about}" + (f": {fields['reason']}" if fields.get("reason") else "")
-    return string.Formatter().vformat(rule.summary, (), _Missing(values))
+    # Checked at load: only plain field names, so format_map is safe (and fast).
+    try:
+        return rule.summary.format_map(_Missing(values))
+    except (ValueError, TypeError) as error:  # a format spec that does not fit the value, e.g. {reason:.1f}
+        return f"{rule.summary} [cannot fill in: {error}]"
 
 
 class _Missing(dict):

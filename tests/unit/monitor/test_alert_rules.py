@@ -87,3 +87,11 @@ def test_durations(text, seconds):
 def test_summary_template_fills_fields_and_marks_missing_ones():
     rules = load_rules_text("rules: [{name: A, when: job_waiting, summary: '{job} waits: {reason} ({vc})'}]")
     assert render_summary(rules.rules[0], {"job": "alice~x", "reason": "VC full"}) == "alice~x waits: VC full (-)"
+
+
+def test_a_format_spec_that_does_not_fit_the_value_does_not_break_evaluation():
+    rules = load_rules_text("rules: [{name: A, when: job_waiting, summary: 'waits: {reason:.1f} ({value:>6})'}]")
+    text = render_summary(rules.rules[0], {"reason": "VC full", "value": "3h"})
+    assert text.startswith("waits: {reason:.1f}") and "cannot fill in" in text
+    rules = load_rules_text("rules: [{name: A, when: node_disk_usage, summary: '{node} at {value:.0f}%'}]")
+    assert render_summary(rules.rules[0], {"node": "n1", "value": 93.4}) == "n1 at 93%"
