@@ -42,8 +42,9 @@ from libs.common.subjects import STREAM, STREAM_SUBJECTS, Bucket, Durable, Kind,
 log = logging.getLogger("pai.bus")
 
 # Dead-server detection: a connection whose pings go unanswered this many times
-# in a row is given up and the client reconnects to another server (10-15 s).
-PING_INTERVAL_SECONDS = 5.0
+# in a row is given up and the client reconnects to another server (4-6 s), well
+# within the single-active services' 10 s lease.
+PING_INTERVAL_SECONDS = 2.0
 MAX_OUTSTANDING_PINGS = 2
 # How long the platform's bootstrap waits for JetStream (a cluster electing its
 # leader) before it gives up; JetStream's "temporarily unavailable" error code.

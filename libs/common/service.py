@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgspec
+import nats.errors
 import nats.js.errors
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -32,6 +33,13 @@ from libs.common.subjects import Bucket
 log = logging.getLogger("pai.service")
 
 LEASE_SECONDS = 10.0
+# What a lease renewal may meet while NATS fails over; retried within the lease,
+# each try bounded so that several fit in it.
+LEASE_RENEWAL_TROUBLE = (
+    asyncio.TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError,
+)
+LEASE_RENEWAL_TIMEOUT = 2.0
+LEASE_RETRY_SECONDS = 0.5
 # How often a service checks that its NATS connection is not closed for good.
 BUS_WATCH_SECONDS = 1.0
 BUS_CLOSED_REASON = "the NATS connection is closed and will not reconnect"
@@ -128,14 +136,32 @@ async def hold_leadership(ctx: ServiceContext) -> None:
 
     async def renew() -> None:
         nonlocal revision
+        held_until = time.time() + LEASE_SECONDS
+        delay = LEASE_SECONDS / 3
         while not ctx.stopping.is_set():
-            await asyncio.sleep(LEASE_SECONDS / 3)
-            value = msgspec.json.encode(_Lease(holder=me, expires=time.time() + LEASE_SECONDS))
+            await asyncio.sleep(delay)
+            expires = time.time() + LEASE_SECONDS
+            value = msgspec.json.encode(_Lease(holder=me, expires=expires))
             try:
-                revision = await kv.update(ctx.name, value, last=revision)
+                revision = await asyncio.wait_for(kv.update(ctx.name, value, last=revision), LEASE_RENEWAL_TIMEOUT)
+                held_until, delay = expires, LEASE_SECONDS / 3
             except nats.js.errors.KeyWrongLastSequenceError:
+                # A renewal whose answer was lost (timed out) may have landed:
+                # the lease is still ours then, at the newer revision.
+                entry = await kv.get(ctx.name)
+                if entry.value and msgspec.json.decode(entry.value, type=_Lease).holder == me:
+                    revision = entry.revision
+                    continue
                 log.error("lost the %s lease; exiting", ctx.name)
                 os._exit(3)
+            except LEASE_RENEWAL_TROUBLE as exc:
+                # NATS failing over (a cluster node lost, a leader elected):
+                # retry while the lease is surely still ours, even through the
+                # next try; past that a standby may take it, and this one stops.
+                delay = LEASE_RETRY_SECONDS
+                if time.time() + delay + LEASE_RENEWAL_TIMEOUT >= held_until:
+                    raise
+                log.warning("renewing the %s lease failed (%r); retrying", ctx.name, exc)
 
     ctx.spawn(renew(), "lease-renew")
 
