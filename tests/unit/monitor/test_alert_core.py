@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from libs.common.alerts_messages import AlertState
 from libs.common.ids import EventId, JobId, NodeName, UserName, VcName
@@ -358,3 +360,24 @@ def test_the_job_protocol_keeps_the_states_the_owner_asked_for(setting, states):
             f"extras:\n  jobStatusChangeNotification: {setting}\n")
     spec = parse_job(body, user="alice").spec
     assert spec.notifyOnStateChange is True and spec.notifyStates == states
+
+
+@given(readings=st.lists(st.tuples(st.floats(0, 200_000), st.floats(0, 100)), max_size=300),
+       cutoff=st.floats(0, 200_000))
+def test_a_gpus_window_mean_is_the_mean_of_its_readings_in_the_window(readings, cutoff):
+    from services.monitor.alerts.core import MAX_HISTORY_SECONDS, _History
+
+    history = _History()
+    kept: list[tuple[float, float]] = []
+    for at, percent in readings:
+        if kept and at <= kept[-1][0]:
+            continue  # late readings are ignored
+        history.append(at, percent)
+        kept.append((at, percent))
+    newest = kept[-1][0] if kept else 0.0
+    in_window = [p for at, p in kept if at >= cutoff and at >= newest - MAX_HISTORY_SECONDS]
+    mean = history.mean_since(max(cutoff, newest - MAX_HISTORY_SECONDS))
+    if in_window:
+        assert mean == pytest.approx(sum(in_window) / len(in_window), abs=1e-6)
+    else:
+        assert mean is None
