@@ -316,3 +316,37 @@ async def test_list_reads_the_index_once_it_is_ready(api, platform):
             break
         await asyncio.sleep(0.05)
     assert rows == []
+
+
+async def test_the_list_index_is_rebuilt_after_nats_restarts(api, platform, nats_server):
+    """Kill -9 NATS: rest's watches die with it; once it is back, jobs stored afterwards are listed."""
+    from services.rest.jobs_api import INDEX
+    from services.rest.records import SubmittedJob
+
+    index = api.server.app[INDEX]
+    template_jid = await submit(api, "owner", f"beforekill{RUN}")
+    template = msgspec.json.decode((await (await platform.kv(Bucket.JOBS)).get(ids.job_key(template_jid))).value,
+                                   type=SubmittedJob)
+    nats_server.stop(kill=True)
+    await asyncio.to_thread(nats_server.proc.wait)
+    nats_server.start()
+    for _ in range(300):  # both clients reconnect by themselves
+        if platform.nc.is_connected and index.ready:
+            break
+        await asyncio.sleep(0.1)
+    jid = f"{OWNER}~afterkill{RUN}"
+    stored = msgspec.structs.replace(template, job=jid, name=f"afterkill{RUN}", published=True)
+    for _ in range(50):  # JetStream may still be recovering its store
+        try:
+            await (await platform.kv(Bucket.JOBS)).put(ids.job_key(jid), msgspec.json.encode(stored))
+            break
+        except Exception:
+            await asyncio.sleep(0.2)
+    rows: list = []
+    for _ in range(200):
+        status, rows, _ = await api.call("owner", "GET", f"/api/v2/jobs?keyword=kill{RUN}&order=name,ASC")
+        if status == 200 and len(rows) == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert [r["name"] for r in rows] == [f"afterkill{RUN}", f"beforekill{RUN}"]
+    assert index.ready
