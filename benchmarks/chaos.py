@@ -25,15 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.chaos.harness import start_platform, stop_platform  # noqa: E402
+from tests.chaos.harness import start_platform, stop_platform, task_writable_dir  # noqa: E402
 from tests.chaos.soak import DEFAULT_SEED, run_soak  # noqa: E402
 
 
 async def soak(jobs: int, kills: int, nats_kills: int, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        starts_dir = Path(tmp) / "starts"
-        starts_dir.mkdir()
-        starts_dir.chmod(0o1777)  # tasks run as an unprivileged user and write here
+        starts_dir = task_writable_dir(Path(tmp) / "starts")
         api = await start_platform(Path(tmp) / "pai")
         try:
             report = await run_soak(api, starts_dir, jobs=jobs, kills=kills, nats_kills=nats_kills, seed=seed)

@@ -158,6 +158,19 @@ def dead_services(api: Api) -> list[str]:
     return sorted(name for name, proc in api.platform.procs.items() if proc.poll() is not None)
 
 
+def task_writable_dir(path: Path) -> Path:
+    """Make `path` a directory tasks may write into: they run as their job's own
+    unprivileged uid, so it is world-writable (sticky) and every parent lets them
+    through (search permission, not listing)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o1777)
+    for parent in path.parents:
+        if parent == Path("/"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o011)
+    return path
+
+
 # What a client sees while rest is down or NATS restarts: retry, as a user would.
 UNREACHABLE = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 
