@@ -154,7 +154,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
             web.get("/api/v2/jobs/{job}/job-attempts", get_job_attempts),
             web.get("/api/v2/jobs/{job}/logs", get_job_logs),
             web.put("/api/v2/jobs/{job}/executionType", put_execution_type),
-            web.get("/api/v2/virtual-clusters", list_virtual_clusters),
+            web.get("/api/v2/virtual-clusters", jobs_api.list_virtual_clusters),
         ]
     )
     app.add_routes(identity_routes.routes)
@@ -395,11 +395,6 @@ async def _follow_log(request: web.Request, ctx: ServiceContext, req: LogRequest
         await asyncio.sleep(FOLLOW_POLL_SECONDS)
     await response.write_eof()
     return response
-
-
-async def list_virtual_clusters(request: web.Request) -> web.Response:
-    view = await _cluster_view(ctx_of(request))
-    return web.json_response({vc["name"]: vc for vc in view.virtualClusters})
 
 
 async def startup(ctx: ServiceContext) -> None:

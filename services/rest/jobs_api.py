@@ -472,6 +472,12 @@ def vc_detail(vc: dict[str, Any], sku_types: dict[str, dict[str, Any]]) -> Virtu
     )
 
 
+async def list_virtual_clusters(request: web.Request) -> web.Response:
+    """Every VC by name, each as GET /api/v2/virtual-clusters/{vc} shows it."""
+    view = await cluster_view(ctx_of(request))
+    return _json({str(vc.get("name")): vc_detail(vc, view.skuTypes) for vc in view.virtualClusters})
+
+
 async def get_virtual_cluster(request: web.Request) -> web.Response:
     view = await cluster_view(ctx_of(request))
     return _json(vc_detail(_find_vc(view, request.match_info["vc"]), view.skuTypes))

@@ -263,6 +263,8 @@ async def test_one_virtual_cluster_sku_types_and_info(api):
     assert (vc["capacity"], vc["usedCapacity"], vc["queued"], vc["running"]) == (75.0, 37.5, 3, 1)
     assert vc["resourcesGuaranteed"] == {"cpu": 6, "memory": 6 * 1024, "gpu": 0}
     assert vc["resourcesTotal"]["cpu"] == 8
+    status, every, _ = await api.call("other", "GET", "/api/v2/virtual-clusters")
+    assert status == 200 and every == {"default": vc}  # the list shows each VC as its own route does
     status, body, _ = await api.call("other", "GET", "/api/v2/virtual-clusters/nowhere")
     assert (status, body["code"]) == (404, "NoVirtualClusterError") and "default" in body["message"]
 

@@ -264,13 +264,11 @@ PATHS: dict[str, Any] = {
                          ok={"200": {"description": "events, oldest first", "content": json_content(ref("JobEvents"))}}),
     },
     "/api/v2/virtual-clusters": {
-        "get": operation("Every virtual cluster: cells per sku (guaranteed, used, total), queue", tags=_CLUSTER,
-                         ok={"200": {"description": "VC name -> status",
-                                     "content": json_content({"type": "object", "additionalProperties": {
-                                         "type": "object", "properties": {"name": {"type": "string"},
-                                                                          "skus": {"type": "array"},
-                                                                          "queued": {"type": "integer"},
-                                                                          "running": {"type": "integer"}}}})}}),
+        "get": operation("Every virtual cluster: capacity, cells per sku (guaranteed, used, total), queue",
+                         tags=_CLUSTER,
+                         ok={"200": {"description": "VC name -> the VC",
+                                     "content": json_content({"type": "object",
+                                                              "additionalProperties": ref("VirtualClusterDetail")})}}),
     },
     "/api/v2/virtual-clusters/{vc}": {
         "get": operation("One virtual cluster: capacity, use, resources, queue", tags=_CLUSTER, fails=(404,),
