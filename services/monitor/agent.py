@@ -170,10 +170,16 @@ class NodeHealthShell:
             await self._carry_out(outputs, raise_unsent=True)
 
     async def _tick_forever(self) -> None:
+        bus = self.ctx.bus
+        listening_since, reconnects = self.clock(), bus.reconnects
         while not self.ctx.stopping.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.ctx.stopping.wait(), timeout=TICK_SECONDS)
-            await self._decide(Tick(now=self.clock()))
+            if not bus.nc.is_connected:
+                continue  # deaf now: silence says nothing about the nodes
+            if bus.reconnects != reconnects:
+                listening_since, reconnects = self.clock(), bus.reconnects
+            await self._decide(Tick(now=self.clock(), listeningSince=listening_since))
 
     async def _decide(self, event: Heard | Tick) -> None:
         async with self.lock:

@@ -124,22 +124,37 @@ async def test_consumer_filters_by_kind(bus):
 
 
 async def test_trace_context_travels_from_publisher_to_handler(bus):
+    """A job's event is handled inside the job's one trace, as the child of the
+    publish, which links to the span that published it (the request that asked)."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from libs.common import telemetry
 
-    trace.set_tracer_provider(TracerProvider())
+    # OpenTelemetry takes one global provider per process: add to the one set
+    # earlier (by a service started in this process), or set one.
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+    exporter = InMemorySpanExporter()
+    trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
     seen = []
 
     async def handler(event):
-        seen.append(trace.get_current_span().get_span_context().trace_id)
+        current = trace.get_current_span()
+        seen.append((current.get_span_context().trace_id, current.parent.span_id if current.parent else None))
 
+    event = stop_event(5)
     with telemetry.span("submit"):
-        sent = trace.get_current_span().get_span_context().trace_id
-        await bus.publish(stop_event(5))
+        sent = trace.get_current_span().get_span_context().span_id
+        await bus.publish(event)
     await consume_until(bus, handler, lambda: len(seen), 1)
-    assert sent != 0 and seen == [sent]
+    [(trace_id, parent)] = seen
+    assert trace_id == telemetry.job_trace_id(event.job) != 0
+    [publish] = [s for s in exporter.get_finished_spans() if s.name == "publish"]
+    assert publish.context.span_id == parent
+    assert [link.context.span_id for link in publish.links] == [sent]
 
 
 async def test_ordered_consumer_keeps_order_when_its_process_dies_mid_event(bus, nats_server):

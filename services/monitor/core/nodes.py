@@ -24,7 +24,11 @@ Contracts:
   agent's, so a node whose clock is off is judged by when it was heard;
 - restoring from stored records gives every node a full `lost_after_seconds`
   from the restart before it can be lost: a monitor that was down has not
-  heard anyone, which says nothing about the nodes.
+  heard anyone, which says nothing about the nodes;
+- likewise silence counts only from when the monitor was last able to listen
+  (`Tick.listeningSince`, the shell's last reconnect to NATS): while NATS was
+  away no agent could be heard, and declaring every node lost the moment it
+  came back would stop every running task.
 """
 
 from __future__ import annotations
@@ -76,6 +80,9 @@ class Cordon(msgspec.Struct, frozen=True, kw_only=True):
 
 class Tick(msgspec.Struct, frozen=True, kw_only=True):
     now: float
+    # Since when the monitor could hear agents without a break (its last
+    # connection to NATS); silence before it is no evidence.
+    listeningSince: float = 0.0
 
 
 HealthInput = Union[Heard, Cordon, Tick]
@@ -135,6 +142,7 @@ class NodeHealthCore:
         self._nodes: dict[str, NodeHealthRecord] = {}
         self._samples: dict[str, NodeSample] = {}
         self._count_keys: set[tuple[str, str, str, str]] = set()
+        self._listening_since = 0.0
 
     # --- inputs -------------------------------------------------------------------
 
@@ -162,11 +170,12 @@ class NodeHealthCore:
                     cordonedBy=by if cordoned else "",
                 )
                 return self._judge(record, at, cause=cause, announce=False)
-            case Tick(now=now):
+            case Tick(now=now, listeningSince=listening_since):
+                self._listening_since = max(self._listening_since, listening_since)
                 out: list[HealthOutput] = []
                 for node in sorted(self._nodes):
                     record = self._nodes[node]
-                    if record.heard and now - record.lastHeard > self.settings.lost_after_seconds:
+                    if record.heard and now - self._heard_or_listening(record) > self.settings.lost_after_seconds:
                         out.extend(self._judge(record, now, cause="", announce=False))
                 return out
         raise TypeError(f"not a node health input: {event!r}")
@@ -216,10 +225,13 @@ class NodeHealthCore:
             out.append(self._counts())
         return out
 
+    def _heard_or_listening(self, record: NodeHealthRecord) -> float:
+        return max(record.lastHeard, self._listening_since)
+
     def _conditions(self, record: NodeHealthRecord, at: float) -> dict[NodeCondition, str]:
         settings = self.settings
         found: dict[NodeCondition, str] = {}
-        silent = at - record.lastHeard
+        silent = at - self._heard_or_listening(record)
         if record.heard and silent > settings.lost_after_seconds:
             found[NodeCondition.LOST] = (
                 f"lost: no sample from its agent for {silent:.0f} s (limit {settings.lost_after_seconds:g} s)"

@@ -61,6 +61,14 @@ CASES = {
         [(True, []), (False, ["lost"]), (True, [])],
     ),
     "a node never heard is never lost": ([Tick(now=1000)], []),
+    "silence while the monitor could not listen (NATS away) is no evidence": (
+        [heard(at=0), Tick(now=50, listeningSince=45)],
+        [(True, [])],
+    ),
+    "silent past the limit after the monitor listens again is lost": (
+        [heard(at=0), Tick(now=50, listeningSince=45), Tick(now=75.5, listeningSince=45)],
+        [(True, []), (False, ["lost"])],
+    ),
     "double-bit ECC error": ([heard(at=0, ecc_double=0), heard(at=5, ecc_double=2)], [(True, []), (False, ["gpu_ecc_error"])]),
     "ECC counter cleared (driver reload) recovers": (
         [heard(at=0, ecc_double=1), heard(at=5, ecc_double=0)],
