@@ -86,7 +86,10 @@ ACCESS: dict[str, Access] = {
         publishes=(Kind.TASK_STARTED, Kind.TASK_EXITED, Kind.JOB_STATE, Kind.JOB_RELEASED),
         durable=Durable.LAUNCHER,
         writes=(Bucket.JOB_STATUS,),
-        reads=(Bucket.JOB_STATUS, Bucket.SECRETS),
+        # NODE_HEALTH: at restore, tasks still live on a node the monitor holds
+        # lost are ended (the NodeStatus that said so may have been acked just
+        # before a crash).
+        reads=(Bucket.JOB_STATUS, Bucket.SECRETS, Bucket.NODE_HEALTH),
         lease=True,
         serves=(LOG_SUBJECT,),
     ),

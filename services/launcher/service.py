@@ -28,6 +28,7 @@ from libs.common.errors import NotFound, PaiError, Transient
 from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest, MAX_REPLY_BYTES
 from libs.common.messages import (
     EventDeadLettered,
+    NodeCondition,
     JobPlaced,
     JobSubmitted,
     NodeStatus,
@@ -37,6 +38,7 @@ from libs.common.messages import (
 )
 from libs.common.protocol.masking import scrub_bytes, scrub_text
 from libs.common.protocol.render import render_secrets
+from libs.common.nodes import NodeHealthRecord
 from libs.common.records import JobRecord, TaskRecord, encode_job_record
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
@@ -103,11 +105,21 @@ class LauncherShell:
         async with self.lock:
             await self._execute(self.core.recover(set(known)))
         log.info("restored %d jobs; backend knows %d tasks", len(records), len(known))
+        await self._end_tasks_on_nodes_lost_meanwhile()
+
+    async def _end_tasks_on_nodes_lost_meanwhile(self) -> None:
+        """Tasks on a node the monitor holds lost are ended again at start: the
+        kills ordered by its NodeStatus run after the event is acked, so a crash
+        in between would leave them running where no one is watching."""
+        health = await load_all(await self.ctx.bus.kv(Bucket.NODE_HEALTH), NodeHealthRecord)
+        for record in health.values():
+            if not record.healthy and NodeCondition.LOST in record.conditions:
+                await self._end_tasks_on_lost_node(record.node, record.reason)
 
     async def handle_bus(self, message) -> None:
         if isinstance(message, NodeStatus):
             if message.lost:
-                await self._end_tasks_on_lost_node(message)
+                await self._end_tasks_on_lost_node(message.node, message.reason)
             return
         event = from_message(message)
         if event is not None:
@@ -119,17 +131,17 @@ class LauncherShell:
                 event = await self._scrubbed_exit(event)
             await self._apply(event)
 
-    async def _end_tasks_on_lost_node(self, status: NodeStatus) -> None:
-        """The monitor lost `status.node`: end the tasks placed there. They end like
+    async def _end_tasks_on_lost_node(self, node: str, reason: str) -> None:
+        """The monitor lost `node`: end the tasks placed there. They end like
         any task the launcher did not ask to stop, with platform reason NodeLost,
         so the runtime's PodNodeLost rule retries the job (without counting it)
         and the scheduler, which avoids the unhealthy node, places it elsewhere.
         On the local backend those tasks are real processes of this machine
         (a cluster file's nodes all map onto it), so they are really stopped."""
         async with self.lock:
-            keys = live_tasks_on(self.core, status.node)
+            keys = live_tasks_on(self.core, node)
         if keys:
-            log.warning("node %s is lost (%s): ending %d task(s) there", status.node, status.reason, len(keys))
+            log.warning("node %s is lost (%s): ending %d task(s) there", node, reason, len(keys))
         for key in keys:
             self._in_background(
                 self.backend.kill(key, grace_seconds=self.ctx.config.grace_seconds, reason=exits.NODE_LOST_PLATFORM_REASON)
