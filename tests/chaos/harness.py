@@ -20,10 +20,14 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from cli.client import ApiError
-from cli.up import SERVICES, Platform
+import msgspec
+
+from cli.client import ApiError, Connection, connection_file
+from cli.up import SERVICES, Platform, secure_data_dir
+from libs.common.busauth import load_or_create_credentials
 from libs.common.config import Config, load_config
-from libs.common.natsserver import free_port
+from libs.common.jetstream_limits import store_settings
+from libs.common.natsserver import NatsCluster, free_port
 from tests.integration.conftest import FINAL, Api, job_yaml
 
 # Three 8-CPU nodes on this machine; VC `default` holds two of them, `research` one.
@@ -248,17 +252,9 @@ class ClusterPlatform(Platform):
     def __init__(self, config: Config, *, size: int = 3, print_fn=lambda *_: None):
         super().__init__(config, print_fn=print_fn)
         self.size = size
-        self.cluster = None
+        self.cluster: NatsCluster | None = None
 
-    def start(self):
-        import msgspec
-
-        from cli.client import Connection, connection_file
-        from cli.up import secure_data_dir
-        from libs.common.busauth import load_or_create_credentials
-        from libs.common.jetstream_limits import store_settings
-        from libs.common.natsserver import NatsCluster
-
+    def start(self) -> Connection:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.data.chmod(0o700)
         self.nats_credentials = load_or_create_credentials(self.data / "nats-credentials.json")
@@ -287,8 +283,6 @@ class ClusterPlatform(Platform):
 
 async def start_cluster_platform(data_dir: Path, *, size: int = 3) -> Api:
     """A whole platform on a NATS cluster; the caller stops it with `stop_platform`."""
-    import msgspec
-
     config = msgspec.structs.replace(chaos_config(data_dir), **CLUSTER_STORE_LIMITS)
     platform = ClusterPlatform(config, size=size)
     try:

@@ -12,9 +12,12 @@ permitted.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 import uuid
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -37,11 +40,34 @@ NODES = 3
 
 
 @pytest.fixture
-async def cluster_platform(tmp_path):
+def work_dir():
+    """Where the platform's data and the tasks' start logs live: a directory of its
+    own under the system's temporary directory, not pytest's tmp_path, because a
+    pytest session starting meanwhile makes `/tmp/pytest-of-<user>` 0700 again,
+    and the tasks (which run as uids of their own) could then no longer reach
+    their start logs or working directories beneath it."""
+    path = Path(tempfile.mkdtemp(prefix="pai-nats-cluster-"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def starts_dir(work_dir):
+    path = work_dir / "starts"
+    path.mkdir()
+    path.chmod(0o1777)  # each task writes its own start log, as its job's uid
+    return path
+
+
+@pytest.fixture
+async def cluster_platform(work_dir):
     why = NamespaceNetwork.unavailable()
     if why:
         pytest.skip(f"a NATS cluster in network namespaces cannot run here: {why}")
-    api = await start_cluster_platform(tmp_path / "pai", size=NODES)
+    api = await start_cluster_platform(work_dir / "pai", size=NODES)
     try:
         yield api
     finally:
