@@ -57,6 +57,40 @@ def bootstrap_store(url: str, login: dict[str, str], settings: StoreSettings | N
     asyncio.run(create())
 
 
+async def unsettled_streams(url: str, login: dict[str, str]) -> list[str]:
+    """Streams (PAI's and the buckets') without a leader or with a copy not current."""
+    from libs.common.bus import Bus
+
+    bus = await Bus.connect(url, name="pai-settle-probe", connect_timeout=5, **login)
+    try:
+        unsettled = []
+        for info in await bus.js.streams_info():
+            cluster = info.cluster
+            if cluster is None:
+                continue
+            if not cluster.leader or any(not peer.current or peer.offline for peer in cluster.replicas or []):
+                unsettled.append(info.config.name)
+        return unsettled
+    finally:
+        await bus.close()
+
+
+async def wait_settled(url: str, login: dict[str, str], *, timeout: float) -> None:
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    unsettled: list[str] | str = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            unsettled = await unsettled_streams(url, login)
+            if not unsettled:
+                return
+        except Exception as exc:  # noqa: BLE001 - the cluster still forming: ask again
+            unsettled = repr(exc)
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"the NATS cluster did not settle in {timeout:.0f}s: {unsettled}")
+
+
 def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -319,10 +353,17 @@ class NatsCluster:
             start_new_session=True,
         )
 
-    def bootstrap(self, settings: StoreSettings | None = None) -> None:
-        """The store with `settings` (replicas 3 unless told), once the cluster has
-        elected its JetStream leader (Bus.bootstrap waits for that)."""
-        bootstrap_store(self.url, self.login(busauth.PLATFORM), settings or StoreSettings(replicas=self.size))
+    def bootstrap(self, settings: StoreSettings | None = None, *, settle_timeout: float = 60.0) -> None:
+        """The store with `settings` (replicas = nodes unless told), once the cluster
+        has elected its JetStream leader (Bus.bootstrap waits for that); then wait
+        until every stream has a leader and every copy is current, so services
+        starting next meet a settled store."""
+        settings = settings or StoreSettings(replicas=self.size)
+        login = self.login(busauth.PLATFORM)
+        bootstrap_store(self.url, login, settings)
+        import asyncio
+
+        asyncio.run(wait_settled(self.url, login, timeout=settle_timeout))
 
     def cut(self, i: int) -> None:
         self.network.cut(i)

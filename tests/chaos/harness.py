@@ -266,7 +266,13 @@ class ClusterPlatform(Platform):
         for name in SERVICES:
             self._spawn(name)
         for name in SERVICES:
-            self._wait_ready(name)
+            try:
+                self._wait_ready(name)
+            except RuntimeError:
+                # A consumer's first leader election may still answer "unavailable"
+                # and the service exits on it; its supervisor starts it again.
+                self._spawn(name)
+                self._wait_ready(name)
         conn = Connection(url=self.api_url, token=self.config.token_path.read_text().strip())
         path = connection_file(self.data)
         path.write_bytes(msgspec.json.encode(conn))
