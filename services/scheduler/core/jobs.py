@@ -28,7 +28,7 @@ class JobRecord:
         "id", "attempt", "spec", "vc", "priority", "opportunistic", "lazy", "seq", "queued_at", "groups",
         "placed", "pending_groups", "state", "history", "victims", "reserved", "reason_key",
         "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "seen_epoch", "behind", "fresh", "failed_epoch", "blocking", "reason_text",
-        "submitted_at", "sent", "wait_given", "reason_given",
+        "submitted_at", "sent", "wait_given", "reason_given", "placed_at", "preemptions",
     )
 
     def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float, submitted_at: float | None = None):
@@ -71,6 +71,10 @@ class JobRecord:
         self.sent: dict[tuple[str, int], TaskPlacement] = {}  # (role, index) -> placement given in a Place
         self.wait_given = False  # a first Wait was given for this attempt
         self.reason_given = ""  # the reason text last given in a Wait
+        # When this attempt first got cells (-inf: restored, its start unknown, counted as long ago):
+        # opportunistic victims are taken youngest first, so a preemption throws away the least work.
+        self.placed_at: float | None = None
+        self.preemptions = 0  # earlier attempts of the job ended by a preemption (kept across attempts)
 
     @property
     def key(self) -> tuple[int, int]:

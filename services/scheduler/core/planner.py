@@ -58,7 +58,7 @@ def plan_guaranteed(state: ClusterState, job: JobRecord, vc: VcRecord, sku: str,
         if quota.leaf_count < total:
             continue
         chain = quota.chain
-        if chain.unbound_free + (chain.unbound_oppo if view.take_oppo else 0) < total:
+        if view.unbound_usable(chain) < total:
             continue  # not enough usable leaves outside the VCs' cells in the whole chain
         candidates = []
         for cell in quota.chain.bindable(quota.type):
@@ -137,7 +137,7 @@ def _bindable_room(quotas: list[Quota], size: int, view: View) -> int:
     room = 0
     for name, most in per_chain.items():
         chain = chains[name]
-        usable = chain.unbound_free + (chain.unbound_oppo if view.take_oppo else 0)
+        usable = view.unbound_usable(chain)
         room += min(most, usable // size)
     return room
 

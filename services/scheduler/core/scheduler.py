@@ -219,10 +219,12 @@ class SchedulerCore:
         if record is None or record.attempt != event.attempt:
             return
         cancelled = record.cancelled
+        preempted = record.preempting
         self._drop(record, "released, requeued" if event.requeue and not cancelled else "released")
         if event.requeue and not cancelled:
             again = self._new_record(record.id, record.attempt + 1, record.spec, seq=record.seq,
                                      submitted_at=record.submitted_at)
+            again.preemptions = record.preemptions + (1 if preempted else 0)
             self._jobs[record.id] = again
             self._enqueue(again)
 
@@ -301,6 +303,7 @@ class SchedulerCore:
             self._drop(existing, f"attempt {event.attempt} restored")
         record = self._new_record(event.job, event.attempt, event.spec)
         record.restored = True
+        record.placed_at = float("-inf")
         self._jobs[event.job] = record
         self.restore_warnings.extend(restore_attempt(self._state, record, event.tasks))
         record.sent = {(t.role, t.index): t for t in event.tasks if (t.role, t.index) in record.placed}
@@ -542,6 +545,8 @@ class SchedulerCore:
                 self._fail(record, group, failed, decisions)
                 break
         if placements:
+            if record.placed_at is None:
+                record.placed_at = self._clock()
             self._note_holding(record)
             record.sent.update(((p.role, p.index), p) for p in placements)
             decisions.append(Place(job=record.id, attempt=record.attempt, vc=record.vc, tasks=placements,
@@ -626,15 +631,61 @@ class SchedulerCore:
                                              quota_free)
                 elif quota_free < total:
                     continue  # the VC's quota is used up: only preemption inside it can help
-                elif mode == _TAKE_OPPO and self._state.tree.sku_totals[sku].oppo == 0:
-                    continue  # no opportunistic work to take: the same as the first try
+                elif mode == _TAKE_OPPO:
+                    if self._state.tree.sku_totals[sku].oppo == 0:
+                        continue  # no opportunistic work to take: the same as the first try
+                    plan = self._plan_taking_youngest(record, vc, sku, sizes)
                 else:
-                    plan = plan_guaranteed(self._state, record, vc, sku, sizes, View(take_oppo=mode == _TAKE_OPPO))
+                    plan = plan_guaranteed(self._state, record, vc, sku, sizes, View())
                 if plan is None:
                     continue
                 ordered_tasks = [tasks[i] for i in order]
                 return self._commit(record, vc, ordered_tasks, plan, sku, decisions)
         return None
+
+    def _plan_taking_youngest(self, record: JobRecord, vc: VcRecord, sku: str, sizes: list[int]) -> Plan | None:
+        """Free cells plus those of the fewest most recently started opportunistic jobs that make the job fit.
+
+        Opportunistic work restarts from scratch when preempted, so taking the youngest
+        jobs throws away the least GPU time. A longer prefix of the youngest-first list
+        only adds usable leaves, so the shortest prefix that fits is found by doubling,
+        then bisection: O(log n) searches for n running opportunistic jobs.
+        """
+        running = [job for holding in self._holding.values() for job in holding
+                   if job.opportunistic and not job.preempting and sku in job.held_skus]
+        if not running:
+            return None
+        running.sort(key=lambda job: (-(job.placed_at if job.placed_at is not None else float("-inf")), -job.seq))
+        state = self._state
+        # A tried plan binds cells and gives them back, which reorders the buddy free lists; they are put
+        # back in order after each try, so every try (and the final plan) starts from the same state.
+        chains = state.tree.sku_chains.get(sku, ())
+        order = [(chain, {name: list(cells) for name, cells in chain.free.items()}) for chain in chains]
+
+        def plan_with(count: int) -> Plan | None:
+            extra = [leaf for job in running[:count] for leaf in job.leaves() if leaf.sku == sku]
+            return plan_guaranteed(state, record, vc, sku, sizes, View(extra_leaves=extra))
+
+        def fits(count: int) -> bool:
+            plan = plan_with(count)
+            if plan is not None:
+                plan.abandon()
+            for chain, lists in order:
+                chain.free = {name: dict.fromkeys(cells) for name, cells in lists.items()}
+            return plan is not None
+
+        if not fits(len(running)):
+            return None
+        failed, enough = 0, 1
+        while enough < len(running) and not fits(enough):
+            failed, enough = enough, min(enough * 2, len(running))
+        while enough - failed > 1:
+            middle = (failed + enough) // 2
+            if fits(middle):
+                enough = middle
+            else:
+                failed = middle
+        return plan_with(enough)
 
     @staticmethod
     def _quota_free(record: JobRecord, vc: VcRecord, sku: str) -> int:

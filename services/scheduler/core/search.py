@@ -17,12 +17,13 @@ from services.scheduler.core.cells import Cell
 
 
 class View:
-    __slots__ = ("take_oppo", "extra", "extra_leaves", "excluded", "taken", "taken_leaves", "log")
+    __slots__ = ("take_oppo", "extra", "extra_leaves", "extra_unbound", "excluded", "taken", "taken_leaves", "log")
 
     def __init__(self, *, take_oppo: bool = False, extra_leaves: list[Cell] = (), excluded: list[Cell] = ()):
         self.take_oppo = take_oppo
         self.extra: dict[Cell, int] = {}
         self.extra_leaves: set[Cell] = set()
+        self.extra_unbound: dict[str, int] = {}  # chain -> extra leaves bound to no VC (binding may take them)
         self.excluded: set[Cell] = set()
         self.taken: dict[Cell, int] = {}
         self.taken_leaves: set[Cell] = set()
@@ -39,6 +40,8 @@ class View:
         if leaf in self.extra_leaves or self.base_ok(leaf) or not leaf.node.healthy:
             return
         self.extra_leaves.add(leaf)
+        if leaf.unit is None:
+            self.extra_unbound[leaf.chain] = self.extra_unbound.get(leaf.chain, 0) + 1
         for cell in leaf.ancestors:
             self.extra[cell] = self.extra.get(cell, 0) + 1
 
@@ -48,6 +51,11 @@ class View:
         self.excluded.add(leaf)
         for cell in leaf.ancestors:
             self.extra[cell] = self.extra.get(cell, 0) - 1
+
+    def unbound_usable(self, chain) -> int:
+        """Usable leaves of the chain bound to no VC: what binding one more VC cell may take."""
+        usable = chain.unbound_free + (chain.unbound_oppo if self.take_oppo else 0)
+        return usable + self.extra_unbound.get(chain.name, 0) if self.extra_unbound else usable
 
     def avail(self, cell: Cell) -> int:
         count = cell.free + cell.oppo if self.take_oppo else cell.free
