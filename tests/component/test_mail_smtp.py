@@ -132,3 +132,46 @@ async def test_a_mail_server_that_is_away_is_retried_and_never_raises():
     gone = Mailer(MailSettings(host="127.0.0.1", port=free_port()), first_pause=0.01)
     assert await gone.send(message) is False
     assert gone.failed == 1
+
+
+async def test_the_mailer_logs_in_with_the_password_from_the_secret_file(tmp_path):
+    from aiosmtpd.smtp import AuthResult, LoginPassword
+
+    from libs.common.config import load_config
+
+    logins: list[tuple[str, str]] = []
+
+    def authenticator(server, session, envelope, mechanism, auth_data):
+        if isinstance(auth_data, LoginPassword):
+            login, password = (x.decode() if isinstance(x, bytes) else x for x in (auth_data.login, auth_data.password))
+            logins.append((login, password))
+            return AuthResult(success=password == "s3cret-from-secret", handled=False)
+        return AuthResult(success=False, handled=False)
+
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port(), authenticator=authenticator,
+                            auth_required=True, auth_require_tls=False)
+    controller.start()
+    try:
+        secret = tmp_path / "smtp-password"
+        secret.write_text("s3cret-from-secret\n")
+        config = load_config(env={}, smtp_host="127.0.0.1", smtp_port=controller.port, smtp_user="pai-mailer",
+                             smtp_password_file=str(secret), admin_emails="a@example.com, b@example.com")
+        settings = MailSettings.from_config(config)
+        assert settings.admins == ("a@example.com", "b@example.com")
+        core = AlertCore(load_rules_text("rules: [{name: Mem, when: node_memory_usage, threshold: 90, actions: [email-admin]}]"))
+        core.node_sampled(NodeReading(node="n1", at=T0, memoryPercent=99))
+        [notification] = [o for o in core.evaluate(T0) if isinstance(o, Notification)]
+        message = compose(notification, sender="pai@localhost", to=list(settings.admins), portal_url="http://pai")
+        assert await Mailer(settings, first_pause=0.01).send(message)
+        assert logins == [("pai-mailer", "s3cret-from-secret")]
+        assert inbox.mails[0][0] == ["a@example.com", "b@example.com"]
+
+        secret.write_text("wrong")
+        refused = Mailer(MailSettings.from_config(config), first_pause=0.01)  # reads the file again
+        assert await refused.send(message) is False, "a refused login is given up, not raised"
+        wrong = [login for login in logins if login[1] == "wrong"]
+        # One attempt tries each mechanism the server offers (PLAIN, then LOGIN); five would be ten.
+        assert 1 <= len(wrong) <= 2, f"a refused login is not retried: {len(wrong)} logins"
+    finally:
+        controller.stop()

@@ -2,7 +2,8 @@
 
 A failure is retried with a growing pause and logged; after the last attempt
 the mail is given up (logged, counted), never raised: a mail server that is
-away must not stop the monitor.
+away must not stop the monitor. A refusal that would repeat (wrong login,
+refused sender or recipients) is given up at once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ ATTEMPTS = 5
 FIRST_PAUSE_SECONDS = 1.0
 MAX_PAUSE_SECONDS = 60.0
 TIMEOUT_SECONDS = 30.0
+# Refusals a retry would meet again: a wrong login, a refused sender or recipients.
+PERMANENT = (aiosmtplib.SMTPAuthenticationError, aiosmtplib.SMTPSenderRefused, aiosmtplib.SMTPRecipientsRefused)
 
 
 class MailSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,6 +82,10 @@ class Mailer:
                 self.sent += 1
                 log.info("mailed %r to %s", message["Subject"], message["To"])
                 return True
+            except PERMANENT as error:  # the same mail would be refused the same way again
+                self.failed += 1
+                log.error("mail %r to %s refused: %r; not retried", message["Subject"], message["To"], error)
+                return False
             except (aiosmtplib.SMTPException, OSError, asyncio.TimeoutError) as error:
                 if attempt == ATTEMPTS:
                     self.failed += 1
