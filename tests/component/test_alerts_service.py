@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.js.errors
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
@@ -49,6 +50,7 @@ from libs.common.records import AttemptRecord, JobRecord, encode_job_record
 from libs.common.schedule import ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
+from services.monitor.alerts.store import RuleDocument
 from services.monitor.core.samples import GpuSample, NodeSample, encode_node_sample, node_key
 from services.rest import auth
 from services.rest.app import create_app
@@ -511,4 +513,26 @@ async def test_a_restarted_monitor_knows_why_a_job_it_restored_waits(bus, api, m
             await asyncio.sleep(0.2)
         assert body["alerts"][0]["summary"] == f"{job} waited 2h00m: {reason}"
     finally:
+        await api.call("admin", "POST", "/api/v2/alerts/rules/reset")
+
+
+async def test_a_rule_change_written_by_another_replica_is_taken_up_from_the_bucket(bus, api, smtp):
+    """What another monitor replica's change looks like to this one: a new value of
+    `rules` in pai_alert_rules, which it watches."""
+    _, inbox = smtp
+    node = f"watched-{RUN}"
+    await put_sample(bus, node, 70.0)
+    kv = await bus.kv(Bucket.ALERT_RULES)
+    document = RuleDocument(yaml=START_RULES.replace("threshold: 99", "threshold: 60"), by="replica-b", at=time.time())
+    try:
+        entry = await kv.get("rules")
+        await kv.update("rules", msgspec.json.encode(document), last=entry.revision)
+    except nats.js.errors.KeyNotFoundError:
+        await kv.create("rules", msgspec.json.encode(document))
+    try:
+        await inbox.until(lambda: inbox.to(ADMIN_MAIL, f"NodeFilesystemUsage (warning) {node}"), "the alert mail")
+        status, body, _ = await api.call("admin", "GET", "/api/v2/alerts/rules")
+        assert body["changedBy"] == "replica-b" and "threshold: 60" in body["rules"]
+    finally:
+        await put_sample(bus, node, 10.0)
         await api.call("admin", "POST", "/api/v2/alerts/rules/reset")
