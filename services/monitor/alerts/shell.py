@@ -45,7 +45,7 @@ from libs.common.alerts_messages import (
     Outcome,
     Problem,
 )
-from libs.common.bus import all_keys, load_all
+from libs.common.bus import load_all
 from libs.common.config import Config
 from libs.common.errors import Transient
 from libs.common.ids import EventId, JobId, NodeName, VcName
@@ -424,12 +424,11 @@ class AlertShell:
     async def _node_readings(self) -> list[NodeReading]:
         kv = await self.ctx.bus.kv(Bucket.NODES)
         readings = []
-        for key in await all_keys(kv):
+        for raw in (await load_all(kv, msgspec.Raw)).values():  # one pass over the bucket, not a get per node
             try:
-                entry = await kv.get(key)
-                readings.append(reading_of(_sample_decoder.decode(entry.value or b"")))
-            except (nats.js.errors.KeyNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
-                continue
+                readings.append(reading_of(_sample_decoder.decode(raw)))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue  # the agent's; a newer agent's sample we cannot read is skipped
         return readings
 
     async def _waiting_reasons(self) -> dict[tuple[str, int], str]:
