@@ -8,6 +8,11 @@ comparison it also times one list built by reading every key of the buckets
 (what rest does while its index is still loading).
 
     python benchmarks/api_load.py [--stored 10000] [--clients 16] [--submits 500] [--gets 2000] [--lists 200]
+                                  [--profile DIR]
+
+`--profile DIR` records rest with py-spy (`pip install py-spy`) during the submit
+and GET phases, as collapsed stacks (DIR/submit.txt, DIR/get_job.txt), to see where
+a request's time goes.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import argparse
 import asyncio
 import json
 import os
+import contextlib
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -132,6 +139,24 @@ def summary(latencies: list[float], wall: float, statuses: dict[int, int]) -> di
             "statuses": {str(k): v for k, v in sorted(statuses.items())}}
 
 
+@contextlib.contextmanager
+def profiled(pid: int, out: Path | None, phase: str):
+    """py-spy recording `pid` while the block runs (nothing when `out` is None)."""
+    if out is None:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    spy = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
+                            "--output", str(out / f"{phase}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"})
+    time.sleep(0.5)  # attached before the phase starts
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=30)
+
+
 async def wait_for_index(session: ClientSession, base: str, headers: dict[str, str], stored: int) -> float:
     """Seconds until the list shows every stored job (rest's index loaded)."""
     began = time.perf_counter()
@@ -180,11 +205,13 @@ async def run(args) -> dict:
                     post_headers = {**headers, "Content-Type": "text/yaml"}
                     submits = [("POST", f"{base}/api/v2/jobs", JOB.format(name=f"load-{n}").encode())
                                for n in range(args.submits)]
-                    submitted = summary(*await drive(session, args.clients, submits, post_headers))
+                    with profiled(rest.pid, args.profile, "submit"):
+                        submitted = summary(*await drive(session, args.clients, submits, post_headers))
                     rng = random.Random(1)
                     gets = [("GET", f"{base}/api/v2/jobs/{USERS[n % len(USERS)]}~stored-{n}", None)
                             for n in (rng.randrange(args.stored) for _ in range(args.gets))]
-                    got = summary(*await drive(session, args.clients, gets, headers))
+                    with profiled(rest.pid, args.profile, "get_job"):
+                        got = summary(*await drive(session, args.clients, gets, headers))
                     # Baselines: a public call (no token, no NATS) and a signed-in call reading one key.
                     info = summary(*await drive(session, args.clients,
                                                 [("GET", f"{base}/api/v2/info", None)] * args.gets, {}))
@@ -223,6 +250,7 @@ def main() -> None:
     parser.add_argument("--submits", type=int, default=500)
     parser.add_argument("--gets", type=int, default=2000)
     parser.add_argument("--lists", type=int, default=200)
+    parser.add_argument("--profile", type=Path, default=None, help="record rest with py-spy into this folder")
     print(json.dumps(asyncio.run(run(parser.parse_args())), indent=2))
 
 

@@ -2,13 +2,15 @@
 
 A token names its user and is kept only as a SHA-256 hash (services/rest/identity/
 store.py); it works until it expires or is revoked. The caller's admin rights and
-virtual clusters come from their groups, read at each request, so a change by an
-admin applies at once.
+virtual clusters come from their groups. What a token resolves to is remembered
+(services/rest/identity/cache.py) and forgotten at every change of tokens, users or
+groups: at once on the replica that made it, within milliseconds on the others (a
+KV watch), after `cache.MAX_AGE_SECONDS` at the latest.
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import time
 
 import msgspec
@@ -16,28 +18,29 @@ from aiohttp import web
 
 from libs.common.bus import Bus
 from libs.common.errors import ConflictUser, Unauthorized
-from services.rest.identity import core, store
+from services.rest.identity import cache, core, store
 from services.rest.records import TokenKind, User
 from services.rest.request import USER, ctx_of
 
-# Paths anyone may read: probes, metrics and the portal's static files.
+# Every path anyone may call without a token, in one place.
+# Read by anyone: probes, metrics and the portal's static files.
 PUBLIC_PREFIXES = ("/healthz", "/readyz", "/metrics", "/portal")
-# Paths anyone may call: signing in (rate-limited per peer like any anonymous call).
-PUBLIC_PATHS = frozenset({"/", "/api/v2/authn/basic/login"})
+PUBLIC_PATHS = frozenset({
+    "/",
+    "/api/v2/authn/basic/login",  # signing in (rate-limited per peer like any anonymous call)
+    "/api/v2/info",  # public in OpenPAI too
+    "/api/v2/openapi.json",  # the API's own document and its reference page
+    "/api/v2/docs",
+})
+# Requests under these that are not reads may change who a token is: the cache forgets.
+IDENTITY_PREFIXES = ("/api/v2/users", "/api/v2/groups", "/api/v2/tokens", "/api/v2/authn")
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
-
-@functools.cache
-def _other_public_paths() -> frozenset[str]:
-    """The job API's public paths (info, the OpenAPI document), declared in its module."""
-    try:
-        from services.rest.jobs_api import PUBLIC_PATHS as job_api_public
-    except ImportError:
-        return frozenset()
-    return frozenset(job_api_public)
+PRINCIPALS = web.AppKey("principal_cache", cache.PrincipalCache)
 
 
 def is_public(path: str) -> bool:
-    return path.startswith(PUBLIC_PREFIXES) or path in PUBLIC_PATHS or path in _other_public_paths()
+    return path.startswith(PUBLIC_PREFIXES) or path in PUBLIC_PATHS
 
 
 async def create_user(bus: Bus, username: str, *, admin: bool = False, email: str = "",
@@ -65,8 +68,17 @@ async def ensure_admin(bus: Bus, username: str) -> str | None:
     return await store.issue_token(bus, username, TokenKind.PLATFORM, expires_at=None, description="pai up")
 
 
-async def principal_for_token(bus: Bus, token: str, *, now: float | None = None) -> core.Principal | None:
-    found = await store.lookup_token(bus, token, time.time() if now is None else now)
+async def principal_for_token(bus: Bus, token: str, *, now: float | None = None,
+                              remembered: cache.PrincipalCache | None = None) -> core.Principal | None:
+    now = time.time() if now is None else now
+    connection = bus.nc.stats.get("reconnects", 0)
+    epoch = remembered.epoch if remembered is not None else 0
+    key = store.token_key(token) if remembered is not None else None
+    if key is not None:
+        known = remembered.get(key, now, connection=connection)
+        if known is not None:
+            return known
+    found = await store.lookup_token(bus, token, now)
     if found is None:
         return None
     record, key = found
@@ -75,7 +87,10 @@ async def principal_for_token(bus: Bus, token: str, *, now: float | None = None)
         return None  # the user was deleted; their tokens go with them
     user = got[0]
     groups = await store.groups_named(bus, user.grouplist)
-    return core.resolve(user, groups, token_key=key)
+    principal = core.resolve(user, groups, token_key=key)
+    if remembered is not None and remembered.connection == connection:
+        remembered.put(key, principal, record.expiresAt, epoch=epoch, read_at=now)
+    return principal
 
 
 @web.middleware
@@ -87,8 +102,33 @@ async def middleware(request: web.Request, handler):
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>' "
                            "(get one with POST /api/v2/authn/basic/login or `pai login`)")
-    principal = await principal_for_token(ctx_of(request).bus, token.strip())
+    remembered = request.app.get(PRINCIPALS)
+    principal = await principal_for_token(ctx_of(request).bus, token.strip(), remembered=remembered)
     if principal is None:
         raise Unauthorized("the bearer token is not valid: unknown, expired or revoked; sign in again")
     request[USER] = principal
-    return await handler(request)
+    if remembered is None or request.method in READ_METHODS or not request.path.startswith(IDENTITY_PREFIXES):
+        return await handler(request)
+    try:
+        return await handler(request)
+    finally:
+        remembered.clear()  # a revocation or change made here holds for this replica's next request
+
+
+def setup(app: web.Application, bus_of) -> None:
+    """The principal cache and its watch, started and stopped with the app."""
+    remembered = cache.PrincipalCache()
+    app[PRINCIPALS] = remembered
+
+    async def run_watch(app: web.Application):
+        stopping = asyncio.Event()
+        task = asyncio.ensure_future(cache.watch(remembered, bus_of(app), stopping))
+        yield
+        stopping.set()
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    app.cleanup_ctx.append(run_watch)

@@ -33,15 +33,12 @@ from libs.common.records import JobRecord
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
-from services.rest import auth, capacity, views
+from services.rest import capacity, views
 from services.rest.job_index import JobIndex
 from services.rest.records import SubmittedJob
 from services.rest.request import USER, bad_field, ctx_of, read_json_object
 
 INDEX = web.AppKey("job_index", JobIndex)
-
-# Anyone may read these, signed in or not (OpenPAI's /api/v2/info is public too).
-PUBLIC_PATHS = frozenset({"/api/v2/info", "/api/v2/openapi.json", "/api/v2/docs"})
 
 MAX_TAGS_PER_JOB = 32
 MAX_TAG_LENGTH = 64
@@ -680,9 +677,7 @@ def setup(app: web.Application, ctx: ServiceContext) -> None:
     from services.rest import openapi  # the document lists these routes; imported here to avoid a cycle
 
     app.add_routes(ROUTES)
-    app.add_routes(openapi.routes)
-    # The API's own documents and info are public; the auth middleware reads this set per request.
-    auth.PUBLIC_PATHS = auth.PUBLIC_PATHS | PUBLIC_PATHS
+    app.add_routes(openapi.routes)  # public: auth.PUBLIC_PATHS
     index = JobIndex()
     app[INDEX] = index
 
