@@ -48,6 +48,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     smtp_user: str = ""
     smtp_password_file: str = ""
     smtp_starttls: bool = False  # upgrade the connection with STARTTLS (port 587)
+    smtp_ca_file: str = ""  # CA bundle the SMTP server's certificate is checked against; empty: the system's
     # Base URL people open PAI at, for the links in mail; empty: http://<host>:<rest_port>.
     portal_url: str = ""
     alert_evaluate_seconds: float = 15.0  # how often the cluster monitor evaluates the rules

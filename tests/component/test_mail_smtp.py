@@ -175,3 +175,56 @@ async def test_the_mailer_logs_in_with_the_password_from_the_secret_file(tmp_pat
         assert 1 <= len(wrong) <= 2, f"a refused login is not retried: {len(wrong)} logins"
     finally:
         controller.stop()
+
+
+def self_signed(tmp_path) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, as files (the certificate is its own CA)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pai-test-smtp")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = tmp_path / "smtp.crt", tmp_path / "smtp.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_file), str(key_file)
+
+
+async def test_starttls_upgrades_the_connection_and_checks_the_servers_certificate(tmp_path):
+    import ssl
+
+    cert_file, key_file = self_signed(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert_file, key_file)
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port(), tls_context=server_tls, require_starttls=True)
+    controller.start()
+    try:
+        core = AlertCore(load_rules_text("rules: [{name: Mem, when: node_memory_usage, threshold: 90, actions: [email-admin]}]"))
+        core.node_sampled(NodeReading(node="n1", at=T0, memoryPercent=99))
+        [notification] = [o for o in core.evaluate(T0) if isinstance(o, Notification)]
+        message = compose(notification, sender="pai@localhost", to=["ops@example.com"], portal_url="http://pai")
+
+        plain = Mailer(MailSettings(host="127.0.0.1", port=controller.port), first_pause=0.01)
+        assert await plain.send(message) is False, "the server requires STARTTLS"
+        untrusted = Mailer(MailSettings(host="127.0.0.1", port=controller.port, starttls=True), first_pause=0.01)
+        assert await untrusted.send(message) is False, "a certificate no configured CA signed is refused"
+        assert not inbox.mails
+        trusted = Mailer(MailSettings(host="127.0.0.1", port=controller.port, starttls=True, ca_file=cert_file))
+        assert await trusted.send(message)
+        assert [rcpt for rcpt, _ in inbox.mails] == [["ops@example.com"]]
+    finally:
+        controller.stop()

@@ -32,6 +32,7 @@ class MailSettings(msgspec.Struct, frozen=True, kw_only=True):
     host: str
     port: int = 25
     starttls: bool = False
+    ca_file: str = ""
     user: str = ""
     password: str = ""
     sender: str = "pai@localhost"
@@ -52,7 +53,7 @@ class MailSettings(msgspec.Struct, frozen=True, kw_only=True):
                 log.error("cannot read smtp_password_file %s: %s; sending without login",
                           config.smtp_password_file, error)
         return cls(
-            host=config.smtp_host, port=config.smtp_port, starttls=config.smtp_starttls,
+            host=config.smtp_host, port=config.smtp_port, starttls=config.smtp_starttls, ca_file=config.smtp_ca_file,
             user=config.smtp_user if password else "", password=password, sender=config.mail_from,
             admins=tuple(a.strip() for a in config.admin_emails.split(",") if a.strip()),
             portal_url=config.portal_url or f"http://{config.host}:{config.rest_port}",
@@ -76,7 +77,7 @@ class Mailer:
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 await aiosmtplib.send(
-                    message, hostname=s.host, port=s.port, start_tls=s.starttls,
+                    message, hostname=s.host, port=s.port, start_tls=s.starttls, cert_bundle=s.ca_file or None,
                     username=s.user or None, password=s.password or None, timeout=TIMEOUT_SECONDS,
                 )
                 self.sent += 1
