@@ -354,9 +354,16 @@ class SchedulerCore:
         sku = pair[1]
         # Past the first aged gang that wants this sku, every job of the list is held back behind it.
         held_back_after = min((b.key for b in blockers if sku in b.skus_set), default=None)
+        full = self._lane_full_check(pair)
         for record in list(self._queues.by_sku[pair]):
             if held_back_after is not None and record.key > held_back_after:
                 self._hold_back(pair, held_back_after, lane_pass, decisions)
+                return
+            if full is not None and full(record):
+                # No cell this list may use is left: nobody further down can be placed in this pass, so
+                # only the jobs no pass has seen yet are looked at (for their reason). A pass costs what
+                # it places, not the queue's length (10,000 waiting jobs in one VC stay cheap).
+                self._note_unseen(pair, lane_pass, decisions)
                 return
             if record.seen_epoch == epoch:
                 if record.blocking and record.waiting and record.id not in blocking_ids:
@@ -401,6 +408,56 @@ class SchedulerCore:
             self._age(record, now, lane_pass)
             if record.blocking and record.waiting and sku in record.skus_set and held_back_after is None:
                 held_back_after = record.key
+
+    def _lane_full_check(self, pair: tuple[str | None, str | None]) -> Callable[[JobRecord], bool] | None:
+        """A test telling, before a job is tried, that no job from it on in the list can be placed now.
+
+        Opportunistic list: no free cell of the sku anywhere. A VC's list (a VC without pinned
+        cells): its guaranteed work holds its whole quota of the sku, and the job (like every
+        job after it, the list being in priority order) has no lower-priority guaranteed work
+        of the VC to preempt. None: no such shortcut for this list.
+        """
+        lane, sku = pair
+        if sku is None:
+            return None
+        state = self._state
+        if lane is None:
+            totals = state.tree.sku_totals[sku]
+            return lambda record: totals.free == 0 and not record.reserved and not record.victims
+        vc = state.vcs.get(lane)
+        if vc is None or vc.pinned or sku not in vc.sku_virtual:
+            return None
+        holding = self._holding.get(lane, {})
+        lowest: list[float] = []  # the lowest priority of the VC's guaranteed work holding cells, once needed
+
+        def full(record: JobRecord) -> bool:
+            if record.reserved or record.victims or vc.sku_virtual[sku] > vc.held.get(sku, 0):
+                return False
+            if not lowest:
+                # Placing jobs of this list adds holders no lower than the jobs still to come: computed once.
+                lowest.append(min((job.priority for job in holding if not job.opportunistic), default=float("inf")))
+            return lowest[0] >= record.priority
+
+        return full
+
+    def _note_unseen(self, pair: tuple[str | None, str | None], lane_pass: _LanePass,
+                     decisions: list[Decision]) -> None:
+        """The rest of a list cannot be placed now: jobs no pass has looked at yet get their reason."""
+        epoch = self._state.epoch
+        for record in list(self._queues.fresh.get(pair, ())):
+            if record.seen_epoch == epoch:
+                continue
+            record.seen_epoch = epoch
+            self._queues.looked_at(record)
+            if record.preempting or not record.waiting or self._jobs.get(record.id) is not record:
+                continue
+            if record.never is not None:
+                if record.reason_key is None:
+                    self._set_reason(record, reasons.never(record.never), decisions)
+                continue
+            group = record.pending_groups[0]
+            self._fail(record, group, [t for t in group.tasks if (t.role, t.index) not in record.placed], decisions)
+            self._age(record, lane_pass.now, lane_pass)
 
     def _hold_back(self, pair: tuple[str | None, str | None], after: tuple[int, int], lane_pass: _LanePass,
                    decisions: list[Decision]) -> None:

@@ -17,7 +17,7 @@ def test_simulate_writes_the_report_and_plots_of_every_policy(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["simulate", *HAND, "--policy", "all", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert list(report["policies"]) == ["hived", "private", "fifo-quota", "sjf"]
+    assert list(report["policies"]) == ["hived", "private", "fifo-quota", "sjf", "helios-fifo", "helios-sjf"]
     assert report["sharing_anomaly"]["hived"]["vcs_with_anomaly"] == []
     assert report["sharing_anomaly"]["fifo-quota"]["vcs_with_anomaly"] == ["a", "b"]
     for name in ("delay-cdf.png", "jct-cdf.png", "allocation.png", "hived-delay-cdf.png", "sjf-delay-cdf.png"):

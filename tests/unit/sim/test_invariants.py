@@ -49,16 +49,17 @@ def test_every_policy_runs_jobs_after_submission_within_capacity_and_to_the_end(
         for job, outcome in zip(workload.jobs, run.outcomes):
             # Once the cluster drains nothing is left waiting, but a job that only its VC's
             # cells may serve and that is bigger than the VC's quota never starts.
-            confined = name in ("private", "sjf") or (name == "hived" and outcome.job_class == GUARANTEED)
+            confined = name in ("private", "sjf", "helios-fifo", "helios-sjf") or (
+                name == "hived" and outcome.job_class == GUARANTEED)
             if not confined or job.gpus <= CLUSTER.vc_quota[job.vc]:
                 assert outcome.finish is not None, (name, job, outcome.never_reason)
             if outcome.first_start is not None:
                 assert outcome.first_start >= job.submit
             if outcome.finish is not None:
                 assert outcome.finish - outcome.first_start >= job.duration
-            if name in ("fifo-quota", "sjf"):
+            if name in ("fifo-quota", "sjf", "helios-fifo", "helios-sjf"):
                 assert outcome.preemptions == 0
-        if name in ("private", "sjf"):
+        if name in ("private", "sjf", "helios-fifo", "helios-sjf"):
             for vc, quota in CLUSTER.vc_quota.items():
                 assert max(series.mean_gpus(vc, buckets)) <= quota + 1e-6, (name, vc)
         if name in ("hived", "private"):
