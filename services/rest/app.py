@@ -45,7 +45,7 @@ from services.rest import auth, events, fallback, metrics, nodes, ratelimit, rul
 from services.rest.identity import core as identity_core
 from services.rest.identity import routes as identity_routes
 from services.rest import alerts as alert_routes
-from services.rest import jobs_api
+from services.rest import jobs_api, portal_routes
 from services.rest.records import SubmittedJob
 from services.rest.request import CTX, USER, ctx_of, read_body, read_json_object
 
@@ -164,6 +164,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
     jobs_api.setup(app, ctx)
     app.add_routes(alert_routes.routes)  # alerts, alert rules, usage report
     app.add_routes(nodes.routes)
+    portal_routes.setup(app)  # the web portal at / (services/rest/portal_routes.py)
     return app
 
 
@@ -176,6 +177,8 @@ async def submit_job(request: web.Request) -> web.Response:
     await _check_virtual_cluster(ctx, user, spec.virtualCluster)
     await jobs_api.check_fits(ctx, spec)
     jid = ids.job_id(user.username, spec.name)
+    if portal_routes.wants_dry_run(request):  # validated as a submission is; nothing stored or published
+        return portal_routes.dry_run_answer(jid, parsed)
     record = SubmittedJob(
         job=jid,
         user=user.username,

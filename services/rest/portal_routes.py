@@ -1,0 +1,256 @@
+"""The web portal: its static files, and the few summaries its pages need in one call.
+
+    GET /                             the portal's page (public; it signs in through the API)
+    GET /portal/{path}                its scripts, styles and icons (public, from services/rest/portal/static)
+    GET /api/v2/portal/overview       home: cells/GPUs per VC and sku, jobs by state, my recent jobs, firing alerts
+    GET /api/v2/portal/utilization    cluster: each node's latest sample from the monitor (GPUs, CPU, memory)
+    GET /api/v2/portal/queue/{vc}     a VC's waiting jobs, in queue order, each with why it waits
+    POST /api/v2/jobs?dryRun=true     (in app.submit_job) validate without submitting: 200 or the 400 of a submit
+
+Everything a page shows comes from the public API or these summaries; the
+summaries exist so that a page on a 10,000-job cluster is one small answer from
+rest's job index instead of the whole job list in the browser.
+
+No build step and no CDN: the static files are plain ES modules and CSS that
+ship in the package. They are served with a validator (ETag from size and
+mtime) so a browser revalidates rather than trusting a stale copy after an upgrade.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mimetypes
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats.js.errors
+from aiohttp import web
+
+from libs.common.alerts_messages import ALERT_KEY_PREFIX, AlertRecord, AlertState
+from libs.common.bus import all_keys
+from libs.common.errors import NotFound
+from libs.common.messages import JobState
+from libs.common.subjects import Bucket
+from services.rest import jobs_api
+from services.rest.request import USER, ctx_of
+
+STATIC_DIR = Path(__file__).resolve().parent / "portal" / "static"
+RECENT_JOBS = 8
+FIRING_ALERTS_SHOWN = 10
+QUEUE_SHOWN = 500
+
+_alert_decoder = msgspec.json.Decoder(AlertRecord)
+
+
+class _GpuBrief(msgspec.Struct, frozen=True, kw_only=True):
+    """What the heat map needs of the monitor's GPU sample (decoded leniently: the
+    monitor owns the full type; fields added there are skipped here)."""
+
+    index: int = 0
+    name: str = ""
+    utilizationGpuPercent: float | None = None
+    utilizationMemoryPercent: float | None = None
+    memoryUsedBytes: int | None = None
+    memoryTotalBytes: int | None = None
+    temperatureCelsius: float | None = None
+
+
+class _NodeBrief(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    at: float = 0.0
+    cpuCount: int = 0
+    cpuPercent: float = 0.0
+    memoryUsedBytes: int = 0
+    memoryTotalBytes: int = 0
+    gpus: list[_GpuBrief] = []
+    gpuNote: str = ""
+
+
+_node_decoder = msgspec.json.Decoder(_NodeBrief)
+
+
+# --- the page and its files ---------------------------------------------------------------
+
+
+def _etag(path: Path) -> str:
+    stat = path.stat()
+    return '"' + hashlib.sha1(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16] + '"'
+
+
+def _file_response(request: web.Request, path: Path) -> web.StreamResponse:
+    etag = _etag(path)
+    headers = {"ETag": etag, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+    if request.headers.get("If-None-Match") == etag:
+        return web.Response(status=304, headers=headers)
+    content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    if path.suffix == ".js":
+        content_type = "text/javascript"  # ES modules need a JavaScript type, whatever the host's mime table says
+    return web.Response(body=path.read_bytes(), content_type=content_type, headers=headers)
+
+
+async def index_page(request: web.Request) -> web.StreamResponse:
+    return _file_response(request, STATIC_DIR / "index.html")
+
+
+async def static_file(request: web.Request) -> web.StreamResponse:
+    wanted = request.match_info["path"]
+    path = (STATIC_DIR / wanted).resolve()
+    if not path.is_relative_to(STATIC_DIR) or not path.is_file():
+        raise NotFound(f"the portal has no file {wanted[:120]!r}")
+    return _file_response(request, path)
+
+
+# --- home --------------------------------------------------------------------------------
+
+
+def vc_cells(vc: dict[str, Any], sku_types: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per sku of one VC: cells and GPUs guaranteed, used (guaranteed + opportunistic
+    jobs), free within its quota (pure)."""
+    rows = []
+    for sku in vc.get("skus", []):
+        name = str(sku.get("sku"))
+        gpus_per_cell = int(sku_types.get(name, {}).get("gpu", 0))
+        guaranteed, used = int(sku.get("guaranteed", 0)), int(sku.get("used", 0))
+        opportunistic = int(sku.get("opportunistic", 0))
+        free = max(guaranteed - used, 0)
+        rows.append({
+            "sku": name, "gpusPerCell": gpus_per_cell, "guaranteed": guaranteed, "used": used,
+            "opportunistic": opportunistic, "free": free, "total": int(sku.get("total", 0)),
+            "unhealthy": int(sku.get("unhealthy", 0)),
+            "gpusUsed": (used + opportunistic) * gpus_per_cell, "gpusFree": free * gpus_per_cell,
+        })
+    return rows
+
+
+def jobs_by_state(states: list[JobState]) -> dict[str, int]:
+    """Every state with its count, zeros included, in lifecycle order (pure)."""
+    counts = Counter(states)
+    return {state.value: counts.get(state, 0) for state in JobState}
+
+
+async def _firing_alerts(request: web.Request) -> list[dict[str, Any]]:
+    user = request[USER]
+    kv = await ctx_of(request).bus.kv(Bucket.ALERTS)
+    firing = []
+    for key in await all_keys(kv):
+        if not key.startswith(ALERT_KEY_PREFIX):
+            continue
+        try:
+            entry = await kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            continue
+        if not entry.value:
+            continue
+        try:
+            alert = _alert_decoder.decode(entry.value)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if alert.state is AlertState.FIRING and (user.admin or alert.user == user.username):
+            firing.append(alert)
+    firing.sort(key=lambda a: -a.startsAt)
+    return msgspec.to_builtins(firing)
+
+
+async def overview(request: web.Request) -> web.Response:
+    ctx = ctx_of(request)
+    user = request[USER]
+    view = await jobs_api.cluster_view(ctx)
+    index = request.app.get(jobs_api.INDEX)
+    states: list[JobState] = []
+    mine: list[Any] = []
+    if index is not None and index.ready:
+        ordered = jobs_api._ordered_from_index(index, "createdTime", True)
+        states = [row.state for _, row in ordered]
+        mine = [row for sub, row in ordered if sub.user == user.username][:RECENT_JOBS]
+    else:  # the index is loading: the same from the buckets (slower, rare)
+        query = jobs_api.parse_list_query({})
+        ordered = jobs_api.order_jobs(await jobs_api._rows_from_buckets(ctx, query), "createdTime", True)
+        states = [row.state for _, row in ordered]
+        mine = [row for sub, row in ordered if sub.user == user.username][:RECENT_JOBS]
+    alerts = await _firing_alerts(request)
+    body = {
+        "user": {"username": user.username, "admin": user.admin, "virtualClusters": list(user.virtualClusters)},
+        "virtualClusters": [{"name": str(vc.get("name")), "queued": int(vc.get("queued", 0)),
+                             "running": int(vc.get("running", 0)), "skus": vc_cells(vc, view.skuTypes)}
+                            for vc in view.virtualClusters],
+        "jobsByState": jobs_by_state(states),
+        "totalJobs": len(states),
+        "myRecentJobs": msgspec.to_builtins(mine),
+        "firingAlerts": alerts[:FIRING_ALERTS_SHOWN],
+        "firingCount": len(alerts),
+    }
+    return web.json_response(body)
+
+
+# --- the cluster's nodes -----------------------------------------------------------------
+
+
+async def utilization(request: web.Request) -> web.Response:
+    ctx = ctx_of(request)
+    kv = await ctx.bus.kv(Bucket.NODES)
+    nodes = []
+    for key in await all_keys(kv):
+        try:
+            entry = await kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            continue
+        if not entry.value:
+            continue
+        try:
+            nodes.append(_node_decoder.decode(entry.value))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue  # the monitor's record, not ours to judge
+    view = await jobs_api.cluster_view(ctx)
+    cells = {str(n.get("name")): n.get("cells", []) for n in view.nodes}
+    nodes.sort(key=lambda n: n.node)
+    return web.json_response({"nodes": msgspec.to_builtins(nodes), "cells": cells, "skuTypes": view.skuTypes})
+
+
+# --- a VC's queue -------------------------------------------------------------------------
+
+
+def queue_order(rows: list[Any]) -> list[Any]:
+    """Waiting jobs as the scheduler takes them: higher priority first, then first come (pure)."""
+    return sorted(rows, key=lambda r: (-r.priority, r.createdTime or 0, r.debugId))
+
+
+async def queue(request: web.Request) -> web.Response:
+    ctx = ctx_of(request)
+    vc = request.match_info["vc"]
+    jobs_api._find_vc(await jobs_api.cluster_view(ctx), vc)  # 404 naming the known VCs
+    index = request.app.get(jobs_api.INDEX)
+    if index is not None and index.ready:
+        rows = [row for _, row in jobs_api._ordered_from_index(index, "createdTime", False)]
+    else:
+        rows = [row for _, row in await jobs_api._rows_from_buckets(ctx, jobs_api.parse_list_query({}))]
+    waiting = queue_order([r for r in rows if r.virtualCluster == vc and r.state == JobState.WAITING])
+    return web.json_response({"vc": vc, "count": len(waiting),
+                              "jobs": msgspec.to_builtins(waiting[:QUEUE_SHOWN])})
+
+
+# --- validation without submitting ---------------------------------------------------------
+
+
+def wants_dry_run(request: web.Request) -> bool:
+    return request.query.get("dryRun", "").lower() in ("1", "true", "yes")
+
+
+def dry_run_answer(job: str, parsed: Any) -> web.Response:
+    """What POST /api/v2/jobs?dryRun=true says of a job that would be accepted."""
+    return web.json_response({"valid": True, "job": job, "warnings": parsed.warnings,
+                              "ignoredFields": parsed.spec.ignoredFields})
+
+
+ROUTES = [
+    web.get("/", index_page),
+    web.get("/portal/{path:.+}", static_file),
+    web.get("/api/v2/portal/overview", overview),
+    web.get("/api/v2/portal/utilization", utilization),
+    web.get("/api/v2/portal/queue/{vc}", queue),
+]
+
+
+def setup(app: web.Application) -> None:
+    app.add_routes(ROUTES)

@@ -1,0 +1,259 @@
+"""A researcher's and an admin's day in the portal, in headless Chromium.
+
+The tests run in order on one platform (module scope) and share alice's browser
+tab: she signs in, submits a job with a mistake and sees it marked on its line,
+fixes it, watches it wait behind her own big job, stops that one from a second
+tab, and sees the first go RUNNING then SUCCEEDED without the page reloading.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.browser.conftest import PASSWORD, Rest, shot
+
+pytestmark = pytest.mark.timeout(300)
+
+TIMEOUT_MS = 60_000  # a loaded CI machine starts tasks slowly
+
+# Fills the `default` VC (2 nodes x 8 one-CPU cells), so the next job there waits.
+BLOCKER = """protocolVersion: 2
+name: blocker
+type: job
+taskRoles:
+  big:
+    instances: 2
+    resourcePerInstance: {cpu: 8, memoryMB: 256, gpu: 0}
+    commands:
+      - sleep 600
+defaults:
+  virtualCluster: default
+"""
+
+# Line 8 holds the mistake (instances must be a positive integer).
+WITH_MISTAKE = """protocolVersion: 2
+name: portal-hello
+type: job
+parameters:
+  greeting: hello-from-the-portal
+taskRoles:
+  main:
+    instances: lots
+    resourcePerInstance: {cpu: 1, memoryMB: 256, gpu: 0}
+    commands:
+      - sleep 2
+      - echo "<% $parameters.greeting %>"
+defaults:
+  virtualCluster: default
+"""
+MISTAKE_LINE = 8
+
+
+@pytest.fixture(scope="module")
+def context(browser, platform):
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    ctx.set_default_timeout(TIMEOUT_MS)
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture(scope="module")
+def page(context):
+    """Alice's tab, kept across the tests of this module."""
+    tab = context.new_page()
+    tab.on("dialog", lambda dialog: dialog.accept())
+    yield tab
+
+
+@pytest.fixture(scope="module")
+def url(rest: Rest) -> str:
+    return rest.url
+
+
+@pytest.fixture(scope="module")
+def blocker(rest: Rest, users) -> str:
+    job = rest.submit(BLOCKER, token=users["alice"])
+    rest.wait_state(job, {"RUNNING"})
+    return job
+
+
+def sign_in(tab, url: str, username: str, *, remember: bool = False) -> None:
+    tab.goto(url + "/")
+    tab.get_by_label("User name").fill(username)
+    tab.get_by_label("Password", exact=True).fill(PASSWORD)
+    if remember:
+        tab.get_by_label("Keep me signed in on this browser").check()
+    tab.get_by_role("button", name="Sign in", exact=True).click()
+    tab.wait_for_selector("#page-title:has-text('Cluster at a glance')")
+
+
+def test_sign_in_shows_name_vcs_and_role(page, url, users):
+    page.goto(url + "/")
+    page.wait_for_selector("text=Sign in to PAI")
+    shot(page, "01-login")
+    page.get_by_label("User name").fill("alice")
+    page.get_by_label("Password", exact=True).fill("not-her-password")
+    page.get_by_role("button", name="Sign in", exact=True).click()
+    page.wait_for_selector("[role=alert]:has-text('wrong username or password')")
+
+    sign_in(page, url, "alice", remember=True)
+    assert page.locator("#who-name").inner_text() == "alice"
+    assert "default" in page.locator("#who-vcs").inner_text()
+    assert page.locator("#who-role").is_hidden()  # not an admin
+    assert page.locator("#nav-admin").is_hidden()
+    page.wait_for_selector("#h-vcs")
+    assert page.locator(".card h3", has_text="default").count() == 1
+    shot(page, "02-home")
+
+
+def test_a_mistake_is_marked_on_its_line_before_and_after_submit(page, url, blocker):
+    page.goto(url + "/#/submit")
+    editor = page.locator("#job-text")
+    editor.fill(WITH_MISTAKE)
+    # The parameters field follows the YAML's parameters block.
+    assert page.locator("#param-rows .pair-value").first.input_value() == "hello-from-the-portal"
+
+    page.get_by_role("button", name="Check").click()
+    marked = page.locator(f".gutter .ln.err[data-line='{MISTAKE_LINE}']")
+    marked.wait_for()
+    assert page.locator(".gutter .ln.err").count() == 1
+    item = page.locator("#job-errors li").first
+    assert f"line {MISTAKE_LINE}" in item.inner_text()
+    assert "instances" in item.inner_text()
+    shot(page, "03-submit-error-marked")
+
+    page.get_by_role("button", name="Submit", exact=True).click()  # refused the same way
+    marked.wait_for()
+    assert "portal-hello" not in page.url
+
+    editor.fill(WITH_MISTAKE.replace("instances: lots", "instances: 1"))
+    page.get_by_role("button", name="Check").click()
+    page.wait_for_selector(".ok-box:has-text('valid')")
+    assert page.locator(".gutter .ln.err").count() == 0
+
+
+def test_job_waits_with_its_reason_then_runs_and_succeeds_without_reload(page, url, rest, blocker, context):
+    page.get_by_role("button", name="Submit", exact=True).click()
+    page.wait_for_url(re.compile(r".*#/jobs/alice~portal-hello$"))
+    page.wait_for_selector("#waiting-reason")
+    reason = page.locator("#waiting-reason").inner_text()
+    assert "default" in reason, reason  # names the VC it waits in
+    shot(page, "04-job-waiting")
+    # Every state the title shows from now on, and a mark a reload would wipe.
+    page.evaluate("""() => {
+        window.__stillTheSamePage = true;
+        window.__seen = [document.querySelector('h1 .badge').dataset.state];
+        new MutationObserver(() => {
+            const badge = document.querySelector('h1 .badge');
+            const state = badge && badge.dataset.state;
+            if (state && window.__seen[window.__seen.length - 1] !== state) window.__seen.push(state);
+        }).observe(document.getElementById('main'), {subtree: true, childList: true});
+    }""")
+
+    # Stop the running blocker from a second tab (signed in through "keep me signed in").
+    other = context.new_page()
+    other.on("dialog", lambda dialog: dialog.accept())
+    other.goto(f"{url}/#/jobs/{blocker}")
+    other.wait_for_selector("h1 .badge[data-state=RUNNING]")
+    other.get_by_role("button", name="Stop", exact=True).click()
+    other.wait_for_selector("h1 .badge[data-state=STOPPED]")
+    shot(other, "05-job-stopped")
+    other.close()
+
+    page.wait_for_selector("h1 .badge[data-state=SUCCEEDED]", timeout=90_000)
+    seen = page.evaluate("window.__seen")
+    assert page.evaluate("window.__stillTheSamePage") is True
+    assert seen[0] == "WAITING" and seen[-1] == "SUCCEEDED" and "RUNNING" in seen, seen
+    # Its log, with the parameter rendered.
+    page.wait_for_selector("#log:has-text('hello-from-the-portal')")
+    shot(page, "06-job-succeeded-with-log")
+
+
+def test_a_failed_job_shows_reason_and_solution(page, url, rest, users):
+    job = rest.submit(BLOCKER.replace("blocker", "fails").replace("instances: 2", "instances: 1")
+                      .replace("cpu: 8", "cpu: 1").replace("sleep 600", "exit 3"), token=users["alice"])
+    rest.wait_state(job, {"FAILED"})
+    page.goto(f"{url}/#/jobs/{job}")
+    failure = page.locator("#failure")
+    failure.wait_for()
+    text = failure.inner_text()
+    assert "Why it failed" in text and "Exit code" in text
+    assert "Reason:" in text, text
+    assert "What to do:" in text, text
+    shot(page, "07-job-failed")
+
+
+def test_another_user_sees_no_stop_button(browser, url, rest, users):
+    running = rest.submit(BLOCKER.replace("blocker", "long").replace("instances: 2", "instances: 1")
+                          .replace("cpu: 8", "cpu: 1"), token=users["alice"])
+    rest.wait_state(running, {"RUNNING"})
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    ctx.set_default_timeout(TIMEOUT_MS)
+    try:
+        tab = ctx.new_page()
+        sign_in(tab, url, "bob")
+        tab.goto(f"{url}/#/jobs/{running}")
+        tab.wait_for_selector("h1 .badge[data-state=RUNNING]")
+        tab.wait_for_selector("text=are for alice and admins")
+        assert tab.get_by_role("button", name="Stop", exact=True).count() == 0
+        shot(tab, "08-other-users-job")
+        tab.goto(f"{url}/#/jobs?username=alice")
+        tab.wait_for_selector(f"tr[data-job='{running}']")
+        assert tab.locator(f"tr[data-job='{running}'] input[type=checkbox]").count() == 0
+    finally:
+        ctx.close()
+    rest.call("PUT", f"/api/v2/jobs/{running}/executionType", {"value": "STOP"}, token=users["alice"])
+
+
+def test_job_list_filters_sorts_and_bulk_stops(page, url, rest, users):
+    jobs = [rest.submit(BLOCKER.replace("blocker", f"bulk-{i}").replace("instances: 2", "instances: 1")
+                        .replace("cpu: 8", "cpu: 1"), token=users["alice"]) for i in range(2)]
+    page.goto(f"{url}/#/jobs?keyword=bulk")
+    for job in jobs:
+        page.wait_for_selector(f"tr[data-job='{job}']")
+    assert page.locator("tbody tr[data-job]").count() == 2
+    page.get_by_role("button", name=re.compile("^Name")).click()  # sort by name
+    page.wait_for_url(re.compile(r".*order=name.*"))
+    page.get_by_label("Select every stoppable job on this page").check()
+    page.get_by_role("button", name="Stop selected (2)").click()
+    for job in jobs:
+        page.wait_for_selector(f"tr[data-job='{job}'] .badge[data-state=STOPPED]", timeout=90_000)  # live, no reload
+    shot(page, "09-jobs-list")
+
+
+def test_every_page_renders(page, url, rest, browser):
+    page.goto(f"{url}/#/vcs")
+    page.wait_for_selector("#vc-research")
+    shot(page, "10-virtual-clusters")
+    page.goto(f"{url}/#/vcs/default")
+    page.wait_for_selector("text=Queue (")
+    shot(page, "11-virtual-cluster-queue")
+    page.goto(f"{url}/#/cluster")
+    page.wait_for_selector("#heatmap th:has-text('node-a')")
+    page.wait_for_selector("#nodes th:has-text('node-c')")
+    shot(page, "12-cluster")
+    page.goto(f"{url}/#/alerts")
+    page.wait_for_selector("text=Firing (")
+    shot(page, "13-alerts")
+
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900}, color_scheme="dark")
+    ctx.set_default_timeout(TIMEOUT_MS)
+    try:
+        admin = ctx.new_page()
+        admin.goto(url + "/")
+        admin.get_by_label("Token", exact=True).fill(rest.token)
+        admin.get_by_role("button", name="Sign in with token").click()
+        admin.wait_for_selector("#page-title:has-text('Cluster at a glance')")
+        assert admin.locator("#who-role").is_visible()
+        assert admin.evaluate("document.documentElement.dataset.theme") == "dark"
+        admin.goto(f"{url}/#/admin")
+        admin.wait_for_selector("#users th:has-text('alice')")
+        admin.wait_for_selector("#rules li")
+        shot(admin, "14-admin-dark")
+        admin.goto(f"{url}/#/")
+        admin.wait_for_selector("#h-vcs")
+        shot(admin, "15-home-admin-dark")
+    finally:
+        ctx.close()
