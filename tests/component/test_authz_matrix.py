@@ -232,6 +232,12 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     ("GET", "/api/v2/rules/{code}"): (SIGNED_IN, fixed("/api/v2/rules/137"), 200),
     ("PUT", "/api/v2/rules/{code}"): (ADMIN_ONLY, fixed("/api/v2/rules/137", RULE), 200),
     ("DELETE", "/api/v2/rules/{code}"): (ADMIN_ONLY, fixed("/api/v2/rules/137"), 200),
+    # the web portal (services/rest/portal_routes.py): its files are public, its summaries are not
+    ("GET", "/"): (ANYONE, fixed("/"), 200),
+    ("GET", "/portal/{path}"): (ANYONE, fixed("/portal/js/main.js"), 200),
+    ("GET", "/api/v2/portal/overview"): (SIGNED_IN, fixed("/api/v2/portal/overview"), 200),
+    ("GET", "/api/v2/portal/utilization"): (SIGNED_IN, fixed("/api/v2/portal/utilization"), 200),
+    ("GET", "/api/v2/portal/queue/{vc}"): (SIGNED_IN, fixed("/api/v2/portal/queue/default"), {200, 404}),
 }
 # Calls that end the caller's session: made with a session of their own.
 ENDS_SESSION = {("DELETE", "/api/v2/authn/basic/logout")}
