@@ -139,3 +139,23 @@ def record_node_sample(sample: NodeSample) -> None:
         for labels in _gpu_series_shown[name] - shown[name]:
             gauge.remove(*labels)
         _gpu_series_shown[name] = shown[name]
+
+
+# --- alerts (services/monitor/alerts; docs/alerts.md) ---
+alerts_firing = Gauge("pai_alerts_firing", "Alerts firing now, silenced ones included, by rule and severity.",
+                      ["rule", "severity"])
+alert_mails_total = Counter("pai_alert_mails_total", "Alert, job-state and report mail by outcome (sent, not_sent).",
+                            ["kind", "outcome"])
+alert_evaluation_seconds = Histogram("pai_alert_evaluation_seconds", "CPU-bound time of one evaluation of every rule.",
+                                     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
+_alerts_shown: set[tuple[str, str]] = set()
+
+
+def record_alerts_firing(counts: dict[tuple[str, str], int]) -> None:
+    """Set pai_alerts_firing to `counts` ((rule, severity) -> n), dropping series no longer firing."""
+    global _alerts_shown
+    for labels, count in counts.items():
+        alerts_firing.labels(*labels).set(count)
+    for labels in _alerts_shown - set(counts):
+        alerts_firing.remove(*labels)
+    _alerts_shown = set(counts)

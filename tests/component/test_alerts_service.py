@@ -312,6 +312,11 @@ async def test_rules_changed_over_the_api_take_effect_without_a_restart(bus, api
     [listed] = [a for a in body["alerts"] if a["node"] == node]
     assert listed["rule"] == "NodeFilesystemUsage" and listed["state"] == "firing"
     await inbox.until(lambda: [e for e in firing_events if e["labels"].get("node") == node], "the AlertFiring event")
+    async with ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{monitor.port}/metrics") as resp:
+            scraped = await resp.text()
+    assert 'pai_alerts_firing{rule="NodeFilesystemUsage",severity="warning"} 1.0' in scraped
+    assert 'pai_alert_mails_total{kind="alert",outcome="sent"}' in scraped
     status, body, _ = await api.call("alice", "GET", "/api/v2/alerts")
     assert not [a for a in body["alerts"] if a["node"] == node], "a user sees alerts about their own jobs only"
 

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -61,6 +62,7 @@ from libs.common.records import JobRecord
 from libs.common.schedule import ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
+from services.monitor import metrics
 from services.monitor.alerts.compose import compose, compose_report
 from services.monitor.alerts.core import (
     ActionDue,
@@ -313,8 +315,10 @@ class AlertShell:
         if not self.settings.admins:
             log.warning("no admin_emails: the usage report is not mailed")
             return False
-        return await self.mailer.send(compose_report(report, sender=self.settings.sender,
+        sent = await self.mailer.send(compose_report(report, sender=self.settings.sender,
                                                      to=list(self.settings.admins), now=now))
+        metrics.alert_mails_total.labels(kind="report", outcome="sent" if sent else "not_sent").inc()
+        return sent
 
     async def _weekly_report(self) -> None:
         while True:
@@ -375,7 +379,10 @@ class AlertShell:
         for reading in await self._node_readings():
             self.core.node_sampled(reading)
         async with self._lock:
-            outputs = self.core.evaluate(self.clock())
+            with metrics.alert_evaluation_seconds.time():
+                outputs = self.core.evaluate(self.clock())
+        metrics.record_alerts_firing(dict(Counter(
+            (a.rule, a.severity) for a in self.core.alerts.values() if a.state is AlertState.FIRING)))
         await self._write_alerts()
         for output in outputs:
             match output:
@@ -538,8 +545,9 @@ class AlertShell:
                 if not to:
                     log.info("notification %s has nobody to mail", notification.id)
                     continue
-                await self.mailer.send(compose(notification, sender=self.settings.sender, to=to,
-                                               portal_url=self.settings.portal_url, now=self.clock()))
+                sent = await self.mailer.send(compose(notification, sender=self.settings.sender, to=to,
+                                                      portal_url=self.settings.portal_url, now=self.clock()))
+                metrics.alert_mails_total.labels(kind=notification.kind, outcome="sent" if sent else "not_sent").inc()
             except NATS_TROUBLE as error:
                 log.error("notification %s not mailed: %r", notification.id, error)
             except Exception:  # a bug in composing one mail must not stop every later one
