@@ -1,0 +1,124 @@
+"""Opportunistic work without thrash: which borrowed cells a guaranteed job takes back.
+
+Opportunistic jobs restart from scratch when preempted, so when a guaranteed job must
+take back borrowed cells it takes those of the most recently started opportunistic jobs
+(the least work thrown away), and only as many as it needs; it never preempts while
+free cells it may use would do.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from libs.common.protocol.model import JobSpec, Resources, TaskRole
+from services.scheduler.core import Submit
+
+from .builders import Harness, Place, Preempt, only, placed_jobs, preempted_jobs, quota_leaves
+from .test_properties import Launcher, operations
+
+
+def _fill_with_opportunistic_jobs(h: Harness, count: int, *, gpus: int = 4, every_s: float = 100.0) -> list[str]:
+    """`count` opportunistic jobs from VC speech, one node each, started `every_s` apart (oldest first)."""
+    names = []
+    for n in range(count):
+        name = f"borrower{n}"
+        assert placed_jobs(h.submit(name, vc="speech", priority="oppo", gpus=gpus)) == [f"alice~{name}"]
+        names.append(name)
+        h.clock.advance(every_s)
+    return names
+
+
+def test_guaranteed_job_takes_back_the_cells_of_the_youngest_opportunistic_job():
+    h = Harness("two-racks")
+    borrowers = _fill_with_opportunistic_jobs(h, 4)  # every GPU of the cluster is borrowed
+    decisions = h.submit("owner", vc="vision", gpus=4)
+    assert preempted_jobs(decisions) == ["alice~borrower3"]  # started last: the least work lost
+    [preempt] = only(decisions, Preempt)
+    assert "VC vision needs these cells for guaranteed job alice~owner" in preempt.reason
+    [place] = only(h.finish_preempted(decisions), Place)
+    assert place.job == "alice~owner"
+    assert all(h.is_running(name) for name in borrowers[:3])
+
+
+def test_youngest_first_goes_on_in_age_order_and_takes_only_what_is_needed():
+    h = Harness("two-racks")
+    _fill_with_opportunistic_jobs(h, 4)
+    decisions = h.submit("owner", vc="vision", gpus=4, instances=2)  # two nodes: the two youngest
+    assert sorted(preempted_jobs(decisions)) == ["alice~borrower2", "alice~borrower3"]
+    assert placed_jobs(h.finish_preempted(decisions)) == ["alice~owner"]
+    assert h.is_running("borrower0") and h.is_running("borrower1")
+
+
+def test_guaranteed_job_uses_free_cells_of_its_quota_before_taking_borrowed_ones():
+    h = Harness("two-racks")
+    _fill_with_opportunistic_jobs(h, 3)  # one node stays free
+    decisions = h.submit("owner", vc="vision", gpus=4)
+    assert preempted_jobs(decisions) == []
+    assert placed_jobs(decisions) == ["alice~owner"]
+
+
+def test_a_long_running_opportunistic_job_is_not_thrown_away_again_and_again():
+    """Guaranteed jobs come and go on a full cluster. Each takes back the cells of the job
+    that borrowed them last, a job that just started; the one that has run for hours keeps
+    running. Taking the first borrowed cells in cell order instead would kill and restart it
+    each time, losing all its work every time (thrash)."""
+    h = Harness("two-racks")
+    _fill_with_opportunistic_jobs(h, 4, every_s=3600.0)  # borrower0 has run for 4 hours
+    for cycle in range(4):
+        h.submit(f"late{cycle}", vc="speech", priority="oppo", gpus=4)  # waits: nothing idle
+        decisions = h.submit(f"owner{cycle}", vc="vision", gpus=4)
+        assert len(preempted_jobs(decisions)) == 1
+        assert "alice~borrower0" not in preempted_jobs(decisions)
+        h.finish_preempted(decisions)
+        h.clock.advance(60.0)
+        h.release(f"owner{cycle}")  # the guaranteed job ends; the waiting borrower starts on its node
+        h.clock.advance(60.0)
+    assert h.is_running("borrower0")
+
+
+# --- HiveD's guarantee, on random workloads ------------------------------------------------------
+
+GUARANTEE_FIXTURES = ["two-racks", "eight-gpu-node"]
+
+
+def _unused_quota(launcher, vc: str, sku: str) -> int:
+    """Leaf cells of the VC's quota that none of its running guaranteed jobs holds."""
+    held = sum(len(task.leafCells) for job, tasks in launcher.running.items() for task in tasks
+               if launcher.specs[job].virtualCluster == vc and launcher.specs[job].priority >= 0
+               and task.skuType == sku)
+    return quota_leaves(launcher.h.config, vc)[sku] - held
+
+
+@pytest.mark.parametrize("fixture", GUARANTEE_FIXTURES)
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=operations, share=st.floats(0.0, 1.0))
+def test_a_guaranteed_job_that_fits_its_vcs_unused_quota_is_placed_at_once(fixture, ops, share):
+    """Whatever other VCs and opportunistic jobs hold: placed in the same call, or as soon as the
+    opportunistic jobs it preempts release their cells (and it preempts no guaranteed job)."""
+    launcher = Launcher(fixture)
+    for operation in ops:
+        launcher.step(operation)
+    for node in launcher.h.core.node_names():
+        launcher.apply(launcher.h.node(node, True))
+    for vc in launcher.h.config.virtualClusters:
+        for sku in quota_leaves(launcher.h.config, vc):
+            unused = _unused_quota(launcher, vc, sku)
+            if unused <= 0:
+                continue
+            probe = copy.deepcopy(launcher)
+            cells = max(1, round(share * unused))
+            job_spec = JobSpec(name="probe", user="root", virtualCluster=vc, priorityClass="crit", priority=120,
+                               skuType=sku, taskRoles=[TaskRole(name="w", instances=cells, resources=Resources(
+                                   gpu=1, cpu=1, memoryMB=512))])
+            probe.specs["root~probe"] = job_spec
+            probe.h.attempts["root~probe"] = 0
+            decisions = probe.h.handle(Submit(job="root~probe", attempt=0, spec=job_spec))
+            victims = [d.job for d in decisions if isinstance(d, Preempt)]
+            assert all(probe.specs[victim].priority < 0 for victim in victims), victims
+            probe.apply(decisions)  # the launcher stops the victims and releases their cells
+            assert "root~probe" in probe.running, (
+                f"{cells} of VC {vc}'s {unused} unused {sku} cells: {probe.h.core.waiting_reason('root~probe')}")
