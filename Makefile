@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast install clean lint bench
+.PHONY: up test test-fast install clean lint bench browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,12 @@ install: $(STAMP)
 up: $(STAMP)
 	$(BIN)/pai up --example examples/hello.yaml
 
+# Debian's chromium for the browser tests (playwright comes with the test extra).
+browser-deps:
+	sh tests/browser/install-chromium.sh
+
 ## Install everything the tests need, then run every test tier.
-test: $(STAMP)
+test: $(STAMP) browser-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-fast: $(STAMP)
