@@ -3,10 +3,16 @@
 With `auth` (PAI's bus credentials) the server runs with the users and permissions
 of `libs.common.busauth`, from a configuration file only this user can read, and
 refuses anyone without a password; without it, anyone may connect (development).
+
+`NatsCluster` runs several servers as one JetStream cluster, each in a network
+namespace of its own (tests of high availability); the command line (`python -m
+libs.common.natsserver`) gives docker-compose.yml its bus: credentials, the store's
+bootstrap, and each service logged in as itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import shutil
@@ -43,8 +49,6 @@ def free_port(host: str = "127.0.0.1") -> int:
 def bootstrap_store(url: str, login: dict[str, str], settings: StoreSettings | None = None) -> None:
     """Create (or update) the event stream and every bucket at `url`, logged in as
     the platform user, with `settings` (replicas and limits)."""
-    import asyncio
-
     from libs.common.bus import Bus
 
     async def create() -> None:
@@ -76,8 +80,6 @@ async def unsettled_streams(url: str, login: dict[str, str]) -> list[str]:
 
 
 async def wait_settled(url: str, login: dict[str, str], *, timeout: float) -> None:
-    import asyncio
-
     deadline = time.monotonic() + timeout
     unsettled: list[str] | str = "no answer"
     while time.monotonic() < deadline:
@@ -361,8 +363,6 @@ class NatsCluster:
         settings = settings or StoreSettings(replicas=self.size)
         login = self.login(busauth.PLATFORM)
         bootstrap_store(self.url, login, settings)
-        import asyncio
-
         asyncio.run(wait_settled(self.url, login, timeout=settle_timeout))
 
     def cut(self, i: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
 import tempfile
 import time
 import uuid
@@ -68,10 +69,15 @@ async def cluster_platform(work_dir):
     if why:
         pytest.skip(f"a NATS cluster in network namespaces cannot run here: {why}")
     api = await start_cluster_platform(work_dir / "pai", size=NODES)
+    prefix = api.platform.cluster.network.prefix
     try:
         yield api
     finally:
         await stop_platform(api)
+    # Torn down: no namespace, bridge or link of this cluster is left behind.
+    left = [line for command in (["ip", "netns", "list"], ["ip", "-br", "link"])
+            for line in subprocess.run(command, capture_output=True, text=True).stdout.splitlines() if prefix in line]
+    assert left == [], f"left behind by the NATS cluster: {left}"
 
 
 async def stream_leader(cluster) -> tuple[int, str]:
