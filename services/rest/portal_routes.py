@@ -158,16 +158,14 @@ async def overview(request: web.Request) -> web.Response:
     user = request[USER]
     view = await jobs_api.cluster_view(ctx)
     index = request.app.get(jobs_api.INDEX)
-    states: list[JobState] = []
-    mine: list[Any] = []
     if index is not None and index.ready:
         ordered = jobs_api._ordered_from_index(index, "createdTime", True)
-        states = [row.state for _, row in ordered]
+        counts = index.memo(("portal", "states"), lambda: jobs_by_state([row.state for _, row in ordered]))
         mine = [row for sub, row in ordered if sub.user == user.username][:RECENT_JOBS]
     else:  # the index is loading: the same from the buckets (slower, rare)
         query = jobs_api.parse_list_query({})
         ordered = jobs_api.order_jobs(await jobs_api._rows_from_buckets(ctx, query), "createdTime", True)
-        states = [row.state for _, row in ordered]
+        counts = jobs_by_state([row.state for _, row in ordered])
         mine = [row for sub, row in ordered if sub.user == user.username][:RECENT_JOBS]
     alerts = await _firing_alerts(request)
     body = {
@@ -175,8 +173,8 @@ async def overview(request: web.Request) -> web.Response:
         "virtualClusters": [{"name": str(vc.get("name")), "queued": int(vc.get("queued", 0)),
                              "running": int(vc.get("running", 0)), "skus": vc_cells(vc, view.skuTypes)}
                             for vc in view.virtualClusters],
-        "jobsByState": jobs_by_state(states),
-        "totalJobs": len(states),
+        "jobsByState": counts,
+        "totalJobs": sum(counts.values()),
         "myRecentJobs": msgspec.to_builtins(mine),
         "firingAlerts": alerts[:FIRING_ALERTS_SHOWN],
         "firingCount": len(alerts),

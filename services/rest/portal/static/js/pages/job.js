@@ -37,7 +37,8 @@ export async function render(main, { args, go }) {
     try {
       const text = await get(`${jobPath(id)}/logs?taskRole=${encodeURIComponent(role)}&taskIndex=${index}&tailBytes=${LOG_TAIL_BYTES}`);
       const atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 20;
-      if (logBox.textContent !== text) { logBox.textContent = text || "(nothing printed yet)"; if (atBottom) logBox.scrollTop = logBox.scrollHeight; }
+      const shown = text || (FINAL_STATES.has(detail.jobStatus.state) ? "(the task printed nothing)" : "(nothing printed yet)");
+      if (logBox.textContent !== shown) { logBox.textContent = shown; if (atBottom) logBox.scrollTop = logBox.scrollHeight; }
       logState.textContent = FINAL_STATES.has(detail.jobStatus.state) ? "complete" : "following…";
     } catch (err) {
       logBox.textContent = err.status === 404 ? "(the task has not started yet)" : err.message;
