@@ -2,9 +2,10 @@
 
 Job intake is crash-safe: the job record is created in KV first (atomically, so a
 duplicate name is a 409), then `JobSubmitted` is published with a deterministic id,
-then the record is marked published. A record left unpublished by a crash is
-published again at start-up; JetStream and the idempotent consumers absorb the
-repeat.
+then the record is marked published (services/rest/intake.py). A record left
+unpublished by a crash or a publish not answered in time is published again by
+rest's sweep within seconds, and at start-up; JetStream and the idempotent
+consumers absorb the repeat.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import yaml
 from aiohttp import web
 
 from libs.common import ids, job_secrets, telemetry
-from libs.common.bus import all_keys, get_json, store_is_full
+from libs.common.bus import get_json, store_is_full
 from libs.common.errors import (
     BadInput,
     Conflict,
@@ -33,15 +34,14 @@ from libs.common.errors import (
     Transient,
 )
 from libs.common.logs import LogRequest, request_log
-from libs.common.messages import JobSubmitted, StopRequested
+from libs.common.messages import StopRequested
 from libs.common.protocol import MAX_BODY_BYTES, parse_job, protocol_error_body
-from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_USERNAME_LENGTH
 from libs.common.protocol.model import ProtocolError
 from libs.common.records import JobRecord
-from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
+from libs.common.schedule import ClusterView
 from libs.common.service import ServiceContext, health_routes
 from libs.common.subjects import Bucket
-from services.rest import auth, events, fallback, metrics, nodes, ratelimit, rules, views
+from services.rest import auth, events, fallback, intake, metrics, nodes, ratelimit, rules, views
 from services.rest.identity import core as identity_core
 from services.rest.identity import routes as identity_routes
 from services.rest import alerts as alert_routes
@@ -174,8 +174,9 @@ async def submit_job(request: web.Request) -> web.Response:
     body = await read_body(request, limit=MAX_BODY_BYTES, what="the job body (1 MiB at most)")
     parsed = parse_job(body, content_type=request.content_type, user=user.username)
     spec = parsed.spec
-    await _check_virtual_cluster(ctx, user, spec.virtualCluster)
-    await jobs_api.check_fits(ctx, spec)
+    view = await jobs_api.cluster_view(ctx)  # read once for both checks
+    _check_virtual_cluster(view, user, spec.virtualCluster)
+    jobs_api.check_fits(spec, view)
     jid = ids.job_id(user.username, spec.name)
     if portal_routes.wants_dry_run(request):  # validated as a submission is; nothing stored or published
         return portal_routes.dry_run_answer(jid, parsed)
@@ -199,52 +200,34 @@ async def submit_job(request: web.Request) -> web.Response:
     except nats.js.errors.KeyWrongLastSequenceError:
         raise Conflict(f"job {jid} already exists; job names are unique per user") from None
     jobs_api.remember_submission(request.app, record)
+    warnings = parsed.warnings
     try:
-        await _publish_submitted(ctx, record, revision)
-    except Transient as exc:
+        await intake.publish_submitted(ctx, record, revision)
+    except (Transient, *BUS_ERRORS) as exc:
         if store_is_full(exc):
             # Refused for certain (not a timeout, after which it may be stored):
             # take the record back, so the job is not left half-submitted and the
             # same submission may be sent again once there is room.
             with contextlib.suppress(*BUS_ERRORS, nats.js.errors.Error):
                 await kv.delete(key, last=revision)
-        raise
+            raise
+        # Not answered in time (it may be stored or not). The job is recorded, so it
+        # is accepted: rest's sweep publishes it (a resubmission would only be a 409).
+        log.warning("submission of %s recorded; its publish was not answered (%r): the sweep retries it", jid, exc)
+        warnings = [*warnings, PUBLISH_DELAYED_WARNING]
     metrics.JOBS_SUBMITTED.labels(vc=record.vc).inc()
-    return web.json_response(
-        {"job": jid, "name": spec.name, "state": "WAITING", "warnings": parsed.warnings, "ignoredFields": spec.ignoredFields},
+    return jobs_api.json_response(
+        {"job": jid, "name": spec.name, "state": "WAITING", "warnings": warnings, "ignoredFields": spec.ignoredFields},
         status=202,
     )
 
 
-async def _publish_submitted(ctx: ServiceContext, record: SubmittedJob, revision: int) -> None:
-    await ctx.bus.publish(JobSubmitted(id=f"{record.job}/submitted", job=record.job, at=record.submittedAt, spec=record.spec))
-    kv = await ctx.bus.kv(Bucket.JOBS)
-    try:
-        await kv.update(ids.job_key(record.job), msgspec.json.encode(msgspec.structs.replace(record, published=True)), last=revision)
-    except nats.js.errors.KeyWrongLastSequenceError:
-        pass  # another replica finished the same intake
-    except nats.js.errors.APIError as exc:
-        if not store_is_full(exc):
-            raise
-        # The event is out: the job is accepted. Left unmarked, the record is
-        # published again at start-up, which the event id makes harmless.
-        log.warning("submission of %s published; marking it so failed: the store is full", record.job)
+PUBLISH_DELAYED_WARNING = (f"the job is recorded, but the scheduler has not been told yet (the message bus did not "
+                           f"answer in time); PAI tells it within {intake.UNPUBLISHED_AFTER_SECONDS + intake.SWEEP_SECONDS:.0f} "
+                           f"seconds of the bus answering again: do not submit it again")
 
 
-async def publish_pending_submissions(ctx: ServiceContext) -> int:
-    """At start-up: publish every job whose intake was cut short by a crash."""
-    kv = await ctx.bus.kv(Bucket.JOBS)
-    count = 0
-    for key in await all_keys(kv):
-        got = await get_json(kv, key, SubmittedJob)
-        if got is not None and not got[0].published:
-            await _publish_submitted(ctx, got[0], got[1])
-            count += 1
-    return count
-
-
-async def _check_virtual_cluster(ctx: ServiceContext, user: identity_core.Principal, vc: str) -> None:
-    view = await _cluster_view(ctx)
+def _check_virtual_cluster(view: ClusterView, user: identity_core.Principal, vc: str) -> None:
     known = {v.get("name") for v in view.virtualClusters}
     if known and vc not in known:
         raise NoVirtualCluster(
@@ -259,80 +242,23 @@ async def _check_virtual_cluster(ctx: ServiceContext, user: identity_core.Princi
                         f"({', '.join(user.grouplist) or 'none'}) lists it; their virtual clusters: {granted}")
 
 
-async def _cluster_view(ctx: ServiceContext) -> ClusterView:
-    got = await get_json(await ctx.bus.kv(Bucket.CLUSTER), CLUSTER_VCS_KEY, ClusterView)
-    return got[0] if got else ClusterView()
-
-
-def _job_param(request: web.Request) -> str:
-    jid = request.match_info["job"]
-    try:
-        user, name = ids.split_job_id(jid)
-    except ValueError:
-        raise NotFound(f"no job {jid[:200]!r}: job ids look like user~name") from None
-    if len(user) > MAX_USERNAME_LENGTH or len(name) > MAX_JOB_NAME_LENGTH:  # no such job can exist; spare NATS the key
-        raise NotFound(f"no job {jid[:200]!r}: user names are at most {MAX_USERNAME_LENGTH} characters, "
-                       f"job names at most {MAX_JOB_NAME_LENGTH}")
-    return jid
-
-
-def _may_read_output(request: web.Request, sub: SubmittedJob) -> bool:
-    """A job's output (logs, and the lines of them that explain a failure), its config
-    and its attempts are for its owner and admins: they can show what its secrets printed."""
-    user = request[USER]
-    return user.admin or user.username == sub.user
-
-
-def _require_owner_or_admin(request: web.Request, sub: SubmittedJob, what: str) -> None:
-    if not _may_read_output(request, sub):
-        raise Forbidden(f"only {sub.user} or an admin may {what} {sub.job}")
-
-
-async def _load(ctx: ServiceContext, jid: str) -> tuple[SubmittedJob, JobRecord | None, ScheduleEntry | None]:
-    key = ids.job_key(jid)
-    sub, rec, sched = await asyncio.gather(
-        get_json(await ctx.bus.kv(Bucket.JOBS), key, SubmittedJob),
-        get_json(await ctx.bus.kv(Bucket.JOB_STATUS), key, JobRecord),
-        get_json(await ctx.bus.kv(Bucket.SCHEDULE), key, ScheduleEntry),
-    )
-    if sub is None:
-        raise NotFound(f"job {jid} not found")
-    return sub[0], rec[0] if rec else None, sched[0] if sched else None
-
-
-async def _load_optional(ctx: ServiceContext, jid: str):
-    try:
-        return await _load(ctx, jid)
-    except NotFound:
-        return None  # deleted between listing and reading
-
-
-def _reason(rec: JobRecord | None, sched: ScheduleEntry | None) -> str | None:
-    """Why the job's current attempt waits, as the scheduler last said."""
-    if sched is None:
-        return "submitted; the scheduler has not taken it up yet"
-    if sched.placed or (rec is not None and sched.attempt != rec.attempt):
-        return None  # placed (tasks starting), or the entry is about another attempt
-    return sched.reason or None
-
-
 async def get_job(request: web.Request) -> web.Response:
-    sub, rec, sched = await _load(ctx_of(request), _job_param(request))
-    detail = views.job_detail(sub, rec, _reason(rec, sched), backend=ctx_of(request).config.backend,
-                              with_output=_may_read_output(request, sub))
+    sub, rec, sched = await jobs_api.read_job(request, jobs_api.job_param(request))
+    detail = views.job_detail(sub, rec, jobs_api.waiting_reason(rec, sched), backend=ctx_of(request).config.backend,
+                              with_output=jobs_api.may_read_output(request, sub))
     detail["traceId"] = telemetry.job_trace_id_hex(sub.job)  # open it in the trace viewer (otlp_endpoint)
-    return web.json_response(detail)
+    return jobs_api.json_response(detail)
 
 
 async def get_job_attempts(request: web.Request) -> web.Response:
-    sub, rec, _ = await _load(ctx_of(request), _job_param(request))
-    _require_owner_or_admin(request, sub, "read the attempts of")
-    return web.json_response(views.job_attempts(rec))
+    sub, rec, _ = await jobs_api.read_job(request, jobs_api.job_param(request))
+    jobs_api.require_owner_or_admin(request, sub, "read the attempts of")
+    return jobs_api.json_response(views.job_attempts(rec))
 
 
 async def get_job_config(request: web.Request) -> web.Response:
-    sub, _, _ = await _load(ctx_of(request), _job_param(request))
-    _require_owner_or_admin(request, sub, "read the config of")
+    sub, _, _ = await jobs_api.read_job(request, jobs_api.job_param(request))
+    jobs_api.require_owner_or_admin(request, sub, "read the config of")
     if "yaml" in request.headers.get("Accept", ""):
         return web.Response(text=yaml.safe_dump(sub.config, sort_keys=False), content_type="text/yaml")
     return web.json_response(sub.config)
@@ -340,9 +266,9 @@ async def get_job_config(request: web.Request) -> web.Response:
 
 async def put_execution_type(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
-    jid = _job_param(request)
-    sub, rec, _ = await _load(ctx, jid)
-    _require_owner_or_admin(request, sub, "stop")
+    jid = jobs_api.job_param(request)
+    sub, rec, _ = await jobs_api.read_job(request, jid)
+    jobs_api.require_owner_or_admin(request, sub, "stop")
     user = request[USER]
     body = await read_json_object(request, what="the body", example='{"value": "STOP"}')
     value = body.get("value")
@@ -362,9 +288,9 @@ async def get_job_logs(request: web.Request) -> web.StreamResponse:
     the logs). `tailBytes` gives the end only; `follow=true` streams the log as it
     grows until the job is final."""
     ctx = ctx_of(request)
-    jid = _job_param(request)
-    sub, rec, _ = await _load(ctx, jid)
-    _require_owner_or_admin(request, sub, "read the logs of")
+    jid = jobs_api.job_param(request)
+    sub, rec, _ = await jobs_api.read_job(request, jid)
+    jobs_api.require_owner_or_admin(request, sub, "read the logs of")
     q = request.query
     role = q.get("taskRole") or sub.spec.taskRoles[0].name
     try:
@@ -409,6 +335,6 @@ async def startup(ctx: ServiceContext) -> None:
         path.write_text(token + "\n")
         path.chmod(0o600)
         log.info("created admin user %s; token written to %s", ctx.config.admin_user, path)
-    republished = await publish_pending_submissions(ctx)
+    republished = await intake.publish_pending_submissions(ctx)
     if republished:
         log.info("published %d submissions left over by an earlier crash", republished)

@@ -63,6 +63,8 @@ class IndexedJob(msgspec.Struct, kw_only=True):
 class JobIndex:
     def __init__(self) -> None:
         self.jobs: dict[str, IndexedJob] = {}  # by KV key user.name
+        # Keys of submissions not yet marked published (their JobSubmitted may not be on the bus).
+        self.unpublished: set[str] = set()
         # Status and schedule documents may arrive before their submission.
         self._status: dict[str, StatusBrief] = {}
         self._schedule: dict[str, ScheduleBrief] = {}
@@ -83,8 +85,15 @@ class JobIndex:
 
     # --- applying one KV entry (pure; the watches call these) -------------------------------
 
+    def get(self, key: str) -> IndexedJob | None:
+        return self.jobs.get(key)
+
     def put_submission(self, key: str, sub: SubmittedJob) -> None:
         self.jobs[key] = IndexedJob(sub=sub, status=self._status.get(key), schedule=self._schedule.get(key))
+        if sub.published:
+            self.unpublished.discard(key)
+        else:
+            self.unpublished.add(key)
         self.version += 1
 
     def put_status(self, key: str, status: StatusBrief | None) -> None:
@@ -94,6 +103,7 @@ class JobIndex:
         self._put_side(key, schedule, self._schedule, "schedule")
 
     def delete_submission(self, key: str) -> None:
+        self.unpublished.discard(key)
         if self.jobs.pop(key, None) is not None:
             self.version += 1
 
@@ -137,6 +147,7 @@ class JobIndex:
 
     def _reset(self) -> None:
         self.jobs.clear()
+        self.unpublished.clear()
         self._status.clear()
         self._schedule.clear()
         self._memo.clear()

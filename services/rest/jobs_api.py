@@ -33,7 +33,7 @@ from libs.common.records import JobRecord
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
-from services.rest import capacity, views
+from services.rest import capacity, intake, views
 from services.rest.job_index import JobIndex
 from services.rest.records import SubmittedJob
 from services.rest.request import USER, bad_field, ctx_of, read_json_object
@@ -157,7 +157,8 @@ class JobEvents(msgspec.Struct, frozen=True, kw_only=True):
 _encoder = msgspec.json.Encoder()
 
 
-def _json(value: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+def json_response(value: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """`value` as JSON, encoded by msgspec (several times faster than aiohttp's `json.dumps`)."""
     return web.Response(body=_encoder.encode(value), status=status, content_type="application/json",
                         headers=headers)
 
@@ -189,9 +190,30 @@ async def load_job(ctx: ServiceContext, jid: str) -> tuple[SubmittedJob, int, Jo
     return sub[0], sub[1], rec[0] if rec else None, sched[0] if sched else None
 
 
-def require_owner_or_admin(request: web.Request, sub: SubmittedJob, what: str) -> None:
+async def read_job(request: web.Request, jid: str) -> tuple[SubmittedJob, JobRecord | None, Any]:
+    """A job for an answer that only reads it: the submission and the scheduler's word
+    from the index when it has the job (no round trip; the index follows the buckets
+    within milliseconds and has a job this replica accepted at once), the launcher's
+    full record from its bucket. A job the index has not got (yet) is read from the
+    three buckets. Changes (tags) read the record with its revision: `load_job`."""
+    index = request.app.get(INDEX)
+    indexed = index.get(ids.job_key(jid)) if index is not None and index.ready else None
+    if indexed is None:
+        sub, _, rec, sched = await load_job(ctx_of(request), jid)
+        return sub, rec, sched
+    got = await get_json(await ctx_of(request).bus.kv(Bucket.JOB_STATUS), ids.job_key(jid), JobRecord)
+    return indexed.sub, got[0] if got else None, indexed.schedule
+
+
+def may_read_output(request: web.Request, sub: SubmittedJob) -> bool:
+    """A job's output (logs, and the lines of them that explain a failure), its config
+    and its attempts are for its owner and admins: they can show what its secrets printed."""
     user = request[USER]
-    if not (user.admin or user.username == sub.user):
+    return user.admin or user.username == sub.user
+
+
+def require_owner_or_admin(request: web.Request, sub: SubmittedJob, what: str) -> None:
+    if not may_read_output(request, sub):
         raise Forbidden(f"only {sub.user} or an admin may {what} {sub.job}")
 
 
@@ -234,9 +256,9 @@ def _attempt_view(sub: SubmittedJob, rec: JobRecord | None, attempt: int) -> dic
 
 
 async def get_job_attempt(request: web.Request) -> web.Response:
-    sub, _, rec, _ = await load_job(ctx_of(request), job_param(request))
+    sub, rec, _ = await read_job(request, job_param(request))
     require_owner_or_admin(request, sub, "read the attempts of")
-    return _json(_attempt_view(sub, rec, _int_param(request, "attempt")))
+    return json_response(_attempt_view(sub, rec, _int_param(request, "attempt")))
 
 
 def _task_of(sub: SubmittedJob, rec: JobRecord | None, attempt: int, role: str, index: int) -> dict[str, Any]:
@@ -252,16 +274,16 @@ def _task_of(sub: SubmittedJob, rec: JobRecord | None, attempt: int, role: str, 
 
 
 async def get_task(request: web.Request) -> web.Response:
-    sub, _, rec, _ = await load_job(ctx_of(request), job_param(request))
+    sub, rec, _ = await read_job(request, job_param(request))
     require_owner_or_admin(request, sub, "read the tasks of")
     task = _task_of(sub, rec, _int_param(request, "attempt"), request.match_info["role"], _int_param(request, "index"))
-    return _json(task | {"taskRoleName": request.match_info["role"]})
+    return json_response(task | {"taskRoleName": request.match_info["role"]})
 
 
 async def get_task_log(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     jid = job_param(request)
-    sub, _, rec, _ = await load_job(ctx, jid)
+    sub, rec, _ = await read_job(request, jid)
     require_owner_or_admin(request, sub, "read the logs of")
     attempt, role, index = _int_param(request, "attempt"), request.match_info["role"], _int_param(request, "index")
     _task_of(sub, rec, attempt, role, index)  # 404 naming what does not exist
@@ -313,7 +335,7 @@ async def _change_tags(request: web.Request, change) -> web.Response:
         require_owner_or_admin(request, sub, "change the tags of")
         tags, message = change(sub.tags, tag, sub.job)
         if tags == sub.tags:
-            return _json(Message(message=message))
+            return json_response(Message(message=message))
         try:
             await kv.update(key, _encoder.encode(msgspec.structs.replace(sub, tags=tags)), last=revision)
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -321,7 +343,7 @@ async def _change_tags(request: web.Request, change) -> web.Response:
         index = request.app.get(INDEX)
         if index is not None:
             index.put_submission(key, msgspec.structs.replace(sub, tags=tags))
-        return _json(Message(message=message))
+        return json_response(Message(message=message))
     raise Transient(f"the record of {jid} kept changing; try again")
 
 
@@ -388,7 +410,7 @@ def _ms(t: float) -> int:
 
 
 async def get_job_events(request: web.Request) -> web.Response:
-    sub, _, rec, sched = await load_job(ctx_of(request), job_param(request))
+    sub, rec, sched = await read_job(request, job_param(request))
     require_owner_or_admin(request, sub, "read the events of")
     events = job_events(sub, rec, waiting_reason(rec, sched), time.time())
     wanted = request.query.get("type")
@@ -396,7 +418,7 @@ async def get_job_events(request: web.Request) -> web.Response:
         if wanted not in ("Normal", "Warning"):
             raise bad_field("type", "enum", f"type is Normal or Warning, got {wanted[:40]!r}")
         events = [e for e in events if e.type == wanted]
-    return _json(JobEvents(data=events))
+    return json_response(JobEvents(data=events))
 
 
 # --- the cluster: info, sku types, one VC, nodes -----------------------------------------
@@ -416,7 +438,7 @@ def _version() -> str:
 
 async def get_info(request: web.Request) -> web.Response:
     backend = ctx_of(request).config.backend
-    return _json(ClusterInfo(name="PAI RESTful API", version=_version(),
+    return json_response(ClusterInfo(name="PAI RESTful API", version=_version(),
                              launcherType="k8s" if backend == "kubernetes" else backend, authnMethod="basic"))
 
 
@@ -427,7 +449,7 @@ async def get_sku_types(request: web.Request) -> web.Response:
     if vc_name is not None:
         vc = _find_vc(view, vc_name)
         skus = {s["sku"]: skus[s["sku"]] for s in vc.get("skus", []) if s["sku"] in skus}
-    return _json({name: SkuTypeInfo(gpu=int(s.get("gpu", 0)), cpu=int(s.get("cpu", 0)), memory=int(s.get("memory", 0)))
+    return json_response({name: SkuTypeInfo(gpu=int(s.get("gpu", 0)), cpu=int(s.get("cpu", 0)), memory=int(s.get("memory", 0)))
                   for name, s in skus.items()})
 
 
@@ -472,12 +494,12 @@ def vc_detail(vc: dict[str, Any], sku_types: dict[str, dict[str, Any]]) -> Virtu
 async def list_virtual_clusters(request: web.Request) -> web.Response:
     """Every VC by name, each as GET /api/v2/virtual-clusters/{vc} shows it."""
     view = await cluster_view(ctx_of(request))
-    return _json({str(vc.get("name")): vc_detail(vc, view.skuTypes) for vc in view.virtualClusters})
+    return json_response({str(vc.get("name")): vc_detail(vc, view.skuTypes) for vc in view.virtualClusters})
 
 
 async def get_virtual_cluster(request: web.Request) -> web.Response:
     view = await cluster_view(ctx_of(request))
-    return _json(vc_detail(_find_vc(view, request.match_info["vc"]), view.skuTypes))
+    return json_response(vc_detail(_find_vc(view, request.match_info["vc"]), view.skuTypes))
 
 
 # --- the job list: filters, order, paging --------------------------------------------------
@@ -634,8 +656,8 @@ async def list_jobs(request: web.Request) -> web.Response:
     total, page = select_jobs(query, ordered)
     headers = {"X-Total-Count": str(total)}
     if query.with_total:
-        return _json(JobPage(totalCount=total, data=page), headers=headers)
-    return _json(page, headers=headers)
+        return json_response(JobPage(totalCount=total, data=page), headers=headers)
+    return json_response(page, headers=headers)
 
 
 def remember_submission(app: web.Application, sub: SubmittedJob) -> None:
@@ -648,9 +670,9 @@ def remember_submission(app: web.Application, sub: SubmittedJob) -> None:
 # --- submit-time capacity check -----------------------------------------------------------
 
 
-async def check_fits(ctx: ServiceContext, spec: JobSpec) -> None:
+def check_fits(spec: JobSpec, view: ClusterView) -> None:
     """400 when the job can never fit its VC even empty (services/rest/capacity.py)."""
-    problem = capacity.never_fits(spec, await cluster_view(ctx))
+    problem = capacity.never_fits(spec, view)
     if problem is not None:
         raise BadInput(f"{problem.path}: {problem.message}",
                        details={"errors": [{"path": problem.path, "rule": "never_fits", "message": problem.message}]})
@@ -673,7 +695,7 @@ ROUTES = [
 
 
 def setup(app: web.Application, ctx: ServiceContext) -> None:
-    """Routes, the job index (started and stopped with the app) and the public documents."""
+    """Routes, the job index and the sweep of unpublished submissions (started and stopped with the app)."""
     from services.rest import openapi  # the document lists these routes; imported here to avoid a cycle
 
     app.add_routes(ROUTES)
@@ -683,13 +705,16 @@ def setup(app: web.Application, ctx: ServiceContext) -> None:
 
     async def run_index(_: web.Application):
         stopping = asyncio.Event()
-        task = asyncio.ensure_future(index.run(ctx.bus, stopping))
+        tasks = [asyncio.ensure_future(index.run(ctx.bus, stopping)),
+                 # Records whose JobSubmitted may not be out, found through the index.
+                 asyncio.ensure_future(intake.run_sweep(ctx, index, stopping))]
         yield
         stopping.set()
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
+        for task in tasks:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
 
     app.cleanup_ctx.append(run_index)
