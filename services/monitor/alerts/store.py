@@ -123,7 +123,8 @@ class AlertStore:
     async def claim(self, prefix: str, name: str) -> bool:
         """True for the first caller ever to claim `name` (a mail, a week's report)."""
         try:
-            await self.kv.create(prefix + fingerprint_key(name), name.encode())
+            # JSON like every value of the bucket, so readers may decode it whole.
+            await self.kv.create(prefix + fingerprint_key(name), msgspec.json.encode(name))
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
         return True
