@@ -81,13 +81,13 @@ PATHS.update({
     },
     "/api/v2/alerts/rules": {
         "get": operation("The alert rules", tags=["alerts"], ok={"200": {"description": "rules", "content": _OBJECT}}),
-        "put": operation("Replace the alert rules (admins)", tags=["alerts"], fails=(400, 403, 413),
+        "put": operation("Replace the alert rules (admins)", tags=["alerts"], fails=(400, 403, 412, 413), params=[_IF_MATCH],
                          body={"required": True, "content": {"text/yaml": {"schema": {"type": "string"}},
                                                               "application/json": {"schema": {"type": "object"}}}},
                          ok={"200": {"description": "replaced", "content": _OBJECT}}),
     },
     "/api/v2/alerts/rules/reset": {
-        "post": operation("Back to the shipped alert rules (admins)", tags=["alerts"], fails=(403,),
+        "post": operation("Back to the shipped alert rules (admins)", tags=["alerts"], fails=(403, 412), params=[_IF_MATCH],
                           ok={"200": {"description": "reset", "content": _OBJECT}}),
     },
     "/api/v2/report": {
