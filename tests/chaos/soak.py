@@ -124,15 +124,18 @@ class SoakReport:
     recovery_s: dict[str, list[float]] = field(default_factory=dict)  # per part: kill -> ready again
     shapes: dict[str, int] = field(default_factory=dict)
     wrong: list[str] = field(default_factory=list)  # "job: got STATE, expected STATE" (first few)
+    unfinished: list[str] = field(default_factory=list)  # "job (shape): last STATE, why it waits" (lost ones)
+    not_recovered_parts: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
     def summary(self) -> str:
-        skip = ("kills", "recovery_s", "wrong")
+        skip = ("kills", "recovery_s", "wrong", "unfinished")
         figures = " ".join(f"{k}={v}" for k, v in asdict(self).items() if k not in skip)
-        return f"{figures} kills={','.join(self.kills)} wrong={self.wrong[:5]}"
+        return f"{figures} kills={','.join(self.kills)} wrong={self.wrong[:5]} unfinished={self.unfinished[:5]}"
 
     def figures(self) -> dict:
         out = asdict(self)
+        out["wrong"], out["unfinished"] = self.wrong[:20], self.unfinished[:20]
         out["kills"] = len(self.kills)
         out["killed"] = dict(Counter(self.kills))
         out["recovery_s"] = {
@@ -258,6 +261,7 @@ async def kill_parts(api: Api, order: list[str], rng: random.Random, report: Soa
         took = await _wait_recovered(api, part)
         if took is None:
             report.not_recovered += 1
+            report.not_recovered_parts.append(part)
         else:
             report.recovery_s.setdefault(part, []).append(took)
 
@@ -338,6 +342,14 @@ async def run_soak(api: Api, starts_dir: Path, *, jobs: int = DEFAULT_JOBS, kill
         detail = final[job.job]
         if not is_final(detail):
             report.lost += 1
+            if detail is None:
+                report.unfinished.append(f"{job.job} ({job.shape}): never seen")
+            else:
+                status = detail["jobStatus"]
+                report.unfinished.append(
+                    f"{job.job} ({job.shape}): {status['state']} attempt {status.get('attempt')}, "
+                    f"waiting: {status.get('waitingReason')}"
+                )
             continue
         report.orphaned_processes += alive.get(job.job, 0)
         state = detail["jobStatus"]["state"]
