@@ -76,6 +76,20 @@ def build_report(records: Iterable[JobRecord], readings: Iterable[NodeReading], 
     }
 
 
+REPORT_HOUR_UTC = 8
+
+
+def weekly_report_due(now: float, weekday: int) -> str | None:
+    """The ISO week ("2026-W48") whose report is due at `now`, or None: due from
+    08:00 UTC on `weekday` (0 Monday .. 6 Sunday; -1 never) to the end of that day.
+    The caller claims the week, so replicas and restarts mail it once."""
+    day = datetime.fromtimestamp(now, tz=timezone.utc)
+    if weekday < 0 or day.weekday() != weekday or day.hour < REPORT_HOUR_UTC:
+        return None
+    year, week, _ = day.isocalendar()
+    return f"{year}-W{week:02d}"
+
+
 def report_text(report: dict) -> str:
     lines = [f"PAI usage from {report['from']} to {report['to']}: {report['gpuHours']} GPU-hours.", ""]
     lines.append("GPU-hours per virtual cluster:")

@@ -26,7 +26,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 
 import aiohttp
@@ -75,7 +74,7 @@ from services.monitor.alerts.core import (
     ServiceReading,
 )
 from services.monitor.alerts.mailer import Mailer, MailSettings
-from services.monitor.alerts.report import build_report
+from services.monitor.alerts.report import build_report, weekly_report_due
 from services.monitor.alerts.rules import Action, InvalidRules, RuleSet, load_rules_text
 from services.monitor.alerts.store import (
     REPORT_PREFIX,
@@ -96,7 +95,6 @@ PROBE_TIMEOUT_SECONDS = 5.0
 RESYNC_SECONDS = 5.0
 WATCH_RETRY_SECONDS = 1.0
 REPORT_CHECK_SECONDS = 600.0
-REPORT_HOUR_UTC = 8
 TAG_ATTEMPTS = 5
 MAX_TAG_LENGTH = 64  # the API's limit on a job tag
 NATS_TROUBLE = (nats.errors.Error, asyncio.TimeoutError, OSError, Transient)
@@ -323,11 +321,10 @@ class AlertShell:
     async def _weekly_report(self) -> None:
         while True:
             now = self.clock()
-            day = datetime.fromtimestamp(now, tz=timezone.utc)
-            if day.weekday() == self.config.usage_report_weekday and day.hour >= REPORT_HOUR_UTC:
-                year, week, _ = day.isocalendar()
+            week = weekly_report_due(now, self.config.usage_report_weekday)
+            if week is not None:
                 try:
-                    if await self.store.claim(REPORT_PREFIX, f"{year}-W{week:02d}"):
+                    if await self.store.claim(REPORT_PREFIX, week):
                         await self._mail_report(await self.build_report(now - 7 * 86400, now), now)
                 except NATS_TROUBLE as error:
                     log.warning("weekly usage report: %r; trying again later", error)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
+import pytest
+
 from libs.common.messages import JobState
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
 from libs.common.records import AttemptRecord, JobRecord, TaskRecord
 from services.monitor.alerts.compose import compose_report
 from services.monitor.alerts.core import NodeReading
-from services.monitor.alerts.report import build_report
+from services.monitor.alerts.report import build_report, weekly_report_due
 
 HOUR = 3600.0
 START, END = 1_700_000_000.0, 1_700_000_000.0 + 7 * 24 * HOUR
@@ -62,3 +66,20 @@ def test_the_report_mail_has_both_bodies():
     text = message.get_body(("plain",)).get_content()
     assert "vc1: 8.0" in text and "alice~big (vc1, 8 GPUs, SUCCEEDED): 8.0" in text
     assert "<td>alice~big</td>" in message.get_body(("html",)).get_content()
+
+
+@pytest.mark.parametrize(
+    ("when", "weekday", "due"),
+    [
+        pytest.param("2026-11-23T08:00:00", 0, "2026-W48", id="monday-8am"),
+        pytest.param("2026-11-23T23:59:00", 0, "2026-W48", id="monday-late"),
+        pytest.param("2026-11-23T07:59:00", 0, None, id="monday-too-early"),
+        pytest.param("2026-11-24T09:00:00", 0, None, id="tuesday"),
+        pytest.param("2026-11-29T10:00:00", 6, "2026-W48", id="sunday-configured"),
+        pytest.param("2026-11-23T09:00:00", -1, None, id="off"),
+        pytest.param("2027-01-04T09:00:00", 0, "2027-W01", id="iso-week-of-the-new-year"),
+    ],
+)
+def test_the_weekly_report_is_due_once_a_week_from_8_utc(when, weekday, due):
+    at = datetime.fromisoformat(when).replace(tzinfo=timezone.utc).timestamp()
+    assert weekly_report_due(at, weekday) == due
