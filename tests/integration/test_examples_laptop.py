@@ -53,9 +53,6 @@ async def test_every_example_and_openpai_shape_runs_to_its_end_on_two_cores(lapt
 LAST_RUN: dict[str, dict] = {}
 
 
-@pytest.mark.xfail(strict=False, reason="seen as root with per-job task uids: python3 cannot open the broken.py "
-                   "its own task wrote ([Errno 13] Permission denied), so the exit is not a syntax error and is "
-                   "retried; a local-backend isolation issue, not the example's")
 async def test_the_syntax_error_example_is_explained_and_not_retried(laptop):
     failed = next((d for job, d in LAST_RUN.items() if job.endswith("~fail-syntax")), None)
     if failed is None:

@@ -98,13 +98,14 @@ from services.launcher.backends.local_layout import (
     TRAVERSE_ONLY_MODE,
     UNKNOWN_EXIT_CODE,
     WORK_DIR_ENV,
-    WORK_ROOT,
     ExitRecord,
     KillRequest,
     ShimRecord,
     ShimSpec,
+    choose_work_root,
     claim_dir,
     encode,
+    make_own_dir,
     read_record,
     write_replacing,
 )
@@ -185,15 +186,16 @@ class LocalBackend:
             raise ValueError(f"limits must be one of {LIMIT_CHOICES}, not {limits!r}")
         self.data_dir = Path(data_dir).resolve()
         self.tasks_dir = self.data_dir / TASKS_DIR
-        self.work_root = self.data_dir / WORK_ROOT
         # task_user None: tasks run as the launcher's user (tests, tools);
         # otherwise, when root, as users of their own (local_users).
         self.task_users = local_users.resolve(task_user)
+        # Outside the data dir when a directory above it bars the tasks' users (local_layout).
+        self.work_root = choose_work_root(self.data_dir, tasks_are_other_users=self.task_users is not None)
         # Traverse-only on the way to a task's working directory; the rest private.
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.tasks_dir.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
-        self.work_root.mkdir(mode=TRAVERSE_ONLY_MODE, exist_ok=True)
-        for path, mode in ((self.data_dir, TRAVERSE_ONLY_MODE), (self.tasks_dir, PRIVATE_DIR_MODE), (self.work_root, TRAVERSE_ONLY_MODE)):
+        make_own_dir(self.work_root, TRAVERSE_ONLY_MODE)
+        for path, mode in ((self.data_dir, TRAVERSE_ONLY_MODE), (self.tasks_dir, PRIVATE_DIR_MODE)):
             os.chmod(path, mode)
         # Every declared node maps onto this machine; placements name any of them.
         self.node_names = list(node_names or [socket.gethostname()])

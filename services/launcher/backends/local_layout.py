@@ -33,7 +33,10 @@ are forks of a process that imported them, and a smaller process forks faster.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import TypeVar
 
@@ -191,3 +194,54 @@ def claim_dir(task_dir: Path) -> bool:
         return True
     except FileExistsError:
         return False
+
+
+# --- where working directories live ----------------------------------------------------------
+
+
+def traversable_by_anyone(path: Path) -> bool:
+    """Whether a user with no rights of its own may pass through `path` and every
+    directory above it (each has the others' x bit; one not made yet will be, 0755)."""
+    for each in (path, *path.parents):
+        try:
+            if not os.stat(each).st_mode & stat.S_IXOTH:
+                return False
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    return True
+
+
+def choose_work_root(data_dir: Path, *, tasks_are_other_users: bool, temp_dirs: list[Path] | None = None) -> Path:
+    """Where tasks' working directories go: `<data_dir>/work`, unless tasks run as
+    users of their own and a directory above the data dir bars them (e.g. /root or
+    /tmp/pytest-of-root, 0700). A task inside its working directory can still use
+    relative paths there, but a program that makes them absolute first -- `python3
+    script.py` does -- is refused its own files (EACCES). Then the working
+    directories go in a directory of the platform's own under the first temporary
+    directory anyone can pass through, named after the data dir (so a restart finds
+    them again). With none of those, `<data_dir>/work` as before."""
+    default = data_dir / WORK_ROOT
+    if not tasks_are_other_users or traversable_by_anyone(data_dir.parent):
+        return default
+    name = "pai-work-" + hashlib.sha256(str(data_dir).encode()).hexdigest()[:16]
+    for temp in temp_dirs if temp_dirs is not None else [Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp")]:
+        if traversable_by_anyone(temp):
+            return temp / name
+    return default
+
+
+def make_own_dir(path: Path, mode: int) -> None:
+    """Create `path` with `mode`, or accept it when it is already ours: a real
+    directory (not a link) owned by this user, writable by nobody else. In a shared
+    temporary directory anyone may have made the name first; that is refused."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise PermissionError(f"{path} exists but is not a directory of this user's alone; "
+                                  "remove it or choose another data directory") from None
+    os.chmod(path, mode)
+
