@@ -1,6 +1,6 @@
 """Nodes over HTTP: anyone signed in may list them, only admins cordon and uncordon.
 
-    GET    /api/v2/cluster/nodes                 every node: health, conditions, cordon
+    GET    /api/v2/cluster/nodes                 every node: health, conditions, cordon, cells
     PUT    /api/v2/cluster/nodes/{node}/cordon   body {"reason": "..."} (required)
     DELETE /api/v2/cluster/nodes/{node}/cordon   body optional {"reason": "..."}
 
@@ -9,12 +9,20 @@ and the cluster monitor folds it into the node's health (`NodeStatus`, which
 the scheduler acts on); the list is read from the monitor's `pai_node_health`
 and the scheduler's cluster view. Hence 202: the change is accepted, the
 monitor applies it within a moment.
+
+Each node of the list is shaped like a Kubernetes Node (`metadata.name`,
+`spec.unschedulable` and `spec.taints`, `status.conditions` with a `Ready`
+condition, `status.capacity` and `allocatable`), plus PAI's own flat fields
+(`healthy`, `conditions`, `cordoned`, ...) and the node's cells from the
+scheduler's cluster view (address, cell type, sku, leaf cells, pinned cell).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 import msgspec
 import nats.js.errors
@@ -31,60 +39,191 @@ from services.rest.request import USER, bad_field, ctx_of, read_json_object
 
 MAX_REASON_LENGTH = 500
 MAX_NODE_NAME_LENGTH = 253  # a DNS name, as Kubernetes node names
+HEALTH_READS_IN_FLIGHT = 64
+CORDON_TAINT = "pai/cordoned"
+UNHEALTHY_TAINT = "pai/unhealthy"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+# --- the shape of one node (Kubernetes' Node, and PAI's own fields) -------------------------------
+
+
+class NodeMetadata(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    labels: dict[str, str] = {}
+
+
+class Taint(msgspec.Struct, frozen=True, kw_only=True):
+    key: str
+    value: str = ""
+    effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class NodeSpec(msgspec.Struct, frozen=True, kw_only=True):
+    unschedulable: bool  # cordoned: no new work goes there
+    taints: list[Taint] = []
+
+
+class NodeCondition(msgspec.Struct, frozen=True, kw_only=True):
+    type: str  # "Ready", or a PAI condition (lost, gpu_error, ...) that holds
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    lastTransitionTime: str | None = None  # RFC 3339
+    lastHeartbeatTime: str | None = None
+
+
+class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
+    conditions: list[NodeCondition]
+    # Kubernetes quantities: cpu cores, memory as "<n>Mi", nvidia.com/gpu; summed over the node's cells.
+    capacity: dict[str, str] = {}
+    allocatable: dict[str, str] = {}
+
+
+class NodeCell(msgspec.Struct, frozen=True, kw_only=True):
+    """One node-level cell of the scheduler's cluster (its config's physical cells)."""
+
+    address: str
+    cellType: str
+    sku: str
+    leafCells: int
+    pinnedCellId: str | None = None
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """One node of GET /api/v2/cluster/nodes."""
+
+    kind: Literal["Node"] = "Node"
+    metadata: NodeMetadata
+    spec: NodeSpec
+    status: NodeStatus
+    cells: list[NodeCell]
+    # PAI's flat fields (the CLI and the portal read these):
+    name: str
+    inClusterConfig: bool  # declared in the scheduler's cluster
+    healthy: bool
+    conditions: list[str]
+    reason: str
+    since: float | None
+    agentSeen: bool  # a node agent sampled it at least once
+    cordoned: bool
+    cordonReason: str
+    cordonedBy: str
+
+
+def _time(at: float) -> str | None:
+    return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z") if at else None
+
+
+def _capacity(cells: list[NodeCell], sku_types: dict[str, dict[str, Any]]) -> dict[str, str]:
+    cpu = memory = gpu = 0
+    for cell in cells:
+        sku = sku_types.get(cell.sku, {})
+        cpu += cell.leafCells * int(sku.get("cpu", 0))
+        memory += cell.leafCells * int(sku.get("memory", 0))
+        gpu += cell.leafCells * int(sku.get("gpu", 0))
+    if not cells:
+        return {}
+    return {"cpu": str(cpu), "memory": f"{memory}Mi", GPU_RESOURCE: str(gpu)}
+
+
+def _cells(raw: list[dict[str, Any]]) -> list[NodeCell]:
+    cells = []
+    for cell in raw:
+        try:
+            cells.append(msgspec.convert(cell, NodeCell))
+        except msgspec.ValidationError:
+            continue  # the scheduler's view, written by a newer version: shown without it
+    return cells
+
+
+def node_view(name: str, record: NodeHealthRecord | None, cells: list[dict[str, Any]] | None,
+              sku_types: dict[str, dict[str, Any]]) -> NodeView:
+    """One node from the monitor's health record and the scheduler's cells (pure).
+    `cells` None: the node is not in the scheduler's cluster (an agent reports it)."""
+    record = record or NodeHealthRecord(node=name)
+    own_cells = _cells(cells or [])
+    if not record.heard and record.healthy:
+        ready = NodeCondition(type="Ready", status="Unknown", reason="NoAgent",
+                              message="no node agent has reported this node yet")
+    else:
+        ready = NodeCondition(type="Ready", status="True" if record.healthy else "False",
+                              reason="Healthy" if record.healthy else "Unhealthy", message=record.reason,
+                              lastTransitionTime=_time(record.since), lastHeartbeatTime=_time(record.lastHeard))
+    held = [NodeCondition(type=c, status="True", message=record.reason, lastTransitionTime=_time(record.since))
+            for c in record.conditions]
+    taints = ([Taint(key=CORDON_TAINT, value=record.cordonReason)] if record.cordoned else []) + \
+        ([Taint(key=UNHEALTHY_TAINT, value=record.reason)] if not record.healthy else [])
+    capacity = _capacity(own_cells, sku_types)
+    skus = sorted({c.sku for c in own_cells})
+    return NodeView(
+        metadata=NodeMetadata(name=name, labels={"pai/sku": ",".join(skus)} if skus else {}),
+        spec=NodeSpec(unschedulable=record.cordoned, taints=taints),
+        status=NodeStatus(conditions=[ready, *held], capacity=capacity,
+                          allocatable=capacity if record.healthy and not record.cordoned else
+                          {k: ("0Mi" if k == "memory" else "0") for k in capacity}),
+        cells=own_cells,
+        name=name,
+        inClusterConfig=cells is not None,
+        healthy=record.healthy,
+        conditions=record.conditions,
+        reason=record.reason,
+        since=record.since or None,
+        agentSeen=record.heard,
+        cordoned=record.cordoned,
+        cordonReason=record.cordonReason,
+        cordonedBy=record.cordonedBy,
+    )
+
+
+# --- reading the buckets ------------------------------------------------------------------------
 
 
 async def _health_records(request: web.Request) -> dict[str, NodeHealthRecord]:
     kv = await ctx_of(request).bus.kv(Bucket.NODE_HEALTH)
-    records: dict[str, NodeHealthRecord] = {}
-    for key in await all_keys(kv):
-        try:
-            entry = await kv.get(key)
-            record = decode_health(entry.value) if entry.value else None
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            continue
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            continue  # the monitor's record, not ours to judge: left out of the list
-        if record is not None:
-            records[record.node] = record
-    return records
+    reading = asyncio.Semaphore(HEALTH_READS_IN_FLIGHT)
+
+    async def one(key: str) -> NodeHealthRecord | None:
+        async with reading:
+            try:
+                entry = await kv.get(key)
+                return decode_health(entry.value) if entry.value else None
+            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                return None
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                return None  # the monitor's record, not ours to judge: left out of the list
+
+    got = await asyncio.gather(*(one(key) for key in await all_keys(kv)))
+    return {record.node: record for record in got if record is not None}
 
 
-async def _cluster_nodes(request: web.Request) -> list[str]:
+async def _cluster_view(request: web.Request) -> ClusterView:
     kv = await ctx_of(request).bus.kv(Bucket.CLUSTER)
     try:
         entry = await kv.get(CLUSTER_VCS_KEY)  # the scheduler's one view: VCs and nodes
     except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-        return []
+        return ClusterView()
     if not entry.value:
-        return []
+        return ClusterView()
     try:
-        view = msgspec.json.decode(entry.value, type=ClusterView)
+        return msgspec.json.decode(entry.value, type=ClusterView)
     except (msgspec.ValidationError, msgspec.DecodeError):
-        return []
-    return [str(n.get("name")) for n in view.nodes if n.get("name")]
+        return ClusterView()
 
 
-def node_view(name: str, record: NodeHealthRecord | None, in_cluster: bool) -> dict[str, Any]:
-    record = record or NodeHealthRecord(node=name)
-    return {
-        "name": name,
-        "inClusterConfig": in_cluster,
-        "healthy": record.healthy,
-        "conditions": record.conditions,
-        "reason": record.reason,
-        "since": record.since or None,
-        "agentSeen": record.heard,
-        "cordoned": record.cordoned,
-        "cordonReason": record.cordonReason,
-        "cordonedBy": record.cordonedBy,
-    }
+async def _cluster_nodes(request: web.Request) -> list[str]:
+    return [str(n.get("name")) for n in (await _cluster_view(request)).nodes if n.get("name")]
+
+
+_encoder = msgspec.json.Encoder()
 
 
 async def list_nodes(request: web.Request) -> web.Response:
-    records = await _health_records(request)
-    configured = await _cluster_nodes(request)
-    names = sorted(set(configured) | set(records))
-    return web.json_response([node_view(n, records.get(n), n in configured) for n in names])
+    records, view = await asyncio.gather(_health_records(request), _cluster_view(request))
+    cells = {str(n["name"]): list(n.get("cells") or []) for n in view.nodes if n.get("name")}
+    names = sorted(set(cells) | set(records))
+    nodes = [node_view(n, records.get(n), cells.get(n), view.skuTypes) for n in names]
+    return web.Response(body=_encoder.encode(nodes), content_type="application/json")
 
 
 def _node_param(request: web.Request) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.rest.openapi.common import json_content, operation, path_param, query_param
+from services.rest import nodes
+from services.rest.openapi.common import json_content, operation, path_param, query_param, ref, schemas_of
 
 _TEXT = {"text/plain": {"schema": {"type": "string"}}}
 _RULES = ["rules"]
@@ -26,7 +27,7 @@ def _probe(summary: str) -> dict[str, Any]:
                              ok={"200": {"description": "ok", "content": {**json_content({"type": "object"}), **_TEXT}}})}
 
 
-SCHEMAS: dict[str, Any] = {}
+SCHEMAS: dict[str, Any] = dict(schemas_of(nodes.NodeView)[1])  # generated from the Structs
 
 PATHS: dict[str, Any] = {
     "/healthz": _probe("Alive (503 once the NATS connection is closed for good)"),
@@ -62,11 +63,10 @@ _OBJECT = json_content({"type": "object"})
 
 PATHS.update({
     "/api/v2/cluster/nodes": {
-        "get": operation("Every node: health, conditions, cordon", tags=["cluster"],
-                         ok={"200": {"description": "nodes", "content": json_content(
-                             {"type": "array", "items": {"type": "object", "properties": {
-                                 "name": {"type": "string"}, "healthy": {"type": "boolean"},
-                                 "conditions": {"type": "array"}, "cordoned": {"type": "boolean"}}}})}}),
+        "get": operation("Every node, shaped like a Kubernetes Node: health (a Ready condition and PAI's "
+                         "conditions), cordon (unschedulable, taints), capacity and its cells", tags=["cluster"],
+                         ok={"200": {"description": "nodes, by name", "content": json_content(
+                             {"type": "array", "items": ref("NodeView")})}}),
     },
     "/api/v2/cluster/nodes/{node}/cordon": {
         "put": operation("Cordon a node (admins): no new work goes there", tags=["cluster"], fails=(400, 403, 404),
