@@ -78,6 +78,14 @@ class Rest:
             raise AssertionError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
         return json.loads(raw) if raw[:1] in (b"{", b"[") else raw.decode()
 
+    def status(self, path: str) -> int:
+        req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as res:
+                return res.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
     def submit(self, yaml_text: str, *, token: str | None = None) -> str:
         return self.call("POST", "/api/v2/jobs", yaml_text, token=token, content_type="text/yaml")["job"]
 

@@ -49,6 +49,7 @@ defaults:
   virtualCluster: default
 """
 MISTAKE_LINE = 8
+VC_LINE = 14
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_sign_in_shows_name_vcs_and_role(page, url, users):
     shot(page, "02-home")
 
 
-def test_a_mistake_is_marked_on_its_line_before_and_after_submit(page, url, blocker):
+def test_a_mistake_is_marked_on_its_line_before_and_after_submit(page, url, rest, blocker):
     page.goto(url + "/#/submit")
     editor = page.locator("#job-text")
     editor.fill(WITH_MISTAKE)
@@ -128,10 +129,18 @@ def test_a_mistake_is_marked_on_its_line_before_and_after_submit(page, url, bloc
     marked.wait_for()
     assert "portal-hello" not in page.url
 
-    editor.fill(WITH_MISTAKE.replace("instances: lots", "instances: 1"))
+    # A mistake found after parsing (no such VC) is marked on its line too.
+    fixed = WITH_MISTAKE.replace("instances: lots", "instances: 1")
+    editor.fill(fixed.replace("virtualCluster: default", "virtualCluster: nowhere"))
+    page.get_by_role("button", name="Check").click()
+    page.locator(f".gutter .ln.err[data-line='{VC_LINE}']").wait_for()
+    assert "nowhere" in page.locator("#job-errors li").first.inner_text()
+
+    editor.fill(fixed)
     page.get_by_role("button", name="Check").click()
     page.wait_for_selector(".ok-box:has-text('valid')")
     assert page.locator(".gutter .ln.err").count() == 0
+    assert rest.status("/api/v2/jobs/alice~portal-hello") == 404  # checking stored nothing
 
 
 def test_job_waits_with_its_reason_then_runs_and_succeeds_without_reload(page, url, rest, blocker, context):
