@@ -26,9 +26,27 @@ class Plan:
         self.new_units = []
 
 
-def plan_opportunistic(state: ClusterState, sku: str, sizes: list[int], view: View) -> Plan | None:
-    """Idle cells anywhere in the cluster, by the same best fit as guaranteed work."""
-    tops = [top for chain in state.tree.sku_chains.get(sku, ()) for top in chain.tops]
+def plan_opportunistic(state: ClusterState, sku: str, sizes: list[int], view: View, *,
+                       unheld_only: bool = False) -> Plan | None:
+    """Idle cells, by the same best fit as guaranteed work: cells no VC holds first, then anywhere.
+
+    A VC's next guaranteed job goes into the idle cells of the VC cells it already holds
+    before binding any other, so work borrowed there is the first to be preempted; cells
+    no VC holds are taken back only once a VC must bind a new cell and none is idle. With
+    `unheld_only` the job waits rather than go where it would likely be preempted.
+    """
+    chains = state.tree.sku_chains.get(sku, ())
+    total = sum(sizes)
+    if sum(chain.unbound_free for chain in chains) >= total:
+        unheld = [cell for chain in chains for type_name in chain.types for cell in chain.free[type_name]]
+        leaves = fit_group(unheld, sizes, view)
+        if leaves is None and len(sizes) > 1:
+            leaves = fit_across([node for cell in unheld for node in _nodes_of(cell)], sizes, view)
+        if leaves is not None:
+            return Plan(leaves, [])
+    if unheld_only:
+        return None
+    tops = [top for chain in chains for top in chain.tops]
     leaves = fit_group(tops, sizes, view)
     if leaves is None and len(sizes) > 1 and state.tree.sku_totals[sku].free >= sum(sizes):
         # Bigger than any one top-level cell: across them, in cell order so neighbours stay together.

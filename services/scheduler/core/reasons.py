@@ -50,6 +50,19 @@ def idle_anywhere(cells: int, skus: list[str], counts: Callable[[], tuple[int, i
     return ("idle", tuple(skus), cells), text
 
 
+def unheld_only(cells: int, skus: list[str], preemptions: int, counts: Callable[[], tuple[int, int]]) -> Reason:
+    """An opportunistic job preempted too often: it waits for cells no VC holds. counts() -> (unheld, idle)."""
+
+    def text(ahead: int) -> str:
+        unheld, idle = counts()
+        return (f"waiting for {cells} {sku_words(skus)} cells that no VC holds (opportunistic job preempted "
+                f"{plural(preemptions, 'time')}: it is no longer placed on idle cells of a VC's quota, where it would "
+                f"likely be preempted again; {unheld} such cells idle, {idle} idle in all); "
+                f"{plural(ahead, 'opportunistic job')} ahead")
+
+    return ("unheld", tuple(skus), cells), text
+
+
 def behind_gang(blocker: str, vc: str | None, since: float, cells: int, clock: Callable[[], float]) -> Reason:
     """Held back so an aged gang gets the cells that free up (the key is the kind only: which gang
     is ahead may change often; the text names the current one)."""

@@ -65,6 +65,8 @@ from services.scheduler.core.state import ClusterState, VcRecord
 from services.scheduler.core.status import VcStatus, vc_status
 
 GANG_PRIORITY_AFTER_S = 600.0
+# After this many preemptions an opportunistic job waits for cells no VC holds (see plan_opportunistic).
+OPPORTUNISTIC_PREEMPTION_BUDGET = 1
 
 _FREE, _TAKE_OPPO, _VICTIMS = "free", "oppo", "victims"
 
@@ -83,10 +85,12 @@ class _LanePass:
 
 class SchedulerCore:
     def __init__(self, config: ClusterConfig, *, clock: Callable[[], float],
-                 gang_priority_after_s: float = GANG_PRIORITY_AFTER_S):
+                 gang_priority_after_s: float = GANG_PRIORITY_AFTER_S,
+                 opportunistic_preemption_budget: int = OPPORTUNISTIC_PREEMPTION_BUDGET):
         self.config = config
         self._clock = clock
         self._gang_after = gang_priority_after_s
+        self._preemption_budget = opportunistic_preemption_budget
         self._state = ClusterState(config)
         self._jobs: dict[str, JobRecord] = {}  # every attempt that waits or holds cells
         self._queues = Queues(list(self._state.vcs))  # attempts with tasks still to place
@@ -96,6 +100,7 @@ class SchedulerCore:
                 self._sku_lanes.setdefault(sku, []).append(name)
         self._holding: dict[str, dict[JobRecord, None]] = {}  # VC -> attempts holding cells of it
         self._preemptor_of: dict[str, JobRecord] = {}  # victim job id -> the job waiting for its cells
+        self._reserving: dict[JobRecord, None] = {}  # attempts holding reservations (waiting for victims)
         self._next_seq = 0
         self._started = False
         self._not_sent: dict[tuple[str, str], Decision] = {}  # (kind, job) -> decision to give again
@@ -288,6 +293,7 @@ class SchedulerCore:
                         state.set_leaf(leaf, job=leaf.job, reserved_for=None)
                         units.append(leaf.unit)
         record.reserved = []
+        self._reserving.pop(record, None)
         for unit in dict.fromkeys(units):
             state.unbind_if_idle(unit)
 
@@ -427,6 +433,8 @@ class SchedulerCore:
         vc = state.vcs.get(lane)
         if vc is None or vc.pinned or sku not in vc.sku_virtual:
             return None
+        if any(record.vc == lane for record in self._reserving):
+            return None  # a job of the VC waits to take its reserved cells: it must be reached
         holding = self._holding.get(lane, {})
         lowest: list[float] = []  # the lowest priority of the VC's guaranteed work holding cells, once needed
 
@@ -638,9 +646,29 @@ class SchedulerCore:
         vc = self._state.vcs[record.vc]
         skus = candidate_skus(self._state, record, vc, group)
         cells = self._cells_for(tasks, skus[0])
+        if self._over_budget(record):
+            key = ("unheld", tuple(skus), cells)
+            if key != record.reason_key or record.reason_text is None:
+                self._set_reason(record, reasons.unheld_only(cells, skus, record.preemptions, self._idle_counts(skus)),
+                                 decisions)
+            return
         key = ("idle", tuple(skus), cells) if record.opportunistic else ("vc", vc.name, tuple(skus), cells)
         if key != record.reason_key or record.reason_text is None:
             self._set_reason(record, reasons.waiting_for_room(self._state, record, vc, skus, cells), decisions)
+
+    def _over_budget(self, record: JobRecord) -> bool:
+        """An opportunistic job preempted often enough to be kept off cells a VC's quota holds."""
+        return record.opportunistic and record.preemptions >= self._preemption_budget
+
+    def _idle_counts(self, skus: list[str]) -> Callable[[], tuple[int, int]]:
+        tree = self._state.tree
+
+        def counts() -> tuple[int, int]:
+            unheld = sum(chain.unbound_free for sku in skus for chain in tree.sku_chains.get(sku, ()))
+            idle = sum(tree.sku_totals[sku].free for sku in skus if sku in tree.sku_totals)
+            return unheld, idle
+
+        return counts
 
     @staticmethod
     def _blocked_by(record: JobRecord, blockers: list[JobRecord]) -> JobRecord | None:
@@ -682,7 +710,8 @@ class SchedulerCore:
         for mode in modes:
             for sku, order, sizes, total, quota_free in shapes:
                 if record.opportunistic:
-                    plan = plan_opportunistic(self._state, sku, sizes, View())
+                    plan = plan_opportunistic(self._state, sku, sizes, View(),
+                                              unheld_only=self._over_budget(record))
                 elif mode == _VICTIMS:
                     plan = plan_with_victims(self._state, record, vc, sku, sizes, self._holding.get(vc.name, ()),
                                              quota_free)
@@ -779,6 +808,7 @@ class SchedulerCore:
         self._unbind_unused(plan)
         group = next(g for g in record.groups if any(t in g.tasks for t in tasks))
         record.reserved.append((group, tasks, plan.leaves))
+        self._reserving[record] = None
         for victim in sorted(victims, key=lambda j: j.seq):
             self._preempt(victim, record, decisions)
         return "preempting"
@@ -812,6 +842,7 @@ class SchedulerCore:
             if group in record.pending_groups and all((t.role, t.index) in record.placed for t in group.tasks):
                 record.pending_groups.remove(group)
         record.reserved = []
+        self._reserving.pop(record, None)
         return placements
 
     # --- preemption ---------------------------------------------------------------------------
