@@ -72,7 +72,7 @@ class Monitor:
             assert resp.status == 200
             return Scrape(await resp.text())
 
-    async def until(self, condition: Callable[[Scrape], bool]) -> Scrape:
+    async def until(self, condition: Callable[[Scrape], bool], what: str = "") -> Scrape:
         deadline = time.monotonic() + WAIT_SECONDS
         while True:
             assert self.proc.poll() is None, "the monitor exited"
@@ -81,7 +81,8 @@ class Monitor:
                 return scrape
             if time.monotonic() > deadline:
                 pai = "\n".join(line for line in scrape.text.splitlines() if RUN in line)
-                pytest.fail(f"metrics never matched; lines of this run:\n{pai}")
+                wanted = f" (wanted {what})" if what else ""
+                pytest.fail(f"metrics never matched{wanted}; lines of this run:\n{pai}")
             await asyncio.sleep(0.05)
 
 
@@ -284,9 +285,14 @@ async def test_the_sampler_stores_this_node_in_the_nodes_bucket(bus, monitor):
     assert sample.diskTotalBytes > 0
     if not sample.gpus:  # the usual case on a machine without NVIDIA GPUs: a note, not an error
         assert sample.gpuNote
-    scrape = await monitor.until(lambda s: s.value("node_memory_total_bytes") is not None)
+    # An unlabelled gauge reads 0 from the start, before the first sample sets it:
+    # wait for the values this sample must produce, not for the gauge to exist.
+    scrape = await monitor.until(
+        lambda s: s.value("node_memory_total_bytes") == sample.memoryTotalBytes
+        and s.value("nvidiasmi_attached_gpus") == len(sample.gpus),
+        what=f"node_memory_total_bytes {sample.memoryTotalBytes}, nvidiasmi_attached_gpus {len(sample.gpus)}",
+    )
     assert scrape.value("node_memory_total_bytes") == sample.memoryTotalBytes
-    assert scrape.value("nvidiasmi_attached_gpus") == len(sample.gpus)
     assert monitor.proc.poll() is None
 
 
