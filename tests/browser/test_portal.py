@@ -232,15 +232,63 @@ def test_job_list_filters_sorts_and_bulk_stops(page, url, rest, users):
     shot(page, "09-jobs-list")
 
 
-def test_every_page_renders(page, url, rest, browser):
+GPU_PERCENTS = [0.0, 35.0, 70.0, 100.0]
+
+
+def store_gpu_sample(platform, node: str) -> None:
+    """A monitor agent's sample of a node with four GPUs (this machine has none), as the
+    agent writes it in pai_nodes, so the heat map has GPUs to show."""
+    import asyncio
+    import threading
+    import time
+
+    from libs.common.bus import Bus
+    from libs.common.nodes import node_key
+    from libs.common.subjects import Bucket
+    from services.monitor.core.samples import GpuSample, NodeSample, encode_node_sample
+
+    sample = NodeSample(node=node, at=time.time(), cpuCount=32, cpuPercent=50.0, memoryUsedBytes=64 << 30,
+                        memoryTotalBytes=256 << 30,
+                        gpus=[GpuSample(index=i, uuid=f"GPU-{i}", name="H100", utilizationGpuPercent=pct,
+                                        memoryUsedBytes=40 << 30, memoryTotalBytes=80 << 30)
+                              for i, pct in enumerate(GPU_PERCENTS)])
+
+    async def put() -> None:
+        bus = await Bus.connect(platform.nats.url, name="browser-test-agent", **platform.nats.login("monitor"))
+        try:
+            await (await bus.kv(Bucket.NODES)).put(node_key(node), encode_node_sample(sample))
+        finally:
+            await bus.close()
+
+    # In a thread of its own: Playwright's sync API keeps this thread's event loop marked running.
+    failed: list[BaseException] = []
+    worker = threading.Thread(target=lambda: _capture(failed, lambda: asyncio.run(put())))
+    worker.start()
+    worker.join(60)
+    assert not failed, failed
+
+
+def _capture(failed: list, fn) -> None:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - reported by the caller
+        failed.append(exc)
+
+
+def test_every_page_renders(page, url, rest, browser, platform):
     page.goto(f"{url}/#/vcs")
     page.wait_for_selector("#vc-research")
     shot(page, "10-virtual-clusters")
     page.goto(f"{url}/#/vcs/default")
     page.wait_for_selector("text=Queue (")
     shot(page, "11-virtual-cluster-queue")
+    store_gpu_sample(platform[0], "node-a")
     page.goto(f"{url}/#/cluster")
     page.wait_for_selector("#heatmap th:has-text('node-a')")
+    row = page.locator("#heatmap tr", has=page.locator("th", has_text="node-a"))
+    row.locator("td.heat-4").wait_for()  # 35% busy: the fourth shade of eleven
+    assert row.locator("td").all_inner_texts()[:4] == ["0%", "35%", "70%", "100%"]
+    assert row.locator("td.heat-10").count() >= 1
     page.wait_for_selector("#nodes th:has-text('node-c')")
     shot(page, "12-cluster")
     page.goto(f"{url}/#/alerts")
