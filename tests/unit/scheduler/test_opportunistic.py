@@ -80,6 +80,36 @@ def test_a_long_running_opportunistic_job_is_not_thrown_away_again_and_again():
     assert h.is_running("borrower0")
 
 
+def test_opportunistic_work_goes_to_cells_no_vc_holds_before_holes_in_a_vcs_cells():
+    h = Harness("two-racks")
+    h.submit("owner", vc="vision", gpus=1)  # vision binds one rack; 7 of its GPUs stay idle
+    vision_rack = {"node-a1", "node-a2"} if h.nodes_of("owner")[0].startswith("node-a") else {"node-b1", "node-b2"}
+    h.submit("borrower", vc="speech", priority="oppo", gpus=4)
+    assert not set(h.nodes_of("borrower")) & vision_rack  # vision's next job would take those holes first
+
+
+def test_a_preempted_opportunistic_job_waits_for_cells_no_vc_holds():
+    """Preempted once, it is not placed again in the idle part of a VC's cells, where that VC's
+    next guaranteed job would preempt it again; it waits for cells no VC holds."""
+    h = Harness("two-racks")
+    h.submit("owner", vc="vision", gpus=1)
+    vision_rack = {"node-a1", "node-a2"} if h.nodes_of("owner")[0].startswith("node-a") else {"node-b1", "node-b2"}
+    h.submit("old", vc="speech", priority="oppo", gpus=4)
+    h.clock.advance(600)
+    h.submit("young", vc="speech", priority="oppo", gpus=4)
+    assert not (set(h.nodes_of("old")) | set(h.nodes_of("young"))) & vision_rack
+    decisions = h.submit("speaker", vc="speech", gpus=4)  # speech must bind a node of the other rack
+    assert preempted_jobs(decisions) == ["alice~young"]
+    after = h.finish_preempted(decisions)
+    assert placed_jobs(after) == ["alice~speaker"]
+    # A whole idle node remains in vision's rack, but young waits for cells no VC holds.
+    assert not h.is_running("young")
+    assert "no VC holds" in h.reason("young") and "preempted 1 time" in h.reason("young")
+    freed = h.nodes_of("old")
+    assert placed_jobs(h.release("old")) == ["alice~young"]
+    assert h.nodes_of("young") == freed
+
+
 # --- HiveD's guarantee, on random workloads ------------------------------------------------------
 
 GUARANTEE_FIXTURES = ["two-racks", "eight-gpu-node"]
