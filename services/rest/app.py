@@ -174,9 +174,8 @@ async def submit_job(request: web.Request) -> web.Response:
     body = await read_body(request, limit=MAX_BODY_BYTES, what="the job body (1 MiB at most)")
     parsed = parse_job(body, content_type=request.content_type, user=user.username)
     spec = parsed.spec
-    view = await jobs_api.cluster_view(ctx)  # read once for both checks
-    _check_virtual_cluster(view, user, spec.virtualCluster)
-    jobs_api.check_fits(spec, view)
+    await jobs_api.check_against_cluster(request, lambda view: (_check_virtual_cluster(view, user, spec.virtualCluster),
+                                                                 jobs_api.check_fits(spec, view)))
     jid = ids.job_id(user.username, spec.name)
     if portal_routes.wants_dry_run(request):  # validated as a submission is; nothing stored or published
         return portal_routes.dry_run_answer(jid, parsed)

@@ -37,8 +37,10 @@ from services.rest import capacity, intake, views
 from services.rest.job_index import JobIndex
 from services.rest.records import SubmittedJob
 from services.rest.request import USER, bad_field, ctx_of, read_json_object
+from services.rest.watched import WatchedValue
 
 INDEX = web.AppKey("job_index", JobIndex)
+CLUSTER_VIEW = web.AppKey("cluster_view", WatchedValue)
 
 MAX_TAGS_PER_JOB = 32
 MAX_TAG_LENGTH = 64
@@ -429,6 +431,25 @@ async def cluster_view(ctx: ServiceContext) -> ClusterView:
     return got[0] if got else ClusterView()
 
 
+async def check_against_cluster(request: web.Request, check) -> ClusterView:
+    """Run `check(view)` (it raises what it refuses) on the scheduler's cluster view as
+    rest's watch holds it (no round trip). That copy may lag the bucket by the watch's
+    delivery: it may accept what the stored view would refuse (the scheduler judges the
+    job again and says why it waits), but a refusal is always judged again on the
+    stored view, so a VC just added is never refused. Returns the view judged on."""
+    watched = request.app.get(CLUSTER_VIEW)
+    held = watched.value if watched is not None else None
+    if held is not None:
+        try:
+            check(held)
+            return held
+        except (BadInput, Forbidden, NoVirtualCluster):
+            pass
+    view = await cluster_view(ctx_of(request))
+    check(view)
+    return view
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("pai")
@@ -695,17 +716,21 @@ ROUTES = [
 
 
 def setup(app: web.Application, ctx: ServiceContext) -> None:
-    """Routes, the job index and the sweep of unpublished submissions (started and stopped with the app)."""
+    """Routes, the job index, the watched cluster view and the sweep of unpublished
+    submissions (started and stopped with the app)."""
     from services.rest import openapi  # the document lists these routes; imported here to avoid a cycle
 
     app.add_routes(ROUTES)
     app.add_routes(openapi.routes)  # public: auth.PUBLIC_PATHS
     index = JobIndex()
     app[INDEX] = index
+    view = WatchedValue(Bucket.CLUSTER, CLUSTER_VCS_KEY, ClusterView, ClusterView())
+    app[CLUSTER_VIEW] = view
 
     async def run_index(_: web.Application):
         stopping = asyncio.Event()
         tasks = [asyncio.ensure_future(index.run(ctx.bus, stopping)),
+                 asyncio.ensure_future(view.run(ctx.bus, stopping)),
                  # Records whose JobSubmitted may not be out, found through the index.
                  asyncio.ensure_future(intake.run_sweep(ctx, index, stopping))]
         yield
