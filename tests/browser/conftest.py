@@ -78,8 +78,8 @@ class Rest:
             raise AssertionError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
         return json.loads(raw) if raw[:1] in (b"{", b"[") else raw.decode()
 
-    def status(self, path: str) -> int:
-        req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {self.token}"})
+    def status(self, path: str, *, token: str | None = None) -> int:
+        req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {token or self.token}"})
         try:
             with urllib.request.urlopen(req, timeout=30) as res:
                 return res.status

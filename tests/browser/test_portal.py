@@ -80,6 +80,19 @@ def blocker(rest: Rest, users) -> str:
     return job
 
 
+UNLABELLED = """() => [...document.querySelectorAll('input, select, textarea, button')]
+    .filter((el) => el.offsetParent !== null && el.type !== 'hidden')
+    .filter((el) => !((el.labels && el.labels.length) || el.getAttribute('aria-label') || el.getAttribute('aria-labelledby')
+                      || (el.tagName === 'BUTTON' && el.textContent.trim()) || el.title))
+    .map((el) => el.outerHTML.slice(0, 120))"""
+
+
+def assert_labelled(tab) -> None:
+    """Every visible control has a name a screen reader can say."""
+    unlabelled = tab.evaluate(UNLABELLED)
+    assert unlabelled == [], unlabelled
+
+
 def sign_in(tab, url: str, username: str, *, remember: bool = False) -> None:
     tab.goto(url + "/")
     tab.get_by_label("User name").fill(username)
@@ -93,6 +106,7 @@ def sign_in(tab, url: str, username: str, *, remember: bool = False) -> None:
 def test_sign_in_shows_name_vcs_and_role(page, url, users):
     page.goto(url + "/")
     page.wait_for_selector("text=Sign in to PAI")
+    assert_labelled(page)
     shot(page, "01-login")
     page.get_by_label("User name").fill("alice")
     page.get_by_label("Password", exact=True).fill("not-her-password")
@@ -106,7 +120,16 @@ def test_sign_in_shows_name_vcs_and_role(page, url, users):
     assert page.locator("#nav-admin").is_hidden()
     page.wait_for_selector("#h-vcs")
     assert page.locator(".card h3", has_text="default").count() == 1
+    assert_labelled(page)
     shot(page, "02-home")
+    # Keyboard: after a navigation focus is on the page's title, so Tab goes on into the
+    # content (not back through the top bar), and Enter follows a link.
+    assert page.evaluate("document.activeElement.id") == "page-title"
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.getAttribute('href')") == "#/jobs?state=WAITING"
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#page-title:has-text('Jobs')")
+    assert page.locator("#f-state").input_value() == "WAITING"
 
 
 def test_a_mistake_is_marked_on_its_line_before_and_after_submit(page, url, rest, blocker):
@@ -120,6 +143,7 @@ def test_a_mistake_is_marked_on_its_line_before_and_after_submit(page, url, rest
     marked = page.locator(f".gutter .ln.err[data-line='{MISTAKE_LINE}']")
     marked.wait_for()
     assert page.locator(".gutter .ln.err").count() == 1
+    assert_labelled(page)
     item = page.locator("#job-errors li").first
     assert f"line {MISTAKE_LINE}" in item.inner_text()
     assert "instances" in item.inner_text()
@@ -177,6 +201,7 @@ def test_job_waits_with_its_reason_then_runs_and_succeeds_without_reload(page, u
     assert seen[0] == "WAITING" and seen[-1] == "SUCCEEDED" and "RUNNING" in seen, seen
     # Its log, with the parameter rendered.
     page.wait_for_selector("#log:has-text('hello-from-the-portal')")
+    assert_labelled(page)
     shot(page, "06-job-succeeded-with-log")
 
 
@@ -211,6 +236,12 @@ def test_another_user_sees_no_stop_button(browser, url, rest, users):
         tab.goto(f"{url}/#/jobs?username=alice")
         tab.wait_for_selector(f"tr[data-job='{running}']")
         assert tab.locator(f"tr[data-job='{running}'] input[type=checkbox]").count() == 0
+        assert_labelled(tab)
+        bob_token = tab.evaluate("sessionStorage.getItem('pai.token')")
+        tab.get_by_role("button", name="Sign out").click()
+        tab.wait_for_selector("text=Sign in to PAI")
+        assert tab.evaluate("sessionStorage.getItem('pai.token') || localStorage.getItem('pai.token')") is None
+        assert rest.status("/api/v2/users/me", token=bob_token) == 401  # signing out revoked the token
     finally:
         ctx.close()
     rest.call("PUT", f"/api/v2/jobs/{running}/executionType", {"value": "STOP"}, token=users["alice"])
@@ -308,7 +339,21 @@ def test_every_page_renders(page, url, rest, browser, platform):
         admin.goto(f"{url}/#/admin")
         admin.wait_for_selector("#users th:has-text('alice')")
         admin.wait_for_selector("#rules li")
+        assert_labelled(admin)
         shot(admin, "14-admin-dark")
+        # A rule edited into something invalid: the runtime's problems are shown, nothing changes.
+        first = admin.locator("#rules > li").first
+        first.locator("summary").click()
+        editor = first.locator("textarea")
+        editor.fill(editor.input_value().replace('"reaction": "', '"reaction": "SOMETIMES_', 1))
+        first.get_by_role("button", name=re.compile("^Save rule")).click()
+        first.locator("ul.errors li").first.wait_for()
+        assert "reaction" in first.locator("ul.errors").inner_text()
+        admin.goto(f"{url}/#/")
+        admin.set_viewport_size({"width": 2560, "height": 1440})  # a wall display
+        admin.wait_for_selector("#h-vcs")
+        shot(admin, "16-home-wall-display-dark")
+        admin.set_viewport_size({"width": 1440, "height": 900})
         admin.goto(f"{url}/#/")
         admin.wait_for_selector("#h-vcs")
         shot(admin, "15-home-admin-dark")

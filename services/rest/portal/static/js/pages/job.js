@@ -63,8 +63,14 @@ export async function render(main, { args, go }) {
     try { await api(method, `${jobPath(id)}/tag`, { body: { value } }); await load(); } catch (err) { head.append(errorBox(err)); }
   }
 
-  async function load() {
-    detail = await get(jobPath(id));
+  let shownKey = "";
+  async function load({ ifChanged = false } = {}) {
+    const fresh = await get(jobPath(id));
+    const key = JSON.stringify(fresh);
+    // A periodic re-read that finds nothing new leaves the page (and what is being typed) alone.
+    if (ifChanged && key === shownKey) return;
+    shownKey = key;
+    detail = fresh;
     const st = detail.jobStatus;
     const owner = mine();
     const [attempts, jobEvents] = owner
@@ -160,6 +166,6 @@ export async function render(main, { args, go }) {
     pending = setTimeout(() => load().catch(() => {}), 200);
   });
   // Others' jobs are not on a user's stream; and a missed event must not freeze the page.
-  const timer = setInterval(() => { if (!FINAL_STATES.has(detail.jobStatus.state)) load().catch(() => {}); }, 10000);
+  const timer = setInterval(() => { if (!FINAL_STATES.has(detail.jobStatus.state)) load({ ifChanged: true }).catch(() => {}); }, 10000);
   return () => { stopped = true; off(); clearTimeout(pending); clearTimeout(logTimer); clearInterval(timer); };
 }
