@@ -358,8 +358,10 @@ class SchedulerCore:
         blocking_ids = lane_pass.blocking_ids
         failed_shapes = lane_pass.failed_shapes
         sku = pair[1]
-        # Past the first aged gang that wants this sku, every job of the list is held back behind it.
-        held_back_after = min((b.key for b in blockers if sku in b.skus_set), default=None)
+        # Past the first aged gang that wants this sku, every job of the list is held back behind it. In the
+        # opportunistic lane an aged gang holds back only its own VC's jobs (see _blocked_by): no cut-off.
+        vc_lane = pair[0] is not None
+        held_back_after = min((b.key for b in blockers if sku in b.skus_set), default=None) if vc_lane else None
         full = self._lane_full_check(pair)
         for record in list(self._queues.by_sku[pair]):
             if held_back_after is not None and record.key > held_back_after:
@@ -375,7 +377,7 @@ class SchedulerCore:
                 if record.blocking and record.waiting and record.id not in blocking_ids:
                     blockers.append(record)
                     blocking_ids.add(record.id)
-                    if sku in record.skus_set:
+                    if sku in record.skus_set and vc_lane:
                         held_back_after = record.key if held_back_after is None else min(held_back_after, record.key)
                 continue
             record.seen_epoch = epoch
@@ -412,7 +414,7 @@ class SchedulerCore:
                 if shape is not None and record.waiting and record.failed_epoch == epoch and not record.victims:
                     failed_shapes.append((record.skus_set, shape, record.priority))
             self._age(record, now, lane_pass)
-            if record.blocking and record.waiting and sku in record.skus_set and held_back_after is None:
+            if record.blocking and record.waiting and sku in record.skus_set and held_back_after is None and vc_lane:
                 held_back_after = record.key
 
     def _lane_full_check(self, pair: tuple[str | None, str | None]) -> Callable[[JobRecord], bool] | None:
@@ -672,10 +674,17 @@ class SchedulerCore:
 
     @staticmethod
     def _blocked_by(record: JobRecord, blockers: list[JobRecord]) -> JobRecord | None:
-        """An aged gang of the same lane, ahead in the queue, that competes for one of the job's skus."""
+        """An aged gang of the same lane, ahead in the queue, that competes for one of the job's skus.
+
+        In the opportunistic lane (one for the whole cluster) only a gang of the job's own VC holds
+        it back: one VC's big opportunistic gang does not stop every VC's opportunistic work, which
+        under a sustained overload would leave idle cells unused while the gang waits for enough
+        of them at once. The gang still gets the cells its own VC's later jobs would have taken.
+        """
         key = record.key
         for blocker in blockers:
-            if blocker.key < key and not blocker.skus_set.isdisjoint(record.skus):
+            if blocker.key < key and not blocker.skus_set.isdisjoint(record.skus) and (
+                    not blocker.opportunistic or blocker.vc == record.vc):
                 return blocker
         return None
 

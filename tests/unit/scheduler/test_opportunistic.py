@@ -110,6 +110,18 @@ def test_a_preempted_opportunistic_job_waits_for_cells_no_vc_holds():
     assert h.nodes_of("young") == freed
 
 
+def test_an_aged_opportunistic_gang_holds_back_only_its_own_vcs_opportunistic_jobs():
+    """One VC's big opportunistic gang waiting for the whole cluster must not stop every VC's
+    opportunistic work (idle cells would stay unused for as long as it waits)."""
+    h = Harness("two-racks", gang_priority_after_s=300)
+    h.submit("running", vc="vision", priority="oppo", gpus=2)
+    h.submit("gang", vc="speech", priority="oppo", gpus=4, instances=4)  # every GPU of the cluster
+    h.tick(301)
+    assert placed_jobs(h.submit("other-vc", vc="vision", priority="oppo", gpus=1)) == ["alice~other-vc"]
+    assert placed_jobs(h.submit("same-vc", vc="speech", priority="oppo", gpus=1)) == []
+    assert h.reason("same-vc").startswith("waiting behind gang job alice~gang in the opportunistic queue")
+
+
 # --- HiveD's guarantee, on random workloads ------------------------------------------------------
 
 GUARANTEE_FIXTURES = ["two-racks", "eight-gpu-node"]
