@@ -13,11 +13,13 @@ from libs.common.errors import BadInput, TooLarge
 from libs.common.protocol.depth import NestingTooDeep, check_json_depth
 from libs.common.protocol.limits import MAX_ADMIN_BODY_BYTES
 from libs.common.service import ServiceContext
+from services.rest.identity.core import Principal
 
 T = TypeVar("T")
 
 CTX = web.AppKey("ctx", ServiceContext)
-USER = "pai_user"  # request key holding the authenticated `records.User`
+# The caller of a request, as the auth middleware resolved their token.
+USER = web.RequestKey("pai_user", Principal)
 
 
 def ctx_of(request: web.Request) -> ServiceContext:
