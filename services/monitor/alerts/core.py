@@ -202,17 +202,30 @@ class AlertCore:
         self.unhealthy: dict[str, str] = {}  # node -> reason, from NodeStatus
         self.services: dict[str, ServiceReading] = {}
         self.jobs: dict[str, JobView] = {}
+        # The jobs in each state (insertion-ordered), so a job rule looks only at
+        # the jobs its condition can hold for; `_index` keeps it in step with `jobs`.
+        self._jobs_in: dict[JobState, dict[str, JobView]] = {state: {} for state in JobState}
         # (node, gpu) -> its recent utilisation readings
         self.gpu_history: dict[tuple[str, int], _History] = {}
         self.pending: dict[str, float] = {}  # fingerprint -> since when its condition holds
         self.alerts: dict[str, AlertRecord] = {}  # firing, and resolved within RECENT_SECONDS
         self.groups: dict[str, GroupState] = {}
+        # What each firing alert's record was rendered from, so an evaluation where
+        # nothing about it changed renders nothing (most rounds of a big cluster).
+        self._rendered_from: dict[str, tuple] = {}
+        # Set by whatever can change inhibition or a mail group beyond what one
+        # evaluation sees (new rules, a restore): the next evaluation re-derives all.
+        self._everything_changed = True
+        # No resolved alert or final job can be forgotten before this time.
+        self._forget_due = 0.0
 
     # --- inputs ------------------------------------------------------------------
 
     def set_rules(self, rules: RuleSet) -> None:
         """New rules apply from the next evaluation; alerts of removed rules resolve then."""
         self.rules = rules
+        self._rendered_from.clear()
+        self._everything_changed = True
 
     def restore(self, alerts: Iterable[AlertRecord], groups: Iterable[GroupState]) -> None:
         for alert in alerts:
@@ -221,6 +234,8 @@ class AlertCore:
                 self.pending[alert.fingerprint] = alert.startsAt
         for group in groups:
             self.groups[group.key] = group
+        self._everything_changed = True
+        self._forget_due = 0.0
 
     def node_sampled(self, reading: NodeReading) -> None:
         previous = self.nodes.get(reading.node)
@@ -243,18 +258,22 @@ class AlertCore:
         self.services[reading.service] = reading
 
     def restore_job(self, view: JobView) -> None:
-        self.jobs.setdefault(view.job, view)
+        if view.job not in self.jobs:
+            self.jobs[view.job] = view
+            self._jobs_in[view.state][view.job] = view
+        self._forget_due = 0.0
 
     def handle(self, event: Event) -> list[Notification]:
         """Follow one job or node event; the owner's status mail it calls for, if any."""
         match event:
             case JobSubmitted(spec=spec):
                 if event.job not in self.jobs:
-                    self.jobs[event.job] = JobView(
+                    view = self.jobs[event.job] = JobView(
                         job=event.job, user=spec.user, vc=spec.virtualCluster, waitingSince=event.at,
                         notify=spec.notifyOnStateChange, notifyStates=list(spec.notifyStates),
                         notifyEmails=list(spec.notifyEmails),
                     )
+                    self._jobs_in[view.state][view.job] = view
             case JobWaiting(attempt=attempt, reason=reason):
                 view = self.jobs.get(event.job)
                 if view is not None and attempt >= view.attempt:
@@ -285,6 +304,7 @@ class AlertCore:
         view = self.jobs.get(event.job)
         if view is None:
             view = self.jobs[event.job] = JobView(job=event.job, user=event.user, vc=event.vc, waitingSince=event.at)
+            self._jobs_in[view.state][view.job] = view
         if (event.attempt, _RANK[event.state]) < (view.attempt, _RANK[view.state]):
             return []  # older than what we know
         if (event.attempt, event.state) == (view.attempt, view.state) and event.state is not JobState.WAITING:
@@ -293,12 +313,17 @@ class AlertCore:
             view.waitingSince = event.at
             view.waitingReason = ""
             view.gpus, view.nodes = [], []
+        if event.state is not view.state:
+            del self._jobs_in[view.state][view.job]
+            self._jobs_in[event.state][view.job] = view
         view.attempt, view.state = event.attempt, event.state
         if event.state is JobState.RUNNING:
             view.runningSince = event.at
         if event.state is JobState.FAILED:
             view.failedAt = event.at
             view.exitSpec, view.exitCode = event.exitSpec, event.exitCode
+        if event.state.is_final:
+            self._forget_due = min(self._forget_due, _job_forget_at(view))
         word = "retried" if event.state is JobState.WAITING and event.attempt > 1 else event.state.value.lower()
         if not view.notify or word not in (view.notifyStates or DEFAULT_NOTIFY_STATES):
             return []
@@ -323,23 +348,42 @@ class AlertCore:
         for fingerprint in list(self.pending):
             if fingerprint not in holding:
                 del self.pending[fingerprint]
+                self._rendered_from.pop(fingerprint, None)
                 alert = self.alerts.get(fingerprint)
                 if alert is not None and alert.state is AlertState.FIRING:
                     ended = msgspec.structs.replace(alert, state=AlertState.RESOLVED, endsAt=now)
                     self.alerts[fingerprint] = ended
                     outputs.append(AlertEnded(alert=ended))
+                    self._forget_due = min(self._forget_due, now + RECENT_SECONDS)
         fired: list[AlertRecord] = []
+        records_changed = False
         for fingerprint, (rule, candidate) in holding.items():
             since = self.pending.setdefault(fingerprint, now)
             alert = self.alerts.get(fingerprint)
-            record = self._record(rule, candidate, since)
             if alert is not None and alert.state is AlertState.FIRING:
+                source = _render_source(rule, candidate)
+                if self._rendered_from.get(fingerprint) == source:
+                    continue  # rendered from the same facts: the same record
+                self._rendered_from[fingerprint] = source
+                record = self._record(rule, candidate, since)
                 if alert.summary != record.summary or alert.severity != record.severity:
-                    self.alerts[fingerprint] = msgspec.structs.replace(record, startsAt=alert.startsAt)
+                    self.alerts[fingerprint] = msgspec.structs.replace(
+                        record, startsAt=alert.startsAt, inhibitedBy=alert.inhibitedBy)
+                    records_changed = True
                 continue
             if now - since >= rule.for_:
+                record = self._record(rule, candidate, since)
+                self._rendered_from[fingerprint] = _render_source(rule, candidate)
                 self.alerts[fingerprint] = record
                 fired.append(record)
+        # Inhibition and mail groups change only when an alert fired, resolved or
+        # was re-rendered (its nodes may differ), or rules or a restore changed them:
+        # otherwise the only mail due is a reminder.
+        if not (fired or outputs or records_changed or self._everything_changed):
+            outputs += self._reminders(now)
+            self._forget_old(now)
+            return outputs
+        self._everything_changed = False
         # Inhibition once every alert of this round is known.
         inhibiting = self._inhibiting()
         for fingerprint, alert in list(self.alerts.items()):
@@ -387,14 +431,14 @@ class AlertCore:
                     if value is not None and value >= threshold:
                         yield _node(rule, node, {"value": round(value, 1)})
             case Condition.JOB_WAITING:
-                for view in self.jobs.values():
-                    if view.state is JobState.WAITING and now - view.waitingSince > threshold:
+                for view in self._jobs_in[JobState.WAITING].values():
+                    if now - view.waitingSince > threshold:
                         yield _job(rule, view, {"value": _human(now - view.waitingSince),
                                                 "reason": view.waitingReason or "no reason given yet"})
             case Condition.JOB_FAILED:
                 window = rule.window or 0.0
-                for view in self.jobs.values():
-                    if view.state is JobState.FAILED and view.failedAt is not None and now - view.failedAt < window:
+                for view in self._jobs_in[JobState.FAILED].values():
+                    if view.failedAt is not None and now - view.failedAt < window:
                         spec = view.exitSpec
                         reason = (spec.reason or spec.phrase) if spec else f"exit code {view.exitCode}"
                         solution = list(spec.solution) if spec else []
@@ -405,9 +449,8 @@ class AlertCore:
                 means = window_means.get(window)
                 if means is None:
                     means = window_means[window] = self._gpu_means(now, window)
-                for view in self.jobs.values():
-                    if (view.state is not JobState.RUNNING or not view.gpus or view.runningSince is None
-                            or now - view.runningSince < window):
+                for view in self._jobs_in[JobState.RUNNING].values():
+                    if not view.gpus or view.runningSince is None or now - view.runningSince < window:
                         continue
                     known = [means[g] for g in view.gpus if g in means]
                     if known and len(known) == len(view.gpus):
@@ -512,13 +555,47 @@ class AlertCore:
                 del self.groups[key]
         return notifications
 
+    def _reminders(self, now: float) -> list[Notification]:
+        """The notifications of a round in which no alert fired, resolved, changed
+        or was (un)inhibited: each group's firing set is then the one last stored
+        (`_notifications` keeps it so), and only reminders can be due."""
+        notifications: list[Notification] = []
+        rules = {rule.name: rule for rule in self.rules.rules}
+        for key, state in list(self.groups.items()):
+            rule = rules.get(state.rule)
+            if rule is None or not state.firing or now - state.lastSentAt < rule.repeatInterval:
+                continue
+            firing = tuple(self.alerts[fp] for fp in state.firing)
+            group = msgspec.structs.replace(state, lastSentAt=now)
+            self.groups[key] = group
+            owners = tuple(sorted({a.user for a in firing if a.user}))
+            notifications.append(Notification(
+                id=f"{key}@{now:.0f}", kind="alert", rule=rule.name, severity=rule.severity.value,
+                toAdmins=Action.EMAIL_ADMIN in rule.actions,
+                toUsers=owners if Action.EMAIL_OWNER in rule.actions else (),
+                firing=firing, resolved=(), reminder=True, group=group,
+            ))
+        return notifications
+
     def _forget_old(self, now: float) -> None:
+        if now < self._forget_due:
+            return
+        due = float("inf")
         for fingerprint, alert in list(self.alerts.items()):
-            if alert.state is AlertState.RESOLVED and alert.endsAt is not None and now - alert.endsAt > RECENT_SECONDS:
-                del self.alerts[fingerprint]
-        for job, view in list(self.jobs.items()):
-            if view.state.is_final and now - (view.failedAt or view.waitingSince) > 7 * 86400:
-                del self.jobs[job]
+            if alert.state is AlertState.RESOLVED and alert.endsAt is not None:
+                if now - alert.endsAt > RECENT_SECONDS:
+                    del self.alerts[fingerprint]
+                else:
+                    due = min(due, alert.endsAt + RECENT_SECONDS)
+        for state in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED):
+            views = self._jobs_in[state]
+            for job, view in list(views.items()):
+                if now > _job_forget_at(view):
+                    del self.jobs[job]
+                    del views[job]
+                else:
+                    due = min(due, _job_forget_at(view))
+        self._forget_due = due
 
     def validate_state(self) -> None:
         for fingerprint, alert in self.alerts.items():
@@ -528,6 +605,9 @@ class AlertCore:
                 assert fingerprint in self.pending, f"firing {fingerprint} has no pending entry"
         for key, group in self.groups.items():
             assert group.key == key
+        for state, views in self._jobs_in.items():
+            assert all(self.jobs.get(job) is view and view.state is state for job, view in views.items()), state
+        assert sum(map(len, self._jobs_in.values())) == len(self.jobs), "a job missing from the state index"
 
 
 _RANK = {
@@ -539,6 +619,19 @@ _PERCENT_FIELD = {
     Condition.NODE_MEMORY_USAGE: "memoryPercent",
     Condition.NODE_CPU_USAGE: "cpuPercent",
 }
+
+
+def _job_forget_at(view: JobView) -> float:
+    """A final job's view is kept a week (its rules look back at most that far)."""
+    return (view.failedAt or view.waitingSince) + 7 * 86400
+
+
+def _render_source(rule: AlertRule, candidate: _Candidate) -> tuple:
+    """Everything an alert's record is rendered from (see `_record`)."""
+    view = candidate.job
+    if view is None:
+        return (rule, candidate.fields)
+    return (rule, candidate.fields, view.state, tuple(view.nodes))
 
 
 def _node(rule: AlertRule, node: str, fields: dict, *, suffix: str = "") -> _Candidate:

@@ -381,3 +381,59 @@ def test_a_gpus_window_mean_is_the_mean_of_its_readings_in_the_window(readings, 
         assert mean == pytest.approx(sum(in_window) / len(in_window), abs=1e-6)
     else:
         assert mean is None
+
+
+# --- evaluation that skips what did not change ---------------------------------------
+
+
+def test_a_firing_alert_is_re_rendered_when_its_facts_change_and_reminds_with_the_latest_text():
+    core = core_with("repeatInterval: 10m\n" + JOB_RULES)
+    core.handle(submitted("alice~big", T0))
+    core.handle(JobWaiting(id=EventId("w"), job=JobId("alice~big"), vc=VcName("vc1"), attempt=1, reason="VC full"))
+    core.evaluate(T0 + 3601)
+    summaries = set()
+    reminders = []
+    for second in range(3615, 4300, 15):  # quiet rounds: nothing fires or resolves
+        reminders += of(core.evaluate(T0 + second), Notification)
+        summaries.add(core.alerts["PaiJobPending/alice~big/1"].summary)
+        core.validate_state()
+    assert len(summaries) == 12, "the waited time in the text follows the clock, minute by minute"
+    assert [n.reminder for n in reminders] == [True]
+    assert reminders[0].firing[0].summary.startswith("job alice~big of alice has waited 70m")
+
+
+def test_an_alert_firing_during_quiet_rounds_is_inhibited_by_a_node_lost_later():
+    core = core_with(NODE_RULES)
+    core.handle(submitted("dave~j", T0))
+    core.handle(placed("dave~j", "n1", [0], T0))
+    core.handle(state("dave~j", JobState.FAILED, T0, spec=ExitSpec(code=1, phrase="UserError")))
+    core.node_sampled(NodeReading(node="n1", at=T0))
+    assert of(core.evaluate(T0), Notification)
+    for second in range(15, 120, 15):
+        assert not of(core.evaluate(T0 + second), Notification)
+    core.handle(NodeStatus(id=EventId("n1/lost"), job=JobId(""), node=NodeName("n1"), healthy=False, reason="lost"))
+    core.evaluate(T0 + 120)
+    out = core.evaluate(T0 + 180)
+    assert core.alerts["JobFailed/dave~j/1"].inhibitedBy == "NodeNotReady/n1"
+    assert [m.rule for m in of(out, Notification)] == ["NodeNotReady"]
+    core.validate_state()
+
+
+def test_resolved_alerts_are_forgotten_after_a_day_and_final_jobs_after_a_week():
+    core = core_with(JOB_RULES)
+    core.handle(submitted("bob~t", T0))
+    core.handle(state("bob~t", JobState.FAILED, T0, code=1))
+    core.evaluate(T0)
+    core.evaluate(T0 + 3601)  # JobFailed's window is over: resolved
+    assert core.alerts["JobFailed/bob~t/1"].state is AlertState.RESOLVED
+    core.evaluate(T0 + 3601 + 86400)
+    assert "JobFailed/bob~t/1" in core.alerts, "kept a whole day"
+    core.evaluate(T0 + 3602 + 86400)
+    assert "JobFailed/bob~t/1" not in core.alerts
+    core.handle(submitted("bob~later", T0 + 86400))
+    core.handle(state("bob~later", JobState.SUCCEEDED, T0 + 86400 + 5))
+    core.evaluate(T0 + 7 * 86400 + 1)
+    assert set(core.jobs) == {"bob~later"}, "the first job is a week old, the second is not"
+    core.evaluate(T0 + 8 * 86400 + 1)
+    assert not core.jobs
+    core.validate_state()
