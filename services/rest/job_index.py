@@ -32,6 +32,8 @@ log = logging.getLogger("pai.rest.index")
 
 # How often the index checks that its watches still stand (a reconnect restarts them).
 CHECK_SECONDS = 1.0
+# Results remembered between changes (orders, filtered lists): any query string makes one.
+MAX_MEMOS = 128
 
 
 class StatusBrief(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,11 +77,15 @@ class JobIndex:
         self._memo: dict[Any, tuple[int, Any]] = {}
 
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
-        """`compute()`, remembered until the index next changes (e.g. the jobs in one order)."""
+        """`compute()`, remembered until the index next changes (e.g. the jobs in one order,
+        or those one filter matches); at most MAX_MEMOS results, the oldest forgotten first."""
         got = self._memo.get(key)
         if got is not None and got[0] == self.version:
             return got[1]
         value = compute()
+        self._memo.pop(key, None)
+        while len(self._memo) >= MAX_MEMOS:
+            del self._memo[next(iter(self._memo))]
         self._memo[key] = (self.version, value)
         return value
 

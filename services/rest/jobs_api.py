@@ -672,6 +672,14 @@ async def list_jobs(request: web.Request) -> web.Response:
     index = request.app.get(INDEX)
     if index is not None and index.ready:
         ordered = _ordered_from_index(index, query.order_field, query.descending)
+        if _filtered(query):
+            # The same filter again, with the index unchanged (lists far outnumber
+            # changes, e.g. a portal page polling), costs a slice: the matches are kept.
+            filters = msgspec.structs.replace(query, offset=0, limit=1, with_total=False)
+            ordered = index.memo(("matching", filters),
+                                 lambda: [(sub, row) for sub, row in ordered if _matches(query, sub, row)])
+            query = msgspec.structs.replace(query, username=None, vc=None, states=frozenset(), keyword=None,
+                                            tags_any=frozenset(), tags_none=frozenset())
     else:
         ordered = order_jobs(await _rows_from_buckets(ctx_of(request), query), query.order_field, query.descending)
     total, page = select_jobs(query, ordered)
