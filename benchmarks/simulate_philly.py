@@ -193,6 +193,39 @@ def markdown_table(figures: dict) -> str:
     return "\n".join(lines)
 
 
+def long_queue(waiting: int = 10_000, events: int = 2_000) -> dict:
+    """Time per scheduler event with `waiting` jobs queued in one VC whose quota is busy (no trace needed)."""
+    from libs.common.protocol.model import JobSpec, Resources, TaskRole
+    from services.scheduler.core import Release, SchedulerCore, Submit
+    from services.scheduler.sim.cluster import cluster_from_vc_capacities
+
+    cluster = cluster_from_vc_capacities({"busy": 4, "other": 4}, rack_nodes=4)
+    now = [0.0]
+    core = SchedulerCore(cluster.config, clock=lambda: now[0])
+
+    def spec(name: str, vc: str, gpus: int, priority: int = 10) -> JobSpec:
+        return JobSpec(name=name, user="bench", virtualCluster=vc, priority=priority, gangAllocation=True,
+                       taskRoles=[TaskRole(name="w", instances=1, resources=Resources(gpu=gpus, cpu=0, memoryMB=0))])
+
+    for n in range(4):  # the busy VC's whole quota runs
+        core.handle(Submit(job=f"bench~run{n}", attempt=1, spec=spec(f"run{n}", "busy", 8)))
+    started = time.perf_counter()
+    for n in range(waiting):
+        core.handle(Submit(job=f"bench~wait{n}", attempt=1, spec=spec(f"wait{n}", "busy", 1 + n % 8)))
+    submit_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for n in range(events):  # other work comes and goes; opportunistic jobs arrive and wait too
+        now[0] += 1.0
+        core.handle(Submit(job=f"bench~other{n}", attempt=1, spec=spec(f"other{n}", "other", 1)))
+        core.handle(Release(job=f"bench~other{n}", attempt=1))
+        core.handle(Submit(job=f"bench~oppo{n}", attempt=1, spec=spec(f"oppo{n}", "other", 64, priority=-1)))
+    event_s = time.perf_counter() - started
+    return {"waiting_in_one_vc": waiting, "queued_total": core.queued_count(),
+            "submit_us_per_job": round(submit_s / waiting * 1e6, 1),
+            "event_us": round(event_s / (3 * events) * 1e6, 1),
+            "machine_load_average": [round(x, 1) for x in os.getloadavg()]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with philly.csv and philly_vc.csv")
@@ -202,8 +235,12 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES), help="--quality: policies, comma-separated")
     parser.add_argument("--no-alibaba", action="store_true", help="--quality: leave out the Alibaba 2023 replay")
     parser.add_argument("--plot", type=Path, help="--quality: write the queueing-delay CDF figure here")
+    parser.add_argument("--long-queue", action="store_true",
+                        help="time per scheduler event with 10,000 jobs waiting in one VC (no trace needed)")
     args = parser.parse_args()
-    if args.quality:
+    if args.long_queue:
+        print(json.dumps(long_queue(), indent=2))
+    elif args.quality:
         loads = [float(x) for x in args.loads.split(",") if x]
         policies = tuple(x for x in args.policies.split(",") if x)
         unknown = [name for name in policies if name not in POLICIES]

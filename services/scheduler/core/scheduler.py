@@ -23,8 +23,15 @@ Policy:
 - Guaranteed jobs (priority >= 0) use only their VC's cells: cells bound to the VC
   (lazily, by buddy allocation) up to its quota, or its pinned cells for jobs
   naming a pinnedCellId. Opportunistic jobs (priority -1) use idle cells anywhere.
+- Opportunistic admission (no thrash; see services/scheduler/cluster/README.md):
+  idle cells no VC holds first, holes in VC cells only when none will do; a job
+  preempted `opportunistic_preemption_budget` times (default 1) waits for cells no
+  VC holds. An aged opportunistic gang holds back only its own VC's opportunistic
+  jobs. When the pass finds no usable cell left for a queue list it stops walking
+  it (only jobs not yet seen get a reason), so long queues stay cheap.
 - Preemption, tried only when a job cannot be placed on free cells: first
-  opportunistic work on the cells the job needs (any VC), then guaranteed jobs of
+  opportunistic work on the cells the job needs (any VC), the most recently
+  started first and no more than needed, then guaranteed jobs of
   the same VC with a lower priority. A lower-priority job with lazy preemption is
   first downgraded to opportunistic (it keeps running) and killed only if the
   preemptor still cannot be placed without its cells. The preemptor's cells are
