@@ -60,11 +60,30 @@ def context(browser, platform):
     ctx.close()
 
 
+SCRIPT_ERRORS: list[str] = []
+
+
+def watch_errors(tab) -> None:
+    """Uncaught exceptions and console errors (a CSP violation is one); an answer of the API
+    with an error status is logged by Chromium too, and is expected in these tests."""
+    tab.on("pageerror", lambda exc: SCRIPT_ERRORS.append(f"{tab.url}: {exc}"))
+    tab.on("console", lambda msg: SCRIPT_ERRORS.append(f"{tab.url}: {msg.text}")
+           if msg.type == "error" and not msg.text.startswith("Failed to load resource") else None)
+
+
+@pytest.fixture(autouse=True)
+def no_script_errors():
+    SCRIPT_ERRORS.clear()
+    yield
+    assert SCRIPT_ERRORS == []
+
+
 @pytest.fixture(scope="module")
 def page(context):
     """Alice's tab, kept across the tests of this module."""
     tab = context.new_page()
     tab.on("dialog", lambda dialog: dialog.accept())
+    watch_errors(tab)
     yield tab
 
 
@@ -188,6 +207,7 @@ def test_job_waits_with_its_reason_then_runs_and_succeeds_without_reload(page, u
     # Stop the running blocker from a second tab (signed in through "keep me signed in").
     other = context.new_page()
     other.on("dialog", lambda dialog: dialog.accept())
+    watch_errors(other)
     other.goto(f"{url}/#/jobs/{blocker}")
     other.wait_for_selector("h1 .badge[data-state=RUNNING]")
     other.get_by_role("button", name="Stop", exact=True).click()
@@ -227,6 +247,7 @@ def test_another_user_sees_no_stop_button(browser, url, rest, users):
     ctx.set_default_timeout(TIMEOUT_MS)
     try:
         tab = ctx.new_page()
+        watch_errors(tab)
         sign_in(tab, url, "bob")
         tab.goto(f"{url}/#/jobs/{running}")
         tab.wait_for_selector("h1 .badge[data-state=RUNNING]")
@@ -330,6 +351,7 @@ def test_every_page_renders(page, url, rest, browser, platform):
     ctx.set_default_timeout(TIMEOUT_MS)
     try:
         admin = ctx.new_page()
+        watch_errors(admin)
         admin.goto(url + "/")
         admin.get_by_label("Token", exact=True).fill(rest.token)
         admin.get_by_role("button", name="Sign in with token").click()
