@@ -66,7 +66,8 @@ from services.launcher.core.policy import (
     attempt_completion,
     backoff_seconds,
     job_retry,
-    task_retry_allowed,
+    TaskRetry,
+    task_retry,
 )
 from services.launcher.core.ports import PortBook
 from services.launcher.core.recordops import (
@@ -499,19 +500,33 @@ class LauncherCore:
         if attempt.attempt != record.attempt:
             return
         role = record.spec.role(task.role)
-        if (
-            record.state in ACTIVE_STATES
-            and record.current.ending is None
-            and task_retry_allowed(
+        retry = TaskRetry.NONE
+        if record.state in ACTIVE_STATES and record.current.ending is None:
+            retry = task_retry(
                 event.spec.reaction,
                 gang_allocation=record.spec.gangAllocation,
                 retries=task.retries,
                 task_retry_count=role.taskRetryCount,
+                node_lost=task.platformReason == exits.NODE_LOST_PLATFORM_REASON,
             )
-        ):
-            self._retry_task(record, task, cause=event.id)
-            return
-        self._settle(record, task, cause=event.id)
+        match retry:
+            case TaskRetry.IN_PLACE:
+                self._retry_task(record, task, cause=event.id)
+            case TaskRetry.NEW_PLACEMENT:
+                why = (
+                    f"task {task.role}[{task.index}] ended because its node {task.node or '?'} was lost: "
+                    "the job goes back to the scheduler for a placement on healthy nodes"
+                )
+                self._fail_attempt(
+                    record,
+                    exit_code=task.exitCode,
+                    spec=task.exitSpec,
+                    diagnostics=[*task.diagnostics, why],
+                    trigger=(task.role, task.index),
+                    cause=event.id,
+                )
+            case TaskRetry.NONE:
+                self._settle(record, task, cause=event.id)
 
     def _retry_task(self, record: JobRecord, task: TaskRecord, *, cause: str) -> None:
         summary = TaskAttemptSummary(

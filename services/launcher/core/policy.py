@@ -32,7 +32,11 @@ Preemptions are not failures and do not use this budget.
 Retry of a task alone (`gangAllocation: false` only, before any of the above):
 while the task's `retries < taskRetryCount` and the reaction is not NEVER_RETRY,
 the task gets a new task attempt on its placement; every such retry is counted,
-whatever the reaction, so a task cannot loop forever in place.
+whatever the reaction, so a task cannot loop forever in place. A task that
+ended because its node was lost is the exception: retried in place it would
+start again on the lost node, so its failure ends the attempt instead, and the
+job's retry (PodNodeLost: ALWAYS_RETRY, not counted) gives the job back to the
+scheduler, which places it on healthy nodes (see `task_retry`).
 """
 
 from __future__ import annotations
@@ -132,6 +136,24 @@ def task_retry_allowed(reaction: Reaction, *, gang_allocation: bool, retries: in
     if gang_allocation or reaction == Reaction.NEVER_RETRY:
         return False
     return retries < task_retry_count
+
+
+class TaskRetry(StrEnum):
+    NONE = "none"  # the task's failure is settled: the completion policy decides
+    IN_PLACE = "in_place"  # a new task attempt on the task's placement
+    # The task's placement is gone (its node was lost): the attempt fails with
+    # this task as its trigger and the job retry asks the scheduler for a new placement.
+    NEW_PLACEMENT = "new_placement"
+
+
+def task_retry(
+    reaction: Reaction, *, gang_allocation: bool, retries: int, task_retry_count: int, node_lost: bool
+) -> TaskRetry:
+    if not task_retry_allowed(
+        reaction, gang_allocation=gang_allocation, retries=retries, task_retry_count=task_retry_count
+    ):
+        return TaskRetry.NONE
+    return TaskRetry.NEW_PLACEMENT if node_lost else TaskRetry.IN_PLACE
 
 
 def backoff_seconds(previous_backoffs: int, *, base: float, maximum: float) -> float:
