@@ -36,6 +36,7 @@ from libs.common.errors import (
 from libs.common.logs import LogRequest, request_log
 from libs.common.messages import StopRequested
 from libs.common.protocol import MAX_BODY_BYTES, parse_job, protocol_error_body
+from libs.common.protocol.locate import errors_located
 from libs.common.protocol.model import ProtocolError
 from libs.common.records import JobRecord
 from libs.common.schedule import ClusterView
@@ -174,8 +175,9 @@ async def submit_job(request: web.Request) -> web.Response:
     body = await read_body(request, limit=MAX_BODY_BYTES, what="the job body (1 MiB at most)")
     parsed = parse_job(body, content_type=request.content_type, user=user.username)
     spec = parsed.spec
-    await jobs_api.check_against_cluster(request, lambda view: (_check_virtual_cluster(view, user, spec.virtualCluster),
-                                                                 jobs_api.check_fits(spec, view)))
+    with errors_located(body, request.content_type):  # refusals against the cluster point at their line too
+        await jobs_api.check_against_cluster(request, lambda view: (
+            _check_virtual_cluster(view, user, spec.virtualCluster), jobs_api.check_fits(spec, view)))
     jid = ids.job_id(user.username, spec.name)
     if portal_routes.wants_dry_run(request):  # validated as a submission is; nothing stored or published
         return portal_routes.dry_run_answer(jid, parsed)

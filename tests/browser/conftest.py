@@ -86,6 +86,16 @@ class Rest:
         except urllib.error.HTTPError as exc:
             return exc.code
 
+    def refusal(self, path: str, body: str, *, content_type: str = "text/yaml") -> dict:
+        """The JSON body of a call that must be refused."""
+        req = urllib.request.Request(self.url + path, data=body.encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {self.token}", "Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as res:
+                raise AssertionError(f"POST {path} was accepted: HTTP {res.status}")
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read())
+
     def submit(self, yaml_text: str, *, token: str | None = None) -> str:
         return self.call("POST", "/api/v2/jobs", yaml_text, token=token, content_type="text/yaml")["job"]
 

@@ -178,6 +178,9 @@ def test_a_mistake_is_marked_on_its_line_before_and_after_submit(page, url, rest
     page.get_by_role("button", name="Check").click()
     page.locator(f".gutter .ln.err[data-line='{VC_LINE}']").wait_for()
     assert "nowhere" in page.locator("#job-errors li").first.inner_text()
+    # The line comes from the server, as for any client.
+    refused = rest.refusal("/api/v2/jobs?dryRun=true", fixed.replace("virtualCluster: default", "virtualCluster: nowhere"))
+    assert [e.get("line") for e in refused["details"]["errors"]] == [VC_LINE], refused
 
     editor.fill(fixed)
     page.get_by_role("button", name="Check").click()
