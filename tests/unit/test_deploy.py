@@ -789,3 +789,33 @@ def test_compose_service_reaches_nats_and_publishes_its_port(compose: dict, serv
     port = DEFAULT_PORTS[service]
     assert config.port_of(service) == port
     assert f"{port}:{port}" in spec["ports"]
+
+
+# --- monitor: SMTP password and a single mailer -------------------------------------------
+
+
+def test_the_monitor_mounts_the_smtp_password_secret_as_its_password_file(tools: KubeTools) -> None:
+    docs = render(tools, *set_args(**{"smtp.existingSecret": "pai-smtp", "smtp.key": "pass", "config.smtp_user": "pai"}))
+    monitor = deployment(docs, "monitor")
+    spec = monitor["spec"]["template"]["spec"]
+    [volume] = [v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == "pai-smtp"]
+    assert volume["secret"]["items"] == [{"key": "pass", "path": "password"}]
+    [mount] = [m for m in container(monitor)["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    config = load_config(env=effective_env(docs, monitor))
+    assert config.smtp_password_file == f"{mount['mountPath']}/password" and config.smtp_user == "pai"
+    for service in ("rest", "scheduler", "launcher", "runtime"):  # the monitor alone mails
+        other = deployment(docs, service)["spec"]["template"]["spec"]
+        assert not any(v.get("secret", {}).get("secretName") == "pai-smtp" for v in other["volumes"]), service
+
+
+def test_without_an_smtp_secret_the_monitor_mounts_none(manifests: list[dict]) -> None:
+    monitor = deployment(manifests, "monitor")
+    assert not [v for v in monitor["spec"]["template"]["spec"]["volumes"] if v["name"] == "smtp-password"]
+    assert "PAI_SMTP_PASSWORD_FILE" not in explicit_env(monitor)
+
+
+def test_the_cluster_monitor_is_one_replica_recreated_whatever_the_values_say(tools: KubeTools) -> None:
+    # Two monitors at once would each evaluate the rules and mail every alert.
+    monitor = deployment(render(tools, *set_args(**{"services.monitor.replicas": 3})), "monitor")
+    assert monitor["spec"]["replicas"] == 1 and monitor["spec"]["strategy"]["type"] == "Recreate"
