@@ -12,6 +12,9 @@ import re
 
 import pytest
 
+expect = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: `make test` installs the "
+                             "test extra (pip install -e '.[test]')").expect
+
 from tests.browser.conftest import PASSWORD, Rest, shot
 
 pytestmark = pytest.mark.timeout(300)
@@ -226,6 +229,24 @@ def test_job_waits_with_its_reason_then_runs_and_succeeds_without_reload(page, u
     page.wait_for_selector("#log:has-text('hello-from-the-portal')")
     assert_labelled(page)
     shot(page, "06-job-succeeded-with-log")
+
+
+def test_clone_and_upload_fill_the_editor(page, url, tmp_path):
+    page.goto(f"{url}/#/jobs/alice~portal-hello")
+    page.get_by_role("button", name="Clone").click()
+    page.wait_for_url(re.compile(r".*#/submit\?clone=.*"))
+    expect(page.locator("#job-text")).to_have_value(re.compile("portal-hello-clone"))  # (the CSP forbids wait_for_function's eval)
+    text = page.locator("#job-text").input_value()
+    assert "greeting" in text and "name: portal-hello-clone" in text
+
+    job_file = tmp_path / "job.json"
+    job_file.write_text('{"protocolVersion": 2, "name": "uploaded", "type": "job", "taskRoles": {"main": '
+                        '{"instances": 1, "resourcePerInstance": {"cpu": 1, "memoryMB": 256, "gpu": 0}, '
+                        '"commands": ["true"]}}, "defaults": {"virtualCluster": "default"}}')
+    page.set_input_files("#upload", str(job_file))
+    expect(page.locator("#job-text")).to_have_value(re.compile('"name": "uploaded"'))
+    page.get_by_role("button", name="Check").click()  # sent as JSON
+    page.wait_for_selector(".ok-box:has-text('alice~uploaded')")
 
 
 def test_a_failed_job_shows_reason_and_solution(page, url, rest, users):
