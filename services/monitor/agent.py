@@ -79,6 +79,7 @@ async def sample_forever(ctx: ServiceContext, sampler: NodeSampler) -> None:
     period = max(MIN_SAMPLE_SECONDS, ctx.config.node_sample_seconds)
     while not ctx.stopping.is_set():
         sample = await asyncio.to_thread(sampler.sample)
+        metrics.label_node(sample.node)
         metrics.record_node_sample(sample)
         try:
             await kv.put(node_key(sample.node), encode_node_sample(sample))

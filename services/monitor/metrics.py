@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from services.monitor.core.samples import NodeSample
 from services.monitor.core.nodes import NodeConditionCounts
@@ -62,22 +64,26 @@ node_count = Gauge(
 )
 node_up = Gauge("pai_node_up", "1 while a node is healthy, 0 when it is reported unhealthy.", ["node"])
 
-# Gauges of this machine, set from each node sample.
+# Gauges of this machine, set from each node sample. They are registered through
+# `_ThisNode` (below), which adds the `node` label once the agent names its node.
 _NODE_GAUGES: dict[str, Gauge] = {
-    "node_cpu_percent": Gauge("node_cpu_percent", "CPU busy percent over the last sample period."),
-    "node_memory_used_bytes": Gauge("node_memory_used_bytes", "Memory in use (total minus available)."),
-    "node_memory_total_bytes": Gauge("node_memory_total_bytes", "Physical memory."),
-    "node_load1": Gauge("node_load1", "1-minute load average."),
-    "node_load5": Gauge("node_load5", "5-minute load average."),
-    "node_load15": Gauge("node_load15", "15-minute load average."),
-    "node_data_disk_used_bytes": Gauge("node_data_disk_used_bytes", "Used bytes of the file system of PAI's data dir."),
-    "node_data_disk_total_bytes": Gauge("node_data_disk_total_bytes", "Size of the file system of PAI's data dir."),
-    "nvidiasmi_attached_gpus": Gauge("nvidiasmi_attached_gpus", "GPUs NVML reports on this machine."),
+    name: Gauge(name, doc, registry=None)
+    for name, doc in {
+        "node_cpu_percent": "CPU busy percent over the last sample period.",
+        "node_memory_used_bytes": "Memory in use (total minus available).",
+        "node_memory_total_bytes": "Physical memory.",
+        "node_load1": "1-minute load average.",
+        "node_load5": "5-minute load average.",
+        "node_load15": "15-minute load average.",
+        "node_data_disk_used_bytes": "Used bytes of the file system of PAI's data dir.",
+        "node_data_disk_total_bytes": "Size of the file system of PAI's data dir.",
+        "nvidiasmi_attached_gpus": "GPUs NVML reports on this machine.",
+    }.items()
 }
 # Labelled gauges of this machine (GPUs, tasks, external GPU processes): a series
 # whose GPU, task or process went away is removed at the next sample.
 _GPU_GAUGES: dict[str, Gauge] = {
-    name: Gauge(name, doc, list(labels))
+    name: Gauge(name, doc, list(labels), registry=None)
     for name, (doc, labels) in {
         "nvidiasmi_utilization_gpu": ("GPU busy percent (NVML utilization.gpu).", GPU_LABELS),
         "nvidiasmi_utilization_memory": ("GPU memory-controller busy percent (NVML utilization.memory).", GPU_LABELS),
@@ -101,6 +107,37 @@ _GPU_GAUGES: dict[str, Gauge] = {
         ),
     }.items()
 }
+
+
+class _ThisNode(Collector):
+    """The agent's gauges, each series labelled `node` with the name of the node
+    the agent samples, once `label_node` named it. OpenPAI's job-exporter leaves
+    that to Prometheus's target labels; PAI's dashboards pick one node by `node`,
+    and under `pai up` no service discovery adds it. The label is added, never
+    renamed: OpenPAI's names and labels stay as they are. (The chart's PodMonitor
+    honours it, so the series do not also get an `exported_node`.)"""
+
+    def __init__(self, gauges: list[Gauge]):
+        self.gauges = gauges
+        self.node = ""
+
+    def collect(self) -> Iterable[Metric]:
+        for gauge in self.gauges:
+            for family in gauge.collect():
+                if self.node:
+                    family.samples = [s._replace(labels={**s.labels, "node": self.node}) for s in family.samples]
+                yield family
+
+
+_this_node = _ThisNode([*_NODE_GAUGES.values(), *_GPU_GAUGES.values()])
+REGISTRY.register(_this_node)
+
+
+def label_node(node: str) -> None:
+    """From now on every series of this machine carries `node="<node>"` (the agent calls it)."""
+    _this_node.node = node
+
+
 # Label sets set by the previous sample, to drop the series of what went away.
 _gpu_series_shown: dict[str, set[tuple[str, ...]]] = {name: set() for name in _GPU_GAUGES}
 

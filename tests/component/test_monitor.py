@@ -287,12 +287,15 @@ async def test_the_sampler_stores_this_node_in_the_nodes_bucket(bus, monitor):
         assert sample.gpuNote
     # An unlabelled gauge reads 0 from the start, before the first sample sets it:
     # wait for the values this sample must produce, not for the gauge to exist.
+    # The agent labels its series with its node's name (dashboards pick a node by it).
+    node = sample.node
     scrape = await monitor.until(
-        lambda s: s.value("node_memory_total_bytes") == sample.memoryTotalBytes
-        and s.value("nvidiasmi_attached_gpus") == len(sample.gpus),
-        what=f"node_memory_total_bytes {sample.memoryTotalBytes}, nvidiasmi_attached_gpus {len(sample.gpus)}",
+        lambda s: s.value("node_memory_total_bytes", node=node) == sample.memoryTotalBytes
+        and s.value("nvidiasmi_attached_gpus", node=node) == len(sample.gpus),
+        what=f"node_memory_total_bytes {sample.memoryTotalBytes}, nvidiasmi_attached_gpus {len(sample.gpus)} of {node}",
     )
-    assert scrape.value("node_memory_total_bytes") == sample.memoryTotalBytes
+    assert scrape.value("node_memory_total_bytes", node=node) == sample.memoryTotalBytes
+    assert scrape.value("node_memory_total_bytes") is None, "no series of this machine without its node"
     assert monitor.proc.poll() is None
 
 

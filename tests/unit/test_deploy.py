@@ -819,3 +819,12 @@ def test_the_cluster_monitor_is_one_replica_recreated_whatever_the_values_say(to
     # Two monitors at once would each evaluate the rules and mail every alert.
     monitor = deployment(render(tools, *set_args(**{"services.monitor.replicas": 3})), "monitor")
     assert monitor["spec"]["replicas"] == 1 and monitor["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_the_agents_pod_monitor_keeps_the_node_label_the_agent_exports(tools: KubeTools) -> None:
+    # The agent labels its series `node` itself (so `pai up` has it too); a Prometheus
+    # that did not honour it would rename it exported_node beside its own `node`.
+    [pod_monitor] = find(render(tools, *set_args(**{"metrics.serviceMonitor.enabled": True})), "PodMonitor")
+    [endpoint] = pod_monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["honorLabels"] is True
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint["relabelings"]
