@@ -6,11 +6,17 @@ Two nodes from tests/fixtures/clusters/two-nodes.yaml, both on this machine
 (the local backend), each with a node agent of its own (`python -m
 services.monitor --agent`, NODE_NAME=node-a / node-b); the platform's monitor
 runs in cluster mode (node health only, no agent for this host).
+
+The platform mails through a real SMTP server (aiosmtpd, in this process) with
+one admin address and a rules document of one rule, NodeNotReady, evaluated
+every half second: the admin gets one mail when a node is lost, none again
+within the repeat interval, and a resolve notice when its agent is back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email
 import shutil
 import signal
 import subprocess
@@ -20,8 +26,11 @@ import time
 import uuid
 from pathlib import Path
 
+from email.message import Message
+
 import msgspec
 import pytest
+from aiosmtpd.controller import Controller
 
 from cli.client import ApiError, Client, Connection
 from cli.up import Platform
@@ -33,6 +42,44 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "tests/fixtures/clusters/two-nodes.yaml"
 LOST_AFTER_SECONDS = 3.0
+ADMIN = "ops@cluster.example"
+# Only the rule under test, so every mail the admin gets is about it; the lost
+# node's NodeStatus fires it (its own silence threshold is left at the default).
+RULES = """\
+repeatInterval: 1h
+rules:
+  - name: NodeNotReady
+    when: node_not_ready
+    for: 0s
+    severity: critical
+    actions: [email-admin]
+    sendResolved: true
+    summary: "node {node} is not ready: {reason}"
+"""
+
+
+class Inbox:
+    """What the SMTP server received (aiosmtpd calls handle_DATA from its own thread)."""
+
+    def __init__(self):
+        self.mails: list[tuple[list[str], Message]] = []
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
+        self.mails.append((list(envelope.rcpt_tos), email.message_from_bytes(envelope.content)))
+        return "250 OK"
+
+    def about(self, node: str, since: int = 0) -> list[tuple[list[str], str]]:
+        """(recipients, subject) of the NodeNotReady mails naming `node`, from mail number `since` on."""
+        return [(to, str(m["Subject"])) for to, m in self.mails[since:]
+                if "NodeNotReady" in str(m["Subject"]) and node in str(m["Subject"])]
+
+
+async def until_mail(inbox: Inbox, node: str, since: int, count: int, timeout: float = 30.0) -> list:
+    deadline = time.monotonic() + timeout
+    while len(found := inbox.about(node, since)) < count:
+        assert time.monotonic() < deadline, f"{count} mail(s) about {node} expected; got {found}"
+        await asyncio.sleep(0.2)
+    return found
 
 
 class Agents:
@@ -60,11 +107,32 @@ class Agents:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def smtp():
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    try:
+        yield controller, inbox
+    finally:
+        controller.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, smtp):
+    controller, _ = smtp
+    data = tmp_path_factory.mktemp("pai-nodes")
+    rules = data.parent / f"{data.name}-rules.yaml"
+    rules.write_text(RULES)
     config = msgspec.structs.replace(
-        platform_config(tmp_path_factory.mktemp("pai-nodes"), monitor_mode="cluster", node_lost_seconds=LOST_AFTER_SECONDS),
+        platform_config(data, monitor_mode="cluster", node_lost_seconds=LOST_AFTER_SECONDS),
         cluster_file=str(CLUSTER),
         node_sample_seconds=0.5,
+        smtp_host=controller.hostname,
+        smtp_port=controller.port,
+        admin_emails=ADMIN,
+        alert_rules_file=str(rules),
+        alert_evaluate_seconds=0.5,
+        usage_report_weekday=-1,  # no weekly report in the admin's inbox
     )
     platform = Platform(config, print_fn=lambda *_: None)
     agents = Agents(platform)
@@ -120,15 +188,26 @@ def shared_dir():
         shutil.rmtree(path, ignore_errors=True)
 
 
-async def test_a_node_whose_agent_stops_is_lost_and_its_job_runs_again_elsewhere(cluster, shared_dir):
+GANG = ""
+# A task retried alone (taskRetryCount) must not be retried on its lost node.
+TASK_RETRY = "extras:\n  gangAllocation: false\n"
+
+
+@pytest.mark.parametrize("extras", [GANG, TASK_RETRY], ids=["gang", "non-gang-task-retry"])
+async def test_a_node_whose_agent_stops_is_lost_and_its_job_runs_again_elsewhere(cluster, smtp, shared_dir, extras):
     api, agents = cluster
+    _, inbox = smtp
     for node in ("node-a", "node-b"):
         await until_node(api, node, lambda row: row["agentSeen"] and row["healthy"])
+    mails_before = len(inbox.mails)
     name = f"lost-{uuid.uuid4().hex[:6]}"
     marker = shared_dir / "runs"
     # First run: note it and keep running (until its node is lost); a later run ends at once.
     script = f"if [ -s {marker} ]; then echo again >> {marker}; exit 0; fi; echo first >> {marker}; sleep 600"
-    await api.submit(job_yaml(name, [script], retry=0))
+    body = job_yaml(name, [script], retry=0, extra=extras)
+    if extras == TASK_RETRY:
+        body = body.replace("    instances: 1\n", "    instances: 1\n    taskRetryCount: 2\n", 1)
+    await api.submit(body)
     job = f"admin~{name}"
     detail = await api.wait_state(job, "RUNNING")
     [first_node] = task_nodes(detail)
@@ -141,6 +220,8 @@ async def test_a_node_whose_agent_stops_is_lost_and_its_job_runs_again_elsewhere
     agents.stop(first_node)
     row = await until_node(api, first_node, lambda r: not r["healthy"], timeout=LOST_AFTER_SECONDS + 20)
     assert row["conditions"] == ["lost"] and "no sample from its agent" in row["reason"]
+    [(to, subject)] = await until_mail(inbox, first_node, mails_before, 1)
+    assert to == [ADMIN] and subject.startswith("[PAI] [FIRING:1] NodeNotReady (critical)"), subject
 
     detail = await api.wait_state(job, {"SUCCEEDED", "FAILED"}, timeout=60)
     status = detail["jobStatus"]
@@ -148,6 +229,8 @@ async def test_a_node_whose_agent_stops_is_lost_and_its_job_runs_again_elsewhere
     assert task_nodes(detail) == [other]  # placed again, away from the lost node
     assert marker.read_text().split() == ["first", "again"]  # the first run was really ended, once
     attempts = await api.client.request("GET", f"/api/v2/jobs/{job}/job-attempts")
+    # A second attempt, not a task retried in place on the lost node (non-gang, taskRetryCount 2).
+    assert sorted(a["attemptIndex"] for a in attempts) == [1, 2]
     lost_attempt = min(attempts, key=lambda a: a["attemptIndex"])
     spec = lost_attempt["exitSpec"] or {}
     assert (spec.get("code"), spec.get("phrase")) == (-1001, "PodNodeLost"), lost_attempt
@@ -161,9 +244,15 @@ async def test_a_node_whose_agent_stops_is_lost_and_its_job_runs_again_elsewhere
         after = await api.wait_state(f"admin~{name}-after{i}", "SUCCEEDED")
         assert task_nodes(after) == [other]
 
-    # Its agent comes back: healthy again, with no one's help.
+    # Many evaluations later, well inside the repeat interval: still that one mail.
+    assert len(inbox.about(first_node, mails_before)) == 1, inbox.about(first_node, mails_before)
+    assert not inbox.about(other, mails_before), "the healthy node is nobody's concern"
+
+    # Its agent comes back: healthy again, with no one's help, and the admin hears so.
     agents.start(first_node)
     await until_node(api, first_node, lambda r: r["healthy"], timeout=30)
+    *_, (to, resolved) = await until_mail(inbox, first_node, mails_before, 2)
+    assert to == [ADMIN] and resolved.startswith("[PAI] [RESOLVED] NodeNotReady"), resolved
 
 
 async def test_admins_cordon_a_node_and_the_reason_shows_where_jobs_wait(cluster):
