@@ -3,7 +3,9 @@ GET of one job and of the job list (p50/p99) under concurrent clients. Prints JS
 
 Starts nats-server and rest alone (as `pai up` would, with rest's own NATS user),
 stores `--stored` jobs straight into the buckets (half of them with a launcher
-status), then drives rest over HTTP with `--clients` concurrent clients. For
+status), then drives rest over HTTP with `--clients` concurrent clients. Each call's
+figures include rest's CPU time per request (`rest_cpu_ms_per_request`), which a
+busy machine disturbs far less than rates and latencies. For
 comparison it also times one list built by reading every key of the buckets
 (what rest does while its index is still loading).
 
@@ -110,6 +112,25 @@ def start_rest(config, credentials, data: Path) -> subprocess.Popen:
     raise RuntimeError("rest was not ready in time")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class RestCpu:
+    """rest's CPU time per request over a phase: unlike rates and latencies, it
+    hardly moves with what else the machine runs."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    async def drive(self, *args) -> tuple[list[float], float, dict[int, int], float]:
+        before = cpu_seconds(self.pid)
+        latencies, wall, statuses = await drive(*args)
+        return latencies, wall, statuses, (cpu_seconds(self.pid) - before) * 1000 / max(1, len(latencies))
+
+
 async def drive(session: ClientSession, clients: int, requests: list[tuple[str, str, bytes | None]],
                 headers: dict[str, str]) -> tuple[list[float], float, dict[int, int]]:
     """Run the requests with `clients` workers; (latencies ms, wall seconds, count per status)."""
@@ -133,9 +154,10 @@ async def drive(session: ClientSession, clients: int, requests: list[tuple[str, 
     return latencies, time.perf_counter() - began, statuses
 
 
-def summary(latencies: list[float], wall: float, statuses: dict[int, int]) -> dict:
+def summary(latencies: list[float], wall: float, statuses: dict[int, int], rest_cpu_ms: float) -> dict:
     return {"requests": len(latencies), "per_second": round(len(latencies) / wall, 1),
             "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2),
+            "rest_cpu_ms_per_request": round(rest_cpu_ms, 2),
             "statuses": {str(k): v for k, v in sorted(statuses.items())}}
 
 
@@ -200,22 +222,23 @@ async def run(args) -> dict:
                 token = config.token_path.read_text().strip()
                 base = f"http://127.0.0.1:{config.rest_port}"
                 headers = {"Authorization": f"Bearer {token}"}
+                cpu = RestCpu(rest.pid)
                 async with ClientSession(connector=TCPConnector(limit=args.clients)) as session:
                     index_seconds = await wait_for_index(session, base, headers, args.stored)
                     post_headers = {**headers, "Content-Type": "text/yaml"}
                     submits = [("POST", f"{base}/api/v2/jobs", JOB.format(name=f"load-{n}").encode())
                                for n in range(args.submits)]
                     with profiled(rest.pid, args.profile, "submit"):
-                        submitted = summary(*await drive(session, args.clients, submits, post_headers))
+                        submitted = summary(*await cpu.drive(session, args.clients, submits, post_headers))
                     rng = random.Random(1)
                     gets = [("GET", f"{base}/api/v2/jobs/{USERS[n % len(USERS)]}~stored-{n}", None)
                             for n in (rng.randrange(args.stored) for _ in range(args.gets))]
                     with profiled(rest.pid, args.profile, "get_job"):
-                        got = summary(*await drive(session, args.clients, gets, headers))
+                        got = summary(*await cpu.drive(session, args.clients, gets, headers))
                     # Baselines: a public call (no token, no NATS) and a signed-in call reading one key.
-                    info = summary(*await drive(session, args.clients,
+                    info = summary(*await cpu.drive(session, args.clients,
                                                 [("GET", f"{base}/api/v2/info", None)] * args.gets, {}))
-                    one_key = summary(*await drive(session, args.clients,
+                    one_key = summary(*await cpu.drive(session, args.clients,
                                                    [("GET", f"{base}/api/v2/virtual-clusters", None)] * args.gets,
                                                    headers))
                     lists = {}
@@ -223,7 +246,7 @@ async def run(args) -> dict:
                                          ("list_keyword_tag_ordered", "keyword=stored-1&tags=seeded&order=name,ASC&limit=50"),
                                          ("list_default_limit_1000", "")):
                         calls = [("GET", f"{base}/api/v2/jobs?{query}", None)] * args.lists
-                        lists[label] = summary(*await drive(session, args.clients, calls, headers))
+                        lists[label] = summary(*await cpu.drive(session, args.clients, calls, headers))
             finally:
                 rest.terminate()
                 rest.wait(timeout=20)
