@@ -214,6 +214,12 @@ def test_job_waits_with_its_reason_then_runs_and_succeeds_without_reload(page, u
     other = context.new_page()
     other.on("dialog", lambda dialog: dialog.accept())
     watch_errors(other)
+    # Meanwhile the VC's queue shows it, first, with its reason.
+    other.goto(f"{url}/#/vcs/default")
+    first = other.locator("#queue tbody tr").first
+    first.wait_for()
+    assert "alice~portal-hello" in first.inner_text() and "waiting in VC default" in first.inner_text()
+    shot(other, "11-virtual-cluster-queue")
     other.goto(f"{url}/#/jobs/{blocker}")
     other.wait_for_selector("h1 .badge[data-state=RUNNING]")
     other.get_by_role("button", name="Stop", exact=True).click()
@@ -357,7 +363,6 @@ def test_every_page_renders(page, url, rest, browser, platform):
     shot(page, "10-virtual-clusters")
     page.goto(f"{url}/#/vcs/default")
     page.wait_for_selector("text=Queue (")
-    shot(page, "11-virtual-cluster-queue")
     store_gpu_sample(platform[0], "node-a")
     page.goto(f"{url}/#/cluster")
     page.wait_for_selector("#heatmap th:has-text('node-a')")

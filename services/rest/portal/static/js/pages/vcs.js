@@ -38,7 +38,7 @@ export async function render(main, { args }) {
       h("td", { class: "num" }, String(j.totalTaskNumber)), h("td", {}, `${fmtDuration(j.createdTime)}`),
       h("td", { class: "reason" }, j.waitingReason || "")));
     clear(body,
-      h("p", { class: "muted" }, `${vc.running} running · ${vc.queued} waiting`), skuTable(vc),
+      h("p", { class: "muted" }, `${vc.running} running · ${q.count} waiting`), skuTable(vc),
       h("h2", {}, `Queue (${q.count})`),
       q.count ? h("div", { class: "table-wrap" }, table(["#", "job", "state", "priority", "tasks", "waiting for", "why"], rows, { id: "queue" }))
         : h("p", { class: "muted" }, "Nothing waits in this virtual cluster."),
