@@ -10,7 +10,9 @@ runs in cluster mode (node health only, no agent for this host).
 The platform mails through a real SMTP server (aiosmtpd, in this process) with
 one admin address and a rules document of one rule, NodeNotReady, evaluated
 every half second: the admin gets one mail when a node is lost, none again
-within the repeat interval, and a resolve notice when its agent is back.
+within the repeat interval, and a resolve notice when its agent is back. A
+job's owner who asks for status mail (jobStatusChangeNotification) gets it
+when the job succeeds and when it fails.
 """
 
 from __future__ import annotations
@@ -302,3 +304,29 @@ async def test_cordon_refuses_non_admins_unknown_nodes_and_a_missing_reason(clus
         await bob.request("PUT", "/api/v2/cluster/nodes/node-a/cordon", json_body={"reason": "mine now"})
     assert forbidden.value.status == 403
     assert len(await bob.request("GET", "/api/v2/cluster/nodes")) == 2  # anyone may look
+
+
+async def test_an_owner_asking_for_status_mail_is_mailed_when_the_job_succeeds_and_when_it_fails(cluster, smtp):
+    api, _ = cluster
+    _, inbox = smtp
+    owner = f"carol{uuid.uuid4().hex[:4]}"
+    address = f"{owner}@example.com"
+    created = await api.client.request("POST", "/api/v2/users", json_body={"username": owner, "email": address})
+    carol = Api(api.platform, Connection(url=api.conn.url, token=created["token"]))
+    notify = "extras:\n  jobStatusChangeNotification: true\n"
+    good, bad = f"fine-{uuid.uuid4().hex[:4]}", f"broken-{uuid.uuid4().hex[:4]}"
+    await carol.submit(job_yaml(good, ["true"], extra=notify))
+    await carol.submit(job_yaml(bad, ["exit 3"], extra=notify))
+    await carol.wait_state(f"{owner}~{good}", "SUCCEEDED")
+    await carol.wait_state(f"{owner}~{bad}", "FAILED")
+
+    def to_owner() -> list[str]:
+        return [str(m["Subject"]) for to, m in inbox.mails if to == [address]]
+
+    wanted = (f"[PAI] job {owner}~{good} succeeded", f"[PAI] job {owner}~{bad} failed")  # failed: the exit phrase follows
+    deadline = time.monotonic() + 30
+    while not all(any(subject.startswith(w) for subject in to_owner()) for w in wanted):
+        assert time.monotonic() < deadline, to_owner()
+        await asyncio.sleep(0.2)
+    # Once per attempt and state, whatever the bus redelivers.
+    assert len(to_owner()) == len(set(to_owner())), to_owner()
