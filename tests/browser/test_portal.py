@@ -35,7 +35,8 @@ defaults:
   virtualCluster: default
 """
 
-# Line 8 holds the mistake (instances must be a positive integer).
+# Line 8 holds the mistake (instances must be a positive integer). It runs 4 s: long
+# enough for a loaded machine's page to show RUNNING between WAITING and SUCCEEDED.
 WITH_MISTAKE = """protocolVersion: 2
 name: portal-hello
 type: job
@@ -46,7 +47,7 @@ taskRoles:
     instances: lots
     resourcePerInstance: {cpu: 1, memoryMB: 256, gpu: 0}
     commands:
-      - sleep 2
+      - sleep 4
       - echo "<% $parameters.greeting %>"
 defaults:
   virtualCluster: default
