@@ -155,8 +155,9 @@ async def test_schemathesis_finds_no_server_error_and_no_response_outside_the_sc
             "--report", "junit", "--report-junit-path", str(tmp_path / "junit.xml")]
     for tag in FUZZED_TAGS:
         args += ["--include-tag", tag]
+    # In tmp_path: schemathesis keeps its example database in the working directory.
     proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                                                env={**os.environ, "NO_COLOR": "1"})
+                                                env={**os.environ, "NO_COLOR": "1"}, cwd=tmp_path)
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=MAX_SECONDS + 60)
     text = out.decode(errors="replace")
     assert proc.returncode == 0, text[-6000:]
