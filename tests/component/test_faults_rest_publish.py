@@ -151,3 +151,23 @@ async def test_a_record_left_unpublished_by_a_crash_is_published_at_start_once(r
     assert (await stored(rest_bus, job)).published
     with pytest.raises(nats.js.errors.NotFoundError):
         await rest_bus.js.get_last_msg(STREAM, job_subject(Kind.JOB_SUBMITTED, "default", f"{user}~never"))
+
+
+async def test_a_submission_answered_202_is_published_once_and_marked(rest_bus, platform_bus, tmp_path):
+    user = f"fred{RUN}"
+    job = f"{user}~quick"
+    ctx = ServiceContext(name="rest", config=load_config(env={}, data_dir=str(tmp_path)), bus=rest_bus)
+    server = TestServer(await create_app(ctx))
+    await server.start_server()
+    ctx.set_ready()
+    try:
+        token = await auth.create_user(rest_bus, user)
+        async with ClientSession() as session:
+            async with session.post(server.make_url("/api/v2/jobs"), data=job_body("quick"),
+                                    headers={"Content-Type": "text/yaml", "Authorization": f"Bearer {token}"}) as resp:
+                assert resp.status == 202
+        # The event is out when the answer comes, and the record says so.
+        assert await published_ids(platform_bus, job_subject(Kind.JOB_SUBMITTED, "default", job)) == [f"{job}/submitted"]
+        assert (await stored(rest_bus, job)).published
+    finally:
+        await server.close()
