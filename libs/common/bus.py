@@ -497,8 +497,12 @@ RESTORE_TIMEOUT_SECONDS = 60.0
 RESTORE_ENTRY_TIMEOUT_SECONDS = 5.0
 
 
-async def load_all(kv: KeyValue, type_: type[Any]) -> dict[str, Any]:
+async def load_all(kv: KeyValue, type_: type[Any], *, skip_undecodable: bool = False) -> dict[str, Any]:
     """Every live value of a bucket, decoded; what a service rebuilds its state from.
+
+    A value that does not decode as `type_` fails the load, unless
+    `skip_undecodable` (for a bucket another service owns: its bad value must
+    not stop this one), when it is left out with a warning.
 
     Read only from a store that is ready, and known to be read whole: the
     bucket's stream must answer, and one pass over it must deliver as many
@@ -510,7 +514,7 @@ async def load_all(kv: KeyValue, type_: type[Any]) -> dict[str, Any]:
     deadline = time.monotonic() + RESTORE_TIMEOUT_SECONDS
     while True:
         try:
-            values, seen, expected = await _read_bucket_once(kv, type_)
+            values, seen, expected = await _read_bucket_once(kv, type_, skip_undecodable)
             if seen >= expected:
                 return values
             problem = f"read {seen} of the {expected} entries its stream holds"
@@ -522,7 +526,7 @@ async def load_all(kv: KeyValue, type_: type[Any]) -> dict[str, Any]:
         await asyncio.sleep(0.5)
 
 
-async def _read_bucket_once(kv: KeyValue, type_: type[Any]) -> tuple[dict[str, Any], int, int]:
+async def _read_bucket_once(kv: KeyValue, type_: type[Any], skip_undecodable: bool) -> tuple[dict[str, Any], int, int]:
     info = await kv._js.stream_info(kv._stream)
     expected = info.state.messages  # history 1: one message per key, delete markers included
     values: dict[str, Any] = {}
@@ -536,10 +540,14 @@ async def _read_bucket_once(kv: KeyValue, type_: type[Any]) -> tuple[dict[str, A
             if entry is None:  # the end of what the bucket held when the watch began
                 break
             seen += 1
+            values.pop(entry.key, None)
             if entry.operation is None and entry.value:
-                values[entry.key] = msgspec.json.decode(entry.value, type=type_)
-            else:
-                values.pop(entry.key, None)
+                try:
+                    values[entry.key] = msgspec.json.decode(entry.value, type=type_)
+                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                    if not skip_undecodable:
+                        raise
+                    log.warning("bucket %s: skipping %s, which does not decode: %s", kv._name, entry.key, exc)
     finally:
         await watcher.stop()
     return values, seen, expected

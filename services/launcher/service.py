@@ -111,7 +111,7 @@ class LauncherShell:
         """Tasks on a node the monitor holds lost are ended again at start: the
         kills ordered by its NodeStatus run after the event is acked, so a crash
         in between would leave them running where no one is watching."""
-        health = await load_all(await self.ctx.bus.kv(Bucket.NODE_HEALTH), NodeHealthRecord)
+        health = await load_all(await self.ctx.bus.kv(Bucket.NODE_HEALTH), NodeHealthRecord, skip_undecodable=True)
         for record in health.values():
             if not record.healthy and NodeCondition.LOST in record.conditions:
                 await self._end_tasks_on_lost_node(record.node, record.reason)

@@ -28,7 +28,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 
-from libs.common.bus import all_keys
+from libs.common.bus import load_all
 from libs.common.errors import Transient
 from libs.common.ids import EventId, JobId, NodeName
 from libs.common.messages import NodeCordonChanged, NodeStatus
@@ -45,7 +45,6 @@ from services.monitor.core.nodes import (
     SaveHealth,
     StatusChanged,
     Tick,
-    decode_health,
     encode_health,
 )
 from services.monitor.core.samples import decode_node_sample, encode_node_sample, node_key
@@ -116,18 +115,7 @@ class NodeHealthShell:
 
     async def restore(self) -> None:
         kv = await self.ctx.bus.kv(Bucket.NODE_HEALTH)
-        records: list[NodeHealthRecord] = []
-        for key in await all_keys(kv):
-            try:
-                entry = await kv.get(key)
-            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-                continue
-            if not entry.value:
-                continue
-            try:
-                records.append(decode_health(entry.value))
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                log.warning("skipping node health record %s: %s", key, exc)
+        records = list((await load_all(kv, NodeHealthRecord, skip_undecodable=True)).values())
         metrics.apply(self.core.restore(records, self.clock()))
         log.info("restored the health of %d node(s)", len(records))
 

@@ -18,11 +18,8 @@ import asyncio
 import logging
 import time
 
-import msgspec
-import nats.errors
-import nats.js.errors
 
-from libs.common.bus import Bus, all_keys
+from libs.common.bus import Bus, load_all
 from libs.common.errors import BadInput
 from libs.common.messages import EVENT_TYPES, AlertFiring, AnyEvent, NodeCordonChanged
 from libs.common.service import ServiceContext
@@ -30,7 +27,7 @@ from libs.common.subjects import Bucket, Durable, Kind
 from services.monitor import agent, metrics
 from services.monitor.alerts.shell import AlertShell
 from services.monitor.agent import runs_agent, runs_cluster
-from services.monitor.core.stored import StoredJob, decode_stored_job
+from services.monitor.core.stored import StoredJob
 from services.monitor.core.tally import MonitorCore
 from services.monitor.core.updates import RaiseAlert
 from services.monitor.sampler import NodeSampler, default_node_name
@@ -100,16 +97,4 @@ async def load_stored_jobs(bus: Bus) -> list[StoredJob]:
     """The state of every job the launcher recorded; a record that does not decode
     is skipped with a warning (it belongs to the launcher, not to us)."""
     kv = await bus.kv(Bucket.JOB_STATUS)
-    jobs: list[StoredJob] = []
-    for key in await all_keys(kv):
-        try:
-            entry = await kv.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            continue
-        if not entry.value:
-            continue
-        try:
-            jobs.append(decode_stored_job(entry.value))
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            log.warning("skipping job record %s: %s", key, exc)
-    return jobs
+    return list((await load_all(kv, StoredJob, skip_undecodable=True)).values())

@@ -274,6 +274,24 @@ async def test_restore_reads_every_live_entry_of_a_bucket(bus):
     assert len(loaded) == 299 and "restore-7" not in loaded and loaded["restore-299"] == {"n": 299}
 
 
+async def test_restore_from_another_services_bucket_leaves_out_a_value_that_does_not_decode(bus):
+    """A bad value in a bucket some other service owns must not keep this one from
+    starting; in its own bucket it fails the load (its state would be wrong)."""
+    import msgspec
+
+    from libs.common.bus import all_keys, load_all
+
+    kv = await bus.kv(Bucket.NODES)
+    for key in await all_keys(kv):
+        await kv.purge(key)
+    await kv.put("good", msgspec.json.encode({"n": 1}))
+    await kv.put("bad", b"[not an object")
+    assert await load_all(kv, dict, skip_undecodable=True) == {"good": {"n": 1}}
+    with pytest.raises(msgspec.DecodeError):
+        await load_all(kv, dict)
+    await kv.purge("bad")
+
+
 async def test_restore_from_a_store_that_does_not_answer_fails_instead_of_restoring_nothing(bus, monkeypatch):
     """A bucket whose stream is not there (JetStream still recovering it) is never
     taken for an empty one: the service retries, then fails so it is restarted."""
