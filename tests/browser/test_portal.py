@@ -256,6 +256,38 @@ def test_clone_and_upload_fill_the_editor(page, url, tmp_path):
     page.wait_for_selector(".ok-box:has-text('alice~uploaded')")
 
 
+WITH_SECRET = """protocolVersion: 2
+name: uses-a-secret
+type: job
+taskRoles:
+  main:
+    instances: 1
+    resourcePerInstance: {cpu: 1, memoryMB: 256, gpu: 0}
+    commands:
+      - K='<% $secrets.apiKey %>'; test "${K#s3cret-}" = "value-42" && echo "the key arrived as $K"
+defaults:
+  virtualCluster: default
+"""
+
+
+def test_a_secret_field_reaches_the_task_and_is_never_shown(page, url, rest):
+    page.goto(f"{url}/#/submit")
+    page.locator("#job-text").fill(WITH_SECRET)
+    page.get_by_role("button", name="Add secret").click()
+    page.get_by_label("secret 1 name").fill("apiKey")
+    page.get_by_label("secret 1 value").fill("s3cret-value-42")
+    assert "s3cret-value" not in page.locator("#job-text").input_value()  # never in the editor
+    page.get_by_role("button", name="Submit", exact=True).click()
+    page.wait_for_url(re.compile(r".*#/jobs/alice~uses-a-secret$"))
+    page.wait_for_selector("h1 .badge[data-state=SUCCEEDED]", timeout=90_000)  # the task had the value
+    page.wait_for_selector("#log:has-text('the key arrived')")
+    assert "s3cret-value" not in page.locator("#log").inner_text()  # masked in what the task printed
+    page.locator("#config-box summary").click()
+    page.wait_for_selector("#config:has-text('secrets')")
+    assert "s3cret-value" not in page.locator("#config").inner_text()
+    assert "s3cret-value" not in page.content()
+
+
 def test_a_failed_job_shows_reason_and_solution(page, url, rest, users):
     job = rest.submit(BLOCKER.replace("blocker", "fails").replace("instances: 2", "instances: 1")
                       .replace("cpu: 8", "cpu: 1").replace("sleep 600", "exit 3"), token=users["alice"])
