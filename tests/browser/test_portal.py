@@ -390,6 +390,20 @@ def _capture(failed: list, fn) -> None:
         failed.append(exc)
 
 
+def test_live_updates_resume_after_rest_restarts(page, url, rest, users, platform):
+    job = rest.submit(BLOCKER.replace("blocker", "outlives-rest").replace("instances: 2", "instances: 1")
+                      .replace("cpu: 8", "cpu: 1"), token=users["alice"])
+    page.goto(f"{url}/#/jobs?keyword=outlives")
+    page.wait_for_selector(f"tr[data-job='{job}'] .badge[data-state=RUNNING]", timeout=90_000)
+    page.wait_for_selector("#live.on")
+    platform[0].kill_service("rest")  # kill -9: the event stream breaks mid-response
+    page.wait_for_selector("#live:not(.on)")
+    platform[0].start_service("rest")
+    page.wait_for_selector("#live.on")  # the stream is back, from the last event it had
+    rest.call("PUT", f"/api/v2/jobs/{job}/executionType", {"value": "STOP"}, token=users["alice"])
+    page.wait_for_selector(f"tr[data-job='{job}'] .badge[data-state=STOPPED]", timeout=90_000)
+
+
 def test_every_page_renders(page, url, rest, browser, platform):
     page.goto(f"{url}/#/vcs")
     page.wait_for_selector("#vc-research")
