@@ -229,7 +229,8 @@ async def utilization(request: web.Request) -> web.Response:
 
 
 def queue_order(rows: list[Any]) -> list[Any]:
-    """Waiting jobs as the scheduler takes them: higher priority first, then first come (pure)."""
+    """Waiting jobs by priority, then first come, as the scheduler serves a VC (pure); each
+    job's reason says the scheduler's own count of jobs ahead of it."""
     return sorted(rows, key=lambda r: (-r.priority, r.createdTime or 0, r.debugId))
 
 
@@ -241,13 +242,16 @@ async def queue(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     vc = request.match_info["vc"]
     view = await jobs_api.cluster_view(ctx)
-    if view.virtualClusters:  # none yet: the scheduler has not reported; the queue is what is stored
+    known = bool(view.virtualClusters)  # none yet: the scheduler has not reported; the queue is what is stored
+    if known:
         jobs_api._find_vc(view, vc)  # 404 naming the known VCs
     index = request.app.get(jobs_api.INDEX)
-    if index is not None and index.ready:
+    if index is not None and index.ready and known:  # remembered only for VCs that exist (a bounded set)
         # The list's own order (shared with it), filtered and sorted once per change of the index.
         ordered = jobs_api._ordered_from_index(index, "createdTime", True)
         waiting = index.memo(("portal", "queue", vc), lambda: _waiting_in(vc, (row for _, row in ordered)))
+    elif index is not None and index.ready:
+        waiting = _waiting_in(vc, (row for _, row in jobs_api._ordered_from_index(index, "createdTime", True)))
     else:
         rows = await jobs_api._rows_from_buckets(ctx, jobs_api.parse_list_query({}))
         waiting = _waiting_in(vc, (row for _, row in rows))
