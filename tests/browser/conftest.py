@@ -127,9 +127,14 @@ def platform():
         try:
             from tests.chaos.harness import _stop_quickly  # services idle in NATS drain are killed, not awaited
             _stop_quickly(plat)
-        except ImportError:
-            plat.stop()
-        shutil.rmtree(data, ignore_errors=True)
+        finally:  # whatever failed above (a start cut short, a stop that raised), nothing outlives the module
+            for proc in plat.procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            if plat.nats is not None:
+                plat.nats.stop(kill=True)
+            shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
