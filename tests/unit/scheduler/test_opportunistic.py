@@ -164,3 +164,29 @@ def test_a_guaranteed_job_that_fits_its_vcs_unused_quota_is_placed_at_once(fixtu
             probe.apply(decisions)  # the launcher stops the victims and releases their cells
             assert "root~probe" in probe.running, (
                 f"{cells} of VC {vc}'s {unused} unused {sku} cells: {probe.h.core.waiting_reason('root~probe')}")
+
+
+# --- long queues -------------------------------------------------------------------------------
+
+
+def test_a_long_queue_in_a_busy_vc_keeps_order_and_reasons():
+    h = Harness("two-racks")
+    h.submit("running", vc="speech", gpus=4, instances=2)  # speech's whole quota
+    for n in range(400):
+        h.submit(f"waiting{n}", vc="speech", gpus=1 + n % 4)
+    assert h.reason("waiting399").startswith("waiting in VC speech for 4 A100 cells (0 free of 8 guaranteed); "
+                                              "399 jobs ahead")
+    placed = placed_jobs(h.release("running"))
+    assert placed[:3] == ["alice~waiting0", "alice~waiting1", "alice~waiting2"]  # in queue order
+    assert h.reason("waiting399").startswith("waiting in VC speech")
+
+
+def test_a_job_waiting_to_take_its_reserved_cells_is_reached_behind_a_job_that_cannot_fit():
+    """The pass stops walking a VC's list when its quota is fully held, but never before a job
+    that only waits for its victims to leave reserved cells."""
+    h = Harness("two-racks")
+    h.submit("low", vc="speech", priority="test", gpus=4, instances=2)
+    decisions = h.submit("high", vc="speech", priority="prod", gpus=4, instances=2)
+    assert preempted_jobs(decisions) == ["alice~low"]
+    h.submit("urgent", vc="speech", priority="crit", gpus=4, instances=2)  # ahead in the queue, cannot fit
+    assert "alice~high" in placed_jobs(h.finish_preempted(decisions))
