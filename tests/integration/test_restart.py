@@ -31,8 +31,10 @@ async def test_restarting_pai_up_mid_run_keeps_every_job(tmp_path):
         # Counts its own starts, so the test sees it ran again after the restart.
         await api.submit(job_yaml(running, [f"echo start >> {marker}", "sleep 3"]))
         await api.wait_state(f"admin~{running}", "RUNNING")
-        too_big = job_yaml(waiting, ["true"]).replace("cpu: 1,", "cpu: 64,")
-        await api.submit(too_big)
+        # Both nodes of the VC whole, at once: it fits the VC but waits while
+        # the running job holds a cell.
+        needs_every_cell = job_yaml(waiting, ["true"], roles={"main": 2}).replace("cpu: 1,", "cpu: 8,")
+        await api.submit(needs_every_cell)
         await api.wait_state(f"admin~{waiting}", "WAITING")
     finally:
         await asyncio.to_thread(api.platform.stop)
