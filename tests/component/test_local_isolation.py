@@ -65,7 +65,7 @@ async def test_a_task_runs_as_its_jobs_own_uid_never_root(isolated: Harness):
 @pytest.mark.parametrize(
     "attempt",
     [
-        "cat ../../../admin-token",
+        "cat {relative_data}/admin-token",
         "cat {data}/admin-token",
         "ls {data}",
         "ls {data}/launcher/tasks",
@@ -78,8 +78,11 @@ async def test_a_task_runs_as_its_jobs_own_uid_never_root(isolated: Harness):
     ids=["token-relative", "token", "list-data", "list-tasks", "private-key", "nats-store", "list-work-root", "own-spec", "own-log-file"],
 )
 async def test_a_task_cannot_reach_the_platforms_files(isolated: Harness, data_dir: Path, attempt: str):
-    command = attempt.format(data=data_dir, tasks=isolated.backend.tasks_dir)
-    task = launch(f"intruder-{abs(hash(attempt)) % 10_000}", command)
+    name = f"intruder-{abs(hash(attempt)) % 10_000}"
+    # From the task's own working directory, wherever the backend put it.
+    relative_data = os.path.relpath(data_dir, isolated.work_dir(launch(name, "true").key))
+    command = attempt.format(data=data_dir, tasks=isolated.backend.tasks_dir, relative_data=relative_data)
+    task = launch(name, command)
     finished = await isolated.run(task)
     log = output(isolated, task.key)
     assert finished.exitCode != 0, log
