@@ -125,17 +125,18 @@ class SoakReport:
     shapes: dict[str, int] = field(default_factory=dict)
     wrong: list[str] = field(default_factory=list)  # "job: got STATE, expected STATE" (first few)
     unfinished: list[str] = field(default_factory=list)  # "job (shape): last STATE, why it waits" (lost ones)
+    orphans: list[str] = field(default_factory=list)  # "job (shape, STATE): task key, pid: command"
     not_recovered_parts: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
     def summary(self) -> str:
-        skip = ("kills", "recovery_s", "wrong", "unfinished")
+        skip = ("kills", "recovery_s", "wrong", "unfinished", "orphans")
         figures = " ".join(f"{k}={v}" for k, v in asdict(self).items() if k not in skip)
-        return f"{figures} kills={','.join(self.kills)} wrong={self.wrong[:5]} unfinished={self.unfinished[:5]}"
+        return f"{figures} kills={','.join(self.kills)} wrong={self.wrong[:5]} unfinished={self.unfinished[:5]} orphans={self.orphans[:5]}"
 
     def figures(self) -> dict:
         out = asdict(self)
-        out["wrong"], out["unfinished"] = self.wrong[:20], self.unfinished[:20]
+        out["wrong"], out["unfinished"], out["orphans"] = self.wrong[:20], self.unfinished[:20], self.orphans[:20]
         out["kills"] = len(self.kills)
         out["killed"] = dict(Counter(self.kills))
         out["recovery_s"] = {
@@ -301,16 +302,17 @@ def recorded_task_attempts(attempts: list[dict]) -> set[tuple[int, str, int, int
     return recorded
 
 
-def live_task_processes() -> Counter[str]:
-    """Live task processes per job id, found by the PAI_TASK_KEY the local backend
-    gives each (one scan for the whole soak)."""
-    per_job: Counter[str] = Counter()
-    for proc in psutil.process_iter(["environ", "status"]):
+def live_task_processes() -> dict[str, list[str]]:
+    """Live task processes per job id ("task key, pid, command line" each), found by
+    the PAI_TASK_KEY the local backend gives each (one scan for the whole soak)."""
+    per_job: dict[str, list[str]] = {}
+    for proc in psutil.process_iter(["environ", "status", "cmdline"]):
         try:
             key = (proc.info.get("environ") or {}).get("PAI_TASK_KEY", "")
             if key and proc.info.get("status") != psutil.STATUS_ZOMBIE:
                 user, name = key.split(".")[:2]
-                per_job[f"{user}~{name}"] += 1
+                command = " ".join(proc.info.get("cmdline") or [])[:120]
+                per_job.setdefault(f"{user}~{name}", []).append(f"{key} pid {proc.pid}: {command}")
         except (psutil.Error, ValueError):
             continue
     return per_job
@@ -351,7 +353,9 @@ async def run_soak(api: Api, starts_dir: Path, *, jobs: int = DEFAULT_JOBS, kill
                     f"waiting: {status.get('waitingReason')}"
                 )
             continue
-        report.orphaned_processes += alive.get(job.job, 0)
+        left = alive.get(job.job, [])
+        report.orphaned_processes += len(left)
+        report.orphans.extend(f"{job.job} ({job.shape}, {detail['jobStatus']['state']}): {p}" for p in left)
         state = detail["jobStatus"]["state"]
         if state != EXPECTED_STATE[job.shape]:
             report.wrong_final_state += 1
