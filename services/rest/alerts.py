@@ -33,10 +33,10 @@ from libs.common.alerts_messages import (
     raise_for_outcome,
 )
 from libs.common.bus import load_all
-from libs.common.errors import BadInput, Forbidden, Transient
+from libs.common.errors import Forbidden, Transient
 from libs.common.protocol.limits import MAX_ADMIN_BODY_BYTES
 from libs.common.subjects import Bucket
-from services.rest.request import USER, ctx_of, read_body
+from services.rest.request import USER, bad_field, ctx_of, if_match_revision, read_body
 
 MAX_REPORT_DAYS = 366
 _alert_decoder = msgspec.json.Decoder(AlertRecord)
@@ -46,7 +46,7 @@ async def list_alerts(request: web.Request) -> web.Response:
     user = request[USER]
     state = request.query.get("state")
     if state is not None and state not in {s.value for s in AlertState}:
-        raise _bad("state", "enum", f"must be firing or resolved, got {state!r}")
+        raise bad_field("state", "enum", f"must be firing or resolved, got {state!r}")
     job = request.query.get("job")
     kv = await ctx_of(request).bus.kv(Bucket.ALERTS)
     alerts: list[AlertRecord] = []
@@ -77,17 +77,17 @@ async def put_rules(request: web.Request) -> web.Response:
     try:
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise _bad("", "utf8", "the body must be the rule document as UTF-8 YAML") from None
+        raise bad_field("", "utf8", "the body must be the rule document as UTF-8 YAML") from None
     if not text.strip():
-        raise _bad("", "required", "the body is empty; send the whole rule document (YAML), or POST .../reset")
+        raise bad_field("", "required", "the body is empty; send the whole rule document (YAML), or POST .../reset")
     reply = await _ask(request, AlertsRequest(action=AlertAction.SET_RULES, rules=text,
-                                              revision=_if_match(request), by=request[USER].username))
+                                              revision=if_match_revision(request, "/api/v2/alerts/rules"), by=request[USER].username))
     return _rules_response(reply)
 
 
 async def reset_rules(request: web.Request) -> web.Response:
     _require_admin(request, "reset the alert rules")
-    reply = await _ask(request, AlertsRequest(action=AlertAction.RESET_RULES, revision=_if_match(request),
+    reply = await _ask(request, AlertsRequest(action=AlertAction.RESET_RULES, revision=if_match_revision(request, "/api/v2/alerts/rules"),
                                               by=request[USER].username))
     return _rules_response(reply)
 
@@ -106,9 +106,9 @@ async def _report(request: web.Request, *, send: bool) -> web.Response:
     try:
         days = float(text)
     except ValueError:
-        raise _bad("days", "number", f"must be a number of days, got {text!r}") from None
+        raise bad_field("days", "number", f"must be a number of days, got {text!r}") from None
     if not 0 < days <= MAX_REPORT_DAYS:
-        raise _bad("days", "range", f"must be more than 0 and at most {MAX_REPORT_DAYS}, got {days:g}")
+        raise bad_field("days", "range", f"must be more than 0 and at most {MAX_REPORT_DAYS}, got {days:g}")
     reply = await _ask(request, AlertsRequest(action=AlertAction.REPORT, days=days, send=send,
                                               by=request[USER].username))
     return web.json_response({**reply.report, "mailed": reply.mailed})
@@ -154,19 +154,3 @@ def _rules_response(reply: AlertsReply) -> web.Response:
 def _require_admin(request: web.Request, what: str) -> None:
     if not request[USER].admin:
         raise Forbidden(f"only an admin may {what}")
-
-
-def _if_match(request: web.Request) -> int | None:
-    header = request.headers.get("If-Match")
-    if header is None:
-        return None
-    text = header.strip().removeprefix("W/").strip('"')
-    try:
-        return int(text)
-    except ValueError:
-        raise _bad("If-Match", "header", f'must be a revision like "3" (the ETag of GET /api/v2/alerts/rules), got {header!r}') from None
-
-
-def _bad(path: str, rule: str, message: str) -> BadInput:
-    return BadInput(f"{path}: {message}" if path else message,
-                    details={"errors": [{"path": path, "rule": rule, "message": message}]})

@@ -72,8 +72,22 @@ def decode_fields(data: dict[str, Any], type_: type[T], *, what: str) -> T:
 
 
 def bad_field(path: str, rule: str, message: str) -> BadInput:
-    """A 400 whose body names the field path and the rule, like a rejected job's."""
+    """A 400 whose body names the field path and the rule, like a rejected job's
+    ("" or "$": the body as a whole)."""
     return BadInput(
-        f"{path}: {message}" if path != "$" else message,
+        f"{path}: {message}" if path not in ("", "$") else message,
         details={"errors": [{"path": path, "rule": rule, "message": message}]},
     )
+
+
+def if_match_revision(request: web.Request, etag_of: str) -> int | None:
+    """The revision an `If-Match` header names (optimistic concurrency on a
+    document whose ETag `GET etag_of` gives); None without the header."""
+    header = request.headers.get("If-Match")
+    if header is None:
+        return None
+    text = header.strip().removeprefix("W/").strip('"')
+    try:
+        return int(text)
+    except ValueError:
+        raise bad_field("If-Match", "header", f'must be a revision like "3" (the ETag of GET {etag_of}), got {header!r}') from None

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from libs.common.errors import BadInput, Forbidden
+from libs.common.errors import Forbidden
 from libs.common.protocol.depth import NestingTooDeep, check_yaml_depth
 from libs.common.protocol.limits import MAX_ADMIN_BODY_BYTES
 from libs.common.rules_rpc import (
@@ -29,7 +29,7 @@ from libs.common.rules_rpc import (
     RulesRequest,
     request_rules,
 )
-from services.rest.request import USER, ctx_of, read_body
+from services.rest.request import USER, bad_field, ctx_of, if_match_revision, read_body
 
 MAX_RULE_BODY_BYTES = MAX_ADMIN_BODY_BYTES
 _PLACEMENT_KEYS = ("position", "before")
@@ -48,7 +48,7 @@ async def get_rule(request: web.Request) -> web.Response:
 async def add_rule(request: web.Request) -> web.Response:
     _require_admin(request, "add")
     rule, placement = await _read_rule(request)
-    reply = await _ask(request, RuleAction.ADD, rule=rule, **placement, revision=_if_match(request))
+    reply = await _ask(request, RuleAction.ADD, rule=rule, **placement, revision=if_match_revision(request, "/api/v2/rules"))
     response = _json(_one_rule(reply), reply, status=201)
     response.headers["Location"] = f"/api/v2/rules/{reply.rules[0]['code']}"
     return response
@@ -58,19 +58,19 @@ async def change_rule(request: web.Request) -> web.Response:
     _require_admin(request, "change")
     code = _code(request)
     rule, placement = await _read_rule(request)
-    reply = await _ask(request, RuleAction.CHANGE, code=code, rule=rule, **placement, revision=_if_match(request))
+    reply = await _ask(request, RuleAction.CHANGE, code=code, rule=rule, **placement, revision=if_match_revision(request, "/api/v2/rules"))
     return _json(_one_rule(reply), reply)
 
 
 async def delete_rule(request: web.Request) -> web.Response:
     _require_admin(request, "delete")
-    reply = await _ask(request, RuleAction.DELETE, code=_code(request), revision=_if_match(request))
+    reply = await _ask(request, RuleAction.DELETE, code=_code(request), revision=if_match_revision(request, "/api/v2/rules"))
     return _json({"deleted": reply.rules[0], "position": reply.position, **_rule_set(reply)}, reply)
 
 
 async def reset_rules(request: web.Request) -> web.Response:
     _require_admin(request, "reset")
-    reply = await _ask(request, RuleAction.RESET, revision=_if_match(request))
+    reply = await _ask(request, RuleAction.RESET, revision=if_match_revision(request, "/api/v2/rules"))
     return _json(_rule_set(reply), reply)
 
 
@@ -92,7 +92,7 @@ async def _ask(request: web.Request, action: RuleAction, **fields: Any) -> Rules
     try:
         return await request_rules(ctx_of(request).bus, rules_request)
     except TypeError as error:  # YAML can hold values JSON cannot carry
-        raise _bad("", "json", f"the rule holds a value that is not plain data: {error}") from None
+        raise bad_field("", "json", f"the rule holds a value that is not plain data: {error}") from None
 
 
 def _require_admin(request: web.Request, what: str) -> None:
@@ -108,17 +108,6 @@ def _code(request: web.Request) -> int:
         raise NoSuchRule(f"no rule {text!r}: rules are named by their integer code, e.g. 137") from None
 
 
-def _if_match(request: web.Request) -> int | None:
-    header = request.headers.get("If-Match")
-    if header is None:
-        return None
-    text = header.strip().removeprefix("W/").strip('"')
-    try:
-        return int(text)
-    except ValueError:
-        raise _bad("If-Match", "header", f'must be a revision like "12" (an ETag of GET /api/v2/rules), got {header!r}')
-
-
 async def _read_rule(request: web.Request) -> tuple[dict, dict[str, int]]:
     """The rule in the body, and where it should go."""
     body = await read_body(request, limit=MAX_RULE_BODY_BYTES, what="a rule")
@@ -127,19 +116,19 @@ async def _read_rule(request: web.Request) -> tuple[dict, dict[str, int]]:
         check_yaml_depth(text)  # before the loader recurses into it
         data = yaml.safe_load(text)  # JSON is YAML too
     except NestingTooDeep as error:
-        raise _bad("", "max_depth", str(error)) from None
+        raise bad_field("", "max_depth", str(error)) from None
     except yaml.YAMLError as error:
-        raise _bad("", "yaml", f"the body is not valid YAML or JSON: {error}") from None
+        raise bad_field("", "yaml", f"the body is not valid YAML or JSON: {error}") from None
     except (ValueError, RecursionError) as error:  # not UTF-8; an integer of thousands of digits
-        raise _bad("", "yaml", f"the body is not a rule PAI can read: {str(error).split(';')[0][:120]}") from None
+        raise bad_field("", "yaml", f"the body is not a rule PAI can read: {str(error).split(';')[0][:120]}") from None
     if _is_rule_file(data):
         entries = data["spec"]
         if len(entries) != 1:
-            raise _bad("spec", "one_rule", f"send one rule at a time; this list has {len(entries)}")
+            raise bad_field("spec", "one_rule", f"send one rule at a time; this list has {len(entries)}")
         placement_keys = {key: data[key] for key in _PLACEMENT_KEYS if key in data}
         data = {**entries[0], **placement_keys} if isinstance(entries[0], dict) else entries[0]
     if not isinstance(data, dict):
-        raise _bad("", "mapping", f"the body must be one rule (a mapping), got {type(data).__name__}")
+        raise bad_field("", "mapping", f"the body must be one rule (a mapping), got {type(data).__name__}")
     rule = {str(key): value for key, value in data.items() if key not in _PLACEMENT_KEYS}
     placement: dict[str, int] = {}
     for key in _PLACEMENT_KEYS:
@@ -149,7 +138,7 @@ async def _read_rule(request: web.Request) -> tuple[dict, dict[str, int]]:
         try:
             placement[key] = _as_int(value)
         except ValueError:
-            raise _bad(key, "integer", f"must be an integer, got {value!r}") from None
+            raise bad_field(key, "integer", f"must be an integer, got {value!r}") from None
     return rule, placement
 
 
@@ -164,13 +153,6 @@ def _as_int(value: object) -> int:
 def _is_rule_file(data: object) -> bool:
     """A rule file's layout (`spec:` list) rather than a bare rule."""
     return isinstance(data, dict) and isinstance(data.get("spec"), list) and set(data) <= {"spec", *_PLACEMENT_KEYS}
-
-
-def _bad(path: str, rule: str, message: str) -> BadInput:
-    return BadInput(
-        f"{path}: {message}" if path else message,
-        details={"errors": [{"path": path, "rule": rule, "message": message}]},
-    )
 
 
 def _rule_set(reply: RulesReply) -> dict[str, Any]:
