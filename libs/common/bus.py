@@ -93,10 +93,6 @@ class Bus:
         self.name = name
         self.user = user  # the NATS user (busauth.ACCESS); "" on a server without auth
         self._kv: dict[Bucket, KeyValue] = {}
-        # How many times the client has reconnected: a service that judges by
-        # silence (node health) starts its clock again after each, since nothing
-        # could be heard while NATS was away.
-        self.reconnects = 0
 
     @classmethod
     async def connect(
@@ -113,13 +109,6 @@ class Bus:
         deadline = time.monotonic() + connect_timeout
         servers = server_urls(url)
         login = {"user": user, "password": password, "inbox_prefix": busauth.inbox_prefix(user)} if user else {}
-        connected: list[Bus] = []
-
-        async def count_reconnect() -> None:
-            log.info("reconnected to NATS")
-            for bus in connected:
-                bus.reconnects += 1
-
         while True:
             try:
                 nc = await nats.connect(
@@ -136,10 +125,8 @@ class Bus:
                     max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                     error_cb=_log_nats_error,
                     disconnected_cb=_log_disconnected,
-                    reconnected_cb=count_reconnect,
                 )
-                connected.append(cls(nc, name, user=user))
-                return connected[0]
+                return cls(nc, name, user=user)
             except (OSError, nats.errors.NoServersError, asyncio.TimeoutError) as exc:
                 if time.monotonic() > deadline:
                     raise

@@ -159,15 +159,17 @@ class NodeHealthShell:
             await self._carry_out(outputs, raise_unsent=True)
 
     async def _tick_forever(self) -> None:
+        # nats-py counts the client's reconnects; silence judged by a monitor that
+        # could not listen says nothing, so the clock starts again after each.
         bus = self.ctx.bus
-        listening_since, reconnects = self.clock(), bus.reconnects
+        listening_since, reconnects = self.clock(), bus.nc.stats["reconnects"]
         while not self.ctx.stopping.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.ctx.stopping.wait(), timeout=TICK_SECONDS)
             if not bus.nc.is_connected:
                 continue  # deaf now: silence says nothing about the nodes
-            if bus.reconnects != reconnects:
-                listening_since, reconnects = self.clock(), bus.reconnects
+            if bus.nc.stats["reconnects"] != reconnects:
+                listening_since, reconnects = self.clock(), bus.nc.stats["reconnects"]
             await self._decide(Tick(now=self.clock(), listeningSince=listening_since))
 
     async def _decide(self, event: Heard | Tick) -> None:
