@@ -19,32 +19,14 @@ import yaml
 
 from libs.common.config import load_config
 from libs.common.natsserver import binary as nats_server_binary
-from tests.tools_helm import KubeTools, ToolsUnavailable, kube_tools
+from tests.tools_helm import KubeTools
+# The chart's renderer and the helm fixture, shared with the other chart tests.
+from tests.unit.test_deploy import CHART, NAMESPACE, RELEASE, REPO, render, tools  # noqa: F401 - tools is a fixture
+from tests.unit.test_deploy import run_helm as helm
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "deploy" / "helm" / "pai"
 PRODUCTION = CHART / "values-production.yaml"
-RELEASE, NAMESPACE = "pai", "pai"
 SERVICES = ("rest", "scheduler", "launcher", "runtime", "monitor")
 EXTERNAL = "nats://nats-a.shared:4222,nats://nats-b.shared:4222,nats://nats-c.shared:4222"
-
-
-@pytest.fixture(scope="module")
-def tools() -> KubeTools:
-    try:
-        return kube_tools()
-    except ToolsUnavailable as exc:
-        pytest.skip(f"helm/kubectl not available: {exc}")
-
-
-def helm(tools: KubeTools, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(tools.helm), *args], capture_output=True, text=True, timeout=60)
-
-
-def render(tools: KubeTools, *args: str) -> list[dict]:
-    done = helm(tools, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
-    assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 def kinds(docs: list[dict], kind: str) -> dict[str, dict]:
