@@ -15,7 +15,8 @@ import asyncio
 import hashlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import argon2
 import msgspec
@@ -90,6 +91,22 @@ async def require_user(bus: Bus, name: str) -> tuple[User, int]:
     return got
 
 
+async def _change_record(bus: Bus, key: str, read: Callable[[], Awaitable[tuple[Any, int]]],
+                         change: Callable[[Any], Any], busy: Callable[[], Exception]) -> Any:
+    """Compare-and-set: apply `change` to the record `read` gives at its revision;
+    read and apply again when someone else wrote in between, `busy` past UPDATE_ATTEMPTS."""
+    kv = await _kv(bus)
+    for _ in range(UPDATE_ATTEMPTS):
+        record, revision = await read()
+        changed = change(record)
+        try:
+            await kv.update(key, msgspec.json.encode(changed), last=revision)
+            return changed
+        except nats.js.errors.KeyWrongLastSequenceError:
+            continue
+    raise busy()
+
+
 async def create_user(bus: Bus, user: User) -> None:
     try:
         await (await _kv(bus)).create(user_key(user.username), msgspec.json.encode(user))
@@ -99,16 +116,8 @@ async def create_user(bus: Bus, user: User) -> None:
 
 async def change_user(bus: Bus, name: str, change: Callable[[User], User]) -> User:
     """Apply `change` to the stored user at the revision read; again if someone else changed it."""
-    kv = await _kv(bus)
-    for _ in range(UPDATE_ATTEMPTS):
-        user, revision = await require_user(bus, name)
-        changed = change(user)
-        try:
-            await kv.update(user_key(name), msgspec.json.encode(changed), last=revision)
-            return changed
-        except nats.js.errors.KeyWrongLastSequenceError:
-            continue
-    raise ConflictUser(f"user {name} is being changed by someone else; try again")
+    return await _change_record(bus, user_key(name), lambda: require_user(bus, name), change,
+                                lambda: ConflictUser(f"user {name} is being changed by someone else; try again"))
 
 
 async def delete_user(bus: Bus, name: str) -> None:
@@ -179,16 +188,8 @@ async def create_group(bus: Bus, group: Group) -> None:
 
 
 async def change_group(bus: Bus, name: str, change: Callable[[Group], Group]) -> Group:
-    kv = await _kv(bus)
-    for _ in range(UPDATE_ATTEMPTS):
-        group, revision = await require_group(bus, name)
-        changed = change(group)
-        try:
-            await kv.update(group_key(name), msgspec.json.encode(changed), last=revision)
-            return changed
-        except nats.js.errors.KeyWrongLastSequenceError:
-            continue
-    raise ConflictGroup(f"group {name} is being changed by someone else; try again")
+    return await _change_record(bus, group_key(name), lambda: require_group(bus, name), change,
+                                lambda: ConflictGroup(f"group {name} is being changed by someone else; try again"))
 
 
 async def delete_group(bus: Bus, name: str) -> None:
