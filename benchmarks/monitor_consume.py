@@ -1,0 +1,214 @@
+"""The cluster monitor's CPU per job, consuming real events from a real nats-server.
+
+    python benchmarks/monitor_consume.py [--jobs 2000] [--rate 0] [--repeat 1]
+
+Starts a nats-server (PAI's users and permissions, store bootstrapped) and the
+cluster monitor as users run it (`python -m services.monitor --cluster`),
+feeds it the events of `jobs` trivial one-task jobs (submitted, placed, task
+started, running, task exited 0, verdict, succeeded, released: what rest, the
+scheduler, the launcher and the runtime publish for one), waits until the
+monitor's durable consumer has acked them all, and reads the monitor's CPU
+time (user + system, /proc) around that.
+
+`--rate 0` publishes every event before the monitor starts (a backlog: the
+largest batches); `--rate N` publishes N jobs' events a second while the
+monitor runs (batches as the traffic makes them). The monitor's idle CPU
+(its periodic node-health ticks and alert evaluations), measured for a few
+seconds before the feed, is subtracted over the feed's duration and reported.
+
+Prints JSON: monitor CPU ms per job and per event, idle CPU share, events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from libs.common import busauth  # noqa: E402
+from libs.common.bus import STREAM, Bus  # noqa: E402
+from libs.common.busauth import load_or_create_credentials  # noqa: E402
+from libs.common.ids import EventId, JobId, NodeName, UserName, VcName  # noqa: E402
+from libs.common.messages import (  # noqa: E402
+    Event,
+    ExitSpec,
+    JobPlaced,
+    JobReleased,
+    JobState,
+    JobStateChanged,
+    JobSubmitted,
+    TaskExited,
+    TaskPlacement,
+    TaskStarted,
+    TaskVerdict,
+    encode,
+    subject_of,
+)
+from libs.common.natsserver import NatsServer, free_port  # noqa: E402
+from libs.common.protocol.model import JobSpec  # noqa: E402
+from libs.common.subjects import Durable  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+IDLE_SECONDS = 3.0
+PUBLISH_WINDOW = 256  # publishes in flight at once
+
+
+def job_events(i: int, run: str, now: float) -> list[Event]:
+    """The events one trivial job of one task produces, in the order they happen."""
+    user, vc, node = f"u{i % 50}", f"vc{i % 4}", f"node-{i % 16}"
+    job = JobId(f"{user}~bench{run}-{i}")
+    spec = JobSpec(name=f"bench{run}-{i}", user=user, virtualCluster=vc)
+    ok = ExitSpec(code=0, phrase="Succeeded", reason="exited with 0")
+    common = dict(job=job, vc=VcName(vc), attempt=1)
+    task = dict(common, role="main", index=0)
+    return [
+        JobSubmitted(id=EventId(f"{job}/submitted"), job=job, at=now, spec=spec),
+        JobPlaced(id=EventId(f"{job}/1/placed"), at=now, **common,
+                  tasks=[TaskPlacement(role="main", index=0, node=NodeName(node), gpus=[0])]),
+        TaskStarted(id=EventId(f"{job}/1/main/0/0/started"), at=now, node=NodeName(node), **task),
+        JobStateChanged(id=EventId(f"{job}/1/state/RUNNING"), at=now, user=UserName(user), state=JobState.RUNNING,
+                        previous=JobState.WAITING, sinceSubmit=0.05, **common),
+        TaskExited(id=EventId(f"{job}/1/main/0/0/exited"), at=now, exitCode=0, **task),
+        TaskVerdict(id=EventId(f"{job}/1/main/0/0/verdict"), at=now, exitCode=0, spec=ok, **task),
+        JobStateChanged(id=EventId(f"{job}/1/state/SUCCEEDED"), at=now, user=UserName(user), state=JobState.SUCCEEDED,
+                        previous=JobState.RUNNING, exitCode=0, exitSpec=ok, sinceSubmit=0.1, **common),
+        JobReleased(id=EventId(f"{job}/1/released"), at=now, **common),
+    ]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+
+
+async def publish_all(bus: Bus, events: list[Event]) -> None:
+    """Pipelined: up to PUBLISH_WINDOW publishes awaiting their acks at once."""
+    for start in range(0, len(events), PUBLISH_WINDOW):
+        await asyncio.gather(*(
+            bus.js.publish(subject_of(e), encode(e), headers={"Nats-Msg-Id": e.id}, timeout=30)
+            for e in events[start:start + PUBLISH_WINDOW]
+        ))
+
+
+async def publish_paced(bus: Bus, jobs: list[list[Event]], rate: float) -> None:
+    started = time.monotonic()
+    for n, events in enumerate(jobs):
+        due = started + n / rate
+        if (wait := due - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
+        await publish_all(bus, events)
+
+
+async def wait_consumed(bus: Bus, last_seq: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit("the monitor exited")
+        info = await bus.js.consumer_info(STREAM, Durable.MONITOR.value)
+        if info.ack_floor.stream_seq >= last_seq and not info.num_ack_pending:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the monitor did not ack everything in {timeout}s: {info}")
+        await asyncio.sleep(0.1)
+
+
+async def wait_ready(url: str, proc: subprocess.Popen) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise SystemExit("the monitor exited at start")
+            try:
+                async with http.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit("the monitor never became ready")
+
+
+async def measure(root: Path, jobs: int, rate: float) -> dict:
+    run = os.urandom(3).hex()
+    now = time.time()
+    per_job = [job_events(i, run, now) for i in range(jobs)]
+    events = [e for job in per_job for e in job]
+    with NatsServer(root / "store", auth=load_or_create_credentials(root / "creds.json")) as nats:
+        await asyncio.to_thread(nats.bootstrap)
+        bus = await Bus.connect(nats.url, name="bench", **nats.login(busauth.PLATFORM))
+        try:
+            if rate <= 0:
+                await publish_all(bus, events)
+            port = free_port()
+            env = {**os.environ, "PAI_NATS_URL": nats.url, **nats.env("monitor"), "PAI_MONITOR_PORT": str(port),
+                   "PAI_DATA_DIR": str(root / "data"), "PAI_LOG_LEVEL": "WARNING"}
+            proc = subprocess.Popen([sys.executable, "-m", "services.monitor", "--cluster"], cwd=REPO, env=env)
+            try:
+                await wait_ready(f"http://127.0.0.1:{port}/readyz", proc)
+                if rate <= 0:
+                    # The backlog is being consumed already: measure idle CPU afterwards.
+                    cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+                    info = await bus.js.stream_info(STREAM)
+                    await wait_consumed(bus, info.state.last_seq, proc, timeout=60 + jobs * 0.05)
+                    cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
+                    await asyncio.sleep(IDLE_SECONDS)
+                    idle_share = (cpu_seconds(proc.pid) - cpu1) / IDLE_SECONDS
+                else:
+                    await asyncio.sleep(1.0)  # let the consumer settle into its first pull
+                    idle0 = cpu_seconds(proc.pid)
+                    await asyncio.sleep(IDLE_SECONDS)
+                    idle_share = (cpu_seconds(proc.pid) - idle0) / IDLE_SECONDS
+                    cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+                    await publish_paced(bus, per_job, rate)
+                    info = await bus.js.stream_info(STREAM)
+                    await wait_consumed(bus, info.state.last_seq, proc, timeout=60 + jobs * 0.05)
+                    cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        finally:
+            await bus.close()
+    busy = max(0.0, (cpu1 - cpu0) - idle_share * (t1 - t0))
+    return {
+        "jobs": jobs,
+        "events": len(events),
+        "rate_jobs_per_s": rate or "backlog",
+        "wall_s": round(t1 - t0, 3),
+        "monitor_cpu_s": round(cpu1 - cpu0, 3),
+        "idle_cpu_share": round(idle_share, 4),
+        "monitor_cpu_ms_per_job": round(1000 * busy / jobs, 3),
+        "monitor_cpu_us_per_event": round(1e6 * busy / len(events), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--rate", type=float, default=0.0, help="jobs/s published live; 0: a backlog first")
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    results = []
+    for _ in range(args.repeat):
+        with tempfile.TemporaryDirectory(prefix="pai-monitor-bench-") as tmp:
+            results.append(asyncio.run(measure(Path(tmp), args.jobs, args.rate)))
+    per_job = sorted(r["monitor_cpu_ms_per_job"] for r in results)
+    print(json.dumps({"benchmark": "monitor_consume", "runs": results,
+                      "monitor_cpu_ms_per_job_median": per_job[len(per_job) // 2]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
