@@ -1,5 +1,10 @@
 """Every metric the launcher exports."""
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 TASKS_STARTED = Counter("pai_launcher_tasks_started_total", "Task instances the launcher ordered started")
+BATCH_EVENTS = Histogram(
+    "pai_launcher_batch_events",
+    "Events applied by one transaction of the launcher core (a batch of bus or backend events)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)

@@ -1,10 +1,18 @@
 """launcher's shell: bus events and backend events in, core actions carried out.
 
+Events come in batches: every bus event waiting (`consume_batches`), and every
+backend event already reported, go through one `core.handle(*events)`, which
+returns one `SaveJob` per job it changed however many events touched it.
+
 Order of effects for one `handle()` (the core's contract): every `SaveJob` is
-written to KV first, then tasks are started or killed and events published. A
-crash in between is healed at start-up: records are loaded, the backend
-re-adopts its tasks, and `core.recover` starts what was ordered but never
-started and reports what died meanwhile, so no task attempt starts twice.
+written to KV first (all at once, `kv_write_many`), then tasks are started or
+killed, then the events are published (all at once, `publish_many`; they are
+in the saved records' outboxes already). A crash in between is healed at
+start-up: records are loaded, the backend re-adopts its tasks, `core.recover`
+publishes the outboxes again, starts what was ordered but never started and
+reports what died meanwhile, so no task attempt starts twice. An effect that
+fails (NATS trouble) undoes the batch in the core (`undo_last`) before the
+error goes on, so the events, handed again, order their effects again.
 
 Kills run in the background: a stop waits out the grace period, and the
 launcher must go on handling other jobs meanwhile; the backend's TaskFinished
@@ -16,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import msgspec
 import nats.errors
 
 from libs.common import exitspecs as exits
 from libs.common import ids, job_secrets, service
-from libs.common.bus import load_all
+from libs.common.bus import BATCH_MAX, load_all
 from libs.common.config import Config, load_config
 from libs.common.errors import NotFound, PaiError, Transient
 from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest, MAX_REPLY_BYTES
@@ -116,20 +125,29 @@ class LauncherShell:
             if not record.healthy and NodeCondition.LOST in record.conditions:
                 await self._end_tasks_on_lost_node(record.node, record.reason)
 
-    async def handle_bus(self, message) -> None:
-        if isinstance(message, NodeStatus):
-            if message.lost:
-                await self._end_tasks_on_lost_node(message.node, message.reason)
-            return
-        event = from_message(message)
-        if event is not None:
-            await self._apply(event)
+    async def handle_bus(self, messages: list) -> None:
+        """A batch of bus events, in stream order: the core's in one `handle()`.
+
+        A node status is no core event; the core events before it are applied
+        first, so it ends every task placed on a lost node up to that point."""
+        pending: list = []
+        for message in messages:
+            if isinstance(message, NodeStatus):
+                await self._apply(*pending)
+                pending = []
+                if message.lost:
+                    await self._end_tasks_on_lost_node(message.node, message.reason)
+                continue
+            event = from_message(message)
+            if event is not None:
+                pending.append(event)
+        await self._apply(*pending)
 
     async def pump_backend(self) -> None:
-        async for event in self.backend.events():
-            if isinstance(event, TaskFinished):
-                event = await self._scrubbed_exit(event)
-            await self._apply(event)
+        """Backend events, every one already reported at once through the core."""
+        async for batch in _batches(self.backend.events(), BATCH_MAX):
+            events = [await self._scrubbed_exit(e) if isinstance(e, TaskFinished) else e for e in batch]
+            await self._apply(*events)
 
     async def _end_tasks_on_lost_node(self, node: str, reason: str) -> None:
         """The monitor lost `node`: end the tasks placed there. They end like
@@ -199,18 +217,33 @@ class LauncherShell:
             platformMessage=scrub_text(event.platformMessage, values),
         )
 
-    async def _apply(self, event) -> None:
+    async def _apply(self, *events) -> None:
+        """One transaction of the core for `events`, its effects carried out."""
+        if not events:
+            return
         async with self.lock:
-            actions = self.core.handle(event)
-            await self._execute(actions)
+            metrics.BATCH_EVENTS.observe(len(events))
+            actions = self.core.handle(*events)
+            try:
+                await self._execute(actions)
+            except BaseException:
+                # Handed again (the bus, or the next incarnation's recovery),
+                # the events must order their effects again, not find them done.
+                self.core.undo_last()
+                raise
 
     async def _execute(self, actions) -> None:
+        """Records first (all written before anything else), then tasks, then events."""
         if not actions:
             return
-        kv = await self.ctx.bus.kv(Bucket.JOB_STATUS)
-        for action in actions:
-            if isinstance(action, SaveJob):
-                await kv.put(ids.job_key(action.record.job), encode_job_record(action.record))
+        records = {
+            ids.job_key(action.record.job): encode_job_record(action.record)
+            for action in actions
+            if isinstance(action, SaveJob)
+        }
+        if records:
+            await self.ctx.bus.kv_write_many(Bucket.JOB_STATUS, records)
+        publications = []
         for action in actions:
             match action:
                 case SaveJob():
@@ -221,11 +254,13 @@ class LauncherShell:
                 case KillTask(key=key, reason=reason, grace_seconds=grace):
                     self._in_background(self.backend.kill(key, grace_seconds=grace, reason=reason))
                 case Publish(event=event):
-                    await self.ctx.bus.publish(event)
+                    publications.append(event)
                 case StartTimer(job=job, attempt=attempt, at=at):
                     self._in_background(self._timer(job, attempt, at))
                 case ForgetTask(key=key):
                     await self.backend.forget(key)
+        if publications:
+            await self.ctx.bus.publish_many(publications)
 
     async def _timer(self, job: str, attempt: int, at: float) -> None:
         await asyncio.sleep(max(0.0, at - time.time()))
@@ -333,6 +368,38 @@ def live_tasks_on(core: LauncherCore, node: str) -> list[TaskKey]:
     return keys
 
 
+async def _batches(events: AsyncIterator, most: int) -> AsyncIterator[list]:
+    """`events` in lists: the next one (waited for), with every one already there
+    behind it, up to `most`. A reader moves them across while a batch is
+    handled, so whatever arrived meanwhile makes the next batch."""
+    waiting: asyncio.Queue = asyncio.Queue()
+    ended = object()
+
+    async def read() -> None:
+        try:
+            async for event in events:
+                waiting.put_nowait(event)
+        finally:
+            waiting.put_nowait(ended)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while True:
+            batch = [await waiting.get()]
+            while len(batch) < most and not waiting.empty():
+                batch.append(waiting.get_nowait())
+            done = batch[-1] is ended
+            if done:
+                batch.pop()
+            if batch:
+                yield batch
+            if done:
+                reader.result()  # a reader that failed fails the pump
+                return
+    finally:
+        reader.cancel()
+
+
 def _without_secret_start(data: bytes, values: list[str]) -> bytes:
     """`data` less a trailing beginning of a secret: a task still printing one
     (or a log read mid-write) must not show its first characters; the whole
@@ -357,7 +424,9 @@ async def body(ctx: ServiceContext) -> None:
         ctx.spawn(shell.prune_forever(), "retention")
         await shell.serve_logs()
         ctx.set_ready()
-        await ctx.bus.consume(Durable.LAUNCHER, CONSUMED_KINDS, CONSUMED_TYPES, shell.handle_bus, stopping=ctx.stopping, ordered=True)
+        await ctx.bus.consume_batches(
+            Durable.LAUNCHER, CONSUMED_KINDS, CONSUMED_TYPES, shell.handle_bus, stopping=ctx.stopping, ordered=True
+        )
     finally:
         await shell.close()
 

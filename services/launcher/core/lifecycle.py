@@ -11,7 +11,12 @@ Contracts:
 - Every change is saved with its publications (`JobRecord.outbox`); `recover()`
   publishes the outbox again, so a crash between saving and publishing loses
   no event.
-- `handle` is all-or-nothing: if it raises, no record has changed.
+- `handle` is all-or-nothing: if it raises, no record has changed. And if
+  the shell cannot carry out what a `handle()` returned (NATS trouble),
+  `undo_last()` puts the records back as they were before it, so its events,
+  handed again, are applied afresh and their effects ordered again.
+- `handle(*events)` is one transaction for a whole batch: one `SaveJob` per
+  job it changed, however many of its events touched that job.
 - An event the core cannot use *yet* (a placement, stop or preemption for a job
   whose submission it has not seen) raises `Transient`; a placement naming tasks
   the job does not have raises `BadInput`; `IllegalTransition` is a bug.
@@ -116,11 +121,25 @@ class LauncherCore:
         # Per handle() call: records as they were before it, and actions so far.
         self._before: dict[str, JobRecord | None] = {}
         self._actions: list[Action] = []
+        # The records as they were before the last successful transaction (undo_last).
+        self._undo: dict[str, JobRecord | None] = {}
 
     # --- public API -----------------------------------------------------------
 
     def handle(self, *events: LauncherEvent) -> list[Action]:
         return self._transaction(lambda: [self._dispatch(event) for event in events])
+
+    def undo_last(self) -> None:
+        """Put back every record the last `handle()` changed, as it was before it.
+
+        For the shell when an effect of that call failed (a KV write or a
+        publish gave up): the events are handed again, and without this the
+        core would answer them as already applied, with no action, leaving
+        the bucket behind the core. Effects already carried out are repeated
+        harmlessly: writes are whole records, publications dedupe by id, a
+        task key is started once by the backend."""
+        self._restore(self._undo)
+        self._undo = {}
 
     def load(self, record: JobRecord) -> None:
         """Restore a job from its stored record (after a restart, before `recover`)."""
@@ -162,18 +181,22 @@ class LauncherCore:
         try:
             work()
         except BaseException:
-            for job, record in self._before.items():
-                if record is None:
-                    self._jobs.pop(job, None)
-                    self._ports.remove(job)
-                else:
-                    self._jobs[job] = record
-                    self._ports.update(record)
+            self._restore(self._before)
             raise
         finally:
             before, actions = self._before, self._actions
             self._before, self._actions = {}, []
+        self._undo = before
         return self._saves(before, actions) + actions
+
+    def _restore(self, before: dict[str, JobRecord | None]) -> None:
+        for job, record in before.items():
+            if record is None:
+                self._jobs.pop(job, None)
+                self._ports.remove(job)
+            else:
+                self._jobs[job] = record
+                self._ports.update(record)
 
     def _saves(self, before: dict[str, JobRecord | None], actions: list[Action]) -> list[Action]:
         """One SaveJob per changed job, carrying this call's publications as its outbox."""
@@ -184,7 +207,7 @@ class LauncherCore:
         saves: list[Action] = []
         for job in [*before, *(j for j in outboxes if j not in before)]:
             record = self._jobs[job]
-            old = before.get(job, record)
+            old = before.setdefault(job, record)  # (undo_last puts its outbox back too)
             outbox = outboxes.get(job, [])
             if (record is old or record == old) and not outbox:
                 continue
