@@ -14,6 +14,23 @@ terminated and announced as `EventDeadLettered`, so the service goes on and
 the events behind it flow again; the launcher ends the event's job FAILED with
 an exit spec saying why, and the monitor raises an alert. JetStream's own
 `max_deliver` is the backstop for a handler that kills its process outright.
+
+Batches (`consume_batches`): every event waiting, up to a bound, is fetched with
+one pull request and handed to the handler at once, so a core decides once per
+batch and writes each key once; the batch is acked only after the handler
+returned, i.e. after every effect of every event in it is durable. A crash
+before the acks redelivers the whole batch, which idempotent handlers apply as
+nothing new. A batch whose handler raises is handed again one event at a time
+under the per-event rules above, so one bad event never takes its neighbours
+with it. When idle a batch is one event: batching adds no latency.
+
+Ordered consumers (the single-active scheduler and launcher) must see events in
+stream order, across crashes too. They allow a batch's worth of unacked events
+(`max_ack_pending`), never give one back while running (a failing event is
+retried in place, the events behind it waiting, instead of nak'ed: a nak'ed
+event would come back after newer ones), and at start-up, while events of the
+previous incarnation are still unacked, allow only those until they are
+redelivered and handled (`_resume_in_order`).
 """
 
 from __future__ import annotations
@@ -54,16 +71,20 @@ JS_TEMPORARILY_UNAVAILABLE = 10008
 # handler that runs longer keeps its message with `in_progress()` heartbeats.
 ACK_WAIT_SECONDS = 5.0
 HEARTBEAT_SECONDS = 2.0
-# Ordered consumers (the single-active scheduler and launcher) hold at most one
-# unacked message: one delivered to a process that then died blocks the next
-# until it is redelivered, so a restart never sees events out of order.
-ORDERED_MAX_ACK_PENDING = 1
 PARALLEL_MAX_ACK_PENDING = 10_000
+# Events fetched and handled together at most: enough that a core's decision and
+# a key's write are shared by many events under load, small enough that a batch's
+# handling stays well inside the ack deadline.
+BATCH_MAX = 256
+# How long one pull request for the next event lingers in the server when none is
+# waiting; the loop then checks whether the service is stopping and asks again.
+PULL_WAIT_SECONDS = 5.0
+# An answer to a pull request that never ends (the connection dropped under it).
+PULL_ANSWER_SECONDS = 2.0
 DRAIN_SECONDS = 2.0
 NAK_DELAYS = (0.2, 1.0, 5.0, 15.0, 60.0)
-# An ordered consumer waits on its one unacked event, so a retried event must
-# not hold the events behind it for long: its retries come quickly and end at
-# the dead-letter limit.
+# An ordered consumer retries a failing event in place while the events behind
+# it wait, so its retries come quickly and end at the dead-letter limit.
 ORDERED_NAK_DELAYS = (0.2, 0.5, 1.0)
 # The delivery on which a handler that still fails gives up (see module doc):
 # five crashes and restarts, or about a minute and a half of retries.
@@ -82,6 +103,9 @@ HANDLER_DEADLINE_SECONDS = 300.0
 STALLED_DEAD_LETTER_AFTER = 3
 
 Handler = Callable[[AnyEvent], Awaitable[None]]
+BatchHandler = Callable[[list[AnyEvent]], Awaitable[None]]
+# What a publish or KV write may meet that a retry can cure.
+PUBLISH_TROUBLE = (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError)
 
 
 class Bus:
@@ -196,18 +220,63 @@ class Bus:
 
     async def publish(self, event: Event, *, attempts: int = 5) -> None:
         """Publish with `Nats-Msg-Id = event.id`: a retried publish is stored once."""
-        headers = {"Nats-Msg-Id": event.id}
-        telemetry.inject(headers, job=event.job)  # a job's events: one trace per job
-        subject = subject_of(event)
-        data = encode(event)
+        subject, data, headers = _outgoing(event)
         for attempt in range(attempts):
             try:
                 await self.js.publish(subject, data, headers=headers, timeout=5)
                 return
-            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
+            except PUBLISH_TROUBLE as exc:
                 if attempt == attempts - 1:
                     raise Transient(f"publish of {event.id} failed: {exc!r}") from exc
                 await asyncio.sleep(0.2 * (attempt + 1))
+
+    async def publish_many(self, events: Sequence[Event], *, attempts: int = 5) -> None:
+        """Publish every event, all in flight at once, and return once all are stored.
+
+        Pipelined: the publishes leave in order, one after another, and their
+        acks are awaited together. One that fails is retried by itself (so it may
+        be stored after a later one); past `attempts` this raises `Transient`.
+        Every event has its `Nats-Msg-Id`, so a publish retried after an answer
+        was lost -- by this method, or by the redelivered batch -- is stored once.
+        """
+        if len(events) == 1:
+            await self.publish(events[0], attempts=attempts)
+            return
+        outgoing = [_outgoing(event) for event in events]
+        outcomes = await asyncio.gather(
+            *(self.js.publish(subject, data, headers=headers, timeout=5) for subject, data, headers in outgoing),
+            return_exceptions=True,
+        )
+        for event, outcome in zip(events, outcomes):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, PUBLISH_TROUBLE):
+                    raise Transient(f"publish of {event.id} failed: {outcome!r}") from outcome
+                await self.publish(event, attempts=attempts - 1)
+
+    async def kv_write_many(self, bucket: Bucket, writes: dict[str, bytes | None], *, attempts: int = 5) -> None:
+        """Put (or, for None, delete) every key of `writes`, all in flight at once;
+        return once all are stored, raise `Transient` when one could not be."""
+        kv = await self.kv(bucket)
+
+        async def write(key: str, value: bytes | None) -> None:
+            for attempt in range(attempts):
+                try:
+                    if value is None:
+                        await kv.delete(key)
+                    else:
+                        await kv.put(key, value)
+                    return
+                except PUBLISH_TROUBLE as exc:
+                    if attempt == attempts - 1:
+                        raise Transient(f"writing {bucket.value}/{key} failed: {exc!r}") from exc
+                    await asyncio.sleep(0.2 * (attempt + 1))
+
+        outcomes = await asyncio.gather(*(write(key, value) for key, value in writes.items()), return_exceptions=True)
+        for key, outcome in zip(writes, outcomes):
+            if isinstance(outcome, BaseException):
+                if isinstance(outcome, Transient):
+                    raise outcome
+                raise Transient(f"writing {bucket.value}/{key} failed: {outcome!r}") from outcome
 
     async def consume(
         self,
@@ -220,97 +289,189 @@ class Bus:
         ordered: bool = False,
         deadline: float = HANDLER_DEADLINE_SECONDS,
     ) -> None:
-        """Run `handler` on every event of `kinds` until `stopping` is set.
+        """Run `handler` on every event of `kinds`, one at a time, until `stopping` is set."""
 
-        Events are handled one at a time, in stream order. `ordered` keeps that
-        order across a crash too (see ORDERED_MAX_ACK_PENDING): the
-        single-active services need it.
+        async def one_at_a_time(events: list[AnyEvent]) -> None:
+            for event in events:
+                await handler(event)
+
+        await self.consume_batches(
+            durable, kinds, types, one_at_a_time, stopping=stopping, ordered=ordered, deadline=deadline, max_batch=1
+        )
+
+    async def consume_batches(
+        self,
+        durable: Durable,
+        kinds: Sequence[Kind],
+        types: Sequence[type[Event]],
+        handler: BatchHandler,
+        *,
+        stopping: asyncio.Event | None = None,
+        ordered: bool = False,
+        max_batch: int = BATCH_MAX,
+        deadline: float = HANDLER_DEADLINE_SECONDS,
+    ) -> None:
+        """Run `handler` on batches of the events of `kinds` until `stopping` is set.
+
+        `handler(events)` gets every event waiting, up to `max_batch`, in stream
+        order, and returns once all their effects are durable; then they are
+        acked. If it raises, the same events are handed again one at a time
+        (`handler([event])`) under the per-event rules (module doc). `ordered`
+        keeps stream order across failures and crashes.
         """
-        consumer = await self._pull_subscription(durable, kinds, ordered=ordered)
+        most_pending = max_batch if ordered else PARALLEL_MAX_ACK_PENDING
+        left_by_last_run = await self._unacked(durable) if ordered else 0
+        allowed = min(left_by_last_run, most_pending) if left_by_last_run else most_pending
+        await self._pull_subscription(durable, kinds, max_ack_pending=allowed)
+        puller = await _Puller.open(self.nc, STREAM, durable.value)
         decoder = decoder_for(*types)
         stopping = stopping or asyncio.Event()
-        delays = ORDERED_NAK_DELAYS if ordered else NAK_DELAYS
-        while not stopping.is_set():
-            msgs = await _fetch(consumer)
-            for msg in msgs:
-                await self._dispatch(msg, decoder, handler, durable, delays, deadline)
+        try:
+            while not stopping.is_set():
+                msgs = await puller.next_batch(max_batch)
+                if not msgs:
+                    continue
+                if ordered and len(msgs) > 1:
+                    msgs.sort(key=lambda msg: msg.metadata.sequence.stream)
+                await self._dispatch_batch(msgs, decoder, handler, durable, ordered, deadline)
+                if allowed != most_pending and await self._unacked(durable) == 0:
+                    # The previous run's events are handled: back to whole batches.
+                    await self._pull_subscription(durable, kinds, max_ack_pending=most_pending)
+                    allowed = most_pending
+        finally:
+            await puller.close()
 
-    async def _pull_subscription(self, durable: Durable, kinds: Sequence[Kind], *, ordered: bool) -> Any:
+    async def _unacked(self, durable: Durable) -> int:
+        """Events of `durable` delivered and not yet acked (0 for a new durable)."""
+        try:
+            info = await self.js.consumer_info(STREAM, durable.value)
+        except nats.js.errors.NotFoundError:
+            return 0
+        return info.num_ack_pending or 0
+
+    async def _pull_subscription(self, durable: Durable, kinds: Sequence[Kind], *, max_ack_pending: int) -> None:
+        """Create the durable, or update it in place (filters an upgrade added,
+        its unacked bound): its position in the stream is kept, never replayed.
+
+        An ordered consumer whose previous run left events unacked is allowed
+        just that many until they are handled: they come back (after the ack
+        wait) before anything newer, so the order holds across a crash."""
         filters = [kind_filter(k) for k in kinds]
         config = api.ConsumerConfig(
             durable_name=durable.value,
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=ACK_WAIT_SECONDS,
             deliver_policy=api.DeliverPolicy.ALL,
-            max_ack_pending=ORDERED_MAX_ACK_PENDING if ordered else PARALLEL_MAX_ACK_PENDING,
+            max_ack_pending=max_ack_pending,
             max_deliver=MAX_DELIVER,
             filter_subjects=filters if len(filters) > 1 else None,
             filter_subject=filters[0] if len(filters) == 1 else None,
         )
-        # Creates the durable, or updates its filters in place when an upgrade
-        # added a kind: its position in the stream is kept (never replayed).
         await self.js.add_consumer(STREAM, config)
-        return await self.js.pull_subscribe_bind(durable=durable.value, stream=STREAM)
+
+    async def _dispatch_batch(
+        self,
+        msgs: list[Msg],
+        decoder: msgspec.json.Decoder,
+        handler: BatchHandler,
+        durable: Durable,
+        ordered: bool,
+        deadline: float,
+    ) -> None:
+        """Handle the batch whole and ack it; if that fails, event by event."""
+        decoded: list[tuple[Msg, AnyEvent]] = []
+        for msg in msgs:
+            try:
+                decoded.append((msg, decoder.decode(msg.data)))
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                log.error(
+                    "terminating undecodable message",
+                    extra={"subject": msg.subject, "consumer": durable.value, "error": str(exc)},
+                )
+                await msg.term()
+        if not decoded:
+            return
+        heartbeat = asyncio.ensure_future(_keep_in_progress([msg for msg, _ in decoded]))
+        try:
+            # A redelivered event may be the one that failed before: it goes alone.
+            if len(decoded) > 1 and all((msg.metadata.num_delivered or 1) == 1 for msg, _ in decoded):
+                try:
+                    await _within(deadline, handler([event for _, event in decoded]))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("a batch of %d events failed (%r); handling them one at a time", len(decoded), exc)
+                else:
+                    for msg, _ in decoded:
+                        await msg.ack()
+                    return
+            for position, (msg, event) in enumerate(decoded):
+                try:
+                    await self._dispatch(msg, event, handler, durable, ordered, deadline)
+                except BaseException:
+                    if ordered:
+                        # The process restarts; the events behind go back with it.
+                        for later, _ in decoded[position + 1 :]:
+                            with contextlib.suppress(Exception):
+                                await later.nak()
+                    raise
+        finally:
+            heartbeat.cancel()
 
     async def _dispatch(
         self,
         msg: Msg,
-        decoder: msgspec.json.Decoder,
-        handler: Handler,
+        event: AnyEvent,
+        handler: BatchHandler,
         durable: Durable,
-        delays: Sequence[float],
-        deadline: float = HANDLER_DEADLINE_SECONDS,
+        ordered: bool,
+        deadline: float,
     ) -> None:
-        try:
-            event = decoder.decode(msg.data)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            log.error(
-                "terminating undecodable message",
-                extra={"subject": msg.subject, "consumer": durable.value, "error": str(exc)},
-            )
-            await msg.term()
-            return
+        """One event under the ack rules (module doc). An ordered consumer retries
+        in place what a parallel one gives back with a delay."""
+        delays = ORDERED_NAK_DELAYS if ordered else NAK_DELAYS
         deliveries = msg.metadata.num_delivered or 1
-        with telemetry.span_from_headers(f"{durable.value} {msg.subject}", msg.headers, job=event.job):
-            heartbeat = asyncio.ensure_future(_keep_in_progress(msg))
-            try:
-                await _within(deadline, handler(event))
-            except HandlerStalled as exc:
-                if deliveries >= STALLED_DEAD_LETTER_AFTER:
-                    await self._dead_letter(msg, event, durable, deliveries, f"stalled {deliveries} times: {exc}")
+        while True:
+            with telemetry.span_from_headers(f"{durable.value} {msg.subject}", msg.headers, job=event.job):
+                try:
+                    await _within(deadline, handler([event]))
+                except HandlerStalled as exc:
+                    if deliveries >= STALLED_DEAD_LETTER_AFTER:
+                        await self._dead_letter(msg, event, durable, deliveries, f"stalled {deliveries} times: {exc}")
+                        return
+                    problem = str(exc)
+                except BadInput as exc:
+                    log.error("terminating bad event %s: %s", event.id, exc.message, extra={"job": event.job})
+                    await msg.term()
                     return
-                delay = delays[min(deliveries - 1, len(delays) - 1)]
-                log.error("%s; retrying in %.1fs", exc, delay, extra={"job": event.job})
+                except (Transient, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
+                    if deliveries >= TRANSIENT_DEAD_LETTER_AFTER:
+                        await self._dead_letter(msg, event, durable, deliveries, f"still failing after {deliveries} tries: {exc!r}")
+                        return
+                    problem = repr(exc)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if deliveries >= DEAD_LETTER_AFTER:
+                        log.exception("bug while handling %s, for the %d. time; giving up on it", event.id, deliveries, extra={"job": event.job})
+                        await self._dead_letter(msg, event, durable, deliveries, f"{type(exc).__name__}: {exc}")
+                        return
+                    log.exception("bug while handling %s; exiting so the service restarts", event.id, extra={"job": event.job})
+                    # Back to the stream at once, so the next incarnation need not
+                    # wait out the ack deadline to meet it again.
+                    with contextlib.suppress(Exception):
+                        await msg.nak(delay=delays[0])
+                    raise
+                else:
+                    await msg.ack()
+                    return
+            delay = delays[min(deliveries - 1, len(delays) - 1)]
+            log.warning("retrying %s in %.1fs: %s", event.id, delay, problem, extra={"job": event.job})
+            if not ordered:
                 await msg.nak(delay=delay)
                 return
-            except BadInput as exc:
-                log.error("terminating bad event %s: %s", event.id, exc.message, extra={"job": event.job})
-                await msg.term()
-                return
-            except (Transient, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
-                if deliveries >= TRANSIENT_DEAD_LETTER_AFTER:
-                    await self._dead_letter(msg, event, durable, deliveries, f"still failing after {deliveries} tries: {exc!r}")
-                    return
-                delay = delays[min(deliveries - 1, len(delays) - 1)]
-                log.warning("retrying %s in %.1fs: %r", event.id, delay, exc, extra={"job": event.job})
-                await msg.nak(delay=delay)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if deliveries >= DEAD_LETTER_AFTER:
-                    log.exception("bug while handling %s, for the %d. time; giving up on it", event.id, deliveries, extra={"job": event.job})
-                    await self._dead_letter(msg, event, durable, deliveries, f"{type(exc).__name__}: {exc}")
-                    return
-                log.exception("bug while handling %s; exiting so the service restarts", event.id, extra={"job": event.job})
-                # Back to the stream at once, so the next incarnation need not
-                # wait out the ack deadline to meet it again.
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=delays[0])
-                raise
-            finally:
-                heartbeat.cancel()
-        await msg.ack()
+            await asyncio.sleep(delay)
+            deliveries += 1
 
     async def _dead_letter(self, msg: Msg, event: Event, durable: Durable, deliveries: int, reason: str) -> None:
         """Announce, then terminate: a crash in between redelivers the event, and the
@@ -423,24 +584,96 @@ async def _within(deadline: float, work: Awaitable[None]) -> None:
     running.result()
 
 
-async def _keep_in_progress(msg: Msg) -> None:
-    """Tell JetStream a long handler is still at work, so it does not redeliver."""
+async def _keep_in_progress(msgs: list[Msg]) -> None:
+    """Tell JetStream the handler is still at work on these, so it does not redeliver them."""
     while True:
         await asyncio.sleep(HEARTBEAT_SECONDS)
-        await msg.in_progress()
+        for msg in msgs:
+            if not msg._ackd:  # nats-py marks a message once acked, nak'ed or terminated
+                await msg.in_progress()
 
 
-async def _fetch(consumer: Any) -> list[Msg]:
-    """Block until the next message.
+def _outgoing(event: Event) -> tuple[str, bytes, dict[str, str]]:
+    """Subject, payload and headers of an event's publish: its id for dedupe, its job's trace."""
+    headers = {"Nats-Msg-Id": event.id}
+    telemetry.inject(headers, job=event.job)  # a job's events: one trace per job
+    return subject_of(event), encode(event), headers
 
-    One message per pull request: nats-py's batched fetch lingers until its
-    timeout once the first message is in (adding that timeout to every hop's
-    latency), and cutting it short can drop messages already on their way.
+
+class _Puller:
+    """Pull requests of our own on a durable, answered on a private inbox.
+
+    `next_batch` returns every event waiting, up to a bound, without lingering
+    for more: a no-wait request is answered at once with what there is. When
+    nothing waits, one request for a single event lingers in the server until
+    it comes (`PULL_WAIT_SECONDS` at most). nats-py's own batched fetch keeps a
+    batch open until its timeout once the first event is in, adding that wait
+    to every hop.
+
+    An answer that comes late (after its request timed out here) is not lost:
+    it waits in the inbox and is the start of the next batch.
     """
-    try:
-        return await consumer.fetch(1, timeout=5.0)
-    except (nats.errors.TimeoutError, asyncio.TimeoutError):
-        return []
+
+    def __init__(self, nc: nats.NATS, stream: str, durable: str):
+        self._nc = nc
+        self._subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._inbox = nc.new_inbox()
+        self._sub: Any = None
+
+    @classmethod
+    async def open(cls, nc: nats.NATS, stream: str, durable: str) -> _Puller:
+        puller = cls(nc, stream, durable)
+        puller._sub = await nc.subscribe(puller._inbox)
+        return puller
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
+
+    async def next_batch(self, most: int) -> list[Msg]:
+        msgs = self._already_here(most)
+        if not msgs:
+            await self._request({"batch": 1, "expires": int(PULL_WAIT_SECONDS * 1e9)})
+            msgs = await self._answer(1, PULL_WAIT_SECONDS + PULL_ANSWER_SECONDS)
+        if msgs and len(msgs) < most:
+            await self._request({"batch": most - len(msgs), "no_wait": True})
+            msgs += await self._answer(most - len(msgs), PULL_ANSWER_SECONDS)
+        return msgs
+
+    def _already_here(self, most: int) -> list[Msg]:
+        msgs: list[Msg] = []
+        while len(msgs) < most:
+            try:
+                msg = self._sub._pending_queue.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            self._sub._pending_size -= len(msg.data)
+            if not _is_status(msg):
+                msgs.append(msg)
+        return msgs
+
+    async def _request(self, request: dict[str, Any]) -> None:
+        await self._nc.publish(self._subject, msgspec.json.encode(request), reply=self._inbox)
+
+    async def _answer(self, most: int, timeout: float) -> list[Msg]:
+        """Events answering the request, until `most` came or a status ended it
+        (no more waiting, the request expired), or `timeout` passed."""
+        msgs: list[Msg] = []
+        deadline = time.monotonic() + timeout
+        while len(msgs) < most:
+            try:
+                msg = await self._sub.next_msg(timeout=max(deadline - time.monotonic(), 0.001))
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                break
+            if _is_status(msg):
+                break
+            msgs.append(msg)
+        return msgs
+
+
+def _is_status(msg: Msg) -> bool:
+    """A pull request's status answer (404 no messages, 408 expired, 409, 100 heartbeat), not an event."""
+    return bool(msg.headers) and "Status" in msg.headers and not msg.data
 
 
 # JetStream's answers when a stream or bucket (or the server's whole store) has

@@ -1,0 +1,208 @@
+"""Batches on the bus against a real nats-server: what waits is handled together,
+acked only after the handler returned, in order across a crash, and a failing
+batch is handled again event by event."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import msgspec
+import pytest
+
+from libs.common.bus import Bus, get_json
+from libs.common.errors import Transient
+from libs.common.messages import StopRequested
+from libs.common.subjects import STREAM, Bucket, Durable, Kind
+
+RUN = uuid.uuid4().hex[:6]
+WAIT_SECONDS = 60.0  # generous: the machine running the tests may be loaded
+KINDS, TYPES = [Kind.JOB_STOP_REQUESTED], (StopRequested,)
+
+
+@pytest.fixture(scope="module")
+def nats_server(own_nats_server):
+    """These tests purge the stream and delete durables: a server of this module's own."""
+    return own_nats_server
+
+
+@pytest.fixture
+async def bus(nats_server):
+    b = await Bus.connect(nats_server.url, name="test", **nats_server.login("platform"))
+    await b.bootstrap()
+    await b.js.purge_stream(STREAM)
+    for durable in Durable:
+        try:
+            await b.js.delete_consumer(STREAM, durable.value)
+        except Exception:
+            pass
+    yield b
+    await b.close()
+
+
+def stop_event(n: int) -> StopRequested:
+    return StopRequested(id=f"alice~job{n}/stop/{RUN}/{uuid.uuid4().hex[:6]}", job=f"alice~job{n}", vc="default", by="alice")
+
+
+async def until(check, what: str, seconds: float = WAIT_SECONDS):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if found := check():
+            return found
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"waited {seconds:g}s for {what}")
+
+
+def consuming(bus: Bus, handler, *, ordered: bool = True, max_batch: int = 256) -> tuple[asyncio.Task, asyncio.Event]:
+    stopping = asyncio.Event()
+    task = asyncio.create_task(
+        bus.consume_batches(Durable.MONITOR, KINDS, TYPES, handler, stopping=stopping, ordered=ordered, max_batch=max_batch)
+    )
+    return task, stopping
+
+
+async def halt(task: asyncio.Task) -> None:
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass
+
+
+async def unacked(bus: Bus) -> int:
+    return (await bus.js.consumer_info(STREAM, Durable.MONITOR.value)).num_ack_pending
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "parallel"])
+async def test_waiting_events_come_in_batches_in_order_and_are_acked_after_the_handler(bus, ordered):
+    events = [stop_event(n) for n in range(50)]
+    await bus.publish_many(events)
+    batches: list[list[str]] = []
+
+    async def handler(batch):
+        batches.append([event.id for event in batch])
+
+    task, stopping = consuming(bus, handler, ordered=ordered, max_batch=16)
+    await until(lambda: sum(map(len, batches)) >= 50, "all 50 events")
+    handled = [event_id for batch in batches for event_id in batch]
+    assert handled == [event.id for event in events]  # each once, in stream order
+    assert max(map(len, batches)) == 16  # what waited came together, up to the bound
+    assert len(batches) < 50
+    for _ in range(100):
+        if await unacked(bus) == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert await unacked(bus) == 0
+    stopping.set()
+    await halt(task)
+
+
+async def test_an_idle_consumer_hands_over_a_lone_event_at_once(bus):
+    batches: list[list[str]] = []
+
+    async def handler(batch):
+        batches.append([event.id for event in batch])
+
+    task, stopping = consuming(bus, handler)
+    await asyncio.sleep(0.3)  # the consumer is waiting on its pull request
+    lone = stop_event(1)
+    sent = time.monotonic()
+    await bus.publish(lone)
+    await until(lambda: batches, "the lone event")
+    # Not waiting for a batch to fill: well under the pull's own 5 s linger.
+    assert time.monotonic() - sent < 2.0
+    assert batches == [[lone.id]]
+    stopping.set()
+    await halt(task)
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "parallel"])
+async def test_a_batch_that_fails_is_handled_again_event_by_event(bus, ordered):
+    """One event fails once: its neighbours are applied, it is retried, nothing twice in effect."""
+    events = [stop_event(n) for n in range(10)]
+    flaky = events[4]
+    await bus.publish_many(events)
+    applied: dict[str, int] = {}
+    calls: list[int] = []
+    failed = []
+
+    async def handler(batch):
+        calls.append(len(batch))
+        staged = dict(applied)  # a core's transaction: all of the batch or nothing
+        for event in batch:
+            if event.id == flaky.id and not failed:
+                failed.append(event.id)
+                raise Transient("the store answered late")
+            staged[event.id] = staged.get(event.id, 0) + 1
+        applied.clear()
+        applied.update(staged)
+
+    task, stopping = consuming(bus, handler, ordered=ordered)
+    await until(lambda: len(applied) == 10, "every event applied")
+    stopping.set()
+    await halt(task)
+    assert set(applied) == {event.id for event in events}
+    assert set(applied.values()) == {1}
+    assert calls[0] == 10 and 1 in calls[1:]  # whole, then one at a time
+
+
+async def test_a_crash_between_a_batchs_effects_and_its_acks_repeats_it_first_then_goes_on(bus, nats_server):
+    """The handler's effects (one KV key per event) are durable, then the process dies
+    before any ack: the next incarnation gets the same events back before any newer one,
+    in stream order, and applying them again changes nothing."""
+    first = [stop_event(n) for n in range(20)]
+    later = [stop_event(n) for n in range(20, 25)]
+    await bus.publish_many(first)
+    crashed = await Bus.connect(nats_server.url, name="crashing", **nats_server.login("platform"))
+    effects_done = asyncio.Event()
+
+    async def apply(bus_: Bus, batch) -> None:
+        await bus_.kv_write_many(Bucket.ALERTS, {f"test.{RUN}.{e.job.split('~')[1]}": msgspec.json.encode(e.id) for e in batch})
+
+    async def apply_then_die(batch):
+        await apply(crashed, batch)
+        effects_done.set()
+        await asyncio.sleep(3600)  # killed here: effects durable, nothing acked
+
+    task, _ = consuming(crashed, apply_then_die)
+    await asyncio.wait_for(effects_done.wait(), WAIT_SECONDS)
+    task.cancel()
+    await crashed.nc.close()
+    assert await unacked(bus) == 20
+    await bus.publish_many(later)  # arrives while the first batch is still unacked
+
+    seen: list[str] = []
+
+    async def apply_and_record(batch):
+        await apply(bus, batch)
+        seen.extend(event.id for event in batch)
+
+    task, stopping = consuming(bus, apply_and_record)
+    await until(lambda: len(seen) >= 25, "the redelivered batch and the later events")
+    stopping.set()
+    await halt(task)
+    assert seen == [event.id for event in first + later]  # once each, the old ones first
+    kv = await bus.kv(Bucket.ALERTS)
+    for event in first + later:
+        stored, _ = await get_json(kv, f"test.{RUN}.{event.job.split('~')[1]}", str)
+        assert stored == event.id
+
+
+async def test_publish_many_stores_each_event_once_in_order(bus):
+    events = [stop_event(n) for n in range(30)]
+    await bus.publish_many(events)
+    await bus.publish_many(events)  # a batch redelivered after a crash publishes again
+    info = await bus.js.stream_info(STREAM)
+    stored = [msgspec.json.decode((await bus.js.get_msg(STREAM, seq)).data, type=StopRequested).id
+              for seq in range(info.state.first_seq, info.state.last_seq + 1)]
+    assert stored == [event.id for event in events]
+
+
+async def test_kv_write_many_puts_and_deletes_every_key(bus):
+    kv = await bus.kv(Bucket.ALERTS)
+    await bus.kv_write_many(Bucket.ALERTS, {f"w.{RUN}.{n}": str(n).encode() for n in range(10)})
+    await bus.kv_write_many(Bucket.ALERTS, {f"w.{RUN}.0": None, f"w.{RUN}.1": b"one"})
+    assert await get_json(kv, f"w.{RUN}.0", int) is None
+    assert (await kv.get(f"w.{RUN}.1")).value == b"one"
+    assert (await kv.get(f"w.{RUN}.9")).value == b"9"
