@@ -2,7 +2,12 @@
 
 from prometheus_client import Counter, Histogram
 
-VERDICTS = Counter("pai_runtime_verdicts_total", "Verdicts given on failed or finished tasks", ["phrase", "reaction"])
+EXITS = Counter(
+    "pai_runtime_exits_total",
+    'Task exits seen: "failed" ones get a verdict, "succeeded" ones (exit 0) need none',
+    ["outcome"],
+)
+VERDICTS = Counter("pai_runtime_verdicts_total", "Verdicts given on failed tasks", ["phrase", "reaction"])
 CLASSIFY_SECONDS = Histogram(
     "pai_runtime_classify_seconds",
     "Time to classify one task exit",

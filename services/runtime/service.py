@@ -1,8 +1,11 @@
-"""runtime's shell: every task exit in, a verdict out; the failure rules kept and changed.
+"""runtime's shell: every failed task's exit in, a verdict out; the failure rules kept and changed.
 
 Stateless apart from the rule set, so replicas scale horizontally (they share
-the durable consumer). Classifying is pure; a redelivered exit yields the same
-verdict with the same id, which JetStream deduplicates.
+the durable consumer). Exits come in batches (all that wait, up to a bound):
+each is classified, and the batch's verdicts are published together, all in
+flight at once, before the batch is acked. Classifying is pure; a redelivered
+exit yields the same verdict with the same id, which JetStream deduplicates.
+An exit 0 needs no verdict: the launcher settles such a task at once.
 
 Rules change without a restart: admins send commands (over rest) on
 `pai.rpc.v1.rules`, which one replica of the queue group answers by writing
@@ -20,7 +23,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -175,24 +178,43 @@ class RuntimeShell:
         self.book = book
 
     async def handle(self, event: TaskExited) -> None:
+        """One exit (a consumer that hands them one at a time)."""
+        await self.handle_batch([event])
+
+    async def handle_batch(self, events: Sequence[TaskExited]) -> None:
+        """Classify every failed exit of a fetched batch and publish the verdicts
+        together. A task that exited 0 gets none: the launcher settles it as
+        SUCCEEDED without waiting for one, and the monitor counts it from its
+        TaskExited. Returns once every verdict is stored (a redelivered exit
+        gives the same verdict under the same id, stored once)."""
+        verdicts = []
+        for event in events:
+            if event.exitCode == 0:
+                metrics.EXITS.labels(outcome="succeeded").inc()
+                continue
+            verdicts.append(self.verdict(event))
+        if verdicts:
+            await self.ctx.bus.publish_many(verdicts)
+        for verdict in verdicts:
+            metrics.EXITS.labels(outcome="failed").inc()
+            metrics.VERDICTS.labels(phrase=verdict.spec.phrase, reaction=verdict.spec.reaction.value).inc()
+
+    def verdict(self, event: TaskExited) -> TaskVerdict:
         with metrics.CLASSIFY_SECONDS.time():
             result = self.book.engine.classify(event)
-        metrics.VERDICTS.labels(phrase=result.spec.phrase, reaction=result.spec.reaction.value).inc()
-        await self.ctx.bus.publish(
-            TaskVerdict(
-                id=task_event_id(event.job, event.attempt, event.role, event.index, event.taskAttempt, "verdict"),
-                job=event.job,
-                cause=event.id,
-                at=time.time(),
-                vc=event.vc,
-                attempt=event.attempt,
-                role=event.role,
-                index=event.index,
-                taskAttempt=event.taskAttempt,
-                exitCode=event.exitCode,
-                spec=result.spec,
-                diagnostics=result.diagnostics,
-            )
+        return TaskVerdict(
+            id=task_event_id(event.job, event.attempt, event.role, event.index, event.taskAttempt, "verdict"),
+            job=event.job,
+            cause=event.id,
+            at=time.time(),
+            vc=event.vc,
+            attempt=event.attempt,
+            role=event.role,
+            index=event.index,
+            taskAttempt=event.taskAttempt,
+            exitCode=event.exitCode,
+            spec=result.spec,
+            diagnostics=result.diagnostics,
         )
 
 
@@ -205,7 +227,8 @@ async def body(ctx: ServiceContext) -> None:
     ctx.spawn(follow_rule_changes(store, book), "rule-changes")
     ctx.set_ready()
     shell = RuntimeShell(ctx, book)
-    await ctx.bus.consume(Durable.RUNTIME, [Kind.TASK_EXITED], (TaskExited,), shell.handle, stopping=ctx.stopping)
+    await ctx.bus.consume_batches(Durable.RUNTIME, [Kind.TASK_EXITED], (TaskExited,), shell.handle_batch,
+                                  stopping=ctx.stopping)
 
 
 def main() -> None:

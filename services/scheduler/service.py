@@ -1,12 +1,20 @@
 """scheduler's shell: bus events in, core decisions carried out.
 
-The cycle per event, as kueue's admit/assume: the core decides and records its
-decisions at once (cells bound, attempt numbered, first wait noted); the shell
-then does the I/O for each decision: the job's entry in KV (pai_schedule, key
-user.name) and the event on the bus. A decision the shell could not carry out
-goes back into the core as `NotSent`; the core gives it again, brought up to
-date, with the next event or Tick, and the event in hand is nak'ed so it is
-redelivered. No placement waits for a restart to reach the launcher.
+The cycle per batch of events, as kueue's admit/assume: the core takes every
+event of the batch in one `handle(*events)` and records its decisions at once
+(cells bound, attempt numbered, first wait noted); the shell then does the I/O
+for the whole batch: each touched job's entry in KV (pai_schedule, key
+user.name) written once, then every decision's event published, all in flight
+together. The entries go first: a JobPlaced never reaches the bus before the
+placement it announces is stored, so a restart cannot give its cells away.
+
+What the shell could not carry out goes back into the core as `NotSent`; the
+core gives it again, brought up to date, with the next event or Tick, and the
+batch raises `Transient`, so the bus hands its events again one at a time.
+That replay changes nothing twice: the core ignores what it already knows, the
+entries are written from its current state, and the events carry
+deterministic ids that JetStream deduplicates. No placement waits for a
+restart to reach the launcher.
 
 The shell keeps no copy of the core's state: what it stores is `core.entry(job)`.
 At start-up placed jobs are restored onto their cells and waiting jobs are queued
@@ -21,6 +29,7 @@ import asyncio
 import gc
 import logging
 import time
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 import nats.errors
@@ -28,8 +37,9 @@ import nats.errors
 from libs.common import ids, machine, service
 from libs.common.bus import load_all
 from libs.common.config import Config, load_config
-from libs.common.errors import Transient
+from libs.common.errors import BadInput, Transient
 from libs.common.messages import (
+    Event,
     JobPlaced,
     JobReleased,
     JobSubmitted,
@@ -65,9 +75,20 @@ from services.scheduler.core.truth import Outcome, check_restore, truth_from_rec
 log = logging.getLogger("pai.scheduler")
 
 TICK_SECONDS = 1.0
+# Waiting reasons carry live counts (cells free, jobs ahead) that move with every
+# placement and release, so refreshing them rewrites the entry of nearly every
+# waiting job. Under a long queue that would be thousands of KV writes a second for
+# a number a person reads now and then: the refresh (and the cluster view with it)
+# then comes less often, at most this many entries a second on average, and at
+# least every REFRESH_MAX_SECONDS.
+REFRESH_ENTRIES_PER_SECOND = 500.0
+REFRESH_MAX_SECONDS = 30.0
 # What goes wrong talking to NATS (a publish the stream refuses included); anything else is a bug.
 NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
+# A failed batch names this many of its decisions in the log.
+LOGGED_DECISIONS = 10
 CONSUMED = (JobSubmitted, StopRequested, JobReleased, NodeStatus)
+CONSUMED_KINDS = [Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.JOB_RELEASED, Kind.NODE_STATUS]
 
 
 def cluster_config(config: Config) -> ClusterConfig:
@@ -78,12 +99,24 @@ def cluster_config(config: Config) -> ClusterConfig:
                                 memory_mb=info.memory_mb, cpu_oversubscription=config.cpu_oversubscription)
 
 
+def refresh_interval(waiting: int) -> float:
+    """Seconds between two refreshes of the waiting reasons with `waiting` jobs queued."""
+    return min(REFRESH_MAX_SECONDS, max(TICK_SECONDS, waiting / REFRESH_ENTRIES_PER_SECOND))
+
+
 class SchedulerShell:
-    def __init__(self, ctx: ServiceContext, core: SchedulerCore):
+    def __init__(self, ctx: ServiceContext, core: SchedulerCore, *, clock=time.monotonic):
         self.ctx = ctx
         self.core = core
         self.lock = asyncio.Lock()
+        self._clock = clock
+        self._nodes = frozenset(core.node_names())
         self._view_dirty = True
+        self._refreshed_at = float("-inf")
+        # Keys of pai_schedule that may hold an entry: a job gone before its entry was
+        # ever stored (submitted and stopped in one batch) needs no delete. Where a
+        # write failed its outcome is unknown, so the key stays here.
+        self._stored: set[str] = set()
 
     async def restore(self) -> None:
         """Rebuild from pai_schedule, checked against the launcher's job documents
@@ -91,6 +124,7 @@ class SchedulerShell:
         runs keep theirs."""
         stored = await load_all(await self.ctx.bus.kv(Bucket.SCHEDULE), ScheduleEntry)
         launcher = await load_all(await self.ctx.bus.kv(Bucket.JOB_STATUS), LauncherRecord)
+        self._stored.update(stored)
         placed, queued, vcs = [], [], {}
         for entry in stored.values():
             if entry.spec is None:
@@ -109,48 +143,75 @@ class SchedulerShell:
                 log.warning("restore: %s#%d %s: %s", note.job, note.attempt, note.outcome.value, note.why,
                             extra={"job": note.job})
         log.info("restored %d placed and %d waiting jobs", len(checked.restores), len(checked.queued))
-        await self._carry_out(decisions, touched=checked.changed_jobs(), cause="restore")
         # A placement recorded just before a crash may never have reached the launcher.
+        restores = {(r.job, r.attempt): r for r in checked.restores}
+        again = []
         for note in checked.notes:
-            restore = next((r for r in checked.restores if r.job == note.job and r.attempt == note.attempt), None)
+            restore = restores.get((note.job, note.attempt))
             if note.outcome is Outcome.KEPT and restore is not None:
                 vc = vcs.get((note.job, note.attempt), restore.spec.virtualCluster)
-                await self.ctx.bus.publish(placed_event(note.job, note.attempt, vc, restore.tasks, cause="restore"))
+                again.append(placed_event(note.job, note.attempt, vc, restore.tasks, cause="restore"))
+        await self._carry_out(decisions, jobs=checked.changed_jobs(), cause="restore", also=again)
 
-    async def handle(self, event) -> None:
-        async with self.lock:
+    async def handle(self, event: Event) -> None:
+        """One event (a consumer that hands them one at a time)."""
+        await self.handle_batch([event])
+
+    async def handle_batch(self, events: Sequence[Event]) -> None:
+        """The events of one fetched batch, in stream order: one core call, one write
+        per touched entry, every resulting event published together."""
+        inputs = []
+        causes: dict[str, str] = {}  # job -> the last event of the batch about it
+        for event in events:
             match event:
                 case JobSubmitted(spec=spec):
-                    decisions = self.core.handle(Submit(job=event.job, attempt=1, spec=spec, at=event.at))
+                    inputs.append(Submit(job=event.job, attempt=1, spec=spec, at=event.at))
                 case JobReleased(attempt=attempt, requeue=requeue):
-                    decisions = self.core.handle(Release(job=event.job, attempt=attempt, requeue=requeue))
+                    inputs.append(Release(job=event.job, attempt=attempt, requeue=requeue))
                 case StopRequested():
-                    decisions = self.core.handle(Cancel(job=event.job))
+                    inputs.append(Cancel(job=event.job))
                 case NodeStatus(node=node, healthy=healthy, reason=reason):
-                    if node not in self.core.node_names():
-                        return
-                    decisions = self.core.handle(NodeHealth(node=node, healthy=healthy, reason=reason))
+                    if node in self._nodes:  # a node of another cluster, or one removed: nothing of ours
+                        inputs.append(NodeHealth(node=node, healthy=healthy, reason=reason))
+                    continue
                 case _:
-                    return
+                    continue
+            _check_job_id(event)
+            causes[event.job] = event.id
+        if not inputs:
+            return
+        metrics.BATCH_EVENTS.observe(len(events))
+        async with self.lock:
+            decisions = self.core.handle(*inputs)
             self._view_dirty = True
-            touched = [] if isinstance(event, NodeStatus) else [event.job]
-            await self._carry_out(decisions, touched=touched, cause=event.id)
+            await self._carry_out(decisions, jobs=causes, cause=events[-1].id, causes=causes)
 
     async def tick_forever(self) -> None:
         while not self.ctx.stopping.is_set():
             await asyncio.sleep(TICK_SECONDS)
             async with self.lock:
                 try:
-                    await self._carry_out(self.core.handle(Tick()), touched=[], cause="tick")
-                    if self._view_dirty:
-                        self._view_dirty = False
-                        # The core gives a Wait only when the kind of wait changes; the
-                        # counts in its text move with every placement and release.
-                        await self._carry_out(self.core.handle(RefreshReasons()), touched=[], cause="refresh")
-                        await self.publish_view()
+                    await self.tick()
                 except NATS_TROUBLE as error:
                     self._view_dirty = True
+                    self._refreshed_at = float("-inf")  # the refresh may not be stored: again at once
                     log.warning("tick: NATS trouble (%r); trying again at the next tick", error)
+
+    async def tick(self) -> None:
+        """Time passed: aged gangs looked at, decisions not sent given again, and now
+        and then the waiting reasons and the cluster view brought up to date."""
+        decisions = self.core.handle(Tick())
+        refreshed: list[Decision] = []
+        refresh = self._view_dirty and self._clock() - self._refreshed_at >= refresh_interval(self.core.queued_count())
+        if refresh:
+            self._view_dirty = False
+            self._refreshed_at = self._clock()
+            # The core gives a Wait only when the kind of wait changes; the
+            # counts in its text move with every placement and release.
+            refreshed = self.core.handle(RefreshReasons())
+        await self._carry_out(decisions, refreshed=refreshed, jobs=(), cause="tick")
+        if refresh:
+            await self.publish_view()
 
     async def publish_view(self) -> None:
         cells = node_cells_view(self.core.config)
@@ -162,58 +223,75 @@ class SchedulerShell:
         )
         await (await self.ctx.bus.kv(Bucket.CLUSTER)).put(CLUSTER_VCS_KEY, msgspec.json.encode(view))
 
-    async def _carry_out(self, decisions: list[Decision], *, touched: list[str], cause: str) -> None:
-        """Record and publish every decision; what fails goes back to the core as NotSent.
-
-        Raises Transient when anything failed, so the event in hand is redelivered."""
-        failed: list[Decision] = []
-        unrecorded = 0  # recorded again when the event in hand is redelivered
-        for job in touched:
-            try:
-                await self._record(job)
-            except NATS_TROUBLE as error:
-                log.warning("recording %s failed (%r)", job, error, extra={"job": job})
-                unrecorded += 1
+    async def _carry_out(self, decisions: list[Decision], *, jobs: Iterable[str], cause: str,
+                         causes: Mapping[str, str] | None = None, refreshed: Sequence[Decision] = (),
+                         also: Sequence[Event] = ()) -> None:
+        """Store the entry of every job touched (those of `jobs` and of the decisions), then
+        publish every decision's event (and `also`). When anything fails, every decision
+        goes back to the core as NotSent and Transient is raised, so the events in hand are
+        handed again; `refreshed` are Waits of a reasons refresh (not counted as decisions)."""
+        every = [*decisions, *refreshed]
+        touched = dict.fromkeys(jobs)
+        for decision in every:
+            if not isinstance(decision, Preempt):  # a victim's entry does not change until its Release
+                touched[decision.job] = None
+        writes = self._entries(touched)
+        causes = causes or {}
+        events = [*also, *(e for d in every if (e := _event(d, cause=causes.get(d.job, cause))) is not None)]
+        try:
+            if writes:
+                await self.ctx.bus.kv_write_many(Bucket.SCHEDULE, writes)
+                self._stored.difference_update(key for key, value in writes.items() if value is None)
+            if events:
+                await self.ctx.bus.publish_many(events)
+        except NATS_TROUBLE as error:
+            if every:
+                self.core.handle(*(NotSent(decision=d) for d in every))
+            named = ", ".join(f"{type(d).__name__} of {d.job}#{d.attempt}" for d in every[:LOGGED_DECISIONS])
+            more = f" and {len(every) - LOGGED_DECISIONS} more" if len(every) > LOGGED_DECISIONS else ""
+            log.warning("%s: %d entries and %d events not all stored (%r); not sent, the core gives them "
+                        "again: %s%s", cause, len(writes), len(events), error, named or "no decision", more)
+            raise Transient(f"{len(writes)} entries and {len(events)} events of {cause} not all stored") from error
         for decision in decisions:
-            try:
-                await self._carry_out_one(decision, cause=cause)
-            except NATS_TROUBLE as error:
-                log.warning("%s of %s#%d not sent (%r); the core gives it again", type(decision).__name__,
-                            decision.job, decision.attempt, error, extra={"job": decision.job})
-                failed.append(decision)
-        if failed:
-            self.core.handle(*(NotSent(decision=d) for d in failed))
-        if failed or unrecorded:
-            raise Transient(f"{len(failed) + unrecorded} effect(s) of {cause} not carried out; done again later")
+            metrics.DECISIONS.labels(kind=_KIND[type(decision)]).inc()
+        metrics.ENTRIES_WRITTEN.inc(len(writes))
 
-    async def _carry_out_one(self, decision: Decision, *, cause: str) -> None:
-        match decision:
-            case Place(job=job, attempt=attempt, vc=vc, tasks=tasks, partial=partial):
-                await self._record(job)
-                metrics.DECISIONS.labels(kind="place").inc()
-                await self.ctx.bus.publish(placed_event(job, attempt, vc, tasks, cause=cause, partial=partial))
-            case Preempt(job=job, attempt=attempt, vc=vc, by=by, reason=reason):
-                metrics.DECISIONS.labels(kind="preempt").inc()
-                await self.ctx.bus.publish(
-                    PreemptRequested(id=f"{job}/{attempt}/preempt", job=job, cause=cause, at=time.time(), vc=vc, attempt=attempt, by=by, reason=reason)
-                )
-            case Wait(job=job, attempt=attempt, vc=vc, reason=reason, first=first):
-                await self._record(job)
-                if cause != "refresh":
-                    metrics.DECISIONS.labels(kind="wait").inc()
-                if first:
-                    await self.ctx.bus.publish(
-                        JobWaiting(id=f"{job}/{attempt}/waiting", job=job, cause=cause, at=time.time(), vc=vc, attempt=attempt, reason=reason)
-                    )
+    def _entries(self, jobs: Iterable[str]) -> dict[str, bytes | None]:
+        """What to store for each job: its entry, or a delete where it has none and may have had."""
+        writes: dict[str, bytes | None] = {}
+        for job in jobs:
+            key = ids.job_key(job)
+            entry = self.core.entry(job)
+            if entry is not None:
+                writes[key] = msgspec.json.encode(entry)
+                self._stored.add(key)  # before the write: a failed one may still have stored it
+            elif key in self._stored:
+                writes[key] = None
+        return writes
 
-    async def _record(self, job: str) -> None:
-        """Store what the core holds about the job's current attempt (or that it holds nothing)."""
-        kv = await self.ctx.bus.kv(Bucket.SCHEDULE)
-        entry = self.core.entry(job)
-        if entry is None:
-            await kv.delete(ids.job_key(job))
-        else:
-            await kv.put(ids.job_key(job), msgspec.json.encode(entry))
+
+_KIND = {Place: "place", Preempt: "preempt", Wait: "wait"}
+
+
+def _check_job_id(event: Event) -> None:
+    try:
+        ids.split_job_id(event.job)
+    except ValueError as error:
+        raise BadInput(f"{type(event).__name__} {event.id}: job: {error}") from error
+
+
+def _event(decision: Decision, *, cause: str) -> Event | None:
+    """The event announcing a decision; None for one only stored (a later Wait: its new reason)."""
+    match decision:
+        case Place(job=job, attempt=attempt, vc=vc, tasks=tasks, partial=partial):
+            return placed_event(job, attempt, vc, tasks, cause=cause, partial=partial)
+        case Preempt(job=job, attempt=attempt, vc=vc, by=by, reason=reason):
+            return PreemptRequested(id=f"{job}/{attempt}/preempt", job=job, cause=cause, at=time.time(), vc=vc,
+                                    attempt=attempt, by=by, reason=reason)
+        case Wait(job=job, attempt=attempt, vc=vc, reason=reason, first=True):
+            return JobWaiting(id=f"{job}/{attempt}/waiting", job=job, cause=cause, at=time.time(), vc=vc,
+                              attempt=attempt, reason=reason)
+    return None
 
 
 def placed_event(job: str, attempt: int, vc: str, tasks, *, cause: str, partial: bool = False) -> JobPlaced:
@@ -233,13 +311,8 @@ async def body(ctx: ServiceContext) -> None:
     await shell.publish_view()
     ctx.spawn(shell.tick_forever(), "tick")
     ctx.set_ready()
-    await ctx.bus.consume(
-        Durable.SCHEDULER,
-        [Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.JOB_RELEASED, Kind.NODE_STATUS],
-        CONSUMED,
-        shell.handle,
-        stopping=ctx.stopping,
-        ordered=True,
+    await ctx.bus.consume_batches(
+        Durable.SCHEDULER, CONSUMED_KINDS, CONSUMED, shell.handle_batch, stopping=ctx.stopping, ordered=True
     )
 
 

@@ -20,10 +20,10 @@ from libs.common.messages import JobPlaced, JobSubmitted, subject_of
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
 from libs.common.schedule import ScheduleEntry
 from libs.common.service import ServiceContext
-from libs.common.subjects import STREAM, Bucket, Durable, Kind
+from libs.common.subjects import STREAM, Bucket, Durable
 from services.scheduler.cluster import local_cluster_config
 from services.scheduler.core import SchedulerCore
-from services.scheduler.service import CONSUMED, SchedulerShell
+from services.scheduler.service import CONSUMED, CONSUMED_KINDS, SchedulerShell
 
 RUN = uuid.uuid4().hex[:6]
 WAIT_SECONDS = 30.0
@@ -98,9 +98,9 @@ async def test_a_placement_whose_publish_the_stream_refused_reaches_the_launcher
         shell = SchedulerShell(ctx, core)
         await shell.restore()
         ctx.spawn(shell.tick_forever(), "tick")
-        kinds = [Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.JOB_RELEASED, Kind.NODE_STATUS]
         consuming = asyncio.create_task(
-            bus.consume(Durable.SCHEDULER, kinds, CONSUMED, shell.handle, stopping=ctx.stopping, ordered=True)
+            bus.consume_batches(Durable.SCHEDULER, CONSUMED_KINDS, CONSUMED, shell.handle_batch,
+                                stopping=ctx.stopping, ordered=True)
         )
 
         async def refused() -> bool:
