@@ -2,7 +2,7 @@
 
 The runtime: two replicas (`python -m services.runtime`, as two pods would run)
 pull from one durable consumer, so JetStream hands each task exit to one of them.
-Every exit gets its verdict, both replicas take part, and no exit is classified by
+Every failed exit gets its verdict (an exit 0 needs none), both replicas take part, and no exit is classified by
 both: the verdicts the two processes report giving add up to the number of exits
 (a verdict published twice would be deduplicated on the bus and hide a double
 classification, so the processes' own counters are compared).
@@ -103,7 +103,7 @@ async def test_two_runtime_replicas_share_the_exits_and_classify_each_once(nats_
             await asyncio.gather(*(r.wait_ready(http) for r in replicas))
             exits = [
                 TaskExited(id=f"admin~scale-{n}/1/main/0/0/exited", job=f"admin~scale-{n}", vc=vc, attempt=1,
-                           role="main", index=0, exitCode=n % 3, userLogTail=f"line {n}")
+                           role="main", index=0, exitCode=1 + n % 3, userLogTail=f"line {n}")
                 for n in range(EXITS)
             ]
             for event in exits:
