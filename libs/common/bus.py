@@ -395,8 +395,10 @@ class Bus:
         try:
             # A redelivered event may be the one that failed before: it goes alone.
             if len(decoded) > 1 and all((msg.metadata.num_delivered or 1) == 1 for msg, _ in decoded):
+                spans = ((f"{durable.value} {msg.subject}", msg.headers, event.job) for msg, event in decoded)
                 try:
-                    await _within(deadline, handler([event for _, event in decoded]))
+                    with telemetry.spans_from_headers(spans):
+                        await _within(deadline, handler([event for _, event in decoded]))
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
