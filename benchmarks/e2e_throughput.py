@@ -183,7 +183,8 @@ def with_monitor_port(port: int):
 
 
 def slots64_cluster_file(path: Path) -> Path:
-    """One node (this machine, as the node agent names it) of 64 one-CPU cells, one VC."""
+    """One node (this machine, as the node agent names it) of 64 one-CPU cells, one VC
+    (JSON, which is YAML: the loader takes a path ending in .yaml)."""
     host = machine.detect().hostname
     path.write_text(json.dumps({
         "physicalCluster": {
@@ -406,7 +407,7 @@ def run_config(config_name: str, args) -> dict:
         data.mkdir()
         overrides: dict[str, Any] = {}
         if config_name == "slots64":
-            overrides["cluster_file"] = str(slots64_cluster_file(Path(tmp) / "cluster-slots64.json"))
+            overrides["cluster_file"] = str(slots64_cluster_file(Path(tmp) / "cluster-slots64.yaml"))
         ports = {f"{s}_port": free_port() for s in SERVICES}
         config = load_config(env={}, data_dir=str(data), nats_url=f"nats://127.0.0.1:{free_port()}",
                              rest_rate_limit_burst=10_000_000, rest_rate_limit_per_second=10_000_000.0,
