@@ -5,8 +5,9 @@
 Starts a nats-server (PAI's users and permissions, store bootstrapped) and the
 cluster monitor as users run it (`python -m services.monitor --cluster`),
 feeds it the events of `jobs` trivial one-task jobs (submitted, placed, task
-started, running, task exited 0, verdict, succeeded, released: what rest, the
-scheduler, the launcher and the runtime publish for one), waits until the
+started, running, task exited 0, succeeded, released: what rest, the
+scheduler and the launcher publish for one; the runtime gives no verdict for
+an exit 0), waits until the
 monitor's durable consumer has acked them all, and reads the monitor's CPU
 time (user + system, /proc) around that.
 
@@ -50,7 +51,6 @@ from libs.common.messages import (  # noqa: E402
     TaskExited,
     TaskPlacement,
     TaskStarted,
-    TaskVerdict,
     encode,
     subject_of,
 )
@@ -80,7 +80,6 @@ def job_events(i: int, run: str, now: float) -> list[Event]:
         JobStateChanged(id=EventId(f"{job}/1/state/RUNNING"), at=now, user=UserName(user), state=JobState.RUNNING,
                         previous=JobState.WAITING, sinceSubmit=0.05, **common),
         TaskExited(id=EventId(f"{job}/1/main/0/0/exited"), at=now, exitCode=0, **task),
-        TaskVerdict(id=EventId(f"{job}/1/main/0/0/verdict"), at=now, exitCode=0, spec=ok, **task),
         JobStateChanged(id=EventId(f"{job}/1/state/SUCCEEDED"), at=now, user=UserName(user), state=JobState.SUCCEEDED,
                         previous=JobState.RUNNING, exitCode=0, exitSpec=ok, sinceSubmit=0.1, **common),
         JobReleased(id=EventId(f"{job}/1/released"), at=now, **common),
@@ -138,7 +137,7 @@ async def wait_ready(url: str, proc: subprocess.Popen) -> None:
     raise SystemExit("the monitor never became ready")
 
 
-async def measure(root: Path, jobs: int, rate: float) -> dict:
+async def measure(root: Path, jobs: int, rate: float, profile: str = "") -> dict:
     run = os.urandom(3).hex()
     now = time.time()
     per_job = [job_events(i, run, now) for i in range(jobs)]
@@ -153,8 +152,13 @@ async def measure(root: Path, jobs: int, rate: float) -> dict:
             env = {**os.environ, "PAI_NATS_URL": nats.url, **nats.env("monitor"), "PAI_MONITOR_PORT": str(port),
                    "PAI_DATA_DIR": str(root / "data"), "PAI_LOG_LEVEL": "WARNING"}
             proc = subprocess.Popen([sys.executable, "-m", "services.monitor", "--cluster"], cwd=REPO, env=env)
+            spy = None
             try:
                 await wait_ready(f"http://127.0.0.1:{port}/readyz", proc)
+                if profile:  # py-spy samples the monitor while it consumes (figures then include its pauses)
+                    spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(proc.pid),
+                                            "--format", "raw", "--rate", "200", "--nonblocking", "-o", profile],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 if rate <= 0:
                     # The backlog is being consumed already: measure idle CPU afterwards.
                     cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
@@ -174,6 +178,9 @@ async def measure(root: Path, jobs: int, rate: float) -> dict:
                     await wait_consumed(bus, info.state.last_seq, proc, timeout=60 + jobs * 0.05)
                     cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
             finally:
+                if spy is not None:
+                    spy.send_signal(2)
+                    spy.wait(timeout=30)
                 proc.terminate()
                 try:
                     proc.wait(timeout=10)
@@ -200,11 +207,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=0.0, help="jobs/s published live; 0: a backlog first")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--profile", default="", help="py-spy raw (collapsed) profile of the monitor to this file")
     args = parser.parse_args()
     results = []
     for _ in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="pai-monitor-bench-") as tmp:
-            results.append(asyncio.run(measure(Path(tmp), args.jobs, args.rate)))
+            results.append(asyncio.run(measure(Path(tmp), args.jobs, args.rate, args.profile)))
     per_job = sorted(r["monitor_cpu_ms_per_job"] for r in results)
     print(json.dumps({"benchmark": "monitor_consume", "runs": results,
                       "monitor_cpu_ms_per_job_median": per_job[len(per_job) // 2]}, indent=2))

@@ -7,9 +7,11 @@ on `/metrics`. Names follow OpenPAI where it has one (`pai_node_count`,
 
 from __future__ import annotations
 
+from collections import Counter as TallyCounter
 from collections.abc import Iterable
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -142,26 +144,43 @@ def label_node(node: str) -> None:
 _gpu_series_shown: dict[str, set[tuple[str, ...]]] = {name: set() for name in _GPU_GAUGES}
 
 
+# Labelled children already looked up: `labels()` costs a lock and a tuple build
+# per call, and a batch of events touches the same few series many times. Only
+# series that are never removed are cached here (none of apply's are).
+_children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
+
+
+def _child(metric: MetricWrapperBase, *labels: str) -> MetricWrapperBase:
+    child = _children.get((metric, labels))
+    if child is None:
+        child = _children[(metric, labels)] = metric.labels(*labels)
+    return child
+
+
 def apply(updates: Iterable[Update | NodeConditionCounts]) -> None:
+    """Set what `updates` say; counter increments of a batch are summed per series first."""
+    increments: TallyCounter[tuple[MetricWrapperBase, tuple[str, ...]]] = TallyCounter()
     for update in updates:
         match update:
             case JobsGauge(vc=vc, state=state, count=count):
-                jobs.labels(state=state, vc=vc).set(count)
+                _child(jobs, state, vc).set(count)
             case SubmitToRunning(vc=vc, seconds=seconds):
-                submit_to_running_seconds.labels(vc=vc).observe(seconds)
+                _child(submit_to_running_seconds, vc).observe(seconds)
             case EventCounted(kind=kind):
-                events_total.labels(kind=kind).inc()
+                increments[(events_total, (kind,))] += 1
             case TaskExitCounted(vc=vc, outcome=outcome):
-                task_exits_total.labels(vc=vc, outcome=outcome).inc()
+                increments[(task_exits_total, (vc, outcome))] += 1
             case NodeUp(node=node, up=up):
-                node_up.labels(node=node).set(1 if up else 0)
+                _child(node_up, node).set(1 if up else 0)
             case NodeConditionCounts(counts=counts):
                 for labels, count in counts.items():
-                    node_count.labels(*labels).set(count)
+                    _child(node_count, *labels).set(count)
             case NodeCount():
                 pass  # the nodes the event tally saw; pai_node_count comes from node health
             case _:
                 raise TypeError(f"not a monitor update: {update!r}")
+    for (metric, labels), n in increments.items():
+        _child(metric, *labels).inc(n)
 
 
 def record_node_sample(sample: NodeSample) -> None:

@@ -28,7 +28,7 @@ from services.monitor import agent, metrics
 from services.monitor.alerts.shell import AlertShell
 from services.monitor.agent import runs_agent, runs_cluster
 from services.monitor.core.stored import StoredJob
-from services.monitor.core.tally import MonitorCore
+from services.monitor.core.tally import MonitorCore, PartlyHandled
 from services.monitor.core.updates import RaiseAlert
 from services.monitor.sampler import NodeSampler, default_node_name
 
@@ -70,20 +70,47 @@ async def cluster_body(ctx: ServiceContext, sampler: NodeSampler | None) -> None
     if sampler is not None:
         ctx.spawn(agent.sample_forever(ctx, sampler), "node-sampler")
 
-    async def handle(event: AnyEvent) -> None:
-        if isinstance(event, NodeCordonChanged):
-            await nodes.cordon(event)
-        await alerts.handle(event)
-        updates = core.handle(event)
-        metrics.apply(u for u in updates if not isinstance(u, RaiseAlert))
-        for alert in updates:
-            if isinstance(alert, RaiseAlert):
-                await ctx.bus.publish(alert_firing(alert))
-                await alerts.raised(alert)  # listed and mailed to the admins
-
-    await ctx.bus.consume(
-        Durable.MONITOR, list(Kind), list(EVENT_TYPES.values()), handle, stopping=ctx.stopping
+    intake = EventIntake(ctx.bus, core, nodes, alerts)
+    await ctx.bus.consume_batches(
+        Durable.MONITOR, list(Kind), list(EVENT_TYPES.values()), intake.handle, stopping=ctx.stopping
     )
+
+
+class EventIntake:
+    """Every event on the bus, a batch at a time: node cordons, the alert rules'
+    view of jobs (and owners' status mail), metrics, and the alerts the monitor
+    raises itself.
+
+    Order: nothing here needs stream order (the cores let no older event move a
+    job back, and count each event id once), so the consumer is parallel.
+    Every effect of a batch is stored before `handle` returns, and the bus acks
+    the batch only then; each is idempotent, so a batch handed again (or, after
+    a failure, its events one by one) repeats nothing: counters count each id
+    once, mail is claimed in `pai_alerts` before it is queued, and the alerts
+    are published with their deterministic ids.
+    """
+
+    def __init__(self, bus: Bus, core: MonitorCore, nodes: agent.NodeHealthShell, alerts: AlertShell):
+        self.bus = bus
+        self.core = core
+        self.nodes = nodes
+        self.alerts = alerts
+
+    async def handle(self, events: list[AnyEvent]) -> None:
+        for event in events:
+            if isinstance(event, NodeCordonChanged):
+                await self.nodes.cordon(event)
+        await self.alerts.handle(*events)
+        try:
+            updates = self.core.handle(*events)
+        except PartlyHandled as partly:
+            metrics.apply(u for u in partly.updates if not isinstance(u, RaiseAlert))
+            raise
+        metrics.apply(u for u in updates if not isinstance(u, RaiseAlert))
+        raised = [u for u in updates if isinstance(u, RaiseAlert)]
+        if raised:
+            await self.bus.publish_many([alert_firing(alert) for alert in raised])
+            await self.alerts.raised(*raised)  # listed and mailed to the admins
 
 
 def alert_firing(alert: RaiseAlert) -> AlertFiring:

@@ -332,32 +332,58 @@ class AlertShell:
 
     # --- events and evaluation -----------------------------------------------------------
 
-    async def handle(self, event: Event) -> None:
-        async with self._lock:
-            notifications = self.core.handle(event)
-        for notification in notifications:
-            # Claimed before the ack: a redelivered event or a restart mails nobody twice.
-            if await self.store.claim(SENT_PREFIX, notification.id):
-                self.outbox.put_nowait(notification)
+    async def handle(self, *events: Event) -> None:
+        """Follow a batch of events; claim and queue the status mail they call for.
 
-    async def raised(self, raised: RaiseAlert) -> None:
-        """A one-off alert raised elsewhere in the monitor (a dead-lettered event):
-        listed (as resolved at once: there is no condition to watch end) and
-        mailed to the admins, once."""
-        at = self.clock()
-        alert = AlertRecord(
-            fingerprint=raised.id, rule=raised.rule, severity=raised.severity, state=AlertState.RESOLVED,
-            summary=raised.summary, labels={**raised.labels, "alertname": raised.rule, "severity": raised.severity},
-            startsAt=at, endsAt=at, job=raised.job, user=raised.job.split("~")[0] if "~" in raised.job else "",
-            reason=raised.summary,
-        )
+        Claimed before the ack: a redelivered event or a restart mails nobody
+        twice. The claims of a batch are in flight together. When the core raises
+        on an event (a bug), the mail of the events before it is still claimed
+        and queued (a redelivery of those would find nothing new to mail)."""
+        notifications: list[Notification] = []
+        failure: Exception | None = None
         async with self._lock:
-            self.core.alerts.setdefault(alert.fingerprint, alert)
-        if await self.store.claim(SENT_PREFIX, alert.fingerprint):
-            self.outbox.put_nowait(Notification(
-                id=alert.fingerprint, kind="alert", toAdmins=True, rule=alert.rule, severity=alert.severity,
-                firing=(alert,)))
+            for event in events:
+                try:
+                    notifications.extend(self.core.handle(event))
+                except Exception as exc:  # re-raised below, once the mail before it is safe
+                    failure = exc
+                    break
+        await self._claim_and_queue(notifications)
+        if failure is not None:
+            raise failure
+
+    async def raised(self, *raised: RaiseAlert) -> None:
+        """One-off alerts raised elsewhere in the monitor (dead-lettered events):
+        listed (as resolved at once: there is no condition to watch end) and
+        mailed to the admins, once each."""
+        at = self.clock()
+        notifications = []
+        async with self._lock:
+            for one in raised:
+                alert = AlertRecord(
+                    fingerprint=one.id, rule=one.rule, severity=one.severity, state=AlertState.RESOLVED,
+                    summary=one.summary, labels={**one.labels, "alertname": one.rule, "severity": one.severity},
+                    startsAt=at, endsAt=at, job=one.job, user=one.job.split("~")[0] if "~" in one.job else "",
+                    reason=one.summary,
+                )
+                alert = self.core.alerts.setdefault(alert.fingerprint, alert)
+                notifications.append(Notification(
+                    id=alert.fingerprint, kind="alert", toAdmins=True, rule=alert.rule, severity=alert.severity,
+                    firing=(alert,)))
+        await self._claim_and_queue(notifications)
         await self._write_alerts()
+
+    async def _claim_and_queue(self, notifications: list[Notification]) -> None:
+        if not notifications:
+            return
+        claims = await asyncio.gather(*(self.store.claim(SENT_PREFIX, n.id) for n in notifications),
+                                      return_exceptions=True)
+        for notification, claimed in zip(notifications, claims):
+            if claimed is True:  # claimed by someone before (False): mailed already, or being
+                self.outbox.put_nowait(notification)
+        for claimed in claims:
+            if isinstance(claimed, BaseException):
+                raise claimed
 
     async def _evaluate_forever(self) -> None:
         period = max(0.05, self.config.alert_evaluate_seconds)

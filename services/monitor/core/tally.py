@@ -12,6 +12,9 @@ Contracts:
 - `pai_job_submit_to_running_seconds` gets one observation per job: the first
   time it runs. A retried job reaching RUNNING again would otherwise add its
   earlier attempts' run time to a queueing figure.
+- `handle(*events)` takes a batch; a batch gives the same counter and histogram
+  updates as its events one by one, and each touched gauge once, at its value
+  after the batch (gauges are absolute, so only the last value matters).
 - Task exits are counted once each: successes from `TaskExited` (exit code 0),
   failures from the runtime's `TaskVerdict`, labelled with its phrase, so the
   label tells people what went wrong while staying a short, fixed vocabulary.
@@ -73,6 +76,14 @@ class _Job(msgspec.Struct, frozen=True, kw_only=True):
         return (self.attempt, _RANK[self.state]) < (attempt, _RANK[state])
 
 
+class PartlyHandled(Exception):
+    """An event of a batch raised: `updates` are those of the events before it."""
+
+    def __init__(self, updates: list[Update], event_id: str):
+        super().__init__(f"handling event {event_id} raised; {len(updates)} update(s) of the events before it")
+        self.updates = updates
+
+
 class MonitorCore:
     def __init__(self, *, recent_capacity: int = DEFAULT_CAPACITY):
         self._jobs: dict[str, _Job] = {}
@@ -93,22 +104,37 @@ class MonitorCore:
             self._put(stored.job, _Job(vc=stored.vc, state=stored.state, attempt=stored.attempt), touched)
         return self._gauges(touched)
 
-    def handle(self, event: Event) -> list[Update]:
+    def handle(self, *events: Event) -> list[Update]:
+        """The updates of `events` (a batch, in stream order): counters and histogram
+        observations once per new fact, each touched gauge once, at its value after
+        the whole batch.
+
+        Raises `PartlyHandled` when an event raises (a bug): it carries the updates
+        of the events before that one, which are applied already here and would be
+        recognised as seen if handed again, so the shell must still apply them."""
         updates: list[Update] = []
+        touched: set[tuple[str, JobState]] = set()
+        for event in events:
+            try:
+                self._handle_one(event, updates, touched)
+            except Exception as exc:
+                raise PartlyHandled(updates + self._gauges(touched), event.id) from exc
+        return updates + self._gauges(touched)
+
+    def _handle_one(self, event: Event, updates: list[Update], touched: set[tuple[str, JobState]]) -> None:
         if self._recent.add(event.id):
             updates.append(EventCounted(kind=str(event.__struct_config__.tag)))
             updates.extend(_task_exit(event))
         match event:
             case JobSubmitted(spec=spec):
-                updates.extend(self._submitted(event.job, spec.virtualCluster))
+                self._submitted(event.job, spec.virtualCluster, touched)
             case JobStateChanged():
-                updates.extend(self._state_changed(event))
+                self._state_changed(event, updates, touched)
             case NodeStatus(node=node, healthy=healthy):
                 updates.extend(self._node_seen(node, event.at, healthy))
             case EventDeadLettered():
                 # Raised again on a redelivery: the same id is stored once.
                 updates.append(_dead_letter_alert(event))
-        return updates
 
     def node_sampled(self, node: str, at: float) -> list[Update]:
         """This monitor sampled `node` at `at`: it is up."""
@@ -136,27 +162,21 @@ class MonitorCore:
 
     # --- jobs -----------------------------------------------------------------
 
-    def _submitted(self, job: str, vc: str) -> list[Update]:
-        if job in self._jobs:
-            return []
-        touched: set[tuple[str, JobState]] = set()
-        self._put(job, _Job(vc=vc, state=JobState.WAITING, attempt=1), touched)
-        return self._gauges(touched)
+    def _submitted(self, job: str, vc: str, touched: set[tuple[str, JobState]]) -> None:
+        if job not in self._jobs:
+            self._put(job, _Job(vc=vc, state=JobState.WAITING, attempt=1), touched)
 
-    def _state_changed(self, event: JobStateChanged) -> list[Update]:
-        updates: list[Update] = []
+    def _state_changed(self, event: JobStateChanged, updates: list[Update], touched: set[tuple[str, JobState]]) -> None:
         current = self._jobs.get(event.job)
         vc = current.vc if current else event.vc
         ran = current.ran if current else False
         if event.state == JobState.RUNNING and not ran and event.sinceSubmit is not None:
             updates.append(SubmitToRunning(vc=vc, seconds=max(0.0, event.sinceSubmit)))
             ran = True
-        touched: set[tuple[str, JobState]] = set()
         if current is None or current.is_behind(event.attempt, event.state):
             self._put(event.job, _Job(vc=vc, state=event.state, attempt=event.attempt, ran=ran), touched)
         elif ran != current.ran:
             self._jobs[event.job] = msgspec.structs.replace(current, ran=ran)
-        return updates + self._gauges(touched)
 
     def _put(self, job: str, view: _Job, touched: set[tuple[str, JobState]]) -> None:
         previous = self._jobs.get(job)
