@@ -1,11 +1,11 @@
 """rest: the HTTP API (OpenPAI v2 paths), users and tokens, job intake.
 
 Job intake is crash-safe: the job record is created in KV first (atomically, so a
-duplicate name is a 409), then `JobSubmitted` is published with a deterministic id,
-then the record is marked published (services/rest/intake.py). A record left
-unpublished by a crash or a publish not answered in time is published again by
-rest's sweep within seconds, and at start-up; JetStream and the idempotent
-consumers absorb the repeat.
+duplicate name is a 409), then `JobSubmitted` is published with a deterministic id
+(services/rest/intake.py). A record whose event is not out -- a crash between the
+two, or a publish not answered in time -- is published again by rest's sweep
+within seconds, also in a restarted rest once its job index is loaded; JetStream
+and the idempotent consumers absorb the repeat.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ async def submit_job(request: web.Request) -> web.Response:
     jobs_api.remember_submission(request.app, record)
     warnings = parsed.warnings
     try:
-        await intake.publish_submitted(ctx, record, revision)
+        await request.app[jobs_api.INTAKE].publish(record)
     except (Transient, *BUS_ERRORS) as exc:
         if store_is_full(exc):
             # Refused for certain (not a timeout, after which it may be stored):
@@ -336,6 +336,5 @@ async def startup(ctx: ServiceContext) -> None:
         path.write_text(token + "\n")
         path.chmod(0o600)
         log.info("created admin user %s; token written to %s", ctx.config.admin_user, path)
-    republished = await intake.publish_pending_submissions(ctx)
-    if republished:
-        log.info("published %d submissions left over by an earlier crash", republished)
+    # Submissions an earlier crash left unpublished: the intake sweep finds them once
+    # the job index is loaded (services/rest/intake.py).

@@ -1,16 +1,30 @@
 """Job intake's second half: telling the platform about a recorded job.
 
 Order, for crash safety: the record is created in pai_jobs first (the job exists
-from then on), then `JobSubmitted` is published with the deterministic id
-`<job>/submitted` (JetStream stores a repeat once; the consumers are idempotent),
-then the record is marked `published`. A record left unmarked -- rest died between
-the steps, or the publish was not answered in time -- is published again:
-- by the sweep, in every rest replica, once it has stayed unmarked for
-  `UNPUBLISHED_AFTER_SECONDS`; it reads the job index's set of unmarked records,
-  not every key, so it costs nothing while there are none;
-- at start-up, by a scan of every record (the index is not loaded yet then).
-Two replicas sweeping the same record publish it twice, stored once; the mark is
-a compare-and-set, so one of them marks it.
+from then on; a second submission of the name is a 409 there), then
+`JobSubmitted` is published with the deterministic id `<job>/submitted`
+(JetStream stores a repeat once; the consumers are idempotent). Nothing is
+written after the publish: two round trips per submission.
+
+Whether a record's `JobSubmitted` is out is not written down; it is known from
+(`sweep_plan`, cheapest first):
+- this process: it saw the publish stored (`Intake.published_here`), or
+- the scheduler's or the launcher's document of the job (pai_schedule,
+  pai_job_status, in the job index): they exist only once the event was consumed, or
+- the event stream itself: the last message on the job's `job.submitted` subject
+  (one lookup, for a record none of the above vouches for).
+A record none of them vouches for -- rest died between the two steps, or the
+publish was not answered in time -- is published again by the sweep, in every
+rest replica, once it is `UNPUBLISHED_AFTER_SECONDS` old. The sweep walks the job
+index's set of records not yet vouched for (every record the index loads or
+changes enters it), so a restarted rest finds what its predecessor left half-done
+as soon as its index is loaded, without reading every key. Two replicas sweeping
+the same record publish it twice, stored once.
+
+Records written before intake worked this way carry `published: true` and are
+taken at their word. A record older than the event stream keeps events
+(`max_age`) whose event is not there is not published again: its event may have
+aged out, and the job long ended.
 """
 
 from __future__ import annotations
@@ -18,17 +32,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Container
 
-import msgspec
 import nats.errors
 import nats.js.errors
 
 from libs.common import ids
-from libs.common.bus import all_keys, get_json, store_is_full
 from libs.common.errors import Transient
-from libs.common.messages import JobSubmitted
+from libs.common.jetstream_limits import store_settings
+from libs.common.messages import JobSubmitted, subject_of
 from libs.common.service import ServiceContext
-from libs.common.subjects import Bucket
+from libs.common.subjects import STREAM
 from services.rest.job_index import JobIndex
 from services.rest.records import SubmittedJob
 
@@ -37,88 +51,119 @@ log = logging.getLogger("pai.rest.intake")
 # A submission waits for at most this many publish attempts (5 s each) before it is
 # answered; past them the sweep takes over.
 PUBLISH_ATTEMPTS = 2
-# How long a record may stay unmarked before the sweep publishes it: longer than an
-# intake in flight takes (so the sweep does not race it for nothing), short enough
-# that a job whose publish timed out is scheduled in seconds.
+# How long a record may stay unvouched for before the sweep looks it up and
+# publishes it: longer than an intake in flight takes (so the sweep does not race it
+# for nothing), short enough that a job whose publish timed out is scheduled in seconds.
 UNPUBLISHED_AFTER_SECONDS = 5.0
 SWEEP_SECONDS = 2.0
-SWEEP_BATCH = 256  # records published per sweep at most; the next sweep takes the rest
+SWEEP_BATCH = 256  # records looked up per sweep at most; the next sweep takes the rest
+# How long this process remembers a publish it saw stored, for the sweep to match
+# with the record the index gets from its watch (milliseconds later). Forgetting
+# one costs a lookup, never a wrong answer.
+REMEMBER_PUBLISHED_SECONDS = 60.0
 
 
 def submitted_event(record: SubmittedJob) -> JobSubmitted:
     return JobSubmitted(id=f"{record.job}/submitted", job=record.job, at=record.submittedAt, spec=record.spec)
 
 
-async def publish_submitted(ctx: ServiceContext, record: SubmittedJob, revision: int, *,
-                            attempts: int = PUBLISH_ATTEMPTS) -> None:
-    """Publish the job's JobSubmitted, then mark its record (at `revision`) published."""
-    await ctx.bus.publish(submitted_event(record), attempts=attempts)
-    kv = await ctx.bus.kv(Bucket.JOBS)
-    try:
-        await kv.update(ids.job_key(record.job), msgspec.json.encode(msgspec.structs.replace(record, published=True)),
-                        last=revision)
-    except nats.js.errors.KeyWrongLastSequenceError:
-        pass  # changed since (a tag, or another replica marked it): the event is out either way
-    except nats.js.errors.APIError as exc:
-        if not store_is_full(exc):
-            raise
-        # The event is out: the job is accepted. Left unmarked, the record is
-        # published again by the sweep, which the event id makes harmless.
-        log.warning("submission of %s published; marking it so failed: the store is full", record.job)
+def sweep_plan(index: JobIndex, published_here: Container[str], now: float, *,
+               older_than: float = UNPUBLISHED_AFTER_SECONDS, kept_for: float = 0.0,
+               limit: int = SWEEP_BATCH) -> tuple[list[str], list[str]]:
+    """Of the index's records not yet vouched for: (those now known to be out or gone,
+    those to look up in the event stream, oldest first, at most `limit`). Pure.
 
-
-async def publish_pending_submissions(ctx: ServiceContext) -> int:
-    """At start-up: publish every job whose intake was cut short (reads every record)."""
-    kv = await ctx.bus.kv(Bucket.JOBS)
-    count = 0
-    for key in await all_keys(kv):
-        got = await get_json(kv, key, SubmittedJob)
-        if got is not None and not got[0].published:
-            await publish_submitted(ctx, got[0], got[1])
-            count += 1
-    return count
-
-
-def due_for_sweep(index: JobIndex, now: float, *, older_than: float = UNPUBLISHED_AFTER_SECONDS,
-                  limit: int = SWEEP_BATCH) -> list[str]:
-    """Keys of records unmarked for longer than `older_than` seconds, oldest first (pure)."""
-    due = []
+    `kept_for`: how long the event stream keeps events (0: for ever); a record older
+    than that is known out (its event may have aged out)."""
+    settled: list[str] = []
+    to_check: list[tuple[float, str]] = []
     for key in index.unpublished:
         job = index.get(key)
-        if job is not None and not job.sub.published and now - job.sub.submittedAt >= older_than:
-            due.append((job.sub.submittedAt, key))
-    return [key for _, key in sorted(due)[:limit]]
-
-
-async def sweep_once(ctx: ServiceContext, index: JobIndex, now: float | None = None) -> int:
-    """Publish the records the index says are unmarked for too long; how many were."""
-    if not index.ready:
-        return 0
-    kv = await ctx.bus.kv(Bucket.JOBS)
-    count = 0
-    for key in due_for_sweep(index, time.time() if now is None else now):
-        got = await get_json(kv, key, SubmittedJob)  # the record as stored now, with its revision
-        if got is None or got[0].published:
+        if job is None or job.sub.published or key in published_here or job.status is not None or job.schedule is not None:
+            settled.append(key)
             continue
-        await publish_submitted(ctx, got[0], got[1], attempts=1)
-        log.info("published the submission of %s, left unpublished since %.0f s", got[0].job,
-                 time.time() - got[0].submittedAt)
-        count += 1
-    return count
+        age = now - job.sub.submittedAt
+        if kept_for and age >= kept_for:
+            settled.append(key)
+        elif age >= older_than:
+            to_check.append((job.sub.submittedAt, key))
+    return settled, [key for _, key in sorted(to_check)[:limit]]
 
 
-async def run_sweep(ctx: ServiceContext, index: JobIndex, stopping: asyncio.Event,
-                    every: float = SWEEP_SECONDS) -> None:
-    """Sweep every `every` seconds until `stopping`; a failed sweep is tried again at the next."""
-    while not stopping.is_set():
+class Intake:
+    """One rest process's side of intake: publishing JobSubmitted, remembering what
+    it saw stored, and the sweep that publishes what nobody vouches for."""
+
+    def __init__(self, ctx: ServiceContext, index: JobIndex):
+        self.ctx = ctx
+        self.index = index
+        self.published_here: dict[str, float] = {}  # record key -> when its publish was stored
+        events_max_age = store_settings(ctx.config).events.max_age_seconds
+        # A margin under the stream's max_age: an event about to age out still counts.
+        self.events_kept_for = events_max_age * 0.9 if events_max_age else 0.0
+
+    async def publish(self, record: SubmittedJob, *, attempts: int = PUBLISH_ATTEMPTS) -> None:
+        """Publish the job's JobSubmitted; once stored, the job is out."""
+        await self.ctx.bus.publish(submitted_event(record), attempts=attempts)
+        key = ids.job_key(record.job)
+        self.published_here.pop(key, None)  # kept in the order stored: the oldest are forgotten first
+        self.published_here[key] = time.monotonic()
+        self.index.unpublished.discard(key)
+
+    async def sweep_once(self, now: float | None = None) -> int:
+        """Settle the records the index has not seen vouched for; how many were published."""
+        self._forget_old()
+        if not self.index.ready:
+            return 0
+        settled, to_check = sweep_plan(self.index, self.published_here, time.time() if now is None else now,
+                                       kept_for=self.events_kept_for)
+        for key in settled:
+            self.index.unpublished.discard(key)
+            self.published_here.pop(key, None)
+        outcomes = await asyncio.gather(*(self._settle(key) for key in to_check), return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            raise failed[0]
+        return sum(1 for o in outcomes if o is True)
+
+    async def _settle(self, key: str) -> bool:
+        """Look the record's JobSubmitted up in the stream; publish it when it is not
+        there. True when it was published here and now."""
+        job = self.index.get(key)
+        if job is None:  # deleted meanwhile (a refused submission taken back)
+            self.index.unpublished.discard(key)
+            return False
+        record = job.sub
+        event = submitted_event(record)
         try:
-            await asyncio.wait_for(stopping.wait(), timeout=every)
-            return
-        except asyncio.TimeoutError:
-            pass
-        try:
-            await sweep_once(ctx, index)
-        except asyncio.CancelledError:
-            raise
-        except (Transient, nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
-            log.warning("the sweep of unpublished submissions failed (%r); trying again in %.0f s", exc, every)
+            await self.ctx.bus.js.get_last_msg(STREAM, subject_of(event))
+        except nats.js.errors.NotFoundError:
+            await self.publish(record, attempts=1)
+            log.info("published the submission of %s, left unpublished since %.0f s", record.job,
+                     time.time() - record.submittedAt)
+            return True
+        self.index.unpublished.discard(key)  # it is in the stream
+        return False
+
+    def _forget_old(self) -> None:
+        horizon = time.monotonic() - REMEMBER_PUBLISHED_SECONDS
+        while self.published_here:
+            key, at = next(iter(self.published_here.items()))  # oldest first: insertion order
+            if at >= horizon:
+                break
+            del self.published_here[key]
+
+    async def run_sweep(self, stopping: asyncio.Event, every: float = SWEEP_SECONDS) -> None:
+        """Sweep every `every` seconds until `stopping`; a failed sweep is tried again at the next."""
+        while not stopping.is_set():
+            try:
+                await asyncio.wait_for(stopping.wait(), timeout=every)
+                return
+            except asyncio.TimeoutError:
+                pass
+            try:
+                await self.sweep_once()
+            except asyncio.CancelledError:
+                raise
+            except (Transient, nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+                log.warning("the sweep of unpublished submissions failed (%r); trying again in %.0f s", exc, every)

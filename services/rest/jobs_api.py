@@ -40,6 +40,7 @@ from services.rest.request import USER, bad_field, ctx_of, read_json_object
 from services.rest.watched import WatchedValue
 
 INDEX = web.AppKey("job_index", JobIndex)
+INTAKE = web.AppKey("intake", intake.Intake)
 CLUSTER_VIEW = web.AppKey("cluster_view", WatchedValue)
 
 MAX_TAGS_PER_JOB = 32
@@ -732,6 +733,7 @@ def setup(app: web.Application, ctx: ServiceContext) -> None:
     app.add_routes(openapi.routes)  # public: auth.PUBLIC_PATHS
     index = JobIndex()
     app[INDEX] = index
+    app[INTAKE] = submissions = intake.Intake(ctx, index)
     view = WatchedValue(Bucket.CLUSTER, CLUSTER_VCS_KEY, ClusterView, ClusterView())
     app[CLUSTER_VIEW] = view
 
@@ -740,7 +742,7 @@ def setup(app: web.Application, ctx: ServiceContext) -> None:
         tasks = [asyncio.ensure_future(index.run(ctx.bus, stopping)),
                  asyncio.ensure_future(view.run(ctx.bus, stopping)),
                  # Records whose JobSubmitted may not be out, found through the index.
-                 asyncio.ensure_future(intake.run_sweep(ctx, index, stopping))]
+                 asyncio.ensure_future(submissions.run_sweep(stopping))]
         yield
         stopping.set()
         for task in tasks:

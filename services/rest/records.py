@@ -27,8 +27,9 @@ class SubmittedJob(msgspec.Struct, frozen=True, kw_only=True):
     config: dict  # the submitted document, secrets masked
     warnings: list[str] = []
     submittedAt: float
-    # Set once JobSubmitted is on the bus; a record left False by a crash is
-    # published again when rest starts (the event id dedupes it).
+    # True only in records written before intake stopped marking them (they were
+    # marked once JobSubmitted was on the bus). Whether a record's event is out is
+    # now known without a write (services/rest/intake.py); new records keep False.
     published: bool = False
     # Labels the owner or an admin put on the job (PUT/DELETE /api/v2/jobs/{job}/tag).
     tags: list[str] = []

@@ -1,8 +1,8 @@
 """rest's intake when the publish of JobSubmitted times out (it may or may not be
 stored): the job is recorded, so the caller gets 202 with a warning saying the
 scheduler is told later; rest's own sweep publishes the record a few seconds later,
-while it runs (no restart), once; and a record left unpublished by a crash is
-published at the next start."""
+while it runs (no restart), once. A rest killed between the record and the publish:
+tests/component/test_intake_crash.py."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ async def test_a_submission_whose_publish_times_out_is_accepted_and_published_by
             assert answer["job"] == job
             assert any("do not submit it again" in w for w in answer["warnings"]), answer["warnings"]
             # Recorded, not published.
-            assert not (await stored(rest_bus, job)).published
+            assert (await stored(rest_bus, job)).job == job
             assert await published_ids(platform_bus, subject) == []
             # Sending it again is a conflict: the job exists.
             async with session.post(server.make_url("/api/v2/jobs"), data=job_body("slowbus"), headers=headers) as resp:
@@ -116,7 +116,7 @@ async def test_a_submission_whose_publish_times_out_is_accepted_and_published_by
             # The bus answers again: the sweep publishes the record, rest still running.
             bus_answers.set()
             began = time.monotonic()
-            while not (await stored(rest_bus, job)).published:
+            while await published_ids(platform_bus, subject) == []:
                 assert time.monotonic() - began < SWEEP_WAIT_SECONDS, "the sweep did not publish the record"
                 await asyncio.sleep(0.2)
             assert await published_ids(platform_bus, subject) == [f"{job}/submitted"]
@@ -126,34 +126,12 @@ async def test_a_submission_whose_publish_times_out_is_accepted_and_published_by
             while ids.job_key(job) in index.unpublished:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
-            assert await intake.sweep_once(ctx, index, now=time.time() + 3600) == 0
+            assert await server.app[jobs_api.INTAKE].sweep_once(now=time.time() + 3600) == 0
     finally:
         await server.close()
 
 
-async def test_a_record_left_unpublished_by_a_crash_is_published_at_start_once(rest_bus, tmp_path):
-    user = f"erin{RUN}"
-    job = f"{user}~crashed"
-    subject = job_subject(Kind.JOB_SUBMITTED, "default", job)
-    ctx = ServiceContext(name="rest", config=load_config(env={}, data_dir=str(tmp_path)), bus=rest_bus)
-    # What a rest that died right after recording the job left behind.
-    from libs.common.protocol import parse_job
-
-    parsed = parse_job(job_body("crashed"), content_type="text/yaml", user=user)
-    record = SubmittedJob(job=job, user=user, name="crashed", vc="default", spec=parsed.spec, config=parsed.config,
-                          submittedAt=time.time())
-    await (await rest_bus.kv(Bucket.JOBS)).create(ids.job_key(job), msgspec.json.encode(record))
-
-    assert await intake.publish_pending_submissions(ctx) >= 1
-    assert await intake.publish_pending_submissions(ctx) == 0
-    msg = await rest_bus.js.get_last_msg(STREAM, subject)
-    assert msg.headers["Nats-Msg-Id"] == f"{job}/submitted"
-    assert (await stored(rest_bus, job)).published
-    with pytest.raises(nats.js.errors.NotFoundError):
-        await rest_bus.js.get_last_msg(STREAM, job_subject(Kind.JOB_SUBMITTED, "default", f"{user}~never"))
-
-
-async def test_a_submission_answered_202_is_published_once_and_marked(rest_bus, platform_bus, tmp_path):
+async def test_a_submission_answered_202_is_published_once(rest_bus, platform_bus, tmp_path):
     user = f"fred{RUN}"
     job = f"{user}~quick"
     ctx = ServiceContext(name="rest", config=load_config(env={}, data_dir=str(tmp_path)), bus=rest_bus)
@@ -166,8 +144,8 @@ async def test_a_submission_answered_202_is_published_once_and_marked(rest_bus, 
             async with session.post(server.make_url("/api/v2/jobs"), data=job_body("quick"),
                                     headers={"Content-Type": "text/yaml", "Authorization": f"Bearer {token}"}) as resp:
                 assert resp.status == 202
-        # The event is out when the answer comes, and the record says so.
+        # The event is out when the answer comes; this rest knows it (no lookup, no write).
         assert await published_ids(platform_bus, job_subject(Kind.JOB_SUBMITTED, "default", job)) == [f"{job}/submitted"]
-        assert (await stored(rest_bus, job)).published
+        assert ids.job_key(job) in server.app[jobs_api.INTAKE].published_here
     finally:
         await server.close()
