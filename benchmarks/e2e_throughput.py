@@ -89,10 +89,11 @@ SLOTS64_CELLS = 64
 
 
 def proc_stat(pid: int) -> dict[str, float]:
-    """CPU seconds of `pid`: own (utime+stime) and reaped children (cutime+cstime)."""
+    """CPU seconds of `pid`: own (utime+stime), of which in the kernel (stime), and
+    reaped children (cutime+cstime)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
-    return {"own": (utime + stime) / CLOCK_TICK, "children": (cutime + cstime) / CLOCK_TICK}
+    return {"own": (utime + stime) / CLOCK_TICK, "kernel": stime / CLOCK_TICK, "children": (cutime + cstime) / CLOCK_TICK}
 
 
 def children_of(pid: int) -> list[int]:
@@ -135,7 +136,7 @@ class Processes:
             try:
                 taken[name] = proc_stat(pid)
             except OSError:
-                taken[name] = {"own": float("nan"), "children": float("nan")}
+                taken[name] = {"own": float("nan"), "kernel": float("nan"), "children": float("nan")}
         return taken
 
     def wait_for_shims(self, timeout: float = 10.0) -> int:
@@ -165,6 +166,17 @@ def cpu_per_job(before: dict, after: dict, jobs: int) -> dict[str, float]:
     ms = {name: round(seconds * 1000 / max(1, jobs), 3) for name, seconds in per_job.items()}
     ms["total"] = round(sum(v for v in ms.values() if v == v), 3)
     return ms
+
+
+def kernel_percent(before: dict, after: dict) -> dict[str, float]:
+    """Share of each process's own CPU time spent in the kernel (system calls: socket
+    writes and reads on loopback carry the TCP work of both ends)."""
+    shares = {}
+    for name in before:
+        own = after[name]["own"] - before[name]["own"]
+        if own > 0:
+            shares[name] = round(100 * (after[name]["kernel"] - before[name]["kernel"]) / own, 1)
+    return shares
 
 
 # --- the platform ---------------------------------------------------------------------
@@ -380,6 +392,7 @@ async def measure(platform: Platform, conn, config_name: str, args, nats_monitor
                 "first_submit_to_last_completion_s": round(span, 2) if span else None,
                 "submit_to_launch": summary_ms(launch),
                 "cpu_ms_per_job": cpu_per_job(cpu_before, cpu_after, done),
+                "cpu_kernel_percent": kernel_percent(cpu_before, cpu_after),
                 "shims_still_running_at_end": shims_left,
                 "nats_msgs_per_job": {
                     "in": round((varz_after["in_msgs"] - varz_before["in_msgs"]) / done, 1),
