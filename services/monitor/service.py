@@ -25,6 +25,7 @@ from libs.common.messages import EVENT_TYPES, AlertFiring, AnyEvent, NodeCordonC
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.monitor import agent, metrics
+from services.monitor.alerts.mailer import Mailer
 from services.monitor.alerts.shell import AlertShell
 from services.monitor.agent import runs_agent, runs_cluster
 from services.monitor.core.stored import StoredJob
@@ -56,24 +57,28 @@ async def body(ctx: ServiceContext, *, sampler: NodeSampler | None = None) -> No
 
 async def cluster_body(ctx: ServiceContext, sampler: NodeSampler | None) -> None:
     """Metrics of every event, node health, alerts; also this node's agent when `sampler`."""
+    intake = await start_cluster(ctx)
+    ctx.set_ready()
+    ctx.spawn(intake.nodes.run(), "node-health")
+    if sampler is not None:
+        ctx.spawn(agent.sample_forever(ctx, sampler), "node-sampler")
+    await ctx.bus.consume_batches(
+        Durable.MONITOR, list(Kind), list(EVENT_TYPES.values()), intake.handle, stopping=ctx.stopping
+    )
+
+
+async def start_cluster(ctx: ServiceContext, *, mailer: Mailer | None = None) -> EventIntake:
+    """Restore the cluster monitor's state from its buckets and start its alerts;
+    what is left is to consume events with the returned intake."""
     core = MonitorCore()
     stored = await load_stored_jobs(ctx.bus)
     metrics.apply(core.restore(stored))
     log.info("restored %d job(s) from %s", len(stored), Bucket.JOB_STATUS.value)
     nodes = agent.NodeHealthShell(ctx)
     await nodes.restore()
-    alerts = AlertShell(ctx)  # alert rules, actions and mail (services/monitor/alerts)
+    alerts = AlertShell(ctx, mailer=mailer)  # alert rules, actions and mail (services/monitor/alerts)
     await alerts.start()
-
-    ctx.set_ready()
-    ctx.spawn(nodes.run(), "node-health")
-    if sampler is not None:
-        ctx.spawn(agent.sample_forever(ctx, sampler), "node-sampler")
-
-    intake = EventIntake(ctx.bus, core, nodes, alerts)
-    await ctx.bus.consume_batches(
-        Durable.MONITOR, list(Kind), list(EVENT_TYPES.values()), intake.handle, stopping=ctx.stopping
-    )
+    return EventIntake(ctx.bus, core, nodes, alerts)
 
 
 class EventIntake:
