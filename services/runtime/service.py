@@ -187,16 +187,15 @@ class RuntimeShell:
         SUCCEEDED without waiting for one, and the monitor counts it from its
         TaskExited. Returns once every verdict is stored (a redelivered exit
         gives the same verdict under the same id, stored once)."""
-        verdicts = []
-        for event in events:
-            if event.exitCode == 0:
-                metrics.EXITS.labels(outcome="succeeded").inc()
-                continue
-            verdicts.append(self.verdict(event))
+        verdicts = [self.verdict(event) for event in events if event.exitCode != 0]
         if verdicts:
             await self.ctx.bus.publish_many(verdicts)
+        # Counted once the batch is done: a batch handed again counts only its second time.
+        if succeeded := len(events) - len(verdicts):
+            metrics.EXITS.labels(outcome="succeeded").inc(succeeded)
+        if verdicts:
+            metrics.EXITS.labels(outcome="failed").inc(len(verdicts))
         for verdict in verdicts:
-            metrics.EXITS.labels(outcome="failed").inc()
             metrics.VERDICTS.labels(phrase=verdict.spec.phrase, reaction=verdict.spec.reaction.value).inc()
 
     def verdict(self, event: TaskExited) -> TaskVerdict:
