@@ -362,3 +362,61 @@ def test_a_dead_lettered_event_raises_one_critical_alert_naming_job_consumer_and
     assert "launcher" in alert.summary and "MaxPayloadError" in alert.summary
     # A redelivery raises the same alert (same id, so the bus stores it once) and counts nothing.
     assert of_type(again, RaiseAlert) == [alert] and not of_type(again, EventCounted)
+
+
+def gauges_after(updates) -> dict[tuple[str, str], int]:
+    shown: dict[tuple[str, str], int] = {}
+    for update in of_type(updates, JobsGauge):
+        shown[(update.vc, update.state)] = update.count
+    return shown
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=st.lists(any_event, max_size=25), data=st.data())
+def test_a_stream_handled_in_batches_shows_what_it_shows_event_by_event(events, data):
+    """The service hands the core every waiting event at once: cut anywhere into
+    batches, the counts, observations and final gauge values are those of the
+    events one by one, and a batch sets each touched gauge once."""
+    one_by_one = MonitorCore()
+    single_updates = run(one_by_one, *events)
+
+    batched = MonitorCore()
+    batched_updates: list = []
+    rest = list(events)
+    while rest:
+        size = data.draw(st.integers(1, len(rest)))
+        batch, rest = rest[:size], rest[size:]
+        updates = batched.handle(*batch)
+        gauges = [(u.vc, u.state) for u in of_type(updates, JobsGauge)]
+        assert len(gauges) == len(set(gauges)), "a gauge set twice in one batch"
+        batched_updates.extend(updates)
+    batched.validate_state()
+
+    assert totals(batched_updates) == totals(single_updates)
+    assert gauges_after(batched_updates) == gauges_after(single_updates)
+    for vc in ("default", "research"):
+        assert jobs_by_state(batched, vc) == jobs_by_state(one_by_one, vc)
+
+
+def test_an_event_that_raises_hands_back_the_updates_of_the_batch_before_it(monkeypatch):
+    """Those events are applied (and remembered as seen): the shell must still show them."""
+    from services.monitor.core.tally import PartlyHandled
+
+    core = MonitorCore()
+    bad = state("bob~b", R)
+    original = core._state_changed
+
+    def failing(event, updates, touched):
+        if event.job == "bob~b":
+            raise RuntimeError("a bug")
+        original(event, updates, touched)
+
+    monkeypatch.setattr(core, "_state_changed", failing)
+    with pytest.raises(PartlyHandled) as raised:
+        core.handle(submitted(), state("alice~a", R, since=1.5), bad, exited("alice~a", 0))
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    handed_back = raised.value.updates
+    assert [u.kind for u in of_type(handed_back, EventCounted)] == ["job.submitted", "job.state", "job.state"]
+    assert [u.seconds for u in of_type(handed_back, SubmitToRunning)] == [1.5]
+    assert gauges_after(handed_back)[("default", "RUNNING")] == 1
+    assert not of_type(handed_back, TaskExitCounted), "the event after the failing one was handled"
