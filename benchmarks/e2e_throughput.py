@@ -342,8 +342,9 @@ async def burst_phase(api: Api, prefix: str, jobs: int, clients: int, deadline: 
             "timed_out": succeeded < accepted}
 
 
-async def measure(platform: Platform, conn, config_name: str, args, nats_monitor: int, profile_dir: Path | None) -> dict:
-    result: dict[str, Any] = {"config": config_name}
+async def measure(platform: Platform, conn, result: dict, args, nats_monitor: int, profile_dir: Path | None) -> dict:
+    """Fills `result` as it goes, so that a failure still shows what was reached."""
+    config_name = result["config"]
     deadline = time.monotonic() + args.timeout
     bus = await Bus.connect(platform.nats.url, name="e2e-throughput", **platform.nats.login(busauth.PLATFORM))
     try:
@@ -430,19 +431,22 @@ def run_config(config_name: str, args) -> dict:
         busauth.server_config = patched
         platform = Platform(config, print_fn=lambda *_: None)
         started = time.monotonic()
+        result: dict[str, Any] = {"config": config_name}
+        result["slots"] = (SLOTS64_CELLS if config_name == "slots64"
+                           else (config.local_cpus or os.cpu_count() or 1) * config.cpu_oversubscription)
+        if config_name == "default":
+            result["cpu_oversubscription"] = config.cpu_oversubscription
         try:
             conn = platform.start()
-            startup = time.monotonic() - started
-            result = asyncio.run(measure(platform, conn, config_name, args, nats_monitor, args.profile))
-            result["platform_startup_s"] = round(startup, 1)
-            result["slots"] = (SLOTS64_CELLS if config_name == "slots64"
-                               else (config.local_cpus or os.cpu_count() or 1) * config.cpu_oversubscription)
-            if config_name == "default":
-                result["cpu_oversubscription"] = config.cpu_oversubscription
-            return result
-        except BaseException as exc:
-            return {"config": config_name, "error": f"{type(exc).__name__}: {exc}",
-                    "logs": str(data / "logs") + " (removed with the temp dir)"}
+            result["platform_startup_s"] = round(time.monotonic() - started, 1)
+            return asyncio.run(measure(platform, conn, result, args, nats_monitor, args.profile))
+        except Exception as exc:  # noqa: BLE001 - reported with what was reached; Ctrl-C/SIGTERM stop everything
+            logs = data / "logs"
+            tails = {}
+            for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+                lines = log.read_text(errors="replace").splitlines()
+                tails[log.name] = lines[-5:]
+            return result | {"error": f"{type(exc).__name__}: {exc}", "log_tails": tails}
         finally:
             busauth.server_config = original
             platform.stop()
