@@ -181,6 +181,8 @@ class TaskExited(Event, kw_only=True, frozen=True, tag=Kind.TASK_EXITED.value):
 
 
 class TaskVerdict(Event, kw_only=True, frozen=True, tag=Kind.TASK_VERDICT.value):
+    """The runtime's explanation of a failed task exit (exit code not 0); an exit 0 gets none."""
+
     vc: VcName
     attempt: int
     role: str
