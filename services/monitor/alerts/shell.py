@@ -202,6 +202,8 @@ class AlertShell:
         """Install the rule document of `snapshot` (a bad one stored is logged and skipped)."""
         if snapshot.revision and snapshot.revision <= self.document.revision:
             return  # installed already (this replica wrote it), or older than what is
+        if snapshot == self.document:
+            return  # still nothing stored: the baseline is in effect (the resync asks every few seconds)
         text = snapshot.document.yaml if snapshot.document and snapshot.document.yaml else self.baseline_yaml
         try:
             rules = load_rules_text(text)
