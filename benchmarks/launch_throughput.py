@@ -4,8 +4,10 @@ Starts N tasks that run `true`, as fast as they are accepted, and waits for
 every exit. Two paths:
 - `backend`: straight through `LocalBackend` (start, events);
 - `core`: N one-task jobs through the launcher core and the backend together
-  (submitted, placed, StartTask -> backend, backend events -> core, ForgetTask
-  -> backend); no bus, so it measures the launcher itself.
+  (submitted, placed, StartTask -> backend, backend events -> core in batches
+  as the launcher's shell takes them, ForgetTask -> backend); no bus, so it
+  measures the launcher itself. It also counts what the shell would send to
+  NATS per job: records written (one per SaveJob) and events published.
 
 Reports per path, as JSON: tasks started and finished per second, the CPU time
 all of it took per task (launcher, fork server, shims and the tasks' bash; the
@@ -173,9 +175,12 @@ async def through_core(data_dir: Path, tasks: int) -> dict:
         KillTask,
         LauncherCore,
         Placed,
+        Publish,
+        SaveJob,
         StartTask,
         Submitted,
     )
+    from services.launcher.service import BATCH_MAX, event_batches, running_linger
 
     core = LauncherCore(time.time)
     backend = LocalBackend(data_dir)
@@ -183,10 +188,15 @@ async def through_core(data_dir: Path, tasks: int) -> dict:
     timings = Timings()
     done = asyncio.Event()
     ended_jobs = 0
+    effects = {"records_written": 0, "events_published": 0, "core_calls_for_backend_events": 0}
 
     async def carry_out(actions: list) -> None:
         for action in actions:
-            if isinstance(action, StartTask):
+            if isinstance(action, SaveJob):
+                effects["records_written"] += 1
+            elif isinstance(action, Publish):
+                effects["events_published"] += 1
+            elif isinstance(action, StartTask):
                 timings.started[action.launch.key] = time.time()
                 await backend.start(action.launch)
             elif isinstance(action, ForgetTask):
@@ -197,20 +207,23 @@ async def through_core(data_dir: Path, tasks: int) -> dict:
 
     async def watch() -> None:
         nonlocal ended_jobs
-        async for event in backend.events():
+        async for batch in event_batches(backend.events(), BATCH_MAX, linger=running_linger):
             now = time.time()
-            if isinstance(event, TaskRunning):
-                timings.running[event.key] = now
-            elif isinstance(event, TaskFinished):
-                timings.finished[event.key] = now
-                timings.exit_codes[event.key] = event.exitCode
-            await carry_out(core.handle(event))
-            if isinstance(event, TaskFinished):
-                record = core.job(event.key.job)
-                if record is not None and record.state.is_final:
-                    ended_jobs += 1
-                    if ended_jobs == tasks:
-                        done.set()
+            for event in batch:
+                if isinstance(event, TaskRunning):
+                    timings.running[event.key] = now
+                elif isinstance(event, TaskFinished):
+                    timings.finished[event.key] = now
+                    timings.exit_codes[event.key] = event.exitCode
+            effects["core_calls_for_backend_events"] += 1
+            await carry_out(core.handle(*batch))
+            for event in batch:
+                if isinstance(event, TaskFinished):
+                    record = core.job(event.key.job)
+                    if record is not None and record.state.is_final:
+                        ended_jobs += 1
+                        if ended_jobs == tasks:
+                            done.set()
 
     watcher = asyncio.create_task(watch())
     began = time.time()
@@ -229,6 +242,7 @@ async def through_core(data_dir: Path, tasks: int) -> dict:
     await done.wait()
     ended = time.time()
     report = timings.report(backend, tasks, began, all_started, ended)
+    report.update({f"{name}_per_job": round(count / tasks, 2) for name, count in effects.items()})
     report["jobs_succeeded"] = sum(
         1 for job in core.job_ids() if (r := core.job(job)) is not None and r.state == JobState.SUCCEEDED
     )

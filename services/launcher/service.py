@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 import nats.errors
@@ -54,7 +54,7 @@ from libs.common.subjects import Bucket, Durable, Kind
 from services.launcher import metrics
 from services.launcher.backends.base import Backend
 from services.launcher.core.retention import due_for_pruning, task_keys
-from services.launcher.core.tasks import TaskFinished, TaskKey
+from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
 from services.launcher.core import (
     BackoffElapsed,
     ForgetTask,
@@ -72,6 +72,9 @@ log = logging.getLogger("pai.launcher")
 
 # What goes wrong talking to NATS; anything else is a bug.
 NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
+
+# How long a task seen running waits for its end before it is applied (running_linger).
+RUNNING_LINGER_SECONDS = 0.02
 
 CONSUMED_KINDS = [
     Kind.JOB_SUBMITTED, Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_STOP_REQUESTED, Kind.TASK_VERDICT,
@@ -145,7 +148,7 @@ class LauncherShell:
 
     async def pump_backend(self) -> None:
         """Backend events, every one already reported at once through the core."""
-        async for batch in _batches(self.backend.events(), BATCH_MAX):
+        async for batch in event_batches(self.backend.events(), BATCH_MAX, linger=running_linger):
             events = [await self._scrubbed_exit(e) if isinstance(e, TaskFinished) else e for e in batch]
             await self._apply(*events)
 
@@ -368,10 +371,24 @@ def live_tasks_on(core: LauncherCore, node: str) -> list[TaskKey]:
     return keys
 
 
-async def _batches(events: AsyncIterator, most: int) -> AsyncIterator[list]:
+def running_linger(batch: list) -> float:
+    """How long to wait for more before applying `batch`: a moment when a task
+    in it is seen running but not ended. A task that ends at once (a trivial
+    job's) then has its start and its end applied together, in one write of its
+    record instead of two; a longer one is seen RUNNING that much later."""
+    ended = {event.key for event in batch if isinstance(event, TaskFinished)}
+    if any(isinstance(event, TaskRunning) and event.key not in ended for event in batch):
+        return RUNNING_LINGER_SECONDS
+    return 0.0
+
+
+async def event_batches(
+    events: AsyncIterator, most: int, *, linger: Callable[[list], float] | None = None
+) -> AsyncIterator[list]:
     """`events` in lists: the next one (waited for), with every one already there
     behind it, up to `most`. A reader moves them across while a batch is
-    handled, so whatever arrived meanwhile makes the next batch."""
+    handled, so whatever arrived meanwhile makes the next batch. `linger(batch)`:
+    seconds to wait once for more before the batch is handed on."""
     waiting: asyncio.Queue = asyncio.Queue()
     ended = object()
 
@@ -388,6 +405,10 @@ async def _batches(events: AsyncIterator, most: int) -> AsyncIterator[list]:
             batch = [await waiting.get()]
             while len(batch) < most and not waiting.empty():
                 batch.append(waiting.get_nowait())
+            if linger is not None and batch[-1] is not ended and len(batch) < most and (wait := linger(batch)) > 0:
+                await asyncio.sleep(wait)
+                while len(batch) < most and not waiting.empty():
+                    batch.append(waiting.get_nowait())
             done = batch[-1] is ended
             if done:
                 batch.pop()

@@ -9,6 +9,8 @@ again.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from libs.common.errors import Transient
@@ -177,3 +179,40 @@ def test_an_undone_batch_handed_again_orders_the_same_effects_again():
     # Without the undo, the same events would have been answered as done.
     assert core.handle(*batch) == []  # type: ignore[arg-type]
 
+
+
+# --- the shell's batches of backend events -------------------------------------------
+
+
+async def backend_reports(*events: object, gap: float = 0.0):
+    for event in events:
+        yield event
+        if gap:
+            await asyncio.sleep(gap)
+
+
+async def collect(events, **options) -> list[list[object]]:
+    from services.launcher.service import event_batches
+
+    return [batch async for batch in event_batches(events, 256, **options)]
+
+
+async def test_backend_events_already_reported_go_together_and_none_is_lost():
+    reported = [TaskRunning(key=key(n)) for n in "abcdef"]
+    batches = await collect(backend_reports(*reported))
+    assert [e for batch in batches for e in batch] == reported
+    assert len(batches) < len(reported)
+
+
+async def test_a_task_seen_running_waits_a_moment_for_its_end_to_share_its_write(monkeypatch):
+    from services.launcher import service
+    from services.launcher.service import running_linger
+
+    monkeypatch.setattr(service, "RUNNING_LINGER_SECONDS", 1.0)  # a moment even a loaded machine keeps
+    running, finished = TaskRunning(key=key("a")), TaskFinished(key=key("a"), exitCode=0)
+    soon = 0.05
+    assert await collect(backend_reports(running, finished, gap=soon), linger=running_linger) == [[running, finished]]
+    # Without the wait they are two batches, so two writes of the job's record.
+    assert await collect(backend_reports(running, finished, gap=soon)) == [[running], [finished]]
+    # A batch of ends only does not wait.
+    assert running_linger([finished]) == 0.0
