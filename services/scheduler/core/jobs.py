@@ -27,7 +27,7 @@ class JobRecord:
     __slots__ = (
         "id", "attempt", "spec", "vc", "priority", "opportunistic", "lazy", "seq", "queued_at", "groups",
         "placed", "pending_groups", "state", "history", "victims", "reserved", "reason_key",
-        "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "seen_epoch", "behind", "fresh", "failed_epoch", "blocking", "reason_text",
+        "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "bucket", "seen_epoch", "behind", "fresh", "failed_epoch", "blocking", "reason_text",
         "submitted_at", "sent", "wait_given", "reason_given", "placed_at", "preemptions",
     )
 
@@ -63,6 +63,7 @@ class JobRecord:
         # (gpu, cpu, memoryMB, tasks needed at once, pinnedCellId) when the job is one group of equal
         # tasks, else None: a job whose shape is at least as large fails wherever this one failed.
         self.shape: tuple | None = None
+        self.bucket: tuple = ()  # which bucket of its queue lists it is in (Queues), set when queued
         self.seen_epoch = -1  # the last scheduling pass that looked at it
         self.behind: str | None = None  # the aged gang it waits behind, if any
         self.fresh = False  # queued, and no scheduling pass has looked at it since

@@ -4,6 +4,13 @@ compete for quota) and one lane (None) for opportunistic jobs, each also split b
 A scheduling pass only walks the (lane, sku) lists marked dirty since the last
 pass -- cells of that sku were freed where that lane may use them, a job arrived,
 time passed -- so the work per event follows what changed, not the queue length.
+
+Each list is also split into buckets of jobs that ask for the same thing
+(`JobRecord.bucket`: shape, skus, class; in the opportunistic lane also the VC).
+Inside a bucket a later job can fit only where the one before it fits, so a pass
+looks at the heads of the buckets in queue order and leaves a bucket at its first
+job that does not fit: what it costs follows the number of buckets and of jobs it
+places, not the length of the queue.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ class Queues:
     def __init__(self, vc_order: list[str]):
         self.lanes: dict[Lane, list[JobRecord]] = {}
         self.by_sku: dict[Pair, list[JobRecord]] = {}
+        # Per list, bucket key -> its jobs in queue order (see the module's docstring).
+        self.buckets: dict[Pair, dict[tuple, list[JobRecord]]] = {}
         self.dirty: set[Pair] = set()
         # Per list, the jobs no pass has looked at since they arrived (or since the gang they waited
         # behind went): a list held back behind an aged gang only needs to look at these.
@@ -50,6 +59,7 @@ class Queues:
         _insert(self.lanes.setdefault(lane, []), record)
         for sku in self._skus_of(record):
             _insert(self.by_sku.setdefault((lane, sku), []), record)
+            _insert(self.buckets.setdefault((lane, sku), {}).setdefault(record.bucket, []), record)
             self.fresh.setdefault((lane, sku), {})[record] = None
             self.dirty.add((lane, sku))
 
@@ -59,6 +69,11 @@ class Queues:
             return False
         for sku in self._skus_of(record):
             _remove(self.by_sku.get((lane, sku)), record)
+            buckets = self.buckets.get((lane, sku), {})
+            bucket = buckets.get(record.bucket)
+            _remove(bucket, record)
+            if bucket is not None and not bucket:
+                del buckets[record.bucket]
             self.fresh.get((lane, sku), {}).pop(record, None)
         return True
 

@@ -40,6 +40,7 @@ Policy:
 
 from __future__ import annotations
 
+import heapq
 from typing import Callable
 
 from libs.common.messages import TaskPlacement
@@ -108,6 +109,8 @@ class SchedulerCore:
         self._holding: dict[str, dict[JobRecord, None]] = {}  # VC -> attempts holding cells of it
         self._preemptor_of: dict[str, JobRecord] = {}  # victim job id -> the job waiting for its cells
         self._reserving: dict[JobRecord, None] = {}  # attempts holding reservations (waiting for victims)
+        self._blocking: dict[str | None, dict[JobRecord, None]] = {}  # lane -> its aged gangs (see _age)
+        self._bucket_demand: dict[tuple, int] = {}  # ((lane, sku), bucket) -> leaf cells it takes (_bucket_cells)
         self._next_seq = 0
         self._started = False
         self._not_sent: dict[tuple[str, str], Decision] = {}  # (kind, job) -> decision to give again
@@ -178,8 +181,10 @@ class SchedulerCore:
     def knows(self, job: str) -> bool:
         return job in self._jobs
 
-    def queued_count(self) -> int:
-        """Attempts waiting for (more) cells."""
+    def queued_count(self, vc: str | None = None) -> int:
+        """Attempts waiting for (more) cells; with `vc`, only that VC's guaranteed ones."""
+        if vc is not None:
+            return len(self._queues.lanes.get(vc, ()))
         return sum(len(queue) for queue in self._queues.lanes.values())
 
     def node_names(self) -> list[str]:
@@ -211,6 +216,7 @@ class SchedulerCore:
         return record
 
     def _enqueue(self, record: JobRecord) -> None:
+        record.bucket = self._bucket_of(record)
         self._queues.add(record)
 
     def _dequeue(self, record: JobRecord) -> None:
@@ -353,76 +359,167 @@ class SchedulerCore:
             lane_pass = lane_passes.get(lane)
             if lane_pass is None:
                 lane_pass = lane_passes[lane] = _LanePass(self._clock())
+                for blocker in sorted(self._blocking.get(lane, ()), key=lambda record: record.key):
+                    if blocker.waiting and self._jobs.get(blocker.id) is blocker:
+                        lane_pass.blockers.append(blocker)
+                        lane_pass.blocking_ids.add(blocker.id)
             self._run_list((lane, sku), lane_pass, decisions)
         return decisions
 
     def _run_list(self, pair: tuple[str | None, str | None], lane_pass: _LanePass,
                   decisions: list[Decision]) -> None:
-        """Try the jobs of one (lane, sku) list in queue order."""
+        """Try the jobs of one (lane, sku) list in queue order, looking only at the heads of its buckets.
+
+        The heads are merged in queue order (a heap). A job placed lets the next of its bucket
+        in; a job that does not fit, waits behind an aged gang or found nothing freed since it
+        last failed closes its bucket for this pass: the jobs behind it ask for the same and
+        would fail too. Jobs holding reservations or waiting for victims are looked at whatever
+        their bucket does. Jobs no pass has looked at yet get their reason at the end.
+        """
         epoch = self._state.epoch
-        now = lane_pass.now
         blockers = lane_pass.blockers
-        blocking_ids = lane_pass.blocking_ids
-        failed_shapes = lane_pass.failed_shapes
-        sku = pair[1]
+        for gone in [b for b in blockers if not (b.blocking and b.waiting)]:  # placed from another list
+            blockers.remove(gone)
+            lane_pass.blocking_ids.discard(gone.id)
+        lane, sku = pair
         # Past the first aged gang that wants this sku, every job of the list is held back behind it. In the
         # opportunistic lane an aged gang holds back only its own VC's jobs (see _blocked_by): no cut-off.
-        vc_lane = pair[0] is not None
+        vc_lane = lane is not None
         held_back_after = min((b.key for b in blockers if sku in b.skus_set), default=None) if vc_lane else None
         full = self._lane_full_check(pair)
-        for record in list(self._queues.by_sku[pair]):
-            if held_back_after is not None and record.key > held_back_after:
-                self._hold_back(pair, held_back_after, lane_pass, decisions)
-                return
-            if full is not None and full(record):
-                # No cell this list may use is left: nobody further down can be placed in this pass, so
-                # only the jobs no pass has seen yet are looked at (for their reason). A pass costs what
-                # it places, not the queue's length (10,000 waiting jobs in one VC stay cheap).
-                self._note_unseen(pair, lane_pass, decisions)
-                return
-            if record.seen_epoch == epoch:
-                if record.blocking and record.waiting and record.id not in blocking_ids:
-                    blockers.append(record)
-                    blocking_ids.add(record.id)
-                    if sku in record.skus_set and vc_lane:
-                        held_back_after = record.key if held_back_after is None else min(held_back_after, record.key)
+        buckets = self._queues.buckets.get(pair, {})
+        # Opportunistic work only takes free cells: a bucket asking for more than are free is not looked at
+        # (unless its head is a gang about to age: it must be looked at to start holding back backfill).
+        free = self._state.tree.sku_totals[sku].free if lane is None and sku is not None else None
+        heap: list[tuple] = []
+        count = 0
+        for bucket_key, members in buckets.items():
+            head = members[0]
+            if bucket_key[0] == "never":
+                continue  # they only need a reason, given once
+            if free is not None and self._bucket_cells(pair, bucket_key, head) > free and (
+                    head.blocking or head.gang_deadline > lane_pass.now):
                 continue
-            record.seen_epoch = epoch
-            self._queues.looked_at(record)
-            if record.preempting or not record.waiting or self._jobs.get(record.id) is not record:
-                continue  # a preempted job is queued again by its Release
-            if record.never is not None:
-                if record.reason_key is None:
-                    self._set_reason(record, reasons.never(record.never), decisions)
-                continue
-            if not self._may_fit_now(record):
-                # Nothing it may use was freed since it last failed: it keeps its reason.
-                self._age(record, now, lane_pass)
-                continue
-            if blockers:
-                if record.behind in blocking_ids:
-                    continue  # still behind the same gang
-                blocker = self._blocked_by(record, blockers)
-                if blocker is not None:
-                    if record.behind != blocker.id:
-                        record.behind = blocker.id
-                        self._set_reason(record, reasons.behind_gang(
-                            blocker.id, None if blocker.opportunistic else blocker.vc, blocker.queued_at,
-                            blocker.blocking, self._clock), decisions)
+            heap.append((head.key, count, bucket_key, None))
+            count += 1
+        for record in self._holding_reservations(pair):
+            heap.append((record.key, count, None, record))
+            count += 1
+        heapq.heapify(heap)
+        cursor: dict[tuple, int] = {}
+        while heap:
+            _, _, bucket_key, record = heapq.heappop(heap)
+            members = None
+            if record is None:
+                members = buckets.get(bucket_key)
+                index = cursor.get(bucket_key, 0)
+                if not members or index >= len(members):
                     continue
-            shape = record.shape
-            if shape is not None and not record.victims and not record.reserved and any(
-                    record.skus_set <= skus and record.priority <= priority and _dominates(shape, failed)
-                    for skus, failed, priority in failed_shapes):
-                # Cells only get scarcer during a pass: a job at least as large as one that failed fails too.
-                self._fail(record, record.pending_groups[0], record.pending_groups[0].tasks, decisions)
-            else:
-                self._try_place(record, decisions)
-                if shape is not None and record.waiting and record.failed_epoch == epoch and not record.victims:
-                    failed_shapes.append((record.skus_set, shape, record.priority))
+                record = members[index]
+            elif record.seen_epoch == epoch:
+                continue
+            if held_back_after is not None and record.key > held_back_after:
+                break
+            if full is not None and full(record):
+                # No cell this list may use is left: nobody further down can be placed in this pass.
+                break
+            goes_on = self._visit(record, sku, lane_pass, decisions)
+            if record.id in lane_pass.blocking_ids and not (record.blocking and record.waiting):
+                # An aged gang placed (or gone) in this pass no longer holds anyone back.
+                lane_pass.blocking_ids.discard(record.id)
+                blockers.remove(record)
+                held_back_after = min((b.key for b in blockers if sku in b.skus_set),
+                                      default=None) if vc_lane else None
+            elif record.blocking and record.waiting and sku in record.skus_set and vc_lane:
+                held_back_after = record.key if held_back_after is None else min(held_back_after, record.key)
+            if members is not None and goes_on:
+                if index < len(members) and members[index] is record:
+                    index += 1  # still queued (waiting for its victims): the next one may fit elsewhere
+                cursor[bucket_key] = index
+                if index < len(members):
+                    heapq.heappush(heap, (members[index].key, count, bucket_key, None))
+                    count += 1
+        self._note_unseen(pair, lane_pass, decisions)
+
+    def _visit(self, record: JobRecord, sku: str | None, lane_pass: _LanePass, decisions: list[Decision]) -> bool:
+        """Look at one job in a pass; False when the jobs behind it in its bucket cannot fit in this pass."""
+        epoch = self._state.epoch
+        if record.seen_epoch == epoch:
+            # Already looked at from another sku list in this pass and still queued: it did not fit there.
+            return bool(record.victims)
+        record.seen_epoch = epoch
+        self._queues.looked_at(record)
+        if record.preempting or not record.waiting or self._jobs.get(record.id) is not record:
+            return True  # a preempted job is queued again by its Release
+        if record.never is not None:
+            if record.reason_key is None:
+                self._set_reason(record, reasons.never(record.never), decisions)
+            return True
+        now = lane_pass.now
+        if not self._may_fit_now(record):
+            # Nothing it may use was freed since it last failed: it keeps its reason.
             self._age(record, now, lane_pass)
-            if record.blocking and record.waiting and sku in record.skus_set and held_back_after is None and vc_lane:
-                held_back_after = record.key
+            return False
+        blockers = lane_pass.blockers
+        if blockers and not record.victims and not record.reserved:
+            if record.behind in lane_pass.blocking_ids:
+                return False  # still behind the same gang
+            blocker = self._blocked_by(record, blockers)
+            if blocker is not None:
+                self._note_behind(record, blocker, decisions)
+                return False
+        shape = record.shape
+        if shape is not None and not record.victims and not record.reserved and any(
+                record.skus_set <= skus and record.priority <= priority and _dominates(shape, failed)
+                for skus, failed, priority in lane_pass.failed_shapes):
+            # Cells only get scarcer during a pass: a job at least as large as one that failed fails too.
+            self._fail(record, record.pending_groups[0], record.pending_groups[0].tasks, decisions)
+            self._age(record, now, lane_pass)
+            return False
+        self._try_place(record, decisions)
+        failed = record.waiting and record.failed_epoch == epoch and not record.victims
+        if shape is not None and failed:
+            lane_pass.failed_shapes.append((record.skus_set, shape, record.priority))
+        self._age(record, now, lane_pass)
+        return not failed
+
+    def _note_behind(self, record: JobRecord, blocker: JobRecord, decisions: list[Decision]) -> None:
+        if record.behind != blocker.id:
+            record.behind = blocker.id
+            self._set_reason(record, reasons.behind_gang(
+                blocker.id, None if blocker.opportunistic else blocker.vc, blocker.queued_at,
+                blocker.blocking, self._clock), decisions)
+
+    def _holding_reservations(self, pair: tuple[str | None, str | None]) -> list[JobRecord]:
+        """Queued jobs of the list whose victims are gone, to take their reserved cells (few).
+
+        Those still waiting for a victim's Release have nothing to do until it comes.
+        """
+        lane, sku = pair
+        lane_of = self._queues.lane_of
+        return [record for record in self._reserving if not record.victims and record.waiting
+                and lane_of(record) == lane and (sku in record.skus_set or (sku is None and not record.skus))]
+
+    def _bucket_cells(self, pair: tuple[str | None, str | None], bucket_key: tuple, head: JobRecord) -> int:
+        """Leaf cells of the pair's sku one placement of a bucket's jobs takes (0 when unknown)."""
+        cells = self._bucket_demand.get((pair, bucket_key))
+        if cells is None:
+            cells = 0
+            if head.shape is not None and head.spec.gangAllocation and pair[1] is not None:
+                cells = self._cells_for(head.pending_groups[0].tasks, pair[1])
+            elif head.shape is not None and pair[1] is not None:
+                cells = self._cells_for(head.pending_groups[0].tasks[:1], pair[1])
+            self._bucket_demand[(pair, bucket_key)] = cells
+        return cells
+
+    def _bucket_of(self, record: JobRecord) -> tuple:
+        """Jobs of one bucket ask for the same thing: one fits only where the one before it fits."""
+        if record.never is not None:
+            return ("never",)
+        if record.shape is None:
+            return ("one", record.seq, record.id)
+        return ("same", record.vc if record.opportunistic else None, record.shape, tuple(sorted(record.skus_set)),
+                self._over_budget(record))
 
     def _lane_full_check(self, pair: tuple[str | None, str | None]) -> Callable[[JobRecord], bool] | None:
         """A test telling, before a job is tried, that no job from it on in the list can be placed now.
@@ -459,8 +556,13 @@ class SchedulerCore:
 
     def _note_unseen(self, pair: tuple[str | None, str | None], lane_pass: _LanePass,
                      decisions: list[Decision]) -> None:
-        """The rest of a list cannot be placed now: jobs no pass has looked at yet get their reason."""
+        """Jobs of the list no pass has looked at yet, not reached in this one, get their reason.
+
+        They were not reached because nothing they may use is left, an aged gang holds them
+        back, or a job of their bucket ahead of them did not fit: each would not fit now.
+        """
         epoch = self._state.epoch
+        blockers = lane_pass.blockers
         for record in list(self._queues.fresh.get(pair, ())):
             if record.seen_epoch == epoch:
                 continue
@@ -472,37 +574,20 @@ class SchedulerCore:
                 if record.reason_key is None:
                     self._set_reason(record, reasons.never(record.never), decisions)
                 continue
+            blocker = self._blocked_by(record, blockers) if blockers else None
+            if blocker is not None:
+                self._note_behind(record, blocker, decisions)
+                continue
             group = record.pending_groups[0]
             self._fail(record, group, [t for t in group.tasks if (t.role, t.index) not in record.placed], decisions)
             self._age(record, lane_pass.now, lane_pass)
-
-    def _hold_back(self, pair: tuple[str | None, str | None], after: tuple[int, int], lane_pass: _LanePass,
-                   decisions: list[Decision]) -> None:
-        """The rest of a list waits behind an aged gang: only jobs no pass has seen yet need a reason."""
-        epoch = self._state.epoch
-        for record in list(self._queues.fresh.get(pair, ())):
-            if record.key < after or record.seen_epoch == epoch:
-                continue
-            record.seen_epoch = epoch
-            self._queues.looked_at(record)
-            if record.preempting or not record.waiting:
-                continue
-            if record.never is not None:
-                if record.reason_key is None:
-                    self._set_reason(record, reasons.never(record.never), decisions)
-                continue
-            blocker = self._blocked_by(record, lane_pass.blockers)
-            if blocker is not None and record.behind != blocker.id:
-                record.behind = blocker.id
-                self._set_reason(record, reasons.behind_gang(
-                    blocker.id, None if blocker.opportunistic else blocker.vc, blocker.queued_at, blocker.blocking,
-                    self._clock), decisions)
 
     def _age(self, record: JobRecord, now: float, lane_pass: _LanePass) -> None:
         """A gang that waited long enough for cells stops the backfill behind it."""
         if record.blocking == 0 and now >= record.gang_deadline and record.failed_epoch >= 0 \
                 and record.waiting and record.reason_key is not None and record.reason_key[0] in ("vc", "idle"):
             record.blocking = record.reason_key[-1]
+            self._blocking.setdefault(self._queues.lane_of(record), {})[record] = None
         if record.blocking and record.waiting and record.id not in lane_pass.blocking_ids:
             lane_pass.blockers.append(record)
             lane_pass.blocking_ids.add(record.id)
@@ -513,6 +598,7 @@ class SchedulerCore:
             return
         record.blocking = 0
         lane = self._queues.lane_of(record)
+        self._blocking.get(lane, {}).pop(record, None)
         for other in self._queues.lanes.get(lane, ()):
             if other.behind == record.id:
                 other.behind = None
