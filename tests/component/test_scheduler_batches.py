@@ -27,6 +27,7 @@ from libs.common.service import ServiceContext
 from libs.common.subjects import STREAM, Bucket, Durable
 from services.scheduler.cluster import local_cluster_config
 from services.scheduler.core import SchedulerCore
+from services.scheduler import service
 from services.scheduler.service import CONSUMED, CONSUMED_KINDS, SchedulerShell
 
 WAIT_SECONDS = 60.0  # generous: the machine running the tests may be loaded
@@ -54,13 +55,13 @@ async def admin(nats_server) -> AsyncIterator[Bus]:
     await bus.close()
 
 
-def submitted(job: str) -> JobSubmitted:
+def submitted(job: str, *, cpus: int = 1) -> JobSubmitted:
     user, name = job.split("~")
     spec = JobSpec(
         name=name,
         user=user,
         virtualCluster="default",
-        taskRoles=[TaskRole(name="worker", instances=1, resources=Resources(gpu=0, cpu=1, memoryMB=512))],
+        taskRoles=[TaskRole(name="worker", instances=1, resources=Resources(gpu=0, cpu=cpus, memoryMB=512 * cpus))],
     )
     return JobSubmitted(id=f"{job}/submitted", job=job, at=time.time(), spec=spec)
 
@@ -250,3 +251,40 @@ async def _all_handled(admin: Bus, scheduler: Scheduler, events: int) -> bool:
 async def _placed_when(scheduler: Scheduler, jobs: list[str], check) -> dict[str, list] | None:
     placed = scheduler.placements(jobs)
     return placed if check(placed) else None
+
+
+async def test_under_a_long_queue_waiting_reasons_are_refreshed_less_often_but_surely(admin, nats_server, monkeypatch):
+    """The live counts in a waiting reason (jobs ahead) are rewritten for every waiting job at a
+    refresh: with many waiting the refresh comes less often (here: one entry a second allowed, two
+    jobs waiting, so every two seconds), and then it does come."""
+    monkeypatch.setattr(service, "REFRESH_ENTRIES_PER_SECOND", 1.0)
+    run = uuid.uuid4().hex[:6]
+    big, *small = [f"alice~refresh{run}n{n}" for n in range(5)]
+    bus = await Bus.connect(nats_server.url, name="scheduler", **nats_server.login("scheduler"))
+    now = [100.0]
+    core = SchedulerCore(local_cluster_config(node="node-a", gpus=0, cpus=2, memory_mb=4096), clock=time.time)
+    shell = SchedulerShell(ServiceContext(name="scheduler", config=Config(), bus=bus), core, clock=lambda: now[0])
+    kv = await bus.kv(Bucket.SCHEDULE)
+
+    async def stored_reason(job: str) -> str:
+        return msgspec.json.decode((await kv.get(ids.job_key(job))).value, type=ScheduleEntry).reason
+
+    try:
+        await shell.restore()
+        await shell.handle_batch([submitted(big, cpus=2), *(submitted(job) for job in small)])
+        await shell.tick()
+        last = small[-1]
+        assert "3 jobs ahead" in await stored_reason(last)
+
+        await shell.handle_batch([JobReleased(id=f"{big}/1/released", job=big, vc="default", attempt=1)])
+        assert [job for job in small if core.entry(job).placed] == small[:2]
+        assert "1 job ahead" in core.waiting_reason(last)
+        now[0] += 1.0
+        await shell.tick()
+        assert "3 jobs ahead" in await stored_reason(last), "refreshed before its interval"
+        now[0] += 1.0
+        await shell.tick()
+        assert await stored_reason(last) == core.waiting_reason(last)
+        assert "1 job ahead" in await stored_reason(last)
+    finally:
+        await bus.close()
