@@ -12,7 +12,7 @@ import json
 import msgspec
 import yaml
 
-from libs.common.protocol.depth import NestingTooDeep, check_json_depth, check_yaml_depth
+from libs.common.protocol.depth import NestingTooDeep, cannot_nest_deeper_than, check_json_depth, check_yaml_depth
 from libs.common.protocol.model import FieldError, ProtocolError
 from libs.common.protocol.paths import DocPath, format_path
 
@@ -59,7 +59,7 @@ def load_document(body: bytes | str, content_type: str | None) -> Document:
         data = _load_json(text)
         lines, duplicates = _lines_or_nothing(text)
     else:
-        data, lines, duplicates = _load_yaml(text)
+        data, lines, duplicates = _load_yaml(text, may_expand=_may_expand(text))
     if duplicates:
         raise ProtocolError(duplicates)
     if data is None:
@@ -93,6 +93,8 @@ def _fail(rule: str, message: str, line: int | None = None) -> None:
 
 def _check_depth(text: str, is_json: bool) -> None:
     """Refuse a body nested too deeply before a loader recurses into it (see depth.py)."""
+    if cannot_nest_deeper_than(text):
+        return
     try:
         # A JSON body is composed by the YAML loader too, for its lines.
         if is_json:
@@ -129,15 +131,26 @@ def _first_words(exc: Exception) -> str:
     return str(exc).split(";", 1)[0][:120]
 
 
-def _load_yaml(text: str) -> tuple[object, dict[DocPath, int], list[FieldError]]:
+def _may_expand(text: str) -> bool:
+    """Whether the document could hold more than MAX_EXPANDED_NODES values or refer
+    to itself: only through an alias (`*name`), or by being long enough to hold that
+    many values outright (a value takes at least half a character of the text)."""
+    return "*" in text or 4 * len(text) >= MAX_EXPANDED_NODES
+
+
+def _load_yaml(text: str, *, may_expand: bool = True) -> tuple[object, dict[DocPath, int], list[FieldError]]:
     loader = _YamlLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             return None, {}, []
-        _check_expansion(node)
+        if may_expand:
+            _check_expansion(node)
         lines, duplicates = _walk_lines(node)
-        return loader.construct_document(node), lines, duplicates
+        data = _construct_plain(loader, node)
+        if data is _NOT_PLAIN:
+            data = loader.construct_document(node)
+        return data, lines, duplicates
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         # Only the problem text: a snippet of the document could hold a secret.
@@ -156,6 +169,63 @@ def _load_yaml(text: str) -> tuple[object, dict[DocPath, int], list[FieldError]]
     finally:
         loader.dispose()
     raise AssertionError("unreachable")
+
+
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+# Scalar tags whose constructor is a plain function of the node (PyYAML's own).
+_SCALAR_TAGS = frozenset({"tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+                          "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null", "tag:yaml.org,2002:timestamp",
+                          "tag:yaml.org,2002:binary"})
+_STR_TAG = "tag:yaml.org,2002:str"
+_NOT_PLAIN = object()
+
+
+class _NotPlain(Exception):
+    """The document uses what only PyYAML's full constructor handles."""
+
+
+def _construct_plain(loader, root: yaml.Node) -> object:
+    """The document PyYAML's safe constructor makes of `root`, built in one direct
+    walk (a job file's mappings, lists and scalars), or `_NOT_PLAIN` when the
+    document needs the full constructor: merge keys (`<<`), sets, ordered maps,
+    pairs, unknown tags, or a key that is a mapping or list. Each scalar goes
+    through PyYAML's own constructor of its tag, so every value is the one
+    PyYAML makes; an aliased node is built once and shared, as PyYAML does."""
+    constructors = loader.yaml_constructors
+    built: dict[int, object] = {}
+
+    def build(node: yaml.Node) -> object:
+        key = id(node)
+        if key in built:
+            return built[key]
+        tag = node.tag
+        if tag == _STR_TAG and isinstance(node, yaml.ScalarNode):
+            value: object = node.value
+        elif tag in _SCALAR_TAGS and isinstance(node, yaml.ScalarNode):
+            value = constructors[tag](loader, node)
+        elif tag == _MAP_TAG and isinstance(node, yaml.MappingNode):
+            mapping: dict = {}
+            built[key] = mapping
+            for key_node, value_node in node.value:
+                if key_node.tag not in _SCALAR_TAGS:  # merge keys, `=` keys, collections as keys
+                    raise _NotPlain
+                mapping[build(key_node)] = build(value_node)
+            return mapping
+        elif tag == _SEQ_TAG and isinstance(node, yaml.SequenceNode):
+            items: list = []
+            built[key] = items
+            items.extend(build(item) for item in node.value)
+            return items
+        else:
+            raise _NotPlain
+        built[key] = value
+        return value
+
+    try:
+        return build(root)
+    except _NotPlain:
+        return _NOT_PLAIN
 
 
 def _lines_or_nothing(text: str) -> tuple[dict[DocPath, int], list[FieldError]]:
