@@ -44,7 +44,7 @@ def full(text: str):
 
 
 def direct(text: str):
-    loader = Loader(text)
+    loader = document._YamlLoader(text)  # with its remembered scalar tags
     try:
         node = loader.get_single_node()
         built = document._construct_plain(loader, node)
@@ -64,6 +64,13 @@ def reference_files() -> list[pathlib.Path]:
 @pytest.mark.parametrize("text", list(DOCUMENTS.values()), ids=list(DOCUMENTS))
 def test_direct_construction_is_pyyamls(text):
     assert direct(text) == full(text)
+    assert direct(text) == full(text)  # again, every scalar's tag now remembered
+
+
+def test_a_remembered_tag_is_per_text_and_quoting():
+    for text in ("a: 12\nb: '12'\nc: \"12\"\nd: !!str 12\n", "yes: 'yes'\nno: yes\n", "x: ~\ny: '~'\n"):
+        assert direct(text) == full(text)
+        assert direct(text) == full(text)
 
 
 @pytest.mark.parametrize("name", ["merge-keys", "set", "omap", "pairs", "mapping-as-key", "list-as-key"])

@@ -17,7 +17,31 @@ from libs.common.protocol.model import FieldError, ProtocolError
 from libs.common.protocol.paths import DocPath, format_path
 
 # The C loader is much faster on large documents; fall back when PyYAML was built without libyaml.
-_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Plain scalars remembered with the tag they resolve to (job files repeat the same
+# keys and small values); short ones only, and forgotten all at once when full.
+_RESOLVED_MAX = 4096
+_RESOLVED_MAX_LENGTH = 64
+
+
+class _YamlLoader(_BaseLoader):
+    """The safe loader, with the implicit tag of a plain scalar remembered: the
+    composer asks for it once per scalar, through a chain of regular expressions.
+    It depends on the scalar's text alone (the safe loader has no path resolvers)."""
+
+    _resolved: dict[tuple[str, bool, bool], str] = {}
+
+    def resolve(self, kind, value, implicit):
+        if kind is not yaml.ScalarNode or len(value) > _RESOLVED_MAX_LENGTH or self.yaml_path_resolvers:
+            return super().resolve(kind, value, implicit)
+        known = (value, implicit[0], implicit[1])
+        tag = self._resolved.get(known)
+        if tag is None:
+            tag = super().resolve(kind, value, implicit)
+            if len(self._resolved) >= _RESOLVED_MAX:
+                self._resolved.clear()
+            self._resolved[known] = tag
+        return tag
 
 # Aliases let a small document expand into a huge one ("billion laughs"); anything
 # beyond this many nodes after expansion is not a job anybody writes by hand.
