@@ -70,8 +70,8 @@ def job_events(i: int, run: str, now: float) -> list[Event]:
     job = JobId(f"{user}~bench{run}-{i}")
     spec = JobSpec(name=f"bench{run}-{i}", user=user, virtualCluster=vc)
     ok = ExitSpec(code=0, phrase="Succeeded", reason="exited with 0")
-    common = dict(job=job, vc=VcName(vc), attempt=1)
-    task = dict(common, role="main", index=0)
+    common = {"job": job, "vc": VcName(vc), "attempt": 1}
+    task = {**common, "role": "main", "index": 0}
     return [
         JobSubmitted(id=EventId(f"{job}/submitted"), job=job, at=now, spec=spec),
         JobPlaced(id=EventId(f"{job}/1/placed"), at=now, **common,

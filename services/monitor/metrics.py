@@ -15,8 +15,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from services.monitor.core.samples import NodeSample
 from services.monitor.core.nodes import NodeConditionCounts
+from services.monitor.core.samples import NodeSample
 from services.monitor.core.series import (
     ECC_LABELS,
     EXTERNAL_PROCESS_LABELS,

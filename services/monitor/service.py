@@ -18,16 +18,15 @@ import asyncio
 import logging
 import time
 
-
 from libs.common.bus import Bus, load_all
 from libs.common.errors import BadInput
 from libs.common.messages import EVENT_TYPES, AlertFiring, AnyEvent, NodeCordonChanged
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.monitor import agent, metrics
+from services.monitor.agent import runs_agent, runs_cluster
 from services.monitor.alerts.mailer import Mailer
 from services.monitor.alerts.shell import AlertShell
-from services.monitor.agent import runs_agent, runs_cluster
 from services.monitor.core.stored import StoredJob
 from services.monitor.core.tally import MonitorCore, PartlyHandled
 from services.monitor.core.updates import RaiseAlert

@@ -36,8 +36,6 @@ from libs.common.messages import (
     JobStateChanged,
     JobSubmitted,
     TaskExited,
-    encode,
-    subject_of,
 )
 from libs.common.protocol.model import JobSpec
 from libs.common.service import ServiceContext

@@ -347,7 +347,7 @@ class AlertShell:
             for event in events:
                 try:
                     notifications.extend(self.core.handle(event))
-                except Exception as exc:  # re-raised below, once the mail before it is safe
+                except Exception as exc:  # noqa: BLE001 -- re-raised below, once the mail before it is safe
                     failure = exc
                     break
         await self._claim_and_queue(notifications)
