@@ -107,6 +107,10 @@ class SchedulerCore:
             for sku in vc.skus:
                 self._sku_lanes.setdefault(sku, []).append(name)
         self._holding: dict[str, dict[JobRecord, None]] = {}  # VC -> attempts holding cells of it
+        # Opportunistic attempts holding cells, oldest first (by placed_at, seq) once sorted: guaranteed
+        # jobs take the youngest first (see _plan_taking_youngest) without sorting them all each time.
+        self._oppo_by_age: dict[JobRecord, None] = {}
+        self._oppo_sorted = True
         self._preemptor_of: dict[str, JobRecord] = {}  # victim job id -> the job waiting for its cells
         self._reserving: dict[JobRecord, None] = {}  # attempts holding reservations (waiting for victims)
         self._blocking: dict[str | None, dict[JobRecord, None]] = {}  # lane -> its aged gangs (see _age)
@@ -268,6 +272,8 @@ class SchedulerCore:
 
     def _note_holding(self, record: JobRecord) -> None:
         self._holding.setdefault(record.vc, {})[record] = None
+        if record.opportunistic:
+            self._note_opportunistic(record)
         record.held_skus = frozenset(leaves[0].sku for leaves in record.placed.values())
 
     def _drop(self, record: JobRecord, why: str) -> None:
@@ -280,6 +286,7 @@ class SchedulerCore:
                 units.append(leaf.unit)
         record.placed = {}
         self._holding.get(record.vc, {}).pop(record, None)
+        self._oppo_by_age.pop(record, None)
         self._drop_reservations(record)
         for unit in dict.fromkeys(units):
             state.unbind_if_idle(unit)
@@ -817,6 +824,10 @@ class SchedulerCore:
                 elif mode == _VICTIMS:
                     plan = plan_with_victims(self._state, record, vc, sku, sizes, self._holding.get(vc.name, ()),
                                              quota_free)
+                    if plan is not None:  # lower-priority jobs lazily downgraded are opportunistic work now
+                        for job in self._holding.get(vc.name, ()):
+                            if job.opportunistic:
+                                self._note_opportunistic(job)
                 elif quota_free < total:
                     continue  # the VC's quota is used up: only preemption inside it can help
                 elif mode == _TAKE_OPPO:
@@ -831,6 +842,27 @@ class SchedulerCore:
                 return self._commit(record, vc, ordered_tasks, plan, sku, decisions)
         return None
 
+    @staticmethod
+    def _age_key(record: JobRecord) -> tuple[float, int]:
+        return (record.placed_at if record.placed_at is not None else float("-inf"), record.seq)
+
+    def _note_opportunistic(self, record: JobRecord) -> None:
+        by_age = self._oppo_by_age
+        if record in by_age:
+            return
+        if by_age and self._oppo_sorted:
+            last = next(reversed(by_age))
+            if self._age_key(record) < self._age_key(last):
+                self._oppo_sorted = False  # a restored or downgraded job: sorted when next needed
+        by_age[record] = None
+
+    def _youngest_opportunistic(self):
+        """Opportunistic attempts holding cells, youngest first."""
+        if not self._oppo_sorted:
+            self._oppo_by_age = dict.fromkeys(sorted(self._oppo_by_age, key=self._age_key))
+            self._oppo_sorted = True
+        return reversed(self._oppo_by_age)
+
     def _plan_taking_youngest(self, record: JobRecord, vc: VcRecord, sku: str, sizes: list[int]) -> Plan | None:
         """Free cells plus those of the fewest most recently started opportunistic jobs that make the job fit.
 
@@ -839,16 +871,40 @@ class SchedulerCore:
         only adds usable leaves, so the shortest prefix that fits is found by doubling,
         then bisection: O(log n) searches for n running opportunistic jobs.
         """
-        running = [job for holding in self._holding.values() for job in holding
-                   if job.opportunistic and not job.preempting and sku in job.held_skus]
-        if not running:
-            return None
-        running.sort(key=lambda job: (-(job.placed_at if job.placed_at is not None else float("-inf")), -job.seq))
         state = self._state
         # A tried plan binds cells and gives them back, which reorders the buddy free lists; they are put
         # back in order after each try, so every try (and the final plan) starts from the same state.
         chains = state.tree.sku_chains.get(sku, ())
         order = [(chain, {name: list(cells) for name, cells in chain.free.items()}) for chain in chains]
+
+        def put_back() -> None:
+            for chain, lists in order:
+                chain.free = {name: dict.fromkeys(cells) for name, cells in lists.items()}
+
+        # Whether it fits at all with every opportunistic job gone (counters only, no list to build).
+        plan = plan_guaranteed(state, record, vc, sku, sizes, View(take_oppo=True))
+        if plan is None:
+            return None
+        plan.abandon()
+        put_back()
+        name = vc.name
+
+        def usable(job: JobRecord) -> bool:
+            # Only leaves bound to no VC or to this one can become the job's.
+            return any(leaf.sku == sku and (leaf.unit is None or leaf.unit.vc == name) for leaf in job.leaves())
+
+        candidates = (job for job in self._youngest_opportunistic()
+                      if job.opportunistic and not job.preempting and sku in job.held_skus and usable(job))
+        running: list[JobRecord] = []
+
+        def take(count: int) -> int:
+            """Make the youngest-first list at least `count` long if there are so many; its length."""
+            while len(running) < count:
+                job = next(candidates, None)
+                if job is None:
+                    break
+                running.append(job)
+            return len(running)
 
         def plan_with(count: int) -> Plan | None:
             extra = [leaf for job in running[:count] for leaf in job.leaves() if leaf.sku == sku]
@@ -858,15 +914,20 @@ class SchedulerCore:
             plan = plan_with(count)
             if plan is not None:
                 plan.abandon()
-            for chain, lists in order:
-                chain.free = {name: dict.fromkeys(cells) for name, cells in lists.items()}
+            put_back()
             return plan is not None
 
-        if not fits(len(running)):
-            return None
-        failed, enough = 0, 1
-        while enough < len(running) and not fits(enough):
-            failed, enough = enough, min(enough * 2, len(running))
+        # The shortest prefix that fits: doubling, then bisection; the list is only read as far as needed.
+        failed, enough = 0, take(1)
+        while True:
+            if enough == 0:
+                return None
+            if fits(enough):
+                break
+            longer = take(enough * 2)
+            if longer == enough:
+                return None  # even with every usable opportunistic job gone it does not fit
+            failed, enough = enough, longer
         while enough - failed > 1:
             middle = (failed + enough) // 2
             if fits(middle):
