@@ -1,0 +1,205 @@
+"""The launcher's CPU and NATS writes per job, on a real nats-server with real local tasks.
+
+    python benchmarks/launcher_consume.py [--jobs 500] [--rate 0] [--repeat 1]
+
+Starts a nats-server (PAI's users and permissions, store bootstrapped) and the
+launcher as users run it (`python -m services.launcher`, local backend), feeds
+it what rest and the scheduler publish for `jobs` trivial one-task jobs (each
+job submitted, then placed; its task runs `true`), and waits until every job's
+release is on the stream and the launcher's consumer has acked everything.
+
+`--rate 0` publishes every job before the launcher starts (a backlog: the
+largest batches); `--rate N` publishes N jobs a second while it runs, each
+job's placement `--placement-lag` seconds after its submission (the
+scheduler's hop; 0 puts both in the same batch more often than they would be).
+
+Prints JSON per run: the launcher process's own CPU per job (user + system,
+/proc; its fork server, shims and tasks are other processes, measured by
+launch_throughput.py), its idle CPU subtracted; and what it wrote to NATS per
+job: job records (puts to the job status bucket) and events published.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from libs.common import busauth  # noqa: E402
+from libs.common.bus import STREAM, Bus  # noqa: E402
+from libs.common.busauth import load_or_create_credentials  # noqa: E402
+from libs.common.messages import Event, JobPlaced, JobSubmitted, TaskPlacement, encode, subject_of  # noqa: E402
+from libs.common.natsserver import NatsServer, free_port  # noqa: E402
+from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
+from libs.common.subjects import Bucket, Durable, Kind, kind_filter  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+IDLE_SECONDS = 3.0
+PUBLISH_WINDOW = 256  # publishes in flight at once
+LAUNCHER_KINDS = (Kind.JOB_STATE, Kind.TASK_STARTED, Kind.TASK_EXITED, Kind.JOB_RELEASED)
+
+
+def job_events(i: int, run: str, now: float) -> list[Event]:
+    """What rest and the scheduler publish for one trivial one-task job."""
+    user = f"u{i % 50}"
+    name = f"bench{run}-{i}"
+    job = f"{user}~{name}"
+    role = TaskRole(name="main", instances=1, commands=["true"], resources=Resources(cpu=1, memoryMB=256))
+    spec = JobSpec(name=name, user=user, virtualCluster="default", taskRoles=[role])
+    return [
+        JobSubmitted(id=f"{job}/submitted", job=job, at=now, spec=spec),
+        JobPlaced(id=f"{job}/1/placed", job=job, at=now, vc="default", attempt=1,
+                  tasks=[TaskPlacement(role="main", index=0, node="node-0")]),
+    ]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime: its own, not its children's
+
+
+async def publish_all(bus: Bus, events: list[Event]) -> None:
+    for start in range(0, len(events), PUBLISH_WINDOW):
+        await asyncio.gather(*(
+            bus.js.publish(subject_of(e), encode(e), headers={"Nats-Msg-Id": e.id}, timeout=30)
+            for e in events[start:start + PUBLISH_WINDOW]
+        ))
+
+
+async def publish_paced(bus: Bus, jobs: list[list[Event]], rate: float, lag: float) -> None:
+    """Each job's submission at its turn, its placement `lag` seconds later."""
+    timeline = sorted(
+        (n / rate + step * lag, n, step, event) for n, events in enumerate(jobs) for step, event in enumerate(events)
+    )
+    started = time.monotonic()
+    for at, _, _, event in timeline:
+        if (wait := started + at - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
+        await publish_all(bus, [event])
+
+
+async def stored(bus: Bus, kind: Kind) -> int:
+    info = await bus.js.stream_info(STREAM, subjects_filter=kind_filter(kind))
+    return sum((info.state.subjects or {}).values())
+
+
+async def record_writes(bus: Bus) -> int:
+    """Puts ever made to the job status bucket (its stream's last sequence)."""
+    info = await bus.js.stream_info(f"KV_{Bucket.JOB_STATUS.value}")
+    return info.state.last_seq
+
+
+async def wait_done(bus: Bus, jobs: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit("the launcher exited")
+        if await stored(bus, Kind.JOB_RELEASED) >= jobs:
+            info = await bus.js.consumer_info(STREAM, Durable.LAUNCHER.value)
+            if not info.num_ack_pending and not info.num_pending:
+                return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the launcher did not finish {jobs} jobs in {timeout}s")
+        await asyncio.sleep(0.1)
+
+
+async def wait_ready(url: str, proc: subprocess.Popen) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise SystemExit("the launcher exited at start")
+            try:
+                async with http.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit("the launcher never became ready")
+
+
+async def measure(root: Path, jobs: int, rate: float, lag: float) -> dict:
+    run = os.urandom(3).hex()
+    per_job = [job_events(i, run, time.time()) for i in range(jobs)]
+    with NatsServer(root / "store", auth=load_or_create_credentials(root / "creds.json")) as nats:
+        await asyncio.to_thread(nats.bootstrap)
+        bus = await Bus.connect(nats.url, name="bench", **nats.login(busauth.PLATFORM))
+        try:
+            if rate <= 0:
+                await publish_all(bus, [e for job in per_job for e in job])
+            port = free_port()
+            env = {**os.environ, "PAI_NATS_URL": nats.url, **nats.env("launcher"), "PAI_LAUNCHER_PORT": str(port),
+                   "PAI_DATA_DIR": str(root / "data"), "PAI_LOG_LEVEL": "WARNING"}
+            proc = subprocess.Popen([sys.executable, "-m", "services.launcher"], cwd=REPO, env=env)
+            try:
+                await wait_ready(f"http://127.0.0.1:{port}/readyz", proc)
+                if rate <= 0:
+                    writes0, cpu0, t0 = 0, cpu_seconds(proc.pid), time.monotonic()
+                    await wait_done(bus, jobs, proc, timeout=120 + jobs * 0.1)
+                    cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
+                    await asyncio.sleep(IDLE_SECONDS)
+                    idle_share = (cpu_seconds(proc.pid) - cpu1) / IDLE_SECONDS
+                else:
+                    await asyncio.sleep(1.0)
+                    idle0 = cpu_seconds(proc.pid)
+                    await asyncio.sleep(IDLE_SECONDS)
+                    idle_share = (cpu_seconds(proc.pid) - idle0) / IDLE_SECONDS
+                    writes0, cpu0, t0 = await record_writes(bus), cpu_seconds(proc.pid), time.monotonic()
+                    await publish_paced(bus, per_job, rate, lag)
+                    await wait_done(bus, jobs, proc, timeout=120 + jobs * 0.1)
+                    cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
+                writes = await record_writes(bus) - writes0
+                published = {kind.value: await stored(bus, kind) for kind in LAUNCHER_KINDS}
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        finally:
+            await bus.close()
+    busy = max(0.0, (cpu1 - cpu0) - idle_share * (t1 - t0))
+    return {
+        "jobs": jobs,
+        "rate_jobs_per_s": rate or "backlog",
+        "placement_lag_s": lag if rate > 0 else None,
+        "wall_s": round(t1 - t0, 3),
+        "launcher_cpu_s": round(cpu1 - cpu0, 3),
+        "idle_cpu_share": round(idle_share, 4),
+        "launcher_cpu_ms_per_job": round(1000 * busy / jobs, 3),
+        "record_writes_per_job": round(writes / jobs, 2),
+        "events_published_per_job": round(sum(published.values()) / jobs, 2),
+        "events_published_per_job_by_kind": {k: round(v / jobs, 2) for k, v in published.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--rate", type=float, default=0.0, help="jobs/s published live; 0: a backlog first")
+    parser.add_argument("--placement-lag", type=float, default=0.05, help="seconds from a submission to its placement")
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    results = []
+    for _ in range(args.repeat):
+        with tempfile.TemporaryDirectory(prefix="pai-launcher-bench-") as tmp:
+            results.append(asyncio.run(measure(Path(tmp), args.jobs, args.rate, args.placement_lag)))
+    per_job = sorted(r["launcher_cpu_ms_per_job"] for r in results)
+    print(json.dumps({"benchmark": "launcher_consume", "load_average": [round(x, 2) for x in os.getloadavg()],
+                      "runs": results, "launcher_cpu_ms_per_job_median": per_job[len(per_job) // 2]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
