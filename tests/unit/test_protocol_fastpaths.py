@@ -11,6 +11,7 @@ import yaml
 
 from libs.common.protocol import document
 from libs.common.protocol.depth import cannot_nest_deeper_than
+from libs.common.protocol.model import ProtocolError
 
 Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 REFERENCE = pathlib.Path("/work/shared/reference/openpai")
@@ -47,7 +48,7 @@ def direct(text: str):
     loader = document._YamlLoader(text)  # with its remembered scalar tags
     try:
         node = loader.get_single_node()
-        built = document._construct_plain(loader, node)
+        built, _ = document._construct_plain(loader, node)
         if built is document._NOT_PLAIN:
             built = loader.construct_document(node)
         return built
@@ -77,7 +78,7 @@ def test_a_remembered_tag_is_per_text_and_quoting():
 def test_what_only_the_full_constructor_handles_is_left_to_it(name):
     loader = Loader(DOCUMENTS[name])
     try:
-        assert document._construct_plain(loader, loader.get_single_node()) is document._NOT_PLAIN
+        assert document._construct_plain(loader, loader.get_single_node())[0] is document._NOT_PLAIN
     finally:
         loader.dispose()
 
@@ -143,3 +144,35 @@ def test_the_expansion_check_is_skipped_only_without_aliases_and_below_the_bound
     assert not document._may_expand("a: [1, 2]")
     assert document._may_expand("a: &x [1]\nb: *x")
     assert document._may_expand("a: " + "x" * document.MAX_EXPANDED_NODES)
+
+
+def eager_lines(text: str) -> tuple[dict, list]:
+    return document._walk_lines(yaml.compose(text, Loader=Loader))
+
+
+# Documents the loader refuses (a duplicate key, a collection as a key, not a mapping).
+REFUSED = ("duplicate-keys-last-wins", "mapping-as-key", "list-as-key", "nested-lists")
+
+
+@pytest.mark.parametrize("name", [n for n in DOCUMENTS if n not in REFUSED])
+def test_lines_worked_out_later_are_those_of_the_walk(name):
+    text = DOCUMENTS[name]
+    assert document.load_document(text, "text/yaml").lines == eager_lines(text)[0]
+
+
+@pytest.mark.parametrize("text", [
+    "a: 1\na: 2\n",
+    "a:\n  b: 1\n  c: 2\n  b: 3\n",
+    "x: &m {k: 1, k: 2}\ny: *m\n",
+    "'a': 1\na: 2\n",
+    "1: a\n01: b\n",  # the same integer, different texts: not a duplicate (as before)
+    "<<: {a: 1}\n<<: {b: 2}\n",
+], ids=["top", "nested", "in-an-anchor", "quoted-and-plain", "same-value-other-text", "merge-keys-twice"])
+def test_duplicate_keys_are_refused_as_the_walk_refuses_them(text):
+    _, expected = eager_lines(text)
+    if expected:
+        with pytest.raises(ProtocolError) as err:
+            document.load_document(text, "text/yaml")
+        assert err.value.errors == expected
+    else:
+        document.load_document(text, "text/yaml")

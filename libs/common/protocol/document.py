@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-import msgspec
 import yaml
 
 from libs.common.protocol.depth import NestingTooDeep, cannot_nest_deeper_than, check_json_depth, check_yaml_depth
@@ -53,9 +52,23 @@ JSON_TYPES = frozenset({"application/json"})
 LENIENT_TYPES = frozenset({"", "text/plain", "application/octet-stream"})
 
 
-class Document(msgspec.Struct, frozen=True, kw_only=True):
-    data: dict
-    lines: dict[DocPath, int]
+class Document:
+    """A loaded body: its data, and the line of each path. The lines are worked out
+    from the YAML nodes when first asked for: only a refusal needs them."""
+
+    __slots__ = ("data", "_lines", "_root")
+
+    def __init__(self, data: dict, lines: dict[DocPath, int] | None = None, root: yaml.Node | None = None):
+        self.data = data
+        self._lines = lines
+        self._root = root
+
+    @property
+    def lines(self) -> dict[DocPath, int]:
+        if self._lines is None:
+            self._lines = _walk_lines(self._root)[0] if self._root is not None else {}
+            self._root = None
+        return self._lines
 
     def line_of(self, path: DocPath) -> int | None:
         """The line of `path`, or of its nearest ancestor that has one."""
@@ -79,18 +92,19 @@ def load_document(body: bytes | str, content_type: str | None) -> Document:
         _fail("content_type", f"content type {kind!r} is not supported; send text/yaml or application/json")
     text = _decode_text(body)
     _check_depth(text, is_json)
+    root = None
     if is_json:
         data = _load_json(text)
         lines, duplicates = _lines_or_nothing(text)
     else:
-        data, lines, duplicates = _load_yaml(text, may_expand=_may_expand(text))
+        data, lines, duplicates, root = _load_yaml(text, may_expand=_may_expand(text))
     if duplicates:
         raise ProtocolError(duplicates)
     if data is None:
         _fail("required", "the job document is empty")
     if not isinstance(data, dict):
         _fail("type", f"the job document must be a mapping, not {type_name(data)}")
-    return Document(data=data, lines=lines)
+    return Document(data, lines, root)
 
 
 def type_name(value: object) -> str:
@@ -162,19 +176,24 @@ def _may_expand(text: str) -> bool:
     return "*" in text or 4 * len(text) >= MAX_EXPANDED_NODES
 
 
-def _load_yaml(text: str, *, may_expand: bool = True) -> tuple[object, dict[DocPath, int], list[FieldError]]:
+def _load_yaml(text: str, *, may_expand: bool = True
+               ) -> tuple[object, dict[DocPath, int] | None, list[FieldError], yaml.Node | None]:
+    """(data, the line of each path or None when left to be worked out from the
+    returned root node, duplicate keys found)."""
     loader = _YamlLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
-            return None, {}, []
+            return None, {}, [], None
         if may_expand:
             _check_expansion(node)
+        data, repeats_a_key = _construct_plain(loader, node)
+        if data is not _NOT_PLAIN and not repeats_a_key:
+            return data, None, [], node  # no duplicate key: the lines can wait
         lines, duplicates = _walk_lines(node)
-        data = _construct_plain(loader, node)
         if data is _NOT_PLAIN:
             data = loader.construct_document(node)
-        return data, lines, duplicates
+        return data, lines, duplicates, None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         # Only the problem text: a snippet of the document could hold a secret.
@@ -209,15 +228,17 @@ class _NotPlain(Exception):
     """The document uses what only PyYAML's full constructor handles."""
 
 
-def _construct_plain(loader, root: yaml.Node) -> object:
+def _construct_plain(loader, root: yaml.Node) -> tuple[object, bool]:
     """The document PyYAML's safe constructor makes of `root`, built in one direct
     walk (a job file's mappings, lists and scalars), or `_NOT_PLAIN` when the
     document needs the full constructor: merge keys (`<<`), sets, ordered maps,
     pairs, unknown tags, or a key that is a mapping or list. Each scalar goes
     through PyYAML's own constructor of its tag, so every value is the one
-    PyYAML makes; an aliased node is built once and shared, as PyYAML does."""
+    PyYAML makes; an aliased node is built once and shared, as PyYAML does.
+    Also whether a mapping repeats a key's text (what `_walk_lines` reports)."""
     constructors = loader.yaml_constructors
     built: dict[int, object] = {}
+    repeats = False
 
     def build(node: yaml.Node) -> object:
         key = id(node)
@@ -231,9 +252,14 @@ def _construct_plain(loader, root: yaml.Node) -> object:
         elif tag == _MAP_TAG and isinstance(node, yaml.MappingNode):
             mapping: dict = {}
             built[key] = mapping
+            texts: set[str] = set()
             for key_node, value_node in node.value:
-                if key_node.tag not in _SCALAR_TAGS:  # merge keys, `=` keys, collections as keys
-                    raise _NotPlain
+                if key_node.tag not in _SCALAR_TAGS or not isinstance(key_node, yaml.ScalarNode):
+                    raise _NotPlain  # merge keys, `=` keys, collections as keys
+                if key_node.value in texts:
+                    nonlocal repeats
+                    repeats = True
+                texts.add(key_node.value)
                 mapping[build(key_node)] = build(value_node)
             return mapping
         elif tag == _SEQ_TAG and isinstance(node, yaml.SequenceNode):
@@ -247,9 +273,9 @@ def _construct_plain(loader, root: yaml.Node) -> object:
         return value
 
     try:
-        return build(root)
+        return build(root), repeats
     except _NotPlain:
-        return _NOT_PLAIN
+        return _NOT_PLAIN, repeats
 
 
 def _lines_or_nothing(text: str) -> tuple[dict[DocPath, int], list[FieldError]]:
