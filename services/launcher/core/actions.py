@@ -1,8 +1,10 @@
 """What the launcher core asks its shell to do.
 
 Contract for the shell: persist every `SaveJob` of one `handle()` call (they come
-first in the list) before doing any other action of that call, then do the rest
-in order. Publishing uses `event.id` as `Nats-Msg-Id`.
+first in the list, one per job the call changed) before doing any other action
+of that call, then do the rest in order; the publications may all wait until
+the end of the call (each is in its job's saved outbox already), keeping their
+order. Publishing uses `event.id` as `Nats-Msg-Id`.
 """
 
 from __future__ import annotations
