@@ -5,7 +5,8 @@ Starts nats-server and rest alone (as `pai up` would, with rest's own NATS user)
 stores `--stored` jobs straight into the buckets (half of them with a launcher
 status), then drives rest over HTTP with `--clients` concurrent clients. Each call's
 figures include rest's CPU time per request (`rest_cpu_ms_per_request`), which a
-busy machine disturbs far less than rates and latencies. For
+busy machine disturbs far less than rates and latencies, and nats-server's
+(`nats_cpu_ms_per_request`: what the request cost the bus). For
 comparison it also times one list built by reading every key of the buckets
 (what rest does while its index is still loading).
 
@@ -119,16 +120,18 @@ def cpu_seconds(pid: int) -> float:
 
 
 class RestCpu:
-    """rest's CPU time per request over a phase: unlike rates and latencies, it
-    hardly moves with what else the machine runs."""
+    """rest's and nats-server's CPU time per request over a phase: unlike rates and
+    latencies, it hardly moves with what else the machine runs."""
 
-    def __init__(self, pid: int):
-        self.pid = pid
+    def __init__(self, pid: int, nats_pid: int):
+        self.pid, self.nats_pid = pid, nats_pid
 
-    async def drive(self, *args) -> tuple[list[float], float, dict[int, int], float]:
-        before = cpu_seconds(self.pid)
+    async def drive(self, *args) -> tuple[list[float], float, dict[int, int], float, float]:
+        before, nats_before = cpu_seconds(self.pid), cpu_seconds(self.nats_pid)
         latencies, wall, statuses = await drive(*args)
-        return latencies, wall, statuses, (cpu_seconds(self.pid) - before) * 1000 / max(1, len(latencies))
+        count = max(1, len(latencies))
+        return (latencies, wall, statuses, (cpu_seconds(self.pid) - before) * 1000 / count,
+                (cpu_seconds(self.nats_pid) - nats_before) * 1000 / count)
 
 
 async def drive(session: ClientSession, clients: int, requests: list[tuple[str, str, bytes | None]],
@@ -154,10 +157,11 @@ async def drive(session: ClientSession, clients: int, requests: list[tuple[str, 
     return latencies, time.perf_counter() - began, statuses
 
 
-def summary(latencies: list[float], wall: float, statuses: dict[int, int], rest_cpu_ms: float) -> dict:
+def summary(latencies: list[float], wall: float, statuses: dict[int, int], rest_cpu_ms: float,
+            nats_cpu_ms: float) -> dict:
     return {"requests": len(latencies), "per_second": round(len(latencies) / wall, 1),
             "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2),
-            "rest_cpu_ms_per_request": round(rest_cpu_ms, 2),
+            "rest_cpu_ms_per_request": round(rest_cpu_ms, 2), "nats_cpu_ms_per_request": round(nats_cpu_ms, 2),
             "statuses": {str(k): v for k, v in sorted(statuses.items())}}
 
 
@@ -222,7 +226,7 @@ async def run(args) -> dict:
                 token = config.token_path.read_text().strip()
                 base = f"http://127.0.0.1:{config.rest_port}"
                 headers = {"Authorization": f"Bearer {token}"}
-                cpu = RestCpu(rest.pid)
+                cpu = RestCpu(rest.pid, nats.pid)
                 async with ClientSession(connector=TCPConnector(limit=args.clients)) as session:
                     index_seconds = await wait_for_index(session, base, headers, args.stored)
                     post_headers = {**headers, "Content-Type": "text/yaml"}
