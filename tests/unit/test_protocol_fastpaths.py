@@ -176,3 +176,24 @@ def test_duplicate_keys_are_refused_as_the_walk_refuses_them(text):
         assert err.value.errors == expected
     else:
         document.load_document(text, "text/yaml")
+
+
+JSON_DOCUMENTS = {
+    "plain": '{"protocolVersion": 2, "name": "x", "taskRoles": {"main": {"commands": ["true"]}}}',
+    "top-repeat": '{"a": 1, "a": 2}',
+    "nested-repeat": '{"a": {"b": 1, "c": [{"d": 1, "d": 2}]}}',
+    "escaped-repeat": '{"a": 1, "\\u0061": 2}',
+    "no-repeat-lookalike": '{"a": 1, "A": 2}',
+}
+
+
+@pytest.mark.parametrize("text", list(JSON_DOCUMENTS.values()), ids=list(JSON_DOCUMENTS))
+def test_a_json_body_is_refused_for_duplicates_and_located_as_the_yaml_walk_says(text):
+    lines, duplicates = document._lines_or_nothing(text)
+    if duplicates:
+        with pytest.raises(ProtocolError) as err:
+            document.load_document(text, "application/json")
+        assert err.value.errors == duplicates
+    else:
+        loaded = document.load_document(text, "application/json")
+        assert loaded.lines == lines

@@ -8,6 +8,8 @@ that validation errors can point at a line of the user's file.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import ClassVar
 
 import yaml
 
@@ -28,7 +30,7 @@ class _YamlLoader(_BaseLoader):
     composer asks for it once per scalar, through a chain of regular expressions.
     It depends on the scalar's text alone (the safe loader has no path resolvers)."""
 
-    _resolved: dict[tuple[str, bool, bool], str] = {}
+    _resolved: ClassVar[dict[tuple[str, bool, bool], str]] = {}
 
     def resolve(self, kind, value, implicit):
         if kind is not yaml.ScalarNode or len(value) > _RESOLVED_MAX_LENGTH or self.yaml_path_resolvers:
@@ -56,18 +58,19 @@ class Document:
     """A loaded body: its data, and the line of each path. The lines are worked out
     from the YAML nodes when first asked for: only a refusal needs them."""
 
-    __slots__ = ("data", "_lines", "_root")
+    __slots__ = ("_lines", "_work_out_lines", "data")
 
-    def __init__(self, data: dict, lines: dict[DocPath, int] | None = None, root: yaml.Node | None = None):
+    def __init__(self, data: dict, lines: dict[DocPath, int] | None = None,
+                 work_out_lines: Callable[[], dict[DocPath, int]] | None = None):
         self.data = data
         self._lines = lines
-        self._root = root
+        self._work_out_lines = work_out_lines
 
     @property
     def lines(self) -> dict[DocPath, int]:
         if self._lines is None:
-            self._lines = _walk_lines(self._root)[0] if self._root is not None else {}
-            self._root = None
+            self._lines = self._work_out_lines() if self._work_out_lines is not None else {}
+            self._work_out_lines = None
         return self._lines
 
     def line_of(self, path: DocPath) -> int | None:
@@ -92,19 +95,25 @@ def load_document(body: bytes | str, content_type: str | None) -> Document:
         _fail("content_type", f"content type {kind!r} is not supported; send text/yaml or application/json")
     text = _decode_text(body)
     _check_depth(text, is_json)
-    root = None
+    work_out_lines = None
     if is_json:
-        data = _load_json(text)
-        lines, duplicates = _lines_or_nothing(text)
+        data, repeats_a_key = _load_json(text)
+        if repeats_a_key:  # the YAML walk says which, with lines, as it always did
+            lines, duplicates = _lines_or_nothing(text)
+        else:
+            lines, duplicates = None, []
+            work_out_lines = lambda: _lines_or_nothing(text)[0]  # only a refusal asks
     else:
         data, lines, duplicates, root = _load_yaml(text, may_expand=_may_expand(text))
+        if root is not None:
+            work_out_lines = lambda: _walk_lines(root)[0]  # only a refusal asks
     if duplicates:
         raise ProtocolError(duplicates)
     if data is None:
         _fail("required", "the job document is empty")
     if not isinstance(data, dict):
         _fail("type", f"the job document must be a mapping, not {type_name(data)}")
-    return Document(data, lines, root)
+    return Document(data, lines, work_out_lines)
 
 
 def type_name(value: object) -> str:
@@ -152,9 +161,19 @@ def _decode_text(body: bytes | str) -> str:
     raise AssertionError("unreachable")
 
 
-def _load_json(text: str) -> object:
+def _load_json(text: str) -> tuple[object, bool]:
+    """The document, and whether an object in it repeats a key."""
+    repeats = False
+
+    def mapping(pairs: list[tuple[str, object]]) -> dict:
+        nonlocal repeats
+        built = dict(pairs)
+        if len(built) < len(pairs):
+            repeats = True
+        return built
+
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=mapping), repeats
     except json.JSONDecodeError as exc:
         _fail("json_syntax", f"JSON syntax error: {exc.msg} (column {exc.colno})", exc.lineno)
     except RecursionError:
