@@ -151,6 +151,17 @@ async def until(condition, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
+async def until_all_stored(platform: Bus, jobs: list[str]) -> None:
+    """Until every job's events are on the stream: the core's state moves before
+    its effects are carried out, so a launcher closed on seeing it could cut
+    them short."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    for job in jobs:
+        while any(n < ONE_TASK_JOB_EVENTS[k] for k, n in (await stored_events(platform, job)).items()):
+            assert time.monotonic() < deadline, f"waited {WAIT_SECONDS:g}s for the events of {job}"
+            await asyncio.sleep(0.1)
+
+
 async def until_all_acked(bus: Bus) -> None:
     deadline = time.monotonic() + WAIT_SECONDS
     while (info := await bus.js.consumer_info(STREAM, Durable.LAUNCHER.value)).num_ack_pending:
@@ -191,6 +202,7 @@ async def test_a_crash_between_a_batchs_effects_and_its_acks_loses_and_repeats_n
     await second.start()
     try:
         records = await second.until_final(jobs)
+        await until_all_stored(buses["platform"], jobs)
         await until_all_acked(buses["launcher"])
         redelivered = [event for batch in second.batches for event in batch]
         assert set(handled_before_crash) <= set(redelivered)  # the whole unacked batch came back
@@ -249,6 +261,7 @@ async def test_a_batch_mixing_jobs_whose_effect_fails_for_one_of_them_ends_right
         await launcher.start()
         try:
             records = await launcher.until_final(jobs)
+            await until_all_stored(buses["platform"], jobs)
             await until_all_acked(buses["launcher"])
         finally:
             await launcher.close()
@@ -259,3 +272,5 @@ async def test_a_batch_mixing_jobs_whose_effect_fails_for_one_of_them_ends_right
     assert_ran_once_each(jobs, markers, records)
     for job in jobs:
         assert await stored_events(buses["platform"], job) == ONE_TASK_JOB_EVENTS, job
+    saved = await load_all(await buses["launcher"].kv(Bucket.JOB_STATUS), JobRecord)
+    assert all(saved[ids.job_key(job)].state == JobState.SUCCEEDED for job in jobs)
