@@ -35,13 +35,20 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from libs.common import busauth  # noqa: E402
-from libs.common.bus import STREAM, Bus  # noqa: E402
-from libs.common.busauth import load_or_create_credentials  # noqa: E402
-from libs.common.messages import Event, JobPlaced, JobSubmitted, TaskPlacement, encode, subject_of  # noqa: E402
-from libs.common.natsserver import NatsServer, free_port  # noqa: E402
-from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
-from libs.common.subjects import Bucket, Durable, Kind, kind_filter  # noqa: E402
+from libs.common import busauth
+from libs.common.bus import STREAM, Bus
+from libs.common.busauth import load_or_create_credentials
+from libs.common.messages import (
+    Event,
+    JobPlaced,
+    JobSubmitted,
+    TaskPlacement,
+    encode,
+    subject_of,
+)
+from libs.common.natsserver import NatsServer, free_port
+from libs.common.protocol.model import JobSpec, Resources, TaskRole
+from libs.common.subjects import Bucket, Durable, Kind, kind_filter
 
 REPO = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

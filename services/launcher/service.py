@@ -34,27 +34,25 @@ from libs.common import ids, job_secrets, service
 from libs.common.bus import BATCH_MAX, load_all
 from libs.common.config import Config, load_config
 from libs.common.errors import NotFound, PaiError, Transient
-from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest, MAX_REPLY_BYTES
+from libs.common.logs import LOG_SUBJECT, MAX_REPLY_BYTES, LogReply, LogRequest
 from libs.common.messages import (
     EventDeadLettered,
-    NodeCondition,
     JobPlaced,
     JobSubmitted,
+    NodeCondition,
     NodeStatus,
     PreemptRequested,
     StopRequested,
     TaskVerdict,
 )
+from libs.common.nodes import NodeHealthRecord
 from libs.common.protocol.masking import scrub_bytes, scrub_text
 from libs.common.protocol.render import render_secrets
-from libs.common.nodes import NodeHealthRecord
 from libs.common.records import JobRecord, TaskRecord, encode_job_record
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.launcher import metrics
 from services.launcher.backends.base import Backend
-from services.launcher.core.retention import due_for_pruning, task_keys
-from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
 from services.launcher.core import (
     BackoffElapsed,
     ForgetTask,
@@ -67,6 +65,8 @@ from services.launcher.core import (
     StartTimer,
     from_message,
 )
+from services.launcher.core.retention import due_for_pruning, task_keys
+from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
 
 log = logging.getLogger("pai.launcher")
 

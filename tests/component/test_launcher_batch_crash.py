@@ -17,6 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -226,7 +227,7 @@ class FailingOnce:
         self.real = getattr(bus, method)
         self.failed = False
 
-    def __enter__(self) -> FailingOnce:
+    def __enter__(self) -> Self:
         setattr(self.bus, self.method, self._call)
         return self
 

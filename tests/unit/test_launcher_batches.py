@@ -16,7 +16,16 @@ import pytest
 from libs.common.errors import Transient
 from libs.common.messages import JobState, Reaction, TaskPlacement
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
-from services.launcher.core import LauncherCore, Placed, Publish, SaveJob, StartTask, StopRequested, Submitted, Verdict
+from services.launcher.core import (
+    LauncherCore,
+    Placed,
+    Publish,
+    SaveJob,
+    StartTask,
+    StopRequested,
+    Submitted,
+    Verdict,
+)
 from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
 from tests.unit.launcher.builders import Clock, exit_spec
 
@@ -132,7 +141,7 @@ def test_a_batch_decides_what_its_events_one_at_a_time_would(name, size):
 
 
 def test_a_batch_writes_each_job_once_with_every_publication_in_its_outbox():
-    core, actions = run([interleaved(trivial_life("a"), trivial_life("b"))])
+    _core, actions = run([interleaved(trivial_life("a"), trivial_life("b"))])
     saves = [a for a in actions if isinstance(a, SaveJob)]
     assert sorted(s.record.job for s in saves) == [job("a"), job("b")]
     # Records come before any other effect, as the shell's contract says.

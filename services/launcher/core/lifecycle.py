@@ -50,7 +50,15 @@ from libs.common.records import (
     Transition,
 )
 from services.launcher.core import announcements
-from services.launcher.core.actions import Action, ForgetTask, KillTask, Publish, SaveJob, StartTask, StartTimer
+from services.launcher.core.actions import (
+    Action,
+    ForgetTask,
+    KillTask,
+    Publish,
+    SaveJob,
+    StartTask,
+    StartTimer,
+)
 from services.launcher.core.compaction import compact_older, trim_task_attempts
 from services.launcher.core.env import peers_env
 from services.launcher.core.events import (
@@ -68,10 +76,10 @@ from services.launcher.core.invariants import check_invariants
 from services.launcher.core.launch import build_launch, peers_of
 from services.launcher.core.policy import (
     Completion,
+    TaskRetry,
     attempt_completion,
     backoff_seconds,
     job_retry,
-    TaskRetry,
     task_retry,
 )
 from services.launcher.core.ports import PortBook
