@@ -213,15 +213,24 @@ async def test_backend_events_already_reported_go_together_and_none_is_lost():
     assert len(batches) < len(reported)
 
 
-async def test_a_task_seen_running_waits_a_moment_for_its_end_to_share_its_write(monkeypatch):
+async def test_under_load_a_task_seen_running_waits_a_moment_for_its_end_to_share_its_write(monkeypatch):
     from services.launcher import service
     from services.launcher.service import running_linger
 
     monkeypatch.setattr(service, "RUNNING_LINGER_SECONDS", 1.0)  # a moment even a loaded machine keeps
-    running, finished = TaskRunning(key=key("a")), TaskFinished(key=key("a"), exitCode=0)
+    other, running, finished = TaskRunning(key=key("b")), TaskRunning(key=key("a")), TaskFinished(key=key("a"), exitCode=0)
     soon = 0.05
-    assert await collect(backend_reports(running, finished, gap=soon), linger=running_linger) == [[running, finished]]
+
+    async def under_load():  # two tasks reported running together, then one's end
+        yield other
+        yield running
+        await asyncio.sleep(soon)
+        yield finished
+
+    assert await collect(under_load(), linger=running_linger) == [[other, running, finished]]
     # Without the wait they are two batches, so two writes of the job's record.
-    assert await collect(backend_reports(running, finished, gap=soon)) == [[running], [finished]]
+    assert await collect(under_load()) == [[other, running], [finished]]
+    # A lone task on an idle launcher is reported running at once.
+    assert await collect(backend_reports(running, finished, gap=soon), linger=running_linger) == [[running], [finished]]
     # A batch of ends only does not wait.
     assert running_linger([finished]) == 0.0
