@@ -10,9 +10,12 @@ Contract for callers:
 Policy:
 - Queue order is priority (higher first), then arrival, in one lane per VC for
   guaranteed jobs and one lane for opportunistic jobs. Each pass walks the lanes
-  whose cells changed and tries every waiting job in order, so a gang that does not
-  fit does not block smaller jobs behind it. A job is not tried again until cells
-  it may use were freed since it last failed, nor when a job at least as large
+  whose cells changed and tries the waiting jobs in order, so a gang that does not
+  fit does not block smaller jobs behind it. Jobs asking for the same thing share a
+  bucket (queues.py): a pass looks only at bucket heads, in queue order, and leaves a
+  bucket at its first job that does not fit, so its cost follows the number of
+  buckets and of jobs placed, not the queue's length. A job is not tried again until
+  cells it may use were freed since it last failed, nor when a job at least as large
   already failed in the same pass (cells only get scarcer within a pass).
 - Anti-starvation: a gang (an affinity group of two or more tasks placed together)
   that has waited `gang_priority_after_s` seconds (default 600) stops the backfill
@@ -25,7 +28,7 @@ Policy:
   naming a pinnedCellId. Opportunistic jobs (priority -1) use idle cells anywhere.
 - Opportunistic admission (no thrash; see services/scheduler/cluster/README.md):
   idle cells no VC holds first, holes in VC cells only when none will do; a job
-  preempted `opportunistic_preemption_budget` times (default 1) waits for cells no
+  preempted `opportunistic_preemption_budget` times (default 2) waits for cells no
   VC holds. An aged opportunistic gang holds back only its own VC's opportunistic
   jobs. When the pass finds no usable cell left for a queue list it stops walking
   it (only jobs not yet seen get a reason), so long queues stay cheap.
@@ -74,7 +77,7 @@ from services.scheduler.core.status import VcStatus, vc_status
 
 GANG_PRIORITY_AFTER_S = 600.0
 # After this many preemptions an opportunistic job waits for cells no VC holds (see plan_opportunistic).
-OPPORTUNISTIC_PREEMPTION_BUDGET = 1
+OPPORTUNISTIC_PREEMPTION_BUDGET = 2
 
 _FREE, _TAKE_OPPO, _VICTIMS = "free", "oppo", "victims"
 

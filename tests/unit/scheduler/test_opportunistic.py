@@ -88,10 +88,37 @@ def test_opportunistic_work_goes_to_cells_no_vc_holds_before_holes_in_a_vcs_cell
     assert not set(h.nodes_of("borrower")) & vision_rack  # vision's next job would take those holes first
 
 
+def _speech_borrowers_and_a_guaranteed_job(h: Harness) -> tuple[set[str], list]:
+    """speech's two opportunistic jobs fill the rack vision does not hold; a guaranteed job of
+    speech then preempts the younger one. Returns vision's rack and what followed the preemption."""
+    h.submit("owner", vc="vision", gpus=1)
+    vision_rack = {"node-a1", "node-a2"} if h.nodes_of("owner")[0].startswith("node-a") else {"node-b1", "node-b2"}
+    h.submit("old", vc="speech", priority="oppo", gpus=4)
+    h.clock.advance(600)
+    h.submit("young", vc="speech", priority="oppo", gpus=4)
+    assert not (set(h.nodes_of("old")) | set(h.nodes_of("young"))) & vision_rack
+    decisions = h.submit("speaker", vc="speech", gpus=4)  # speech must bind a node of the other rack
+    assert preempted_jobs(decisions) == ["alice~young"]
+    return vision_rack, h.finish_preempted(decisions)
+
+
+@pytest.mark.parametrize("budget, placed_again", [(1, False), (2, True), (None, True)])
+def test_an_opportunistic_job_preempted_up_to_its_budget_may_borrow_a_vcs_idle_cells_again(budget, placed_again):
+    """Budget 2 (the default): preempted once, it gets one more chance on the idle part of a VC's
+    cells; with budget 1 it waits for cells no VC holds right away."""
+    h = Harness("two-racks") if budget is None else Harness("two-racks", opportunistic_preemption_budget=budget)
+    vision_rack, after = _speech_borrowers_and_a_guaranteed_job(h)
+    assert ("alice~young" in placed_jobs(after)) is placed_again
+    if placed_again:
+        assert set(h.nodes_of("young")) <= vision_rack
+    else:
+        assert "no VC holds" in h.reason("young") and "preempted 1 time" in h.reason("young")
+
+
 def test_a_preempted_opportunistic_job_waits_for_cells_no_vc_holds():
-    """Preempted once, it is not placed again in the idle part of a VC's cells, where that VC's
-    next guaranteed job would preempt it again; it waits for cells no VC holds."""
-    h = Harness("two-racks")
+    """Preempted as often as its budget allows, it is not placed again in the idle part of a VC's
+    cells, where that VC's next guaranteed job would preempt it again; it waits for cells no VC holds."""
+    h = Harness("two-racks", opportunistic_preemption_budget=1)
     h.submit("owner", vc="vision", gpus=1)
     vision_rack = {"node-a1", "node-a2"} if h.nodes_of("owner")[0].startswith("node-a") else {"node-b1", "node-b2"}
     h.submit("old", vc="speech", priority="oppo", gpus=4)
