@@ -48,7 +48,7 @@ def direct(text: str):
     loader = document._YamlLoader(text)  # with its remembered scalar tags
     try:
         node = loader.get_single_node()
-        built, _ = document._construct_plain(loader, node)
+        built, _ = document._construct_plain(loader, node, shares_nodes="&" in text)  # as the loader calls it
         if built is document._NOT_PLAIN:
             built = loader.construct_document(node)
         return built

@@ -35,7 +35,7 @@ class _YamlLoader(_BaseLoader):
     def resolve(self, kind, value, implicit):
         if kind is not yaml.ScalarNode or len(value) > _RESOLVED_MAX_LENGTH or self.yaml_path_resolvers:
             return super().resolve(kind, value, implicit)
-        known = (value, implicit[0], implicit[1])
+        known = (value, *implicit)
         tag = self._resolved.get(known)
         if tag is None:
             tag = super().resolve(kind, value, implicit)
@@ -206,7 +206,7 @@ def _load_yaml(text: str, *, may_expand: bool = True
             return None, {}, [], None
         if may_expand:
             _check_expansion(node)
-        data, repeats_a_key = _construct_plain(loader, node)
+        data, repeats_a_key = _construct_plain(loader, node, shares_nodes="&" in text)
         if data is not _NOT_PLAIN and not repeats_a_key:
             return data, None, [], node  # no duplicate key: the lines can wait
         lines, duplicates = _walk_lines(node)
@@ -241,55 +241,62 @@ _SCALAR_TAGS = frozenset({"tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag
                           "tag:yaml.org,2002:binary"})
 _STR_TAG = "tag:yaml.org,2002:str"
 _NOT_PLAIN = object()
+_ScalarNode, _MappingNode, _SequenceNode = yaml.ScalarNode, yaml.MappingNode, yaml.SequenceNode
 
 
 class _NotPlain(Exception):
     """The document uses what only PyYAML's full constructor handles."""
 
 
-def _construct_plain(loader, root: yaml.Node) -> tuple[object, bool]:
+def _construct_plain(loader, root: yaml.Node, *, shares_nodes: bool = True) -> tuple[object, bool]:
     """The document PyYAML's safe constructor makes of `root`, built in one direct
     walk (a job file's mappings, lists and scalars), or `_NOT_PLAIN` when the
     document needs the full constructor: merge keys (`<<`), sets, ordered maps,
     pairs, unknown tags, or a key that is a mapping or list. Each scalar goes
     through PyYAML's own constructor of its tag, so every value is the one
-    PyYAML makes; an aliased node is built once and shared, as PyYAML does.
+    PyYAML makes; an aliased node is built once and shared, as PyYAML does
+    (`shares_nodes`: False when the text has no anchor, so no node is reached twice).
     Also whether a mapping repeats a key's text (what `_walk_lines` reports)."""
-    constructors = loader.yaml_constructors
+    scalar_constructors = {tag: loader.yaml_constructors[tag] for tag in _SCALAR_TAGS}
     built: dict[int, object] = {}
     repeats = False
 
     def build(node: yaml.Node) -> object:
-        key = id(node)
-        if key in built:
-            return built[key]
-        tag = node.tag
-        if tag == _STR_TAG and isinstance(node, yaml.ScalarNode):
-            value: object = node.value
-        elif tag in _SCALAR_TAGS and isinstance(node, yaml.ScalarNode):
-            value = constructors[tag](loader, node)
-        elif tag == _MAP_TAG and isinstance(node, yaml.MappingNode):
+        if shares_nodes and id(node) in built:
+            return built[id(node)]
+        kind, tag = type(node), node.tag
+        if kind is _ScalarNode:
+            if tag == _STR_TAG:
+                value: object = node.value
+            else:
+                construct = scalar_constructors.get(tag)
+                if construct is None:
+                    raise _NotPlain
+                value = construct(loader, node)
+            if shares_nodes:
+                built[id(node)] = value
+            return value
+        if kind is _MappingNode and tag == _MAP_TAG:
             mapping: dict = {}
-            built[key] = mapping
-            texts: set[str] = set()
-            for key_node, value_node in node.value:
-                if key_node.tag not in _SCALAR_TAGS or not isinstance(key_node, yaml.ScalarNode):
+            if shares_nodes:
+                built[id(node)] = mapping
+            pairs = node.value
+            for key_node, _ in pairs:
+                if type(key_node) is not _ScalarNode or key_node.tag not in _SCALAR_TAGS:
                     raise _NotPlain  # merge keys, `=` keys, collections as keys
-                if key_node.value in texts:
-                    nonlocal repeats
-                    repeats = True
-                texts.add(key_node.value)
+            if len({key_node.value for key_node, _ in pairs}) < len(pairs):
+                nonlocal repeats
+                repeats = True
+            for key_node, value_node in pairs:
                 mapping[build(key_node)] = build(value_node)
             return mapping
-        elif tag == _SEQ_TAG and isinstance(node, yaml.SequenceNode):
+        if kind is _SequenceNode and tag == _SEQ_TAG:
             items: list = []
-            built[key] = items
-            items.extend(build(item) for item in node.value)
+            if shares_nodes:
+                built[id(node)] = items
+            items.extend(map(build, node.value))
             return items
-        else:
-            raise _NotPlain
-        built[key] = value
-        return value
+        raise _NotPlain
 
     try:
         return build(root), repeats
