@@ -637,9 +637,12 @@ class _Puller:
         if not msgs:
             await self._request({"batch": 1, "expires": int(PULL_WAIT_SECONDS * 1e9)})
             msgs = await self._answer(1, PULL_WAIT_SECONDS + PULL_ANSWER_SECONDS)
-        if msgs and len(msgs) < most:
-            await self._request({"batch": most - len(msgs), "no_wait": True})
-            msgs += await self._answer(most - len(msgs), PULL_ANSWER_SECONDS)
+        # Each delivery says how many more wait for this consumer: none (an idle
+        # platform's lone event) costs no second request.
+        more = min(most - len(msgs), msgs[-1].metadata.num_pending or 0) if msgs else 0
+        if more > 0:
+            await self._request({"batch": more, "no_wait": True})
+            msgs += await self._answer(more, PULL_ANSWER_SECONDS)
         return msgs
 
     def _already_here(self, most: int) -> list[Msg]:
