@@ -21,8 +21,12 @@ latency a single job sees. Other load on the machine shows in the figures:
 CPU time per task) is the rate an otherwise idle machine would allow. Each task creates two directories and two files,
 so the filesystem of the data dir matters (`--dir`, default: the temp dir).
 
+As root, tasks run as the launcher runs them, under a uid per job with no
+groups (local_users; the shim forks and drops privileges for each), unless
+`--task-user none` (then they run as root, spawned with posix_spawn).
+
     python benchmarks/launch_throughput.py [--tasks 1000] [--path backend|core|both]
-        [--single 50] [--dir /var/tmp]
+        [--single 50] [--dir /var/tmp] [--task-user none|NAME]
 """
 
 from __future__ import annotations
@@ -112,8 +116,13 @@ def trivial_launch(index: int) -> TaskLaunch:
     )
 
 
+# What the launcher's config gives (libs.common.config: task_user ""): as root,
+# a uid per job with the default task user's group.
+TASK_USER: str | None = ""
+
+
 async def through_backend(data_dir: Path, tasks: int) -> dict:
-    backend = LocalBackend(data_dir)
+    backend = LocalBackend(data_dir, task_user=TASK_USER)
     await backend.recover()
     timings = Timings()
     done = asyncio.Event()
@@ -145,7 +154,7 @@ async def through_backend(data_dir: Path, tasks: int) -> dict:
 
 
 async def one_at_a_time(data_dir: Path, tasks: int) -> dict:
-    backend = LocalBackend(data_dir)
+    backend = LocalBackend(data_dir, task_user=TASK_USER)
     await backend.recover()
     events = backend.events()
     to_running, to_finished = [], []
@@ -184,7 +193,7 @@ async def through_core(data_dir: Path, tasks: int) -> dict:
     )
 
     core = LauncherCore(time.time)
-    backend = LocalBackend(data_dir)
+    backend = LocalBackend(data_dir, task_user=TASK_USER)
     await backend.recover()
     timings = Timings()
     done = asyncio.Event()
@@ -258,13 +267,20 @@ def main() -> None:
     parser.add_argument("--path", choices=("backend", "core", "both"), default="both")
     parser.add_argument("--single", type=int, default=50, help="tasks for one_at_a_time (0: skip)")
     parser.add_argument("--dir", default=None, help="where the data dirs are made (default: temp dir)")
+    parser.add_argument(
+        "--task-user", default="", help="as root, the task user (default: the launcher's); 'none': tasks run as root"
+    )
     args = parser.parse_args()
+    global TASK_USER
+    TASK_USER = None if args.task_user == "none" else args.task_user
     results: dict = {
         "benchmark": "launch_throughput",
         "cpus": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "target_tasks_per_s": 500,
         "data_dir_parent": args.dir or tempfile.gettempdir(),
+        # fork + setuid per task (as the launcher runs as root), or posix_spawn
+        "tasks_run_as": "uid per job" if TASK_USER is not None and os.geteuid() == 0 else "launcher's user",
     }
     paths = ("backend", "core") if args.path == "both" else (args.path,)
     for path in paths:

@@ -16,12 +16,16 @@ Tasks are spawned with posix_spawn (vfork + exec): no copy of the shim's
 pages, which on a small virtual machine costs more than running the task.
 When the task runs as another user (the platform runs as root; see
 local_users) posix_spawn cannot switch users, so the shim forks and the child
-joins the task's cgroup, drops every group and its uid, then execs: the shim
-itself stays privileged (it must write the platform's records, signal the
-task, read its cgroup), the task's shell never is.
+drops every group and its uid, then execs: the shim itself stays privileged
+(it must write the platform's records, signal the task, read its cgroup), the
+task's shell never is. The child's steps run in C (subprocess's own fork +
+exec), not in Python: a Python child writes to the pages of every object it
+touches and so copies them, which cost more than the fork itself. Only a task
+that must join a cgroup runs one Python step in the child (the join, which
+must come before the uid is dropped).
 
 Secrets: a task whose commands use secrets gets its script, secrets filled in,
-through an in-memory file (memfd) on fd 3, which its shell reads and closes
+through an in-memory file (memfd) on an fd of its own, which its shell reads and closes
 before running it (SCRIPT_LOADER). The script is then in no file on disk, not
 in spec.json, and not in the shell's argv, which any user may read in
 /proc/<pid>/cmdline; only processes of the task's own user (and root) can see
@@ -34,6 +38,7 @@ the kill.json of its tasks); SIGTERM stops all its tasks.
 
 from __future__ import annotations
 
+import _posixsubprocess  # the C fork + exec behind subprocess.Popen; see _fork_exec_as
 import os
 import resource
 import selectors
@@ -78,15 +83,25 @@ _RESWEEP_SECONDS = 0.05
 # (a descendant could have handed its pipe to a process outside the task).
 _DRAIN_SECONDS = 1.0
 # Dispositions a task must not inherit: Python ignores SIGPIPE and SIGXFSZ, the
-# fork server ignores SIGINT; handlers do not survive exec, but be explicit.
+# fork server ignores SIGINT, a launcher started under nohup ignores SIGHUP;
+# handlers do not survive exec, but be explicit.
 _SIGNALS_RESET_FOR_TASK = frozenset(
     {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ}
 )
 _SHIM_SIGNALS = (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM)
-# The fd on which a task with secrets finds its script, and the shell text that
-# reads it whole, closes it and runs it (errexit applies inside eval as in -c).
+# The fd on which a task with secrets finds its script (when spawned with
+# posix_spawn), and the shell text that reads it whole, closes it and runs it
+# (errexit applies inside eval as in -c). A task forked to run as another user
+# finds it on whatever fd the shim's memfd got (the C fork keeps fds, it does
+# not move them): script_loader(fd).
 SCRIPT_FD = 3
-SCRIPT_LOADER = f"IFS= read -r -d '' __pai_script <&{SCRIPT_FD} || true; exec {SCRIPT_FD}<&-; eval \"$__pai_script\"\n"
+
+
+def script_loader(fd: int = SCRIPT_FD) -> str:
+    return f"IFS= read -r -d '' __pai_script <&{fd} || true; exec {fd}<&-; eval \"$__pai_script\"\n"
+
+
+SCRIPT_LOADER = script_loader()
 # The umask tasks start with (the shim's own is 077: what it writes is private).
 TASK_UMASK = 0o022
 
@@ -156,6 +171,7 @@ class Shim:
         self.selector.register(wake_r, selectors.EVENT_READ, None)
         for sig in _SHIM_SIGNALS:
             signal.signal(sig, self._on_signal)
+        _catch_ignored_signals()
         local_procs.set_child_subreaper()
         local_procs.set_process_name("pai-shim")
 
@@ -206,16 +222,18 @@ class Shim:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         script_fd = None
+        as_other_user = run.spec.uid is not None and run.spec.gid is not None
         if run.secret_commands is not None:
             script_fd = _script_file(run.limits.prelude + "\n".join(run.secret_commands) + "\n")
-            script = SCRIPT_LOADER
+            script = script_loader(script_fd) if as_other_user else SCRIPT_LOADER
         else:
             script = run.limits.prelude + "\n".join(run.spec.commands) + "\n"
         argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, f"pai-task-{run.spec.slug}"]
         run.started_at = time.time()
         spec = run.spec
         try:
-            if spec.uid is not None and spec.gid is not None:
+            if as_other_user:
+                assert spec.uid is not None and spec.gid is not None
                 run.pid = _fork_exec_as(
                     argv, spec.env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.cgroup
                 )
@@ -437,7 +455,15 @@ class Shim:
 
     def _end_strays(self) -> None:
         """Every task has ended; any descendant left (one that scrubbed its
-        marker) belongs to one of them: none may outlive the shim."""
+        marker) belongs to one of them: none may outlive the shim.
+
+        With no child left (wait4: ECHILD) there is no descendant either: an
+        orphaned descendant is re-parented to us (subreaper), so every live one
+        has a chain of parents up to a child of ours. Then the walk of all of
+        /proc, which costs more than a trivial task, is skipped."""
+        self._reap()
+        if self.childless:
+            return
         for _ in range(20):
             strays = local_procs.descendants(self.pid)
             if not strays:
@@ -512,43 +538,44 @@ def _fork_exec_as(
 ) -> int:
     """Fork, enter the task's bounds, become `uid`:`gid` with no other group, exec.
 
+    The child is subprocess's C one (_posixsubprocess.fork_exec): new session,
+    stdin /dev/null, stdout and stderr the log pipes, every other fd closed but
+    the script's, working directory, umask, default SIGPIPE and SIGXFSZ (the
+    shim catches or leaves at default every other signal a task must not find
+    ignored: _catch_ignored_signals), setgroups([]), setgid, setuid, exec. A
+    task that joins a cgroup must do it while still root, before setuid, and
+    C runs the only Python step (preexec_fn) after setuid: then the child drops
+    its groups and uid in Python itself, after the join. The C child does not
+    use vfork here: subprocess never does with a user to switch to.
+
     A failure before the exec comes back through a close-on-exec pipe and is
     raised here as OSError (the task's LaunchFailed), as posix_spawn would."""
     report_r, report_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: nothing here may return or raise
-        try:
-            signal.set_wakeup_fd(-1)
-            for sig in _SIGNALS_RESET_FOR_TASK:
-                signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            os.setsid()
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            if script_fd is not None:
-                if report_w == SCRIPT_FD:
-                    report_w = os.dup(report_w)
-                if script_fd == SCRIPT_FD:
-                    os.set_inheritable(SCRIPT_FD, True)
-                else:
-                    os.dup2(script_fd, SCRIPT_FD)
-            if cgroup is not None:
-                with open(cgroup / "cgroup.procs", "w") as procs:
-                    procs.write(str(os.getpid()))
-            os.chdir(work_dir)
+    keep = sorted({report_w} | ({script_fd} if script_fd is not None else set()))
+    preexec = None
+    if cgroup is not None:
+        procs = str(cgroup / "cgroup.procs")
+
+        def preexec() -> None:
+            with open(procs, "w") as joined:
+                joined.write(str(os.getpid()))
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
-            os.umask(TASK_UMASK)
-            os.execve(BASH, argv, env)
-        except BaseException as exc:  # noqa: BLE001 - reported to the shim, then gone
-            try:
-                os.write(report_w, f"{type(exc).__name__}: {exc}".encode(errors="replace"))
-            finally:
-                os._exit(127)
-    os.close(report_w)
+
+    try:
+        pid = _c_fork_exec(
+            argv, env, work_dir, _dev_null(), out_w, err_w, report_r, report_w, tuple(keep),
+            -1 if cgroup is not None else gid,
+            None if cgroup is not None else [],
+            -1 if cgroup is not None else uid,
+            preexec,
+        )
+    except BaseException:
+        os.close(report_r)
+        raise
+    finally:
+        os.close(report_w)
     try:
         failure = b""
         while chunk := os.read(report_r, 4096):
@@ -557,8 +584,90 @@ def _fork_exec_as(
         os.close(report_r)
     if failure:
         os.waitpid(pid, 0)
-        raise OSError(f"the task could not be started as uid {uid}: {failure.decode(errors='replace')}")
+        raise OSError(f"the task could not be started as uid {uid}: {_child_failure(failure)}")
     return pid
+
+
+# Positional arguments of _posixsubprocess.fork_exec in CPython 3.11 to 3.13
+# (subprocess.py is its only documentation), and whether this interpreter
+# takes the last one, allow_vfork.
+_FORK_EXEC_TAKES_ALLOW_VFORK = True
+
+
+def _c_fork_exec(
+    argv: list[str],
+    env: dict[str, str],
+    work_dir: str,
+    stdin: int,
+    out_w: int,
+    err_w: int,
+    report_r: int,
+    report_w: int,
+    keep: tuple[int, ...],
+    gid: int,
+    groups: list[int] | None,
+    uid: int,
+    preexec: object,
+) -> int:
+    global _FORK_EXEC_TAKES_ALLOW_VFORK
+    env_list = [f"{name}={value}".encode() for name, value in env.items()]
+    args = (
+        argv, (os.fsencode(BASH),),
+        True, keep,  # close_fds, fds_to_keep
+        work_dir, env_list,
+        stdin, -1, -1, out_w, -1, err_w,  # p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
+        report_r, report_w,
+        True, True, -1,  # restore_signals, call_setsid, pgid_to_set
+        gid, groups, uid, TASK_UMASK,
+        preexec,
+    )
+    if _FORK_EXEC_TAKES_ALLOW_VFORK:
+        try:
+            return _posixsubprocess.fork_exec(*args, True)
+        except TypeError:
+            _FORK_EXEC_TAKES_ALLOW_VFORK = False  # an interpreter without it (3.14+?)
+    return _posixsubprocess.fork_exec(*args)
+
+
+def _child_failure(report: bytes) -> str:
+    """subprocess's child report, `OSError:<hex errno>:[noexec]` or
+    `SubprocessError:0:<message>`, in words."""
+    kind, _, rest = report.decode(errors="replace").partition(":")
+    code, _, detail = rest.partition(":")
+    if kind == "OSError":
+        try:
+            number = int(code, 16)
+        except ValueError:
+            return report.decode(errors="replace")
+        where = "before exec" if detail.startswith("noexec") else f"exec {BASH}"
+        return f"{os.strerror(number)} ({where}{': ' + detail[7:] if detail[7:] else ''})"
+    return f"{kind}: {detail}"
+
+
+_null_fd: int | None = None
+
+
+def _dev_null() -> int:
+    """One /dev/null per shim for every task's stdin (close-on-exec: the child
+    gets it as fd 0 only)."""
+    global _null_fd
+    if _null_fd is None:
+        _null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    return _null_fd
+
+
+def _catch_ignored_signals() -> None:
+    """A signal the shim ignores (inherited: SIGINT from the fork server, SIGHUP
+    under nohup) would stay ignored in its tasks across exec, and the C child
+    resets only SIGPIPE and SIGXFSZ. Caught instead, by a handler that does
+    nothing, it is still ignored by the shim, and reset to default by the exec."""
+    for sig in _SIGNALS_RESET_FOR_TASK - {signal.SIGPIPE, signal.SIGXFSZ}:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, _ignore)
+
+
+def _ignore(_signum: int, _frame: object) -> None:
+    pass
 
 
 def _drain(fd: int) -> None:
