@@ -55,8 +55,8 @@ def plan_opportunistic(state: ClusterState, sku: str, sizes: list[int], view: Vi
 
 
 def plan_guaranteed(state: ClusterState, job: JobRecord, vc: VcRecord, sku: str, sizes: list[int],
-                    view: View) -> Plan | None:
-    """Inside the VC's bound cells, binding more of its quota (buddy allocation) when needed."""
+                    view: View, *, bind: bool = True) -> Plan | None:
+    """Inside the VC's bound cells, binding more of its quota (buddy allocation) when needed and `bind`."""
     if job.spec.pinnedCellId is not None:
         pinned = vc.pinned.get(job.spec.pinnedCellId)
         if pinned is None or pinned.sku != sku:
@@ -68,7 +68,7 @@ def plan_guaranteed(state: ClusterState, job: JobRecord, vc: VcRecord, sku: str,
     if leaves is not None:
         return Plan(leaves, [])
     total = sum(sizes)
-    quotas = [quota for quota in vc.sku_quotas.get(sku, ()) if quota.unbound > 0]
+    quotas = [quota for quota in vc.sku_quotas.get(sku, ()) if quota.unbound > 0] if bind else []
     if not quotas:
         return _plan_across(list(units), [], sizes, view)
     # One more VC cell: the bindable one with the most usable leaves (fewest to preempt).

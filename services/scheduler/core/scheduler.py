@@ -32,6 +32,11 @@ Policy:
   VC holds. An aged opportunistic gang holds back only its own VC's opportunistic
   jobs. When the pass finds no usable cell left for a queue list it stops walking
   it (only jobs not yet seen get a reason), so long queues stay cheap.
+- Compaction before binding: a guaranteed job goes into the free cells of the VC
+  cells already bound, then takes opportunistic work in them (youngest first), and
+  only then binds another of its quota's cells (`compact_before_binding`, default on).
+  Borrowed work in a VC's holes would otherwise push its small jobs into new cells
+  until no whole cell is left for its large ones (a sharing anomaly).
 - Preemption, tried only when a job cannot be placed on free cells: first
   opportunistic work on the cells the job needs (any VC), the most recently
   started first and no more than needed, then guaranteed jobs of
@@ -80,6 +85,7 @@ GANG_PRIORITY_AFTER_S = 600.0
 OPPORTUNISTIC_PREEMPTION_BUDGET = 2
 
 _FREE, _TAKE_OPPO, _VICTIMS = "free", "oppo", "victims"
+_FREE_BOUND, _OPPO_BOUND = "free-bound", "oppo-bound"  # inside the cells the VC holds, binding none
 
 
 class _LanePass:
@@ -97,11 +103,13 @@ class _LanePass:
 class SchedulerCore:
     def __init__(self, config: ClusterConfig, *, clock: Callable[[], float],
                  gang_priority_after_s: float = GANG_PRIORITY_AFTER_S,
-                 opportunistic_preemption_budget: int = OPPORTUNISTIC_PREEMPTION_BUDGET):
+                 opportunistic_preemption_budget: int = OPPORTUNISTIC_PREEMPTION_BUDGET,
+                 compact_before_binding: bool = True):
         self.config = config
         self._clock = clock
         self._gang_after = gang_priority_after_s
         self._preemption_budget = opportunistic_preemption_budget
+        self._compact = compact_before_binding
         self._state = ClusterState(config)
         self._jobs: dict[str, JobRecord] = {}  # every attempt that waits or holds cells
         self._queues = Queues(list(self._state.vcs))  # attempts with tasks still to place
@@ -802,7 +810,12 @@ class SchedulerCore:
     def _place_tasks(self, record: JobRecord, vc: VcRecord, tasks: list[TaskDemand], skus: list[str],
                      decisions: list[Decision]) -> list[TaskPlacement] | str | None:
         """Place these tasks together: their placements, "preempting", or None (they wait)."""
-        modes = (_FREE,) if record.opportunistic else (_FREE, _TAKE_OPPO, _VICTIMS)
+        if record.opportunistic:
+            modes = (_FREE,)
+        elif self._compact:
+            modes = (_FREE_BOUND, _OPPO_BOUND, _FREE, _TAKE_OPPO, _VICTIMS)
+        else:
+            modes = (_FREE, _TAKE_OPPO, _VICTIMS)
         max_node = self._state.tree.sku_max_node_leaves
         if len(skus) > 1:
             # Any sku will do: the one with the most free cells first (shortest wait, spreads the load).
@@ -833,12 +846,12 @@ class SchedulerCore:
                                 self._note_opportunistic(job)
                 elif quota_free < total:
                     continue  # the VC's quota is used up: only preemption inside it can help
-                elif mode == _TAKE_OPPO:
+                elif mode == _TAKE_OPPO or mode == _OPPO_BOUND:
                     if self._state.tree.sku_totals[sku].oppo == 0:
                         continue  # no opportunistic work to take: the same as the first try
-                    plan = self._plan_taking_youngest(record, vc, sku, sizes)
+                    plan = self._plan_taking_youngest(record, vc, sku, sizes, bind=mode == _TAKE_OPPO)
                 else:
-                    plan = plan_guaranteed(self._state, record, vc, sku, sizes, View())
+                    plan = plan_guaranteed(self._state, record, vc, sku, sizes, View(), bind=mode == _FREE)
                 if plan is None:
                     continue
                 ordered_tasks = [tasks[i] for i in order]
@@ -866,7 +879,8 @@ class SchedulerCore:
             self._oppo_sorted = True
         return reversed(self._oppo_by_age)
 
-    def _plan_taking_youngest(self, record: JobRecord, vc: VcRecord, sku: str, sizes: list[int]) -> Plan | None:
+    def _plan_taking_youngest(self, record: JobRecord, vc: VcRecord, sku: str, sizes: list[int], *,
+                              bind: bool = True) -> Plan | None:
         """Free cells plus those of the fewest most recently started opportunistic jobs that make the job fit.
 
         Opportunistic work restarts from scratch when preempted, so taking the youngest
@@ -885,7 +899,7 @@ class SchedulerCore:
                 chain.free = {name: dict.fromkeys(cells) for name, cells in lists.items()}
 
         # Whether it fits at all with every opportunistic job gone (counters only, no list to build).
-        plan = plan_guaranteed(state, record, vc, sku, sizes, View(take_oppo=True))
+        plan = plan_guaranteed(state, record, vc, sku, sizes, View(take_oppo=True), bind=bind)
         if plan is None:
             return None
         plan.abandon()
@@ -894,7 +908,8 @@ class SchedulerCore:
 
         def usable(job: JobRecord) -> bool:
             # Only leaves bound to no VC or to this one can become the job's.
-            return any(leaf.sku == sku and (leaf.unit is None or leaf.unit.vc == name) for leaf in job.leaves())
+            return any(leaf.sku == sku and ((bind and leaf.unit is None) or (leaf.unit is not None and leaf.unit.vc == name))
+                       for leaf in job.leaves())
 
         candidates = (job for job in self._youngest_opportunistic()
                       if job.opportunistic and not job.preempting and sku in job.held_skus and usable(job))
@@ -911,7 +926,7 @@ class SchedulerCore:
 
         def plan_with(count: int) -> Plan | None:
             extra = [leaf for job in running[:count] for leaf in job.leaves() if leaf.sku == sku]
-            return plan_guaranteed(state, record, vc, sku, sizes, View(extra_leaves=extra))
+            return plan_guaranteed(state, record, vc, sku, sizes, View(extra_leaves=extra), bind=bind)
 
         def fits(count: int) -> bool:
             plan = plan_with(count)

@@ -217,3 +217,23 @@ def test_a_job_waiting_to_take_its_reserved_cells_is_reached_behind_a_job_that_c
     assert preempted_jobs(decisions) == ["alice~low"]
     h.submit("urgent", vc="speech", priority="crit", gpus=4, instances=2)  # ahead in the queue, cannot fit
     assert "alice~high" in placed_jobs(h.finish_preempted(decisions))
+
+
+@pytest.mark.parametrize("compact, large_placed", [(True, True), (False, False)])
+def test_a_guaranteed_job_takes_borrowed_holes_in_its_vcs_cells_before_binding_another(compact, large_placed):
+    """Compaction before binding: borrowed work in the idle part of a VC's cells would push the VC's
+    small jobs into cells it has not bound yet, until no whole cell is left for its large job,
+    which alone on its quota would have run (a sharing anomaly)."""
+    h = Harness("two-racks", compact_before_binding=compact)
+    h.submit("first", vc="speech", gpus=1)  # speech binds one node; 3 of its GPUs idle
+    h.submit("small-guest", vc="vision", priority="oppo", gpus=2)  # half of speech's other node
+    h.submit("vision-all", vc="vision", gpus=4, instances=2)  # vision binds the other rack
+    h.submit("guest", vc="vision", priority="oppo", gpus=3)  # no idle cell outside VCs: speech's holes
+    assert h.is_running("guest") and h.is_running("small-guest")
+    decisions = h.submit("second", vc="speech", gpus=2)
+    assert preempted_jobs(decisions) == (["alice~guest"] if compact else [])
+    h.finish_preempted(decisions)
+    assert h.is_running("second")
+    decisions = h.submit("large", vc="speech", gpus=4)  # within speech's quota: 3 + 4 of 8 GPUs
+    placed = placed_jobs(decisions) + placed_jobs(h.finish_preempted(decisions))
+    assert ("alice~large" in placed) is large_placed
