@@ -28,6 +28,7 @@ from services.launcher.core.tasks import (
     TaskLaunch,
     TaskRunning,
 )
+from services.launcher.backends import local as local_backend
 from services.launcher.backends.local import LocalBackend
 from services.launcher.backends.local_logs import CappedLog, read_log
 
@@ -416,6 +417,57 @@ async def test_a_task_handed_to_a_fork_server_that_died_still_runs_once(local: H
     assert local.backend._server is not fork_server
 
 
+async def test_tasks_started_one_after_another_share_a_shim_while_it_is_fed(tmp_path: Path):
+    harness = await open_harness(tmp_path / "fed", shim_feed_seconds=1.0)
+    first, second, after = (launch("fed", f"echo {i}", "sleep 0.2", index=i) for i in range(3))
+    try:
+        assert (await harness.run(first)).exitCode == 0
+        assert (await harness.run(second)).exitCode == 0  # started alone, after the first ended
+        fed = shim_pid(harness.backend, first.key)
+        await wait_until(lambda: not is_running(fed))  # its feed closed: it ended, having no task
+        assert (await harness.run(after)).exitCode == 0
+    finally:
+        await harness.close()
+    assert shim_pid(harness.backend, second.key) == fed
+    assert shim_pid(harness.backend, after.key) != fed
+
+
+async def test_without_a_feed_each_task_started_alone_gets_a_shim(tmp_path: Path):
+    harness = await open_harness(tmp_path / "unfed", shim_feed_seconds=0)
+    tasks = [launch("unfed", "true", index=i) for i in range(2)]
+    try:
+        for task in tasks:
+            assert (await harness.run(task)).exitCode == 0
+    finally:
+        await harness.close()
+    assert shim_pid(harness.backend, tasks[0].key) != shim_pid(harness.backend, tasks[1].key)
+
+
+async def test_a_task_sent_to_a_shim_that_died_before_reading_it_is_sent_again_and_runs_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(local_backend, "RESEND_SECONDS", 0.5)
+    harness = await open_harness(tmp_path / "resend", shim_feed_seconds=60)
+    holder = launch("holder", "sleep 300")
+    lost = launch("lost-in-feed", "echo ran >> runs.txt")
+    try:
+        await harness.backend.start(holder)
+        await harness.events.running(holder.key)
+        fed = shim_pid(harness.backend, holder.key)
+        os.kill(fed, signal.SIGSTOP)
+        await harness.backend.start(lost)  # its line waits, unread, in the stopped shim's feed
+        await asyncio.sleep(0.2)
+        os.kill(fed, signal.SIGKILL)
+        finished = await harness.events.finished(lost.key)
+        lost_holder = await harness.events.finished(holder.key)
+    finally:
+        await harness.close()
+    assert finished.exitCode == 0
+    assert (harness.work_dir(lost.key) / "runs.txt").read_text() == "ran\n"
+    assert shim_pid(harness.backend, lost.key) != fed
+    assert lost_holder.platformReason == "Lost"
+
+
 # -- limits ----------------------------------------------------------------------
 
 ALLOCATE_200_MB = f"{sys.executable} -c 'bytearray(200 * 1024 * 1024)'"
@@ -494,7 +546,7 @@ async def test_a_cgroup_per_task_gets_the_tasks_cpu_and_memory(tmp_path: Path):
 
 
 async def test_a_new_backend_recovers_running_ended_and_lost_tasks(tmp_path: Path):
-    first = await open_harness(tmp_path)
+    first = await open_harness(tmp_path, shim_feed_seconds=0)  # a shim per task started alone
     running_on = launch("keeps-running", "sleep 1.5", "exit 7")
     ends_meanwhile = launch("ends-meanwhile", "sleep 0.2", "echo finished while down", "exit 5")
     shim_dies = launch("shim-dies", "echo $$ > task.pid", "sleep 300")

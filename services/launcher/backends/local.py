@@ -74,7 +74,7 @@ from pathlib import Path
 import msgspec
 
 from libs.common.errors import NotFound
-from services.launcher.backends import local_limits, local_procs, local_users
+from services.launcher.backends import local_forkserver, local_limits, local_procs, local_users
 from services.launcher.core.tasks import (
     BackendEvent,
     TaskFinished,
@@ -130,6 +130,10 @@ _STOP_POLL_SECONDS = 0.05
 # A task directory still without its spec this long after it was created
 # belongs to a claimer that died in between.
 CLAIM_WRITE_SECONDS = 10.0
+# A task sent to the fork server but claimed by no shim this long after is sent
+# again (a shim that died, or was stopped, before it read its feed; a second
+# copy is harmless: only one shim can claim the task).
+RESEND_SECONDS = 10.0
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
 _encoder = msgspec.json.Encoder()
 
@@ -147,7 +151,7 @@ class TaskSpec(ShimSpec, frozen=True, kw_only=True, omit_defaults=True):
 
 class _Task:
     __slots__ = (
-        "key", "dir", "node", "image", "spec_line", "sent_generation",
+        "key", "dir", "node", "image", "spec_line", "sent_generation", "sent_at",
         "claim", "running_reported", "finished",
     )
 
@@ -158,6 +162,7 @@ class _Task:
         self.image = image
         self.spec_line: bytes | None = None  # kept until a shim claims the task
         self.sent_generation = -1
+        self.sent_at = 0.0  # time.monotonic() of the last send
         self.claim: ShimRecord | None = None
         self.running_reported = False
         self.finished = asyncio.Event()
@@ -181,7 +186,10 @@ class LocalBackend:
         sweep_interval_seconds: float = 1.0,
         clock: Callable[[], float] = time.time,
         task_user: str | None = None,
+        shim_feed_seconds: float = local_forkserver.SHIM_FEED_SECONDS,
     ):
+        """`shim_feed_seconds`: how long a shim is sent more tasks after it was
+        forked (local_forkserver; 0: a shim per batch of tasks waiting together)."""
         if limits not in LIMIT_CHOICES:
             raise ValueError(f"limits must be one of {LIMIT_CHOICES}, not {limits!r}")
         self.data_dir = Path(data_dir).resolve()
@@ -202,6 +210,7 @@ class LocalBackend:
         self.log_cap_bytes = log_cap_bytes
         self.grace_seconds = grace_seconds
         self.sweep_interval_seconds = sweep_interval_seconds
+        self.shim_feed_seconds = shim_feed_seconds
         self._clock = clock
         self.limits_mode, self._cgroup_parent = _choose_limits(limits, cgroup_root, cgroup_parent)
         self._doorbell = doorbell_name(self.data_dir)
@@ -393,6 +402,7 @@ class LocalBackend:
                 "-m",
                 "services.launcher.backends.local_forkserver",
                 self._doorbell,
+                str(self.shim_feed_seconds),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL,
                 env=_fork_server_env(),
@@ -406,6 +416,7 @@ class LocalBackend:
         if task.spec_line is None:
             return
         task.sent_generation = self._server_generation
+        task.sent_at = time.monotonic()
         try:
             self._server.stdin.write(task.spec_line)
         except (BrokenPipeError, ConnectionResetError):
@@ -452,8 +463,11 @@ class LocalBackend:
         claim = task.claim or self._read_claim(task)
         if claim is None:
             if not task.dir.exists():
-                if task.sent_generation != self._server_generation:
-                    self._send(task)  # the server that had it is gone; claims dedupe
+                if (
+                    task.sent_generation != self._server_generation  # the server that had it is gone
+                    or time.monotonic() - task.sent_at > RESEND_SECONDS  # or the shim it went to
+                ):
+                    self._send(task)  # claims dedupe
             elif _age(task.dir) > CLAIM_WRITE_SECONDS:
                 # Claimed, but its spec never written: the claimer died at once.
                 self._declare_lost(task, stop_reason)

@@ -1,15 +1,20 @@
 """The fork server: forks the shims that run local tasks.
 
-`python -m services.launcher.backends.local_forkserver DOORBELL` runs as a
+`python -m services.launcher.backends.local_forkserver DOORBELL [FEED_SECONDS]` runs as a
 child of the local backend and reads task specs on stdin, one JSON per line.
-For all the specs waiting at once (up to MAX_BATCH) it forks one shim: a single
-task when load is light, so a crash costs one task; a shared shim under load,
-because a forked Python process copies every page it touches, which costs
-milliseconds per shim, more than running the task itself. Forking a warm
-interpreter is still far cheaper than starting one per task.
+It forks a shim for the specs waiting, and keeps sending it the specs that come
+next, through the shim's feed (a pipe), for FEED_SECONDS (default
+SHIM_FEED_SECONDS; 0: no feed, a shim per batch) or until it took
+MAX_TASKS_PER_SHIM; then it closes the feed (the shim ends once its tasks
+have) and the next spec gets a new shim. A forked Python process copies every
+page it touches: a shim's fork, start and exit cost several milliseconds, a few
+times what a trivial task costs, so a shim per task would cost more than the
+tasks; a crash of a shim costs the tasks it holds, at most MAX_TASKS_PER_SHIM.
+Forking a warm interpreter is still far cheaper than starting one per task.
 
-It holds no state: when the launcher dies it reads EOF and exits, and the shims
-carry on, each in its own session. A new one is simply sent what nobody claimed.
+It holds no state: when the launcher dies it reads EOF and exits (closing the
+feed of the shim it was feeding), and the shims carry on, each in its own
+session. A new one is simply sent what nobody claimed.
 """
 
 from __future__ import annotations
@@ -35,8 +40,12 @@ from services.launcher.backends.local_layout import (
 from services.launcher.backends.local_shim import Shim
 
 MAX_BATCH = 64
+MAX_TASKS_PER_SHIM = MAX_BATCH
+# How long a shim is sent new tasks after it was forked.
+SHIM_FEED_SECONDS = 2.0
 # When shims were forked moments ago, specs keep coming: wait this long for
-# more before forking, so a burst shares shims. A lone task waits for nothing.
+# more before forking, so a burst shares shims. A lone task waits for nothing,
+# nor does one a fed shim takes.
 BUSY_WITHIN_SECONDS = 0.05
 GATHER_SECONDS = 0.005
 
@@ -48,17 +57,18 @@ def _detach_stdio() -> None:
     os.close(null)
 
 
-def run_shim(specs: list[bytes], doorbell_name: str) -> None:
+def run_shim(specs: list[bytes], doorbell_name: str, feed: int | None = None) -> None:
     """Body of a forked shim; never returns.
 
     Each item is a task line: a spec, and for a task with secrets its
     filled-in commands after local_layout.SECRET_SEPARATOR, read from the
-    launcher's pipe, so secrets pass through memory only."""
+    launcher's pipe, so secrets pass through memory only. `feed`: the read end
+    of the pipe that brings more, until EOF."""
     try:
         os.setsid()  # out of the launcher's session: its ^C or hangup is not ours
         os.umask(0o077)  # what a shim writes (specs, logs, exits) is the platform's alone
         _detach_stdio()
-        shim = Shim(Doorbell(doorbell_name))
+        shim = Shim(Doorbell(doorbell_name), feed)
         for spec_json in specs:
             try:
                 shim.take(spec_json)
@@ -79,7 +89,7 @@ def _warm_up() -> None:
     decoder(ShimSpec).decode(with_claim(encode(sample), ShimRecord(shimPid=0, shimStartTicks=0)))
 
 
-def serve(doorbell_name: str) -> None:
+def serve(doorbell_name: str, feed_seconds: float = SHIM_FEED_SECONDS) -> None:
     """The fork server: task specs, one JSON per line on stdin, until EOF."""
     # Shims are reaped as they end (not ignored: reaping adds their CPU time to
     # ours, and so to the launcher's children's, where it can be measured).
@@ -92,10 +102,77 @@ def serve(doorbell_name: str) -> None:
     gc.freeze()
     specs = SpecReader(0)
     last_fork = float("-inf")
-    while batch := specs.next_batch(busy=time.monotonic() - last_fork < BUSY_WITHIN_SECONDS):
-        last_fork = time.monotonic()
+    fed: FedShim | None = None
+    while True:
+        now = time.monotonic()
+        if fed is not None and now >= fed.closes_at:
+            fed.close()
+            fed = None
+        batch = specs.next_batch(
+            busy=fed is None and now - last_fork < BUSY_WITHIN_SECONDS,
+            timeout=None if fed is None else fed.closes_at - now,
+        )
+        if not batch:
+            if specs.ended:
+                break
+            continue  # the fed shim's time is up
+        if fed is not None:
+            batch = fed.send(batch)
+            if batch or fed.taken >= MAX_TASKS_PER_SHIM:
+                fed.close()
+                fed = None
+        if batch:
+            # (the previous feed is closed: the new shim must not hold its write end)
+            fed = fork_shim(batch, doorbell_name, feed_seconds)
+            last_fork = time.monotonic()
+    if fed is not None:
+        fed.close()
+
+
+def fork_shim(batch: list[bytes], doorbell_name: str, feed_seconds: float) -> FedShim | None:
+    """A shim for `batch`, and its feed while it may take more (None: it may not)."""
+    if feed_seconds <= 0:
         if os.fork() == 0:
             run_shim(batch, doorbell_name)
+        return None
+    feed_r, feed_w = os.pipe()
+    if os.fork() == 0:
+        os.close(feed_w)
+        run_shim(batch, doorbell_name, feed_r)
+    os.close(feed_r)
+    return FedShim(feed_w, taken=len(batch), seconds=feed_seconds)
+
+
+class FedShim:
+    """The write end of a shim's feed, while it takes more tasks."""
+
+    def __init__(self, fd: int, *, taken: int, seconds: float):
+        self.fd = fd
+        os.set_blocking(fd, False)  # a shim that does not read must not stall us
+        self.taken = taken
+        self.closes_at = time.monotonic() + seconds
+
+    def send(self, lines: list[bytes]) -> list[bytes]:
+        """Send what the shim may still take; returns the lines it did not get
+        whole (a line cut short is dropped by the shim)."""
+        room = max(0, MAX_TASKS_PER_SHIM - self.taken)
+        offered, rest = lines[:room], lines[room:]
+        data = b"".join(line + b"\n" for line in offered)
+        try:
+            written = os.write(self.fd, data) if data else 0
+        except (BlockingIOError, BrokenPipeError):  # full, or the shim is gone
+            written = 0
+        sent = 0
+        for line in offered:
+            written -= len(line) + 1
+            if written < 0:
+                break
+            sent += 1
+        self.taken += sent
+        return offered[sent:] + rest
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def _reap_shims(_signum: int, _frame: object) -> None:
@@ -115,11 +192,12 @@ class SpecReader:
         self.pending = b""
         self.ended = False
 
-    def next_batch(self, *, busy: bool) -> list[bytes]:
-        """The specs waiting now, at most MAX_BATCH; empty at EOF. When `busy`
-        (tasks keep coming), first gather for GATHER_SECONDS: a shim per task
-        would cost more than the wait."""
-        if not self.lines and not self._read(None):
+    def next_batch(self, *, busy: bool, timeout: float | None = None) -> list[bytes]:
+        """The specs waiting now, at most MAX_BATCH; empty at EOF (then `ended`)
+        or when none came within `timeout` (None: wait as long as it takes).
+        When `busy` (tasks keep coming), first gather for GATHER_SECONDS: a shim
+        per task would cost more than the wait."""
+        if not self.lines and not self._read(timeout):
             return []
         if busy:
             deadline = time.monotonic() + GATHER_SECONDS
@@ -145,4 +223,4 @@ class SpecReader:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], *(float(arg) for arg in sys.argv[2:3]))

@@ -1,7 +1,9 @@
 """Shims: small processes that run local tasks and outlive the launcher.
 
-A shim (forked by local_forkserver) takes a batch of task specs, usually one.
-For each it claims the task directory (mkdir: a task never starts twice),
+A shim (forked by local_forkserver) takes a batch of task specs, usually one,
+and then more from its feed (a pipe from the fork server) until the fork
+server closes it (local_forkserver: a shim takes tasks for a while, then
+another is forked). For each it claims the task directory (mkdir: a task never starts twice),
 starts `bash --noprofile --norc -e -c <commands>` in a new session, pipes its
 output into capped logs, obeys stop orders (SIGTERM to every process of the
 task, SIGKILL after the grace period), and when the task ends writes
@@ -9,8 +11,8 @@ task, SIGKILL after the grace period), and when the task ends writes
 main process exits, whatever it left running is killed, as when a container's
 main process exits. The shim is a child subreaper, so even a grandchild that
 called setsid and lost its parent stays its descendant (and is told apart by
-its PAI_TASK_KEY): nothing of a task outlives it. The shim exits when its last
-task has ended.
+its PAI_TASK_KEY): nothing of a task outlives it. The shim exits when its feed
+is closed and its last task has ended.
 
 Tasks are spawned with posix_spawn (vfork + exec): no copy of the shim's
 pages, which on a small virtual machine costs more than running the task.
@@ -33,7 +35,8 @@ its memory or environment.
 
 A shim rings the backend's doorbell (local_doorbell) when a task runs and when
 its exit.json is written. SIGUSR1 means "a stop order waits" (the shim reads
-the kill.json of its tasks); SIGTERM stops all its tasks.
+the kill.json of its tasks); SIGTERM stops all its tasks, and it takes no more
+(a task sent meanwhile is sent again by the backend: local.RESEND_SECONDS).
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ BASH = shutil.which("bash") or "/bin/bash"
 _READ_CHUNK = 65536
 # How often leftovers are looked for again while a task is being ended.
 _RESWEEP_SECONDS = 0.05
+# The selector's mark for the feed (the output pipes carry their fd, the wakeup pipe None).
+_FEED = "feed"
 # How long to wait for log pipes to close once no process of the task is left
 # (a descendant could have handed its pipe to a process outside the task).
 _DRAIN_SECONDS = 1.0
@@ -154,7 +159,9 @@ class _Run:
 
 
 class Shim:
-    def __init__(self, doorbell: Doorbell):
+    def __init__(self, doorbell: Doorbell, feed: int | None = None):
+        """`feed`: the read end of a pipe on which more task lines come, one per
+        line, until EOF; None: only the tasks given to `take`."""
         self.doorbell = doorbell
         self.pid = os.getpid()
         self.ticks = local_procs.start_ticks(self.pid) or 0
@@ -169,6 +176,11 @@ class Shim:
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         self.selector.register(wake_r, selectors.EVENT_READ, None)
+        self.feed = feed
+        self._feed_rest = b""  # a line not yet complete
+        if feed is not None:
+            os.set_blocking(feed, False)
+            self.selector.register(feed, selectors.EVENT_READ, _FEED)
         for sig in _SHIM_SIGNALS:
             signal.signal(sig, self._on_signal)
         _catch_ignored_signals()
@@ -261,8 +273,9 @@ class Shim:
     # -- watch ---------------------------------------------------------------
 
     def serve(self) -> None:
-        """Watch the tasks until the last has ended."""
-        while self.runs:
+        """Watch the tasks, and take those the feed brings, until the feed is
+        closed and the last task has ended."""
+        while self.runs or self.feed is not None:
             self._reap()
             now = time.monotonic()
             if self.orders_waiting or self.stop_everything:
@@ -272,15 +285,44 @@ class Shim:
                 deadline = self._advance(run, now)
                 if deadline is not None:
                     deadlines.append(deadline)
-            if not self.runs:
+            if not self.runs and self.feed is None:
                 break
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
             for key, _ in self.selector.select(timeout):
                 if key.data is None:
                     _drain(key.fd)
+                elif key.data is _FEED:
+                    self._read_feed()
                 else:
                     self._read_output(key.fd)
         self._end_strays()
+
+    def _read_feed(self) -> None:
+        """Take the tasks whose lines came whole; a line cut short by the
+        closing of the feed is dropped (the fork server sends it elsewhere)."""
+        if self.feed is None:
+            return
+        try:
+            chunk = os.read(self.feed, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self._close_feed()
+            return
+        *lines, self._feed_rest = (self._feed_rest + chunk).split(b"\n")
+        for line in lines:
+            if line:
+                try:
+                    self.take(line)
+                except Exception:  # noqa: BLE001 - a bad spec must not cost the others
+                    traceback.print_exc()
+
+    def _close_feed(self) -> None:
+        if self.feed is not None:
+            self.selector.unregister(self.feed)
+            os.close(self.feed)
+            self.feed = None
+            self._feed_rest = b""
 
     def _read_output(self, fd: int) -> None:
         run, logs = self.pipes[fd]
@@ -314,6 +356,8 @@ class Shim:
 
     def _take_orders(self, now: float) -> None:
         stop_everything, self.stop_everything, self.orders_waiting = self.stop_everything, False, False
+        if stop_everything:
+            self._close_feed()  # told to stop: it takes no more tasks
         for run in self.runs.values():
             if run.kill_reason is not None:
                 continue

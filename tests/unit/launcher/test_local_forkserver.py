@@ -1,0 +1,107 @@
+"""The fork server's feed to a shim: what a shim gets whole, and what goes to
+the next shim (local_forkserver.FedShim, local_shim.Shim._read_feed)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import selectors
+
+import pytest
+
+from services.launcher.backends import local_forkserver
+from services.launcher.backends.local_forkserver import MAX_TASKS_PER_SHIM, FedShim
+from services.launcher.backends.local_shim import Shim
+
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux
+
+
+def lines(count: int, size: int = 100) -> list[bytes]:
+    return [f"{i:04d}".encode() + b"x" * (size - 4) for i in range(count)]
+
+
+class FeedReader:
+    """A shim's feed handling alone (no signals, no subreaper, no process name)."""
+
+    def __init__(self, fd: int):
+        self.shim = Shim.__new__(Shim)
+        self.shim.selector = selectors.DefaultSelector()
+        self.shim.feed = fd
+        self.shim._feed_rest = b""
+        os.set_blocking(fd, False)
+        self.shim.selector.register(fd, selectors.EVENT_READ, "feed")
+        self.taken: list[bytes] = []
+        self.shim.take = self.taken.append  # type: ignore[method-assign]
+
+    def read_all(self) -> list[bytes]:
+        while self.shim.feed is not None:
+            self.shim._read_feed()
+        return self.taken
+
+
+@pytest.fixture
+def feed():
+    read_end, write_end = os.pipe()
+    yield read_end, write_end
+    for fd in (read_end, write_end):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def test_a_fed_shim_gets_every_line_whole_while_there_is_room(feed):
+    read_end, write_end = feed
+    fed = FedShim(write_end, taken=1, seconds=1.0)
+    sent = lines(3)
+    assert fed.send(sent) == []
+    assert fed.taken == 4
+    fed.close()
+    assert FeedReader(read_end).read_all() == sent
+
+
+def test_a_shim_takes_at_most_its_share_and_the_rest_comes_back(feed):
+    read_end, write_end = feed
+    fed = FedShim(write_end, taken=MAX_TASKS_PER_SHIM - 2, seconds=1.0)
+    sent = lines(5)
+    assert fed.send(sent) == sent[2:]
+    assert fed.taken == MAX_TASKS_PER_SHIM
+    assert fed.send(lines(1)) == lines(1)  # full
+    fed.close()
+    assert FeedReader(read_end).read_all() == sent[:2]
+
+
+def test_a_line_cut_short_by_a_full_pipe_goes_to_the_next_shim_and_not_to_this_one(feed):
+    read_end, write_end = feed
+    fcntl.fcntl(write_end, F_SETPIPE_SZ, 4096)
+    fed = FedShim(write_end, taken=0, seconds=1.0)
+    sent = lines(6, size=1000)  # 1001 bytes with the newline: four fit whole in 4096
+    rest = fed.send(sent)
+    assert rest == sent[4:]
+    assert fed.taken == 4
+    fed.close()  # the shim reads the cut fifth line up to EOF, and drops it
+    assert FeedReader(read_end).read_all() == sent[:4]
+
+
+def test_a_shim_that_is_gone_gets_nothing_and_everything_comes_back(feed):
+    read_end, write_end = feed
+    os.close(read_end)
+    fed = FedShim(write_end, taken=1, seconds=1.0)
+    sent = lines(2)
+    assert fed.send(sent) == sent
+    assert fed.taken == 1
+
+
+def test_a_spec_reader_waits_no_longer_than_asked(feed):
+    read_end, write_end = feed
+    reader = local_forkserver.SpecReader(read_end)
+    assert reader.next_batch(busy=False, timeout=0.01) == []
+    assert not reader.ended
+    os.write(write_end, b"one\ntw")
+    assert reader.next_batch(busy=False, timeout=0.01) == [b"one"]
+    assert reader.next_batch(busy=False, timeout=0.01) == []  # half a line: not yet
+    os.write(write_end, b"o\n")
+    assert reader.next_batch(busy=False, timeout=0.01) == [b"two"]
+    os.close(write_end)
+    assert reader.next_batch(busy=False, timeout=0.01) == []
+    assert reader.ended
