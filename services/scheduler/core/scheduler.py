@@ -891,7 +891,8 @@ class SchedulerCore:
         state = self._state
         # A tried plan binds cells and gives them back, which reorders the buddy free lists; they are put
         # back in order after each try, so every try (and the final plan) starts from the same state.
-        chains = state.tree.sku_chains.get(sku, ())
+        # Without binding, no free list is touched: nothing to put back.
+        chains = state.tree.sku_chains.get(sku, ()) if bind else ()
         order = [(chain, {name: list(cells) for name, cells in chain.free.items()}) for chain in chains]
 
         def put_back() -> None:
