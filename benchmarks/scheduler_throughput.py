@@ -27,6 +27,7 @@ import csv
 import gc
 import heapq
 import json
+import os
 import random
 import statistics
 import sys
@@ -256,6 +257,7 @@ def run(jobs: int, seed: int, data: Path, load: float = 0.8, long_queue: int = 0
         "vcs": len(config.virtualClusters),
         "busy_seconds": round(busy, 2),
         "simulated_days": round(now[0] / 86400, 1),
+        "machine_load_average": [round(x, 1) for x in os.getloadavg()],
     }
 
 
