@@ -496,7 +496,8 @@ class SchedulerCore:
             return False
         self._try_place(record, decisions)
         failed = record.waiting and record.failed_epoch == epoch and not record.victims
-        if shape is not None and failed:
+        if shape is not None and failed and not self._over_budget(record):
+            # (A job kept to cells no VC holds failing says nothing of one that may use a VC's idle cells.)
             lane_pass.failed_shapes.append((record.skus_set, shape, record.priority))
         self._age(record, now, lane_pass)
         return not failed

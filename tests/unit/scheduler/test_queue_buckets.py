@@ -1,8 +1,8 @@
 """A pass looks only at the heads of its lists' buckets (jobs asking for the same thing): what a user sees
 must stay as if every waiting job were tried in queue order."""
 
-from services.scheduler.core import Submit
-from tests.unit.scheduler.builders import Harness, placed_jobs, spec, waits
+from services.scheduler.core import Release, Submit
+from tests.unit.scheduler.builders import Harness, placed_jobs, preempted_jobs, spec, waits
 
 
 def test_jobs_submitted_together_are_placed_in_order_and_the_rest_get_a_reason():
@@ -42,3 +42,21 @@ def test_an_aged_opportunistic_gang_bigger_than_the_free_cells_still_holds_back_
     assert h.reason("speech-guest").startswith("waiting behind gang job alice~gang")
     # Another VC's opportunistic work is not held back by speech's gang.
     assert placed_jobs(h.submit("vision-guest", vc="vision", priority="oppo", gpus=1)) == ["alice~vision-guest"]
+
+
+def test_a_job_kept_to_cells_no_vc_holds_failing_does_not_hold_back_a_same_sized_borrower():
+    """A job preempted up to its budget waits for cells no VC holds; its failing to fit says nothing
+    about a job of the same size that may borrow a VC's idle cells (it is tried, not skipped)."""
+    h = Harness("two-racks", opportunistic_preemption_budget=1)
+    h.submit("owner", vc="vision", gpus=1)  # vision binds one rack: 7 idle GPUs in its cells
+    h.submit("old", vc="speech", priority="oppo", gpus=4)
+    h.clock.advance(600)
+    h.submit("young", vc="speech", priority="oppo", gpus=4)
+    decisions = h.submit("speaker", vc="speech", gpus=4)  # speech binds the node young runs on
+    assert preempted_jobs(decisions) == ["alice~young"]
+    h.attempts["alice~young"] = 1
+    h.attempts["alice~guest"] = 0
+    decisions = h.handle(Release(job="alice~young", attempt=0, requeue=True),
+                         Submit(job="alice~guest", attempt=0, spec=spec("guest", vc="vision", priority="oppo", gpus=4)))
+    assert placed_jobs(decisions) == ["alice~speaker", "alice~guest"]  # guest in vision's idle node
+    assert "no VC holds" in h.reason("young")
