@@ -119,10 +119,11 @@ def trivial_launch(index: int) -> TaskLaunch:
 # What the launcher's config gives (libs.common.config: task_user ""): as root,
 # a uid per job with the default task user's group.
 TASK_USER: str | None = ""
+LIMITS = "auto"  # --limits: cgroup v2 where allowed (a cgroup made and removed per task), else rlimit
 
 
 async def through_backend(data_dir: Path, tasks: int) -> dict:
-    backend = LocalBackend(data_dir, task_user=TASK_USER)
+    backend = LocalBackend(data_dir, task_user=TASK_USER, limits=LIMITS)
     await backend.recover()
     timings = Timings()
     done = asyncio.Event()
@@ -154,7 +155,7 @@ async def through_backend(data_dir: Path, tasks: int) -> dict:
 
 
 async def one_at_a_time(data_dir: Path, tasks: int) -> dict:
-    backend = LocalBackend(data_dir, task_user=TASK_USER)
+    backend = LocalBackend(data_dir, task_user=TASK_USER, limits=LIMITS)
     await backend.recover()
     events = backend.events()
     to_running, to_finished = [], []
@@ -193,7 +194,7 @@ async def through_core(data_dir: Path, tasks: int) -> dict:
     )
 
     core = LauncherCore(time.time)
-    backend = LocalBackend(data_dir, task_user=TASK_USER)
+    backend = LocalBackend(data_dir, task_user=TASK_USER, limits=LIMITS)
     await backend.recover()
     timings = Timings()
     done = asyncio.Event()
@@ -270,8 +271,10 @@ def main() -> None:
     parser.add_argument(
         "--task-user", default="", help="as root, the task user (default: the launcher's); 'none': tasks run as root"
     )
+    parser.add_argument("--limits", choices=("auto", "cgroup", "rlimit", "none"), default="auto")
     args = parser.parse_args()
-    global TASK_USER
+    global TASK_USER, LIMITS
+    LIMITS = args.limits
     TASK_USER = None if args.task_user == "none" else args.task_user
     results: dict = {
         "benchmark": "launch_throughput",
@@ -281,6 +284,7 @@ def main() -> None:
         "data_dir_parent": args.dir or tempfile.gettempdir(),
         # fork + setuid per task (as the launcher runs as root), or posix_spawn
         "tasks_run_as": "uid per job" if TASK_USER is not None and os.geteuid() == 0 else "launcher's user",
+        "limits_asked": args.limits,
     }
     paths = ("backend", "core") if args.path == "both" else (args.path,)
     for path in paths:
