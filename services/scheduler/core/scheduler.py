@@ -521,6 +521,8 @@ class SchedulerCore:
 
     def _bucket_cells(self, pair: tuple[str | None, str | None], bucket_key: tuple, head: JobRecord) -> int:
         """Leaf cells of the pair's sku one placement of a bucket's jobs takes (0 when unknown)."""
+        if bucket_key[0] != "same":
+            return 0  # a job of its own (no single shape): not cached, its key is never seen again
         cells = self._bucket_demand.get((pair, bucket_key))
         if cells is None:
             cells = 0
