@@ -21,6 +21,10 @@ from hypothesis import strategies as st
 
 from libs.common.errors import NotFound
 from libs.common.messages import TaskPlacement
+from services.launcher.backends import local as local_backend
+from services.launcher.backends.local import LocalBackend
+from services.launcher.backends.local_logs import CappedLog, read_log
+from services.launcher.backends.local_shim import BASH
 from services.launcher.core.tasks import (
     BackendEvent,
     TaskFinished,
@@ -28,9 +32,6 @@ from services.launcher.core.tasks import (
     TaskLaunch,
     TaskRunning,
 )
-from services.launcher.backends import local as local_backend
-from services.launcher.backends.local import LocalBackend
-from services.launcher.backends.local_logs import CappedLog, read_log
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_SECONDS = 15.0
@@ -175,6 +176,7 @@ async def test_the_task_sees_the_launch_env_and_only_basics_of_the_launchers(
     local: Harness, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
     monkeypatch.setenv("LAUNCHER_ONLY_SECRET", "must-not-leak")
+    monkeypatch.delenv("SHELL", raising=False)  # as under systemd or in a container
     probe = await open_harness(tmp_path, limits="none")
     try:
         task = launch(
@@ -195,6 +197,7 @@ async def test_the_task_sees_the_launch_env_and_only_basics_of_the_launchers(
     assert env["PAI_TASK_KEY"] == task.key.slug
     assert env["PAI_WORK_DIR"] == str(probe.work_dir(task.key))
     assert env["PATH"]
+    assert env["SHELL"] == BASH  # the shell the task runs in
     assert "LAUNCHER_ONLY_SECRET" not in env
 
 

@@ -8,7 +8,6 @@ also sweeps the task directories, and reads them all when it recovers.
 
 from __future__ import annotations
 
-import hashlib
 import socket
 import struct
 from pathlib import Path
@@ -23,6 +22,10 @@ def doorbell_name(data_dir: Path) -> str:
     Abstract names have no file to go stale and no 108-byte path limit; one per
     data dir, so binding it also proves no other launcher uses that dir.
     """
+    # Imported here: shims import this module, and hashlib maps OpenSSL into
+    # every forked shim (local_layout's docstring).
+    import hashlib
+
     digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:24]
     return f"pai-local-{digest}"
 

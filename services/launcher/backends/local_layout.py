@@ -28,15 +28,15 @@ takes the tasks with it anyway. Every file operation counts (hundreds of tasks a
 second on a small machine), so a task costs two directories and two files.
 
 This module and the shim's import only the standard library and msgspec: shims
-are forks of a process that imported them, and a smaller process forks faster.
+are forks of a process that imported them, and a smaller process forks faster
+(hashlib, which maps OpenSSL, and tempfile are imported where the backend uses
+them, not here: together a tenth of the fork server's memory).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import TypeVar
 
@@ -167,8 +167,7 @@ def decoder(record_type: type[T]) -> msgspec.json.Decoder[T]:
 def read_record(path: Path, record_type: type[T]) -> T | None:
     """The record at `path`, or None when it is absent or not (yet) whole."""
     try:
-        with open(path, "rb") as record:
-            data = record.read()
+        data = read_file(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
@@ -183,8 +182,35 @@ def _tmp_name(path: Path) -> Path:
 
 def write_replacing(path: Path, data: bytes) -> None:
     tmp = _tmp_name(path)
-    tmp.write_bytes(data)
+    write_file(tmp, data)
     os.replace(tmp, path)
+
+
+# A record is a few hundred bytes written or read whole, several times per task:
+# plain fd calls, without the buffered file object that open() builds around
+# them (and its fstat, isatty ioctl and lseek).
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Create or truncate `path` (mode 0666 less the umask) holding `data`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def read_file(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def claim_dir(task_dir: Path) -> bool:
@@ -225,6 +251,9 @@ def choose_work_root(data_dir: Path, *, tasks_are_other_users: bool, temp_dirs: 
     default = data_dir / WORK_ROOT
     if not tasks_are_other_users or traversable_by_anyone(data_dir.parent):
         return default
+    import hashlib  # not at the top: see the module docstring
+    import tempfile
+
     name = "pai-work-" + hashlib.sha256(str(data_dir).encode()).hexdigest()[:16]
     for temp in temp_dirs if temp_dirs is not None else [Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp")]:
         if traversable_by_anyone(temp):

@@ -52,6 +52,11 @@ import traceback
 from pathlib import Path
 
 from services.launcher.backends import local_limits, local_procs
+from services.launcher.backends.local_doorbell import (
+    FINISHED_BELL,
+    RUNNING_BELL,
+    Doorbell,
+)
 from services.launcher.backends.local_layout import (
     EXIT,
     KILL,
@@ -73,9 +78,9 @@ from services.launcher.backends.local_layout import (
     encode,
     read_record,
     with_claim,
+    write_file,
     write_replacing,
 )
-from services.launcher.backends.local_doorbell import FINISHED_BELL, RUNNING_BELL, Doorbell
 from services.launcher.backends.local_logs import DISK_FULL_PLATFORM_REASON, CappedLog
 
 BASH = shutil.which("bash") or "/bin/bash"
@@ -210,7 +215,7 @@ class Shim:
             record = ShimRecord(
                 shimPid=self.pid, shimStartTicks=self.ticks, detail=limits.detail, claimedAt=time.time()
             )
-            (task_dir / SPEC).write_bytes(with_claim(spec_json, record))
+            write_file(task_dir / SPEC, with_claim(spec_json, record))
             _make_work_dir(Path(spec.work_dir), spec)
             secret_commands = decoder(list[str]).decode(secret_part) if separator else None
             run = _Run(task_dir, spec, limits, secret_commands)
