@@ -50,3 +50,26 @@ def own_nats_server(tmp_path_factory: pytest.TempPathFactory):
     whole buckets and the whole stream, which other modules' leftovers must not reach."""
     with authenticated_nats_server(tmp_path_factory.mktemp("nats-own")) as srv:
         yield srv
+
+
+@contextlib.asynccontextmanager
+async def platform_bus(server, *, purge: tuple[str, ...] = (), durables=()):
+    """A connection as the platform user to `server`, its store bootstrapped; the
+    streams named in `purge` emptied and the durables in `durables` deleted, so a
+    test's consumers start from nothing."""
+    import nats.js.errors
+
+    from libs.common.bus import Bus
+    from libs.common.subjects import STREAM
+
+    bus = await Bus.connect(server.url, name="test-admin", **server.login("platform"))
+    await bus.bootstrap()
+    for stream in purge:
+        await bus.js.purge_stream(stream)
+    for durable in durables:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await bus.js.delete_consumer(STREAM, durable.value)
+    try:
+        yield bus
+    finally:
+        await bus.close()

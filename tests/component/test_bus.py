@@ -11,21 +11,13 @@ from libs.common.bus import Bus
 from libs.common.errors import BadInput, Transient
 from libs.common.messages import NodeStatus, StopRequested
 from libs.common.subjects import STREAM, Bucket, Durable, Kind
+from tests.conftest import platform_bus
 
 
 @pytest.fixture
 async def bus(nats_server):
-    b = await Bus.connect(nats_server.url, name="test", **nats_server.login("platform"))
-    await b.bootstrap()
-    # Each test gets a clean stream so consumers start from nothing.
-    await b.js.purge_stream(STREAM)
-    for durable in Durable:
-        try:
-            await b.js.delete_consumer(STREAM, durable.value)
-        except Exception:
-            pass
-    yield b
-    await b.close()
+    async with platform_bus(nats_server, purge=(STREAM,), durables=list(Durable)) as b:
+        yield b
 
 
 RUN = uuid.uuid4().hex[:6]  # ids stay unique across runs on one server: JetStream dedupes by id
@@ -129,7 +121,9 @@ async def test_trace_context_travels_from_publisher_to_handler(bus):
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
 
     from libs.common import telemetry
 

@@ -15,6 +15,7 @@ from libs.common.bus import Bus, get_json
 from libs.common.errors import Transient
 from libs.common.messages import StopRequested
 from libs.common.subjects import STREAM, Bucket, Durable, Kind
+from tests.conftest import platform_bus
 
 RUN = uuid.uuid4().hex[:6]
 WAIT_SECONDS = 60.0  # generous: the machine running the tests may be loaded
@@ -29,16 +30,8 @@ def nats_server(own_nats_server):
 
 @pytest.fixture
 async def bus(nats_server):
-    b = await Bus.connect(nats_server.url, name="test", **nats_server.login("platform"))
-    await b.bootstrap()
-    await b.js.purge_stream(STREAM)
-    for durable in Durable:
-        try:
-            await b.js.delete_consumer(STREAM, durable.value)
-        except Exception:
-            pass
-    yield b
-    await b.close()
+    async with platform_bus(nats_server, purge=(STREAM,), durables=list(Durable)) as b:
+        yield b
 
 
 def stop_event(n: int) -> StopRequested:

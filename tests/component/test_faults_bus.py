@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 import msgspec
 import nats.errors
@@ -16,11 +15,18 @@ import pytest
 from libs.common import bus as bus_module
 from libs.common.bus import Bus
 from libs.common.config import Config
-from libs.common.messages import EventDeadLettered, StopRequested, TaskExited, TaskVerdict, subject_of
+from libs.common.messages import (
+    EventDeadLettered,
+    StopRequested,
+    TaskExited,
+    TaskVerdict,
+    subject_of,
+)
 from libs.common.service import ServiceContext
 from libs.common.subjects import STREAM, Durable, Kind
 from services.runtime.core import RuleBook
 from services.runtime.service import RuntimeShell, baseline_rules
+from tests.conftest import platform_bus
 
 RUN = uuid.uuid4().hex[:6]
 # Generous: the machine running the tests may be loaded.
@@ -34,17 +40,9 @@ def nats_server(own_nats_server):
 
 
 @pytest.fixture
-async def admin(nats_server) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(nats_server.url, name="test-admin", **nats_server.login("platform"))
-    await bus.bootstrap()
-    await bus.js.purge_stream(STREAM)
-    for durable in Durable:
-        try:
-            await bus.js.delete_consumer(STREAM, durable.value)
-        except nats.js.errors.NotFoundError:
-            pass
-    yield bus
-    await bus.close()
+async def admin(nats_server):
+    async with platform_bus(nats_server, purge=(STREAM,), durables=list(Durable)) as b:
+        yield b
 
 
 async def until(check, what: str, seconds: float = WAIT_SECONDS):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 import msgspec
 import nats.js.errors
@@ -17,13 +16,15 @@ from libs.common.bus import Bus
 from libs.common.config import Config
 from libs.common.messages import JobPlaced, JobState, subject_of
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
-from libs.common.records import AttemptRecord, JobRecord as LauncherRecord, TaskRecord, encode_job_record
+from libs.common.records import AttemptRecord, TaskRecord, encode_job_record
+from libs.common.records import JobRecord as LauncherRecord
 from libs.common.schedule import ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import STREAM, Bucket
 from services.scheduler.cluster import local_cluster_config
 from services.scheduler.core import Place, SchedulerCore, Submit
 from services.scheduler.service import SchedulerShell
+from tests.conftest import platform_bus
 
 RUN = uuid.uuid4().hex[:6]
 CLUSTER = dict(node="node-a", gpus=0, cpus=4, memory_mb=8192)
@@ -36,11 +37,9 @@ def nats_server(own_nats_server):
 
 
 @pytest.fixture
-async def admin(nats_server) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(nats_server.url, name="test-admin", **nats_server.login("platform"))
-    await bus.bootstrap()
-    yield bus
-    await bus.close()
+async def admin(nats_server):
+    async with platform_bus(nats_server) as bus:
+        yield bus
 
 
 def whole_node_spec(job: str) -> JobSpec:

@@ -12,7 +12,6 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -24,6 +23,7 @@ from libs.common.service import ServiceContext
 from libs.common.subjects import STREAM, Durable, Kind
 from services.runtime.core import RuleBook
 from services.runtime.service import RuntimeShell, baseline_rules
+from tests.conftest import platform_bus
 
 WAIT_SECONDS = 60.0  # generous: the machine running the tests may be loaded; a crashed batch waits out the ack wait
 # (exit code, user log tail, the phrase the default rules give it; None: no verdict)
@@ -46,16 +46,9 @@ def nats_server(own_nats_server):
 
 
 @pytest.fixture
-async def admin(nats_server) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(nats_server.url, name="test-admin", **nats_server.login("platform"))
-    await bus.bootstrap()
-    await bus.js.purge_stream(STREAM)
-    try:
-        await bus.js.delete_consumer(STREAM, Durable.RUNTIME.value)
-    except Exception:
-        pass
-    yield bus
-    await bus.close()
+async def admin(nats_server):
+    async with platform_bus(nats_server, purge=(STREAM,), durables=[Durable.RUNTIME]) as bus:
+        yield bus
 
 
 def exits(run: str) -> list[TaskExited]:

@@ -12,7 +12,6 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -25,10 +24,11 @@ from libs.common.protocol.model import JobSpec, Resources, TaskRole
 from libs.common.schedule import ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import STREAM, Bucket, Durable
+from services.scheduler import service
 from services.scheduler.cluster import local_cluster_config
 from services.scheduler.core import SchedulerCore
-from services.scheduler import service
 from services.scheduler.service import CONSUMED, CONSUMED_KINDS, SchedulerShell
+from tests.conftest import platform_bus
 
 WAIT_SECONDS = 60.0  # generous: the machine running the tests may be loaded
 CPUS = 4  # one-CPU cells: four one-task jobs run, the rest wait
@@ -42,17 +42,9 @@ def nats_server(own_nats_server):
 
 
 @pytest.fixture
-async def admin(nats_server) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(nats_server.url, name="test-admin", **nats_server.login("platform"))
-    await bus.bootstrap()
-    await bus.js.purge_stream(STREAM)
-    await bus.js.purge_stream(f"KV_{Bucket.SCHEDULE.value}")
-    try:
-        await bus.js.delete_consumer(STREAM, Durable.SCHEDULER.value)
-    except Exception:
-        pass
-    yield bus
-    await bus.close()
+async def admin(nats_server):
+    async with platform_bus(nats_server, purge=(STREAM, f"KV_{Bucket.SCHEDULE.value}"), durables=[Durable.SCHEDULER]) as bus:
+        yield bus
 
 
 def submitted(job: str, *, cpus: int = 1) -> JobSubmitted:

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 import msgspec
 import nats.js.api
@@ -24,6 +23,7 @@ from libs.common.subjects import STREAM, Bucket, Durable
 from services.scheduler.cluster import local_cluster_config
 from services.scheduler.core import SchedulerCore
 from services.scheduler.service import CONSUMED, CONSUMED_KINDS, SchedulerShell
+from tests.conftest import platform_bus
 
 RUN = uuid.uuid4().hex[:6]
 WAIT_SECONDS = 30.0
@@ -36,15 +36,9 @@ def nats_server(own_nats_server):
 
 
 @pytest.fixture
-async def admin(nats_server) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(nats_server.url, name="test-admin", **nats_server.login("platform"))
-    await bus.bootstrap()
-    try:
-        await bus.js.delete_consumer(STREAM, Durable.SCHEDULER.value)
-    except nats.js.errors.NotFoundError:
-        pass
-    yield bus
-    await bus.close()
+async def admin(nats_server):
+    async with platform_bus(nats_server, durables=[Durable.SCHEDULER]) as bus:
+        yield bus
 
 
 def submitted(job: str) -> JobSubmitted:
