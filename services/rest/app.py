@@ -55,44 +55,56 @@ log = logging.getLogger("pai.rest")
 FOLLOW_POLL_SECONDS = 0.5
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler):
-    """Domain errors become JSON bodies with OpenPAI's `code` and a message.
+def request_middleware(limiter: ratelimit.TokenBuckets):
+    """Every request's way in, in one middleware (one frame, not three): the bus check,
+    the per-token rate limit, the caller's token, then the route; domain errors become
+    JSON bodies with OpenPAI's `code` and a message.
 
     Each request is one trace span (its context goes into the events it
     publishes) and one observation of the request-latency histogram.
+    (services/rest/fallback.py, outside it, answers what is left: aiohttp's own
+    errors and bugs.)
     """
-    started = time.perf_counter()
-    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
-    with telemetry.span(f"{request.method} {route}"):
-        try:
-            if not request.path.startswith(BUS_FREE_PREFIXES) and not ctx_of(request).bus.nc.is_connected:
-                # Every API answer needs the bus: say so at once instead of
-                # waiting out a KV timeout while NATS restarts.
-                raise BusUnavailable(BUS_AWAY_MESSAGE)
-            response = await handler(request)
-        except (*BUS_ERRORS, Transient) as exc:
-            if store_is_full(exc):
-                log.error("%s %s: the store is full: %r", request.method, request.path, exc)
-                response = _store_full()
-            elif isinstance(exc, BUS_ERRORS):
-                log.warning("%s %s: the bus did not answer: %r", request.method, request.path, exc)
-                response = _bus_unavailable(BUS_AWAY_MESSAGE)
-            else:
+
+    @web.middleware
+    async def answer(request: web.Request, handler):
+        started = time.perf_counter()
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource else "unmatched"
+        method = request.method
+        with telemetry.span(f"{method} {route}"):
+            try:
+                path = request.path
+                if not path.startswith(BUS_FREE_PREFIXES) and not ctx_of(request).bus.nc.is_connected:
+                    # Every API answer needs the bus: say so at once instead of
+                    # waiting out a KV timeout while NATS restarts.
+                    raise BusUnavailable(BUS_AWAY_MESSAGE)
+                # Probes, metrics and the portal's files are never limited; the rest
+                # are, before the token is looked up (a flood of made-up tokens costs NATS nothing).
+                refused = None if path.startswith(auth.PUBLIC_PREFIXES) else ratelimit.refusal(limiter, request)
+                response = refused if refused is not None else await auth.call_as_caller(request, handler)
+            except (*BUS_ERRORS, Transient) as exc:
+                if store_is_full(exc):
+                    log.error("%s %s: the store is full: %r", request.method, request.path, exc)
+                    response = _store_full()
+                elif isinstance(exc, BUS_ERRORS):
+                    log.warning("%s %s: the bus did not answer: %r", request.method, request.path, exc)
+                    response = _bus_unavailable(BUS_AWAY_MESSAGE)
+                else:
+                    response = _bus_unavailable(exc.message)
+            except BusUnavailable as exc:
                 response = _bus_unavailable(exc.message)
-        except BusUnavailable as exc:
-            response = _bus_unavailable(exc.message)
-        except ProtocolError as exc:
-            response = web.json_response(protocol_error_body(exc), status=400)
-        except PaiError as exc:
-            body: dict[str, Any] = {"code": exc.code, "message": exc.message}
-            if exc.details is not None:
-                body["details"] = exc.details
-            response = web.json_response(body, status=exc.status)
-    metrics.REQUESTS.labels(method=request.method, route=route, status=str(response.status)).observe(
-        time.perf_counter() - started
-    )
-    return response
+            except ProtocolError as exc:
+                response = web.json_response(protocol_error_body(exc), status=400)
+            except PaiError as exc:
+                body: dict[str, Any] = {"code": exc.code, "message": exc.message}
+                if exc.details is not None:
+                    body["details"] = exc.details
+                response = web.json_response(body, status=exc.status)
+        metrics.observe_request(method, route, response.status, time.perf_counter() - started)
+        return response
+
+    return answer
 
 
 # Probes and metrics answer from the process itself, NATS or not.
@@ -140,8 +152,7 @@ def _bus_unavailable(message: str) -> web.Response:
 async def create_app(ctx: ServiceContext) -> web.Application:
     limiter = ratelimit.TokenBuckets(rate=ctx.config.rest_rate_limit_per_second, burst=ctx.config.rest_rate_limit_burst)
     app = web.Application(
-        middlewares=[fallback.middleware, error_middleware, ratelimit.middleware(limiter, auth.PUBLIC_PREFIXES),
-                     auth.middleware],
+        middlewares=[fallback.middleware, request_middleware(limiter)],
         client_max_size=MAX_BODY_BYTES * 2,
     )
     app[CTX] = ctx

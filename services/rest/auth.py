@@ -93,17 +93,20 @@ async def principal_for_token(bus: Bus, token: str, *, now: float | None = None,
     return principal
 
 
-@web.middleware
-async def middleware(request: web.Request, handler):
+async def call_as_caller(request: web.Request, handler):
+    """`handler(request)` with the caller's `Principal` on the request (a public path:
+    without one); Unauthorized without a valid bearer token. Called by rest's request
+    middleware (services/rest/app.py) after the rate limit."""
     if is_public(request.path):
         return await handler(request)
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if not token or scheme.lower() != "bearer":
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>' "
                            "(get one with POST /api/v2/authn/basic/login or `pai login`)")
     remembered = request.app.get(PRINCIPALS)
-    principal = await principal_for_token(ctx_of(request).bus, token.strip(), remembered=remembered)
+    principal = await principal_for_token(ctx_of(request).bus, token, remembered=remembered)
     if principal is None:
         raise Unauthorized("the bearer token is not valid: unknown, expired or revoked; sign in again")
     request[USER] = principal

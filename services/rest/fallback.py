@@ -1,6 +1,6 @@
 """The outermost middleware: whatever goes wrong, a client gets a JSON body.
 
-Domain errors are turned into OpenPAI-shaped bodies by app.error_middleware;
+Domain errors are turned into OpenPAI-shaped bodies by app.request_middleware;
 this catches what is left: aiohttp's own answers (no such route, method not
 allowed, a body over aiohttp's size cap) and bugs. A bug is logged with its
 traceback and answered with a JSON 500 that says nothing about the inside.

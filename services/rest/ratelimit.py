@@ -64,23 +64,20 @@ def _caller(request: web.Request) -> str:
     return f"peer:{request.remote}"
 
 
-def middleware(buckets: TokenBuckets, public_prefixes: tuple[str, ...]):
-    @web.middleware
-    async def rate_limit(request: web.Request, handler):
-        if request.path.startswith(public_prefixes):
-            return await handler(request)
-        wait = buckets.take(_caller(request))
-        if wait <= 0:
-            return await handler(request)
-        metrics.RATE_LIMITED.inc()
-        return web.json_response(
-            {
-                "code": TOO_MANY_REQUESTS_CODE,
-                "message": f"more than {buckets.burst} requests at once or {buckets.rate:g} per second "
-                           f"with this token; try again in {wait:.2f} s",
-            },
-            status=429,
-            headers={"Retry-After": str(max(1, math.ceil(wait)))},
-        )
-
-    return rate_limit
+def refusal(buckets: TokenBuckets, request: web.Request) -> web.Response | None:
+    """Spend one of the caller's requests: None when allowed, else the 429 to answer
+    (rest's request middleware asks before it looks the token up; probes and metrics
+    are not asked about)."""
+    wait = buckets.take(_caller(request))
+    if wait <= 0:
+        return None
+    metrics.RATE_LIMITED.inc()
+    return web.json_response(
+        {
+            "code": TOO_MANY_REQUESTS_CODE,
+            "message": f"more than {buckets.burst} requests at once or {buckets.rate:g} per second "
+                       f"with this token; try again in {wait:.2f} s",
+        },
+        status=429,
+        headers={"Retry-After": str(max(1, math.ceil(wait)))},
+    )

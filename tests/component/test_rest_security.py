@@ -345,6 +345,25 @@ async def test_a_token_past_its_rate_gets_429_with_retry_after(bus, tmp_path):
         await server.close()
 
 
+# --- metrics ---------------------------------------------------------------------------
+
+
+async def test_every_answer_is_counted_by_method_route_and_status(rest):
+    from prometheus_client import REGISTRY
+
+    def counted(route: str, status: int) -> float:
+        labels = {"method": "GET", "route": route, "status": str(status)}
+        return REGISTRY.get_sample_value("pai_rest_request_seconds_count", labels) or 0.0
+
+    me, job = "/api/v2/users/me", "/api/v2/jobs/{job}"
+    before = {(me, 401): counted(me, 401), (me, 200): counted(me, 200), (job, 404): counted(job, 404)}
+    for who, path in (("anonymous", me), ("anonymous", me), ("owner", me), ("owner", f"/api/v2/jobs/{OWNER}~nosuchjob")):
+        await rest.call(who, "GET", path)
+    assert counted(me, 401) - before[(me, 401)] == 2  # refused before the route ran: still counted
+    assert counted(me, 200) - before[(me, 200)] == 1
+    assert counted(job, 404) - before[(job, 404)] == 1  # by the route's pattern, not the path asked
+
+
 # --- health ----------------------------------------------------------------------------
 
 
