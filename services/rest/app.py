@@ -227,7 +227,7 @@ async def submit_job(request: web.Request) -> web.Response:
         # is accepted: rest's sweep publishes it (a resubmission would only be a 409).
         log.warning("submission of %s recorded; its publish was not answered (%r): the sweep retries it", jid, exc)
         warnings = [*warnings, PUBLISH_DELAYED_WARNING]
-    metrics.JOBS_SUBMITTED.labels(vc=record.vc).inc()
+    metrics.job_submitted(record.vc)
     return jobs_api.json_response(
         {"job": jid, "name": spec.name, "state": "WAITING", "warnings": warnings, "ignoredFields": spec.ignoredFields},
         status=202,

@@ -364,6 +364,19 @@ async def test_every_answer_is_counted_by_method_route_and_status(rest):
     assert counted(job, 404) - before[(job, 404)] == 1  # by the route's pattern, not the path asked
 
 
+async def test_accepted_jobs_are_counted_per_virtual_cluster(rest):
+    from prometheus_client import REGISTRY
+
+    def accepted() -> float:
+        return REGISTRY.get_sample_value("pai_rest_jobs_submitted_total", {"vc": "default"}) or 0.0
+
+    before = accepted()
+    status, body, _ = await rest.call("owner", "POST", "/api/v2/jobs", body=_new_job("owner"), content_type="text/yaml")
+    assert status == 202, body
+    await rest.call("owner", "POST", "/api/v2/jobs", body=b"name: [", content_type="text/yaml")  # refused: not counted
+    assert accepted() - before == 1
+
+
 # --- health ----------------------------------------------------------------------------
 
 
