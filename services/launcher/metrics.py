@@ -8,3 +8,8 @@ BATCH_EVENTS = Histogram(
     "Events applied by one transaction of the launcher core (a batch of bus or backend events)",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+GROUPED_CALLERS = Histogram(
+    "pai_launcher_grouped_callers",
+    "Callers (bus batches, backend reports, timers) whose events one transaction of the core applied together",
+    buckets=(1, 2, 3, 4, 6, 8, 16),
+)

@@ -75,6 +75,9 @@ NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
 
 # How long a task seen running waits for its end before it is applied (running_linger).
 RUNNING_LINGER_SECONDS = 0.02
+# The launcher counts as busy (running_linger) while it applied another job's
+# events this recently.
+BUSY_WINDOW_SECONDS = 0.1
 
 CONSUMED_KINDS = [
     Kind.JOB_SUBMITTED, Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_STOP_REQUESTED, Kind.TASK_VERDICT,
@@ -98,12 +101,31 @@ def make_backend(config: Config) -> Backend:
     )
 
 
+class _Turn:
+    """One caller's events queued for the next transaction. `waited`: the caller
+    awaits `done` (a bus batch, a timer); the backend pump does not."""
+
+    __slots__ = ("done", "events", "waited")
+
+    def __init__(self, events: list, done: asyncio.Future, *, waited: bool):
+        self.events = events
+        self.done = done
+        self.waited = waited
+
+
 class LauncherShell:
     def __init__(self, ctx: ServiceContext, core: LauncherCore, backend: Backend):
         self.ctx = ctx
         self.core = core
         self.backend = backend
         self.lock = asyncio.Lock()
+        # Events waiting for the next transaction, and the task that runs the
+        # transactions (group commit: `_commit_forever`).
+        self._waiting: list[_Turn] = []
+        self._wake = asyncio.Event()
+        self._committer: asyncio.Task | None = None
+        # When the last transaction was decided, and the jobs it touched (running_linger).
+        self._last_commit: tuple[float, frozenset[str]] = (0.0, frozenset())
         self._background: set[asyncio.Task] = set()
         # job -> its opened secrets; only jobs whose commands reference one
         # are ever looked up (the others cost nothing).
@@ -148,9 +170,14 @@ class LauncherShell:
 
     async def pump_backend(self) -> None:
         """Backend events, every one already reported at once through the core."""
-        async for batch in event_batches(self.backend.events(), BATCH_MAX, linger=running_linger):
+        def linger(batch: list) -> float:
+            return running_linger(batch, busy=self._busy_with_others(batch))
+
+        async for batch in event_batches(self.backend.events(), BATCH_MAX, linger=linger):
             events = [await self._scrubbed_exit(e) if isinstance(e, TaskFinished) else e for e in batch]
-            await self._apply(*events)
+            # Not waited for: reports that come meanwhile join the same (next)
+            # transaction, with whatever bus batch is waiting too.
+            self._enqueue(events, waited=False)
 
     async def _end_tasks_on_lost_node(self, node: str, reason: str) -> None:
         """The monitor lost `node`: end the tasks placed there. They end like
@@ -221,19 +248,115 @@ class LauncherShell:
         )
 
     async def _apply(self, *events) -> None:
-        """One transaction of the core for `events`, its effects carried out."""
+        """Apply `events` in a transaction of the core; return once their effects
+        are carried out (raise what went wrong)."""
         if not events:
             return
-        async with self.lock:
-            metrics.BATCH_EVENTS.observe(len(events))
+        turn = self._enqueue(list(events), waited=True)
+        try:
+            await asyncio.shield(turn.done)
+        except asyncio.CancelledError:
+            if not turn.done.done() and turn in self._waiting:
+                self._waiting.remove(turn)  # not taken yet: never applied
+            else:  # its outcome, whatever it is, is no one's any more
+                turn.done.add_done_callback(lambda done: done.cancelled() or done.exception())
+            raise
+
+    def _busy_with_others(self, batch: list) -> bool:
+        """Whether the launcher applied events of jobs other than `batch`'s just now."""
+        at, jobs = self._last_commit
+        return time.monotonic() - at < BUSY_WINDOW_SECONDS and not jobs <= {job_of(e) for e in batch}
+
+    def _enqueue(self, events: list, *, waited: bool) -> _Turn:
+        """Queue `events` for the next transaction (group commit, `_commit_forever`)."""
+        turn = _Turn(events, asyncio.get_running_loop().create_future(), waited=waited)
+        self._waiting.append(turn)
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.ensure_future(self._commit_forever())
+            self._committer.add_done_callback(self._background_done)  # a bug in it stops the service
+        self._wake.set()
+        return turn
+
+    async def _commit_forever(self) -> None:
+        """Group commit: whatever was queued while a transaction's effects were in
+        flight (a bus batch, the backend's reports, a timer) goes into the next
+        transaction, all at once and in the order it came: one record write per
+        job and one round of publications for all of it, instead of one per
+        caller. Transactions run one after another, so per job effects keep
+        their order. A caller's events are acked (bus) or forgotten only once
+        their transaction's effects are durable, as before."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._waiting:
+                turns, self._waiting = self._waiting, []
+                try:
+                    async with self.lock:
+                        await self._commit(turns)
+                except BaseException:
+                    for turn in turns:  # (the shell is closing) no caller waits forever
+                        if turn.waited and not turn.done.done():
+                            turn.done.cancel()
+                    raise
+
+    async def _commit(self, turns: list[_Turn]) -> None:
+        """One transaction for `turns` (the lock held); each turn ends with its outcome."""
+        events = [event for turn in turns for event in turn.events]
+        try:
             actions = self.core.handle(*events)
-            try:
-                await self._execute(actions)
-            except BaseException:
-                # Handed again (the bus, or the next incarnation's recovery),
-                # the events must order their effects again, not find them done.
-                self.core.undo_last()
-                raise
+        except Exception as exc:  # noqa: BLE001 -- handed on to its caller, never swallowed
+            if len(turns) == 1:
+                self._finish(turns[0], exc)
+                return
+            # Some turn's events are refused (say, a placement whose submission
+            # has not been seen yet): the core rolled all of it back; each turn
+            # is applied alone, so only the refused one fails, as ungrouped.
+            for turn in turns:
+                await self._commit([turn])
+            return
+        metrics.BATCH_EVENTS.observe(len(events))
+        metrics.GROUPED_CALLERS.observe(len(turns))
+        self._last_commit = (time.monotonic(), frozenset(job_of(e) for e in events))
+        try:
+            await self._execute(actions)
+        except BaseException as exc:
+            # Handed again (the bus, or the next incarnation's recovery), the
+            # events must order their effects again, not find them done.
+            self.core.undo_last()
+            if isinstance(exc, asyncio.CancelledError) or all(not t.waited for t in turns):
+                for turn in turns:
+                    self._finish(turn, exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                return
+            # Callers waiting get the failure (the bus hands their events again);
+            # the backend's reports, which no one waits for, go again next.
+            for turn in turns:
+                if turn.waited:
+                    self._finish(turn, exc)
+            self._waiting[:0] = [t for t in turns if not t.waited]
+            self._wake.set()
+            return
+        for turn in turns:
+            self._finish(turn, None)
+
+    def _finish(self, turn: _Turn, error: BaseException | None) -> None:
+        if turn.waited:
+            if turn.done.done():
+                pass
+            elif error is None:
+                turn.done.set_result(None)
+            elif isinstance(error, asyncio.CancelledError):
+                turn.done.cancel()
+            else:
+                turn.done.set_exception(error)
+        elif error is not None and not isinstance(error, asyncio.CancelledError):
+            # The backend's reports could not be applied: as when its pump
+            # failed, the service stops, and the next incarnation's recovery
+            # learns from the backend what it reported.
+            log.error("applying the backend's reports failed", exc_info=error)
+            self.ctx.failed = error
+            self.ctx.stopping.set()
 
     async def _execute(self, actions) -> None:
         """Records first (all written before anything else), then tasks, then events."""
@@ -246,24 +369,31 @@ class LauncherShell:
         }
         if records:
             await self.ctx.bus.kv_write_many(Bucket.JOB_STATUS, records)
-        publications = []
-        for action in actions:
-            match action:
-                case SaveJob():
-                    pass
-                case StartTask(launch=launch):
-                    metrics.TASKS_STARTED.inc()
-                    await self._start(launch)
-                case KillTask(key=key, reason=reason, grace_seconds=grace):
-                    self._in_background(self.backend.kill(key, grace_seconds=grace, reason=reason))
-                case Publish(event=event):
-                    publications.append(event)
-                case StartTimer(job=job, attempt=attempt, at=at):
-                    self._in_background(self._timer(job, attempt, at))
-                case ForgetTask(key=key):
-                    await self.backend.forget(key)
-        if publications:
-            await self.ctx.bus.publish_many(publications)
+        # The publications go out while the tasks are started: both only
+        # after the records are stored, and both done before this returns.
+        publications = [action.event for action in actions if isinstance(action, Publish)]
+        publishing = asyncio.ensure_future(self.ctx.bus.publish_many(publications)) if publications else None
+        try:
+            for action in actions:
+                match action:
+                    case SaveJob() | Publish():
+                        pass
+                    case StartTask(launch=launch):
+                        metrics.TASKS_STARTED.inc()
+                        await self._start(launch)
+                    case KillTask(key=key, reason=reason, grace_seconds=grace):
+                        self._in_background(self.backend.kill(key, grace_seconds=grace, reason=reason))
+                    case StartTimer(job=job, attempt=attempt, at=at):
+                        self._in_background(self._timer(job, attempt, at))
+                    case ForgetTask(key=key):
+                        await self.backend.forget(key)
+        except BaseException:
+            if publishing is not None:
+                publishing.cancel()  # (their ids dedupe whatever went out, when handed again)
+                publishing.add_done_callback(lambda done: done.cancelled() or done.exception())
+            raise
+        if publishing is not None:
+            await publishing
 
     async def _timer(self, job: str, attempt: int, at: float) -> None:
         await asyncio.sleep(max(0.0, at - time.time()))
@@ -351,6 +481,8 @@ class LauncherShell:
         return data[req.offset :] if req.offset else data
 
     async def close(self) -> None:
+        if self._committer is not None:
+            self._committer.cancel()
         for task in list(self._background):
             task.cancel()
         await self.backend.close()
@@ -371,19 +503,26 @@ def live_tasks_on(core: LauncherCore, node: str) -> list[TaskKey]:
     return keys
 
 
-def running_linger(batch: list) -> float:
+def running_linger(batch: list, *, busy: bool = False) -> float:
     """How long to wait for more before applying `batch`: a moment when a task
     in it is seen running but not ended. A task that ends at once (a trivial
     job's) then has its start and its end applied together, in one write of its
     record instead of two; a longer one is seen RUNNING that much later. Only
-    under load (more than one event came together): a lone task on an idle
-    launcher is reported RUNNING at once, as the idle start latency wants."""
-    if len(batch) < 2:
+    under load (more than one event came together, or `busy`: the launcher is
+    applying other jobs' events): a lone task on an idle launcher is reported
+    RUNNING at once, as the idle start latency wants."""
+    if len(batch) < 2 and not busy:
         return 0.0
     ended = {event.key for event in batch if isinstance(event, TaskFinished)}
     if any(isinstance(event, TaskRunning) and event.key not in ended for event in batch):
         return RUNNING_LINGER_SECONDS
     return 0.0
+
+
+def job_of(event) -> str:
+    """The job a core event is about (a backend report names it in its key)."""
+    job = getattr(event, "job", None)
+    return job if job is not None else event.key.job
 
 
 async def event_batches(
