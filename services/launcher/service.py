@@ -2,17 +2,26 @@
 
 Events come in batches: every bus event waiting (`consume_batches`), and every
 backend event already reported, go through one `core.handle(*events)`, which
-returns one `SaveJob` per job it changed however many events touched it.
+returns one `SaveJob` per job it changed however many events touched it. And
+transactions are group-committed (`_commit_forever`): whatever is handed to the
+shell while one transaction's effects are in flight -- the next bus batch, the
+backend's reports, a timer -- goes into the next transaction together.
 
 Order of effects for one `handle()` (the core's contract): every `SaveJob` is
 written to KV first (all at once, `kv_write_many`), then tasks are started or
-killed, then the events are published (all at once, `publish_many`; they are
-in the saved records' outboxes already). A crash in between is healed at
+killed while the events are published (all at once, `publish_many`; they are
+in the saved records' outboxes already); a bus batch returns, and is acked,
+only once all of that is done. A crash in between is healed at
 start-up: records are loaded, the backend re-adopts its tasks, `core.recover`
 publishes the outboxes again, starts what was ordered but never started and
 reports what died meanwhile, so no task attempt starts twice. An effect that
-fails (NATS trouble) undoes the batch in the core (`undo_last`) before the
-error goes on, so the events, handed again, order their effects again.
+fails (NATS trouble) undoes the transaction in the core (`undo_last`) before
+the error goes on, so the events, handed again, order their effects again.
+
+Transactions do not overlap: the next one is decided only once the previous
+one's publications are stored. Deciding it earlier would let a job's next
+record (whose outbox holds only that transaction's events) be stored before
+the previous events are, and a crash then would lose them.
 
 Kills run in the background: a stop waits out the grace period, and the
 launcher must go on handling other jobs meanwhile; the backend's TaskFinished
@@ -359,7 +368,7 @@ class LauncherShell:
             self.ctx.stopping.set()
 
     async def _execute(self, actions) -> None:
-        """Records first (all written before anything else), then tasks, then events."""
+        """Records first (all written before anything else), then tasks and events."""
         if not actions:
             return
         records = {

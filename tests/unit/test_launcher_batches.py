@@ -234,3 +234,14 @@ async def test_under_load_a_task_seen_running_waits_a_moment_for_its_end_to_shar
     assert await collect(backend_reports(running, finished, gap=soon), linger=running_linger) == [[running], [finished]]
     # A batch of ends only does not wait.
     assert running_linger([finished]) == 0.0
+
+
+def test_a_lone_task_seen_running_waits_for_its_end_while_the_launcher_is_busy_with_other_jobs(monkeypatch):
+    from services.launcher import service
+    from services.launcher.service import running_linger
+
+    monkeypatch.setattr(service, "RUNNING_LINGER_SECONDS", 1.0)
+    running = TaskRunning(key=key("a"))
+    assert running_linger([running], busy=True) == 1.0
+    assert running_linger([running], busy=False) == 0.0
+    assert running_linger([TaskFinished(key=key("a"), exitCode=0)], busy=True) == 0.0
