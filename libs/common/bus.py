@@ -29,8 +29,9 @@ stream order, across crashes too. They allow a batch's worth of unacked events
 (`max_ack_pending`), never give one back while running (a failing event is
 retried in place, the events behind it waiting, instead of nak'ed: a nak'ed
 event would come back after newer ones), and at start-up, while events of the
-previous incarnation are still unacked, allow only those until they are
-redelivered and handled (`_resume_in_order`).
+previous incarnation are still unacked, allow only as many as are still out,
+taken one by one, until every one of them came back and was handled
+(`consume_batches`).
 """
 
 from __future__ import annotations
@@ -320,24 +321,30 @@ class Bus:
         keeps stream order across failures and crashes.
         """
         most_pending = max_batch if ordered else PARALLEL_MAX_ACK_PENDING
+        # Events the previous run left unacked: while any is, the durable allows
+        # exactly that many, so only they can be delivered (module doc).
         left_by_last_run = await self._unacked(durable) if ordered else 0
-        allowed = min(left_by_last_run, most_pending) if left_by_last_run else most_pending
-        await self._pull_subscription(durable, kinds, max_ack_pending=allowed)
+        await self._pull_subscription(durable, kinds, max_ack_pending=left_by_last_run or most_pending)
         puller = await _Puller.open(self.nc, STREAM, durable.value)
         decoder = decoder_for(*types)
         stopping = stopping or asyncio.Event()
         try:
             while not stopping.is_set():
-                msgs = await puller.next_batch(max_batch)
+                # The previous run's events one by one: a pull the durable's bound keeps
+                # from being answered in full stays open in the server, and would take
+                # the first newer event once these are acked.
+                msgs = await puller.next_batch(1 if left_by_last_run else max_batch)
                 if not msgs:
                     continue
                 if ordered and len(msgs) > 1:
                     msgs.sort(key=lambda msg: msg.metadata.sequence.stream)
                 await self._dispatch_batch(msgs, decoder, handler, durable, ordered, deadline)
-                if allowed != most_pending and await self._unacked(durable) == 0:
-                    # The previous run's events are handled: back to whole batches.
-                    await self._pull_subscription(durable, kinds, max_ack_pending=most_pending)
-                    allowed = most_pending
+                if left_by_last_run:
+                    # Each was acked or terminated. Those still out may come back later
+                    # than these (their ack wait began later): allow only them, so that
+                    # no newer event overtakes them; none left, back to whole batches.
+                    left_by_last_run = max(left_by_last_run - len(msgs), 0)
+                    await self._pull_subscription(durable, kinds, max_ack_pending=left_by_last_run or most_pending)
         finally:
             await puller.close()
 

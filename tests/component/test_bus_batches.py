@@ -199,3 +199,44 @@ async def test_kv_write_many_puts_and_deletes_every_key(bus):
     assert await get_json(kv, f"w.{RUN}.0", int) is None
     assert (await kv.get(f"w.{RUN}.1")).value == b"one"
     assert (await kv.get(f"w.{RUN}.9")).value == b"9"
+
+
+async def test_events_a_dead_run_held_come_back_before_newer_ones_even_when_their_ack_waits_end_apart(bus, nats_server):
+    """The dead run held two lots of events, taken 3.5 s apart, so they come back
+    apart (the ack wait is 5 s). Newer events published meanwhile must not be handed
+    over between the two lots."""
+    from libs.common.bus import ACK_WAIT_SECONDS
+
+    # A durable as a running service leaves it (whole batches allowed), then a dead run's pulls.
+    idle, stopping = consuming(bus, lambda batch: asyncio.sleep(0))
+    await asyncio.sleep(0.5)
+    stopping.set()
+    await halt(idle)
+    early, late, newer = ([stop_event(n) for n in range(base, base + 5)] for base in (0, 10, 20))
+    await bus.publish_many(early + late)
+    dead = await Bus.connect(nats_server.url, name="dead", **nats_server.login("platform"))
+    inbox = dead.nc.new_inbox()
+    answers = await dead.nc.subscribe(inbox)
+
+    async def take_five() -> None:  # a pull that leaves no request lingering in the server
+        await dead.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{Durable.MONITOR.value}",
+                              b'{"batch": 5, "no_wait": true}', reply=inbox)
+        for _ in range(5):
+            assert (await answers.next_msg(timeout=5)).data
+
+    await take_five()
+    await asyncio.sleep(3.5)
+    await take_five()
+    await dead.nc.close()  # dies holding both lots, unacked
+    await bus.publish_many(newer)
+
+    seen: list[str] = []
+
+    async def record(batch):
+        seen.extend(event.id for event in batch)
+
+    task, stopping = consuming(bus, record)
+    await until(lambda: len(seen) >= 15, "the dead run's events and the newer ones", seconds=WAIT_SECONDS + ACK_WAIT_SECONDS)
+    stopping.set()
+    await halt(task)
+    assert seen == [event.id for event in early + late + newer]
