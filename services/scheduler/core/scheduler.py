@@ -104,8 +104,11 @@ class SchedulerCore:
     def __init__(self, config: ClusterConfig, *, clock: Callable[[], float],
                  gang_priority_after_s: float = GANG_PRIORITY_AFTER_S,
                  opportunistic_preemption_budget: int = OPPORTUNISTIC_PREEMPTION_BUDGET,
-                 compact_before_binding: bool = True):
+                 compact_before_binding: bool = True, bucketed: bool = True):
         self.config = config
+        # False: every waiting job is a bucket of its own, so a pass tries each in queue order (a plain
+        # scan). Slower under long queues; the reference the bucketed pass is tested to decide as.
+        self._bucketed = bucketed
         self._clock = clock
         self._gang_after = gang_priority_after_s
         self._preemption_budget = opportunistic_preemption_budget
@@ -537,7 +540,7 @@ class SchedulerCore:
         """Jobs of one bucket ask for the same thing: one fits only where the one before it fits."""
         if record.never is not None:
             return ("never",)
-        if record.shape is None:
+        if record.shape is None or not self._bucketed:
             return ("one", record.seq, record.id)
         return ("same", record.vc if record.opportunistic else None, record.shape, tuple(sorted(record.skus_set)),
                 self._over_budget(record))
