@@ -16,7 +16,11 @@ scheduler's hop; 0 puts both in the same batch more often than they would be).
 Prints JSON per run: the launcher process's own CPU per job (user + system,
 /proc; its fork server, shims and tasks are other processes, measured by
 launch_throughput.py), its idle CPU subtracted; and what it wrote to NATS per
-job: job records (puts to the job status bucket) and events published.
+job: job records (puts to the job status bucket), events published, and the
+launcher core's transactions (each one record write per job it changed and
+one round of publications). With `--rate`, also how long from a placement
+stored to the job's record RUNNING and SUCCEEDED (the launcher's and its
+backend's share of the time a job holds its cells).
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from libs.common import busauth
-from libs.common.bus import STREAM, Bus
+from benchmarks.stats import percentile
+from libs.common import busauth, ids
+from libs.common.bus import STREAM, Bus, load_all
 from libs.common.busauth import load_or_create_credentials
 from libs.common.messages import (
     Event,
@@ -48,6 +53,7 @@ from libs.common.messages import (
 )
 from libs.common.natsserver import NatsServer, free_port
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
+from libs.common.records import JobRecord
 from libs.common.subjects import Bucket, Durable, Kind, kind_filter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,16 +90,40 @@ async def publish_all(bus: Bus, events: list[Event]) -> None:
         ))
 
 
-async def publish_paced(bus: Bus, jobs: list[list[Event]], rate: float, lag: float) -> None:
-    """Each job's submission at its turn, its placement `lag` seconds later."""
+async def publish_paced(bus: Bus, jobs: list[list[Event]], rate: float, lag: float) -> dict[str, float]:
+    """Each job's submission at its turn, its placement `lag` seconds later;
+    when each placement was stored (wall clock), by job."""
     timeline = sorted(
         (n / rate + step * lag, n, step, event) for n, events in enumerate(jobs) for step, event in enumerate(events)
     )
     started = time.monotonic()
+    placed_at: dict[str, float] = {}
     for at, _, _, event in timeline:
         if (wait := started + at - time.monotonic()) > 0:
             await asyncio.sleep(wait)
         await publish_all(bus, [event])
+        if isinstance(event, JobPlaced):
+            placed_at[event.job] = time.time()
+    return placed_at
+
+
+async def latencies(bus: Bus, placed_at: dict[str, float]) -> dict:
+    """From each placement stored to its job's record RUNNING and SUCCEEDED (the
+    launcher's own timestamps): the launcher's and its backend's share of the
+    time a job holds its cells."""
+    records = await load_all(await bus.kv(Bucket.JOB_STATUS), JobRecord)
+    to_running, to_done = [], []
+    for job, at in placed_at.items():
+        record = records.get(ids.job_key(job))
+        if record is None or record.launchedTime is None or record.completedTime is None:
+            continue
+        to_running.append(1000 * (record.launchedTime - at))
+        to_done.append(1000 * (record.completedTime - at))
+
+    def summary(values: list[float]) -> dict:
+        return {"p50_ms": round(percentile(values, 50) or 0, 1), "p99_ms": round(percentile(values, 99) or 0, 1)}
+
+    return {"placed_to_running": summary(to_running), "placed_to_succeeded": summary(to_done)}
 
 
 async def stored(bus: Bus, kind: Kind) -> int:
@@ -119,6 +149,16 @@ async def wait_done(bus: Bus, jobs: int, proc: subprocess.Popen, timeout: float)
         if time.monotonic() > deadline:
             raise SystemExit(f"the launcher did not finish {jobs} jobs in {timeout}s")
         await asyncio.sleep(0.1)
+
+
+async def transactions(metrics_url: str) -> float:
+    """Core transactions the launcher ran so far (its batch histogram's count)."""
+    async with aiohttp.ClientSession() as http, http.get(metrics_url) as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith("pai_launcher_batch_events_count"):
+            return float(line.split()[-1])
+    return 0.0
 
 
 async def wait_ready(url: str, proc: subprocess.Popen) -> None:
@@ -151,6 +191,8 @@ async def measure(root: Path, jobs: int, rate: float, lag: float) -> dict:
             proc = subprocess.Popen([sys.executable, "-m", "services.launcher"], cwd=REPO, env=env)
             try:
                 await wait_ready(f"http://127.0.0.1:{port}/readyz", proc)
+                metrics_url = f"http://127.0.0.1:{port}/metrics"
+                transactions0 = await transactions(metrics_url)
                 if rate <= 0:
                     writes0, cpu0, t0 = 0, cpu_seconds(proc.pid), time.monotonic()
                     await wait_done(bus, jobs, proc, timeout=120 + jobs * 0.1)
@@ -163,10 +205,12 @@ async def measure(root: Path, jobs: int, rate: float, lag: float) -> dict:
                     await asyncio.sleep(IDLE_SECONDS)
                     idle_share = (cpu_seconds(proc.pid) - idle0) / IDLE_SECONDS
                     writes0, cpu0, t0 = await record_writes(bus), cpu_seconds(proc.pid), time.monotonic()
-                    await publish_paced(bus, per_job, rate, lag)
+                    placed_at = await publish_paced(bus, per_job, rate, lag)
                     await wait_done(bus, jobs, proc, timeout=120 + jobs * 0.1)
                     cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
                 writes = await record_writes(bus) - writes0
+                latency = await latencies(bus, placed_at) if rate > 0 else None
+                transactions_run = await transactions(metrics_url) - transactions0
                 published = {kind.value: await stored(bus, kind) for kind in LAUNCHER_KINDS}
             finally:
                 proc.terminate()
@@ -187,8 +231,10 @@ async def measure(root: Path, jobs: int, rate: float, lag: float) -> dict:
         "idle_cpu_share": round(idle_share, 4),
         "launcher_cpu_ms_per_job": round(1000 * busy / jobs, 3),
         "record_writes_per_job": round(writes / jobs, 2),
+        "core_transactions_per_job": round(transactions_run / jobs, 2),
         "events_published_per_job": round(sum(published.values()) / jobs, 2),
         "events_published_per_job_by_kind": {k: round(v / jobs, 2) for k, v in published.items()},
+        "latency": latency,
     }
 
 
