@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import msgspec
 import nats.errors
@@ -74,17 +74,18 @@ from services.launcher.core import (
     StartTimer,
     from_message,
 )
+from services.launcher.core.held import HeldRunning, job_of
 from services.launcher.core.retention import due_for_pruning, task_keys
-from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
+from services.launcher.core.tasks import TaskFinished, TaskKey
 
 log = logging.getLogger("pai.launcher")
 
 # What goes wrong talking to NATS; anything else is a bug.
 NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
 
-# How long a task seen running waits for its end before it is applied (running_linger).
+# How long a task seen running waits for its end before it is applied, under load (pump_backend).
 RUNNING_LINGER_SECONDS = 0.02
-# The launcher counts as busy (running_linger) while it applied another job's
+# The launcher counts as busy (pump_backend) while it applied another job's
 # events this recently.
 BUSY_WINDOW_SECONDS = 0.1
 
@@ -133,8 +134,11 @@ class LauncherShell:
         self._waiting: list[_Turn] = []
         self._wake = asyncio.Event()
         self._committer: asyncio.Task | None = None
-        # When the last transaction was decided, and the jobs it touched (running_linger).
+        # When the last transaction was decided, and the jobs it touched (pump_backend).
         self._last_commit: tuple[float, frozenset[str]] = (0.0, frozenset())
+        # Task-running reports held a moment for their task's end (pump_backend).
+        self._held = HeldRunning(RUNNING_LINGER_SECONDS)
+        self._held_timer: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
         # job -> its opened secrets; only jobs whose commands reference one
         # are ever looked up (the others cost nothing).
@@ -178,15 +182,33 @@ class LauncherShell:
         await self._apply(*pending)
 
     async def pump_backend(self) -> None:
-        """Backend events, every one already reported at once through the core."""
-        def linger(batch: list) -> float:
-            return running_linger(batch, busy=self._busy_with_others(batch))
+        """Backend events, every one already reported at once through the core.
 
-        async for batch in event_batches(self.backend.events(), BATCH_MAX, linger=linger):
+        Under load (more than one report came together, or the launcher is busy
+        with other jobs), a task seen running is held a moment for its end
+        (core/held.py): a task that ends at once then costs one write of its
+        record instead of two. A lone task on an idle launcher is reported
+        RUNNING at once, as the idle start latency wants."""
+        async for batch in event_batches(self.backend.events(), BATCH_MAX):
             events = [await self._scrubbed_exit(e) if isinstance(e, TaskFinished) else e for e in batch]
-            # Not waited for: reports that come meanwhile join the same (next)
-            # transaction, with whatever bus batch is waiting too.
+            under_load = len(events) > 1 or self._busy_with_others(events)
+            self._report(self._held.take(events, now=time.monotonic(), hold=under_load))
+            if len(self._held) and (self._held_timer is None or self._held_timer.done()):
+                self._held_timer = asyncio.ensure_future(self._release_held())
+                self._held_timer.add_done_callback(self._background_done)
+
+    def _report(self, events: list) -> None:
+        """Backend reports into the next transaction. Not waited for: reports
+        that come meanwhile join the same transaction, with whatever bus batch
+        is waiting too."""
+        if events:
             self._enqueue(events, waited=False)
+
+    async def _release_held(self) -> None:
+        """Reports held for their task's end go on when their moment has passed."""
+        while (at := self._held.next_due()) is not None:
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            self._report(self._held.due(time.monotonic()))
 
     async def _end_tasks_on_lost_node(self, node: str, reason: str) -> None:
         """The monitor lost `node`: end the tasks placed there. They end like
@@ -490,8 +512,9 @@ class LauncherShell:
         return data[req.offset :] if req.offset else data
 
     async def close(self) -> None:
-        if self._committer is not None:
-            self._committer.cancel()
+        for task in (self._committer, self._held_timer):
+            if task is not None:
+                task.cancel()
         for task in list(self._background):
             task.cancel()
         await self.backend.close()
@@ -512,35 +535,10 @@ def live_tasks_on(core: LauncherCore, node: str) -> list[TaskKey]:
     return keys
 
 
-def running_linger(batch: list, *, busy: bool = False) -> float:
-    """How long to wait for more before applying `batch`: a moment when a task
-    in it is seen running but not ended. A task that ends at once (a trivial
-    job's) then has its start and its end applied together, in one write of its
-    record instead of two; a longer one is seen RUNNING that much later. Only
-    under load (more than one event came together, or `busy`: the launcher is
-    applying other jobs' events): a lone task on an idle launcher is reported
-    RUNNING at once, as the idle start latency wants."""
-    if len(batch) < 2 and not busy:
-        return 0.0
-    ended = {event.key for event in batch if isinstance(event, TaskFinished)}
-    if any(isinstance(event, TaskRunning) and event.key not in ended for event in batch):
-        return RUNNING_LINGER_SECONDS
-    return 0.0
-
-
-def job_of(event) -> str:
-    """The job a core event is about (a backend report names it in its key)."""
-    job = getattr(event, "job", None)
-    return job if job is not None else event.key.job
-
-
-async def event_batches(
-    events: AsyncIterator, most: int, *, linger: Callable[[list], float] | None = None
-) -> AsyncIterator[list]:
+async def event_batches(events: AsyncIterator, most: int) -> AsyncIterator[list]:
     """`events` in lists: the next one (waited for), with every one already there
     behind it, up to `most`. A reader moves them across while a batch is
-    handled, so whatever arrived meanwhile makes the next batch. `linger(batch)`:
-    seconds to wait once for more before the batch is handed on."""
+    handled, so whatever arrived meanwhile makes the next batch."""
     waiting: asyncio.Queue = asyncio.Queue()
     ended = object()
 
@@ -557,10 +555,6 @@ async def event_batches(
             batch = [await waiting.get()]
             while len(batch) < most and not waiting.empty():
                 batch.append(waiting.get_nowait())
-            if linger is not None and batch[-1] is not ended and len(batch) < most and (wait := linger(batch)) > 0:
-                await asyncio.sleep(wait)
-                while len(batch) < most and not waiting.empty():
-                    batch.append(waiting.get_nowait())
             done = batch[-1] is ended
             if done:
                 batch.pop()

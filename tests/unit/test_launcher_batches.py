@@ -213,35 +213,50 @@ async def test_backend_events_already_reported_go_together_and_none_is_lost():
     assert len(batches) < len(reported)
 
 
-async def test_under_load_a_task_seen_running_waits_a_moment_for_its_end_to_share_its_write(monkeypatch):
-    from services.launcher import service
-    from services.launcher.service import running_linger
+def test_under_load_a_task_seen_running_is_held_for_its_end_and_goes_with_it():
+    from services.launcher.core.held import HeldRunning
 
-    monkeypatch.setattr(service, "RUNNING_LINGER_SECONDS", 1.0)  # a moment even a loaded machine keeps
+    held = HeldRunning(0.02)
     other, running, finished = TaskRunning(key=key("b")), TaskRunning(key=key("a")), TaskFinished(key=key("a"), exitCode=0)
-    soon = 0.05
-
-    async def under_load():  # two tasks reported running together, then one's end
-        yield other
-        yield running
-        await asyncio.sleep(soon)
-        yield finished
-
-    assert await collect(under_load(), linger=running_linger) == [[other, running, finished]]
-    # Without the wait they are two batches, so two writes of the job's record.
-    assert await collect(under_load()) == [[other, running], [finished]]
-    # A lone task on an idle launcher is reported running at once.
-    assert await collect(backend_reports(running, finished, gap=soon), linger=running_linger) == [[running], [finished]]
-    # A batch of ends only does not wait.
-    assert running_linger([finished]) == 0.0
+    assert held.take([other, running], now=0.0, hold=True) == []
+    assert held.next_due() == 0.02
+    # a's end comes within the moment: a's start and end go together, b waits on.
+    assert held.take([finished], now=0.01, hold=True) == [running, finished]
+    assert held.due(0.019) == []
+    assert held.due(0.02) == [other]
+    assert len(held) == 0 and held.next_due() is None
 
 
-def test_a_lone_task_seen_running_waits_for_its_end_while_the_launcher_is_busy_with_other_jobs(monkeypatch):
-    from services.launcher import service
-    from services.launcher.service import running_linger
+def test_a_task_ending_in_the_same_batch_is_not_held_and_ends_are_never_held():
+    from services.launcher.core.held import HeldRunning
 
-    monkeypatch.setattr(service, "RUNNING_LINGER_SECONDS", 1.0)
+    held = HeldRunning(0.02)
+    running, finished = TaskRunning(key=key("a")), TaskFinished(key=key("a"), exitCode=0)
+    assert held.take([running, finished], now=0.0, hold=True) == [running, finished]
+    ended_elsewhere = TaskFinished(key=key("c"), exitCode=1)
+    assert held.take([ended_elsewhere], now=0.0, hold=True) == [ended_elsewhere]
+    assert len(held) == 0
+
+
+def test_without_load_nothing_is_held():
+    from services.launcher.core.held import HeldRunning
+
+    held = HeldRunning(0.02)
     running = TaskRunning(key=key("a"))
-    assert running_linger([running], busy=True) == 1.0
-    assert running_linger([running], busy=False) == 0.0
-    assert running_linger([TaskFinished(key=key("a"), exitCode=0)], busy=True) == 0.0
+    assert held.take([running], now=0.0, hold=False) == [running]
+    assert len(held) == 0
+
+
+def test_a_held_report_goes_before_any_later_report_of_its_job():
+    from services.launcher.core.held import HeldRunning
+
+    held = HeldRunning(0.02)
+    first, second = TaskRunning(key=key("g", 0)), TaskRunning(key=key("g", 1))
+    assert held.take([first], now=0.0, hold=True) == []
+    # Not under load any more, and a report of another task of the same job:
+    # the held one goes first, so the core sees g's reports in their order.
+    assert held.take([second], now=0.005, hold=False) == [first, second]
+    # A held report of one job does not hold back another job's end.
+    third, other_end = TaskRunning(key=key("g", 2)), TaskFinished(key=key("h"), exitCode=0)
+    assert held.take([third, other_end], now=0.01, hold=True) == [other_end]
+    assert held.due(1.0) == [third]
