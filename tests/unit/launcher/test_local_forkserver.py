@@ -34,20 +34,18 @@ class FeedReader:
         self.shim.take = self.taken.append  # type: ignore[method-assign]
 
     def read_all(self) -> list[bytes]:
+        """Every line taken until EOF (the shim closes its end of the feed then)."""
         while self.shim.feed is not None:
             self.shim._read_feed()
+        self.shim.selector.close()
         return self.taken
 
 
 @pytest.fixture
 def feed():
-    read_end, write_end = os.pipe()
-    yield read_end, write_end
-    for fd in (read_end, write_end):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+    """A pipe; each test closes both ends (FedShim.close, the reader at EOF, or
+    itself): closing a number twice could close an fd opened since."""
+    return os.pipe()
 
 
 def test_a_fed_shim_gets_every_line_whole_while_there_is_room(feed):
@@ -90,6 +88,7 @@ def test_a_shim_that_is_gone_gets_nothing_and_everything_comes_back(feed):
     sent = lines(2)
     assert fed.send(sent) == sent
     assert fed.taken == 1
+    fed.close()
 
 
 def test_a_spec_reader_waits_no_longer_than_asked(feed):
@@ -105,3 +104,4 @@ def test_a_spec_reader_waits_no_longer_than_asked(feed):
     os.close(write_end)
     assert reader.next_batch(busy=False, timeout=0.01) == []
     assert reader.ended
+    os.close(read_end)
