@@ -84,10 +84,7 @@ log = logging.getLogger("pai.launcher")
 NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
 
 # How long a task seen running waits for its end before it is applied, under load (pump_backend).
-RUNNING_LINGER_SECONDS = 0.02
-# The launcher counts as busy (pump_backend) while it applied another job's
-# events this recently.
-BUSY_WINDOW_SECONDS = 0.1
+RUNNING_LINGER_SECONDS = 0.05
 
 CONSUMED_KINDS = [
     Kind.JOB_SUBMITTED, Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_STOP_REQUESTED, Kind.TASK_VERDICT,
@@ -134,8 +131,8 @@ class LauncherShell:
         self._waiting: list[_Turn] = []
         self._wake = asyncio.Event()
         self._committer: asyncio.Task | None = None
-        # When the last transaction was decided, and the jobs it touched (pump_backend).
-        self._last_commit: tuple[float, frozenset[str]] = (0.0, frozenset())
+        # Task attempts this shell started whose end it has not seen yet (pump_backend).
+        self._started: set[TaskKey] = set()
         # Task-running reports held a moment for their task's end (pump_backend).
         self._held = HeldRunning(RUNNING_LINGER_SECONDS)
         self._held_timer: asyncio.Task | None = None
@@ -184,13 +181,16 @@ class LauncherShell:
     async def pump_backend(self) -> None:
         """Backend events, every one already reported at once through the core.
 
-        Under load (more than one report came together, or the launcher is busy
-        with other jobs), a task seen running is held a moment for its end
+        Under load (more than one report came together, or tasks of other jobs
+        are under way), a task seen running is held a moment for its end
         (core/held.py): a task that ends at once then costs one write of its
         record instead of two. A lone task on an idle launcher is reported
         RUNNING at once, as the idle start latency wants."""
         async for batch in event_batches(self.backend.events(), BATCH_MAX):
             events = [await self._scrubbed_exit(e) if isinstance(e, TaskFinished) else e for e in batch]
+            for event in events:
+                if isinstance(event, TaskFinished):
+                    self._started.discard(event.key)
             under_load = len(events) > 1 or self._busy_with_others(events)
             self._report(self._held.take(events, now=time.monotonic(), hold=under_load))
             if len(self._held) and (self._held_timer is None or self._held_timer.done()):
@@ -294,9 +294,9 @@ class LauncherShell:
             raise
 
     def _busy_with_others(self, batch: list) -> bool:
-        """Whether the launcher applied events of jobs other than `batch`'s just now."""
-        at, jobs = self._last_commit
-        return time.monotonic() - at < BUSY_WINDOW_SECONDS and not jobs <= {job_of(e) for e in batch}
+        """Whether tasks of jobs other than `batch`'s are under way (started, not seen ending)."""
+        jobs = {job_of(event) for event in batch}
+        return any(key.job not in jobs for key in self._started)
 
     def _enqueue(self, events: list, *, waited: bool) -> _Turn:
         """Queue `events` for the next transaction (group commit, `_commit_forever`)."""
@@ -347,7 +347,6 @@ class LauncherShell:
             return
         metrics.BATCH_EVENTS.observe(len(events))
         metrics.GROUPED_CALLERS.observe(len(turns))
-        self._last_commit = (time.monotonic(), frozenset(job_of(e) for e in events))
         try:
             await self._execute(actions)
         except BaseException as exc:
@@ -412,11 +411,13 @@ class LauncherShell:
                     case StartTask(launch=launch):
                         metrics.TASKS_STARTED.inc()
                         await self._start(launch)
+                        self._started.add(launch.key)
                     case KillTask(key=key, reason=reason, grace_seconds=grace):
                         self._in_background(self.backend.kill(key, grace_seconds=grace, reason=reason))
                     case StartTimer(job=job, attempt=attempt, at=at):
                         self._in_background(self._timer(job, attempt, at))
                     case ForgetTask(key=key):
+                        self._started.discard(key)
                         await self.backend.forget(key)
         except BaseException:
             if publishing is not None:
