@@ -113,6 +113,7 @@ from services.launcher.backends.local_layout import (
     encode,
     make_own_dir,
     read_record,
+    with_sent_at,
     write_replacing,
 )
 from services.launcher.backends.local_logs import read_log
@@ -140,7 +141,9 @@ _STOP_POLL_SECONDS = 0.05
 CLAIM_WRITE_SECONDS = 10.0
 # A task sent to the fork server but claimed by no shim this long after is sent
 # again (a shim that died, or was stopped, before it read its feed; a second
-# copy is harmless: only one shim can claim the task).
+# copy is harmless: only one shim can claim the task, and a copy read more than
+# local_layout.STALE_LINE_SECONDS after it was sent is dropped, so that it
+# cannot find the task's directory pruned long after it ran).
 RESEND_SECONDS = 10.0
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
 _encoder = msgspec.json.Encoder()
@@ -426,7 +429,7 @@ class LocalBackend:
         task.sent_generation = self._server_generation
         task.sent_at = time.monotonic()
         try:
-            self._server.stdin.write(task.spec_line)
+            self._server.stdin.write(with_sent_at(task.spec_line, time.time()))
         except (BrokenPipeError, ConnectionResetError):
             pass  # the sweep restarts the server and sends again
 

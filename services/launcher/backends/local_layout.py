@@ -113,6 +113,12 @@ class ShimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     uid: int | None = None
     gid: int | None = None
     shim: ShimRecord | None = None  # added by whoever claims the task
+    # When the backend sent this copy (time.time(); `with_sent_at`). The backend
+    # sends a task again while no shim claimed it (local.RESEND_SECONDS); a copy
+    # read later than STALE_LINE_SECONDS is not taken: had it been, the task
+    # could have ended and been pruned (its directory, the claim, gone)
+    # meanwhile, and would run a second time.
+    sentAt: float = 0.0
 
     @property
     def work_dir(self) -> str:
@@ -125,6 +131,16 @@ def with_claim(spec_json: bytes, record: ShimRecord) -> bytes:
     if not spec_json.startswith(b"{") or spec_json == b"{}":
         raise ValueError("a task spec is a non-empty JSON object")
     return b'{"shim":' + encode(record) + b"," + spec_json[1:]
+
+
+STALE_LINE_SECONDS = 3600.0
+
+
+def with_sent_at(spec_line: bytes, at: float) -> bytes:
+    """A task line (spec JSON first) with `sentAt` added, without decoding it."""
+    if not spec_line.startswith(b"{"):
+        raise ValueError("a task spec is a JSON object")
+    return b'{"sentAt":' + _encoder.encode(at) + b"," + spec_line[1:]
 
 
 class KillRequest(msgspec.Struct, frozen=True, kw_only=True):

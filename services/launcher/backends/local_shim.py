@@ -66,6 +66,7 @@ from services.launcher.backends.local_layout import (
     PRIVATE_DIR_MODE,
     SECRET_SEPARATOR,
     SPEC,
+    STALE_LINE_SECONDS,
     STDERR_LOG,
     TASK_KEY_ENV,
     UNKNOWN_EXIT_CODE,
@@ -208,6 +209,8 @@ class Shim:
         spec_json, separator, secret_part = line.partition(SECRET_SEPARATOR)
         spec = decoder(ShimSpec).decode(spec_json)
         task_dir = Path(spec.taskDir)
+        if spec.sentAt and time.time() - spec.sentAt > STALE_LINE_SECONDS:
+            return  # a copy sent long ago: the task has been sent again since
         if not claim_dir(task_dir):
             return
         try:

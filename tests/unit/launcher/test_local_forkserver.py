@@ -6,11 +6,19 @@ from __future__ import annotations
 import fcntl
 import os
 import selectors
+import time
 
 import pytest
 
 from services.launcher.backends import local_forkserver
 from services.launcher.backends.local_forkserver import MAX_TASKS_PER_SHIM, FedShim
+from services.launcher.backends.local_layout import (
+    STALE_LINE_SECONDS,
+    ShimSpec,
+    decoder,
+    encode,
+    with_sent_at,
+)
 from services.launcher.backends.local_shim import Shim
 
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux
@@ -105,3 +113,13 @@ def test_a_spec_reader_waits_no_longer_than_asked(feed):
     assert reader.next_batch(busy=False, timeout=0.01) == []
     assert reader.ended
     os.close(read_end)
+
+
+def test_a_copy_of_a_task_sent_long_ago_is_not_taken(tmp_path):
+    # The backend sent the task again meanwhile; this copy, had it been taken,
+    # could run the task a second time once the first run's directory is pruned.
+    spec = ShimSpec(taskDir=str(tmp_path / "task"), slug="stale", commands=["true"], env={}, cpu=0, memoryMB=0)
+    shim = Shim.__new__(Shim)  # nothing of it is used before the claim
+    shim.take(with_sent_at(encode(spec), time.time() - STALE_LINE_SECONDS - 1))
+    assert not (tmp_path / "task").exists()
+    assert decoder(ShimSpec).decode(with_sent_at(encode(spec), 12.5)).sentAt == 12.5
