@@ -31,6 +31,7 @@ reports the end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -85,6 +86,8 @@ NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
 
 # How long a task seen running waits for its end before it is applied, under load (pump_backend).
 RUNNING_LINGER_SECONDS = 0.05
+# How long the backend's other reports may wait for company, under load (_commit_forever).
+COMMIT_DELAY_SECONDS = 0.01
 
 CONSUMED_KINDS = [
     Kind.JOB_SUBMITTED, Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_STOP_REQUESTED, Kind.TASK_VERDICT,
@@ -112,12 +115,13 @@ class _Turn:
     """One caller's events queued for the next transaction. `waited`: the caller
     awaits `done` (a bus batch, a timer); the backend pump does not."""
 
-    __slots__ = ("done", "events", "waited")
+    __slots__ = ("done", "due", "events", "waited")
 
-    def __init__(self, events: list, done: asyncio.Future, *, waited: bool):
+    def __init__(self, events: list, done: asyncio.Future, *, waited: bool, due: float = 0.0):
         self.events = events
         self.done = done
         self.waited = waited
+        self.due = due  # (monotonic) it need not go before this, unless with a waited turn
 
 
 class LauncherShell:
@@ -192,23 +196,25 @@ class LauncherShell:
                 if isinstance(event, TaskFinished):
                     self._started.discard(event.key)
             under_load = len(events) > 1 or self._busy_with_others(events)
-            self._report(self._held.take(events, now=time.monotonic(), hold=under_load))
+            now = time.monotonic()
+            self._report(self._held.take(events, now=now, hold=under_load), due=now + COMMIT_DELAY_SECONDS if under_load else 0.0)
             if len(self._held) and (self._held_timer is None or self._held_timer.done()):
                 self._held_timer = asyncio.ensure_future(self._release_held())
                 self._held_timer.add_done_callback(self._background_done)
 
-    def _report(self, events: list) -> None:
+    def _report(self, events: list, *, due: float = 0.0) -> None:
         """Backend reports into the next transaction. Not waited for: reports
         that come meanwhile join the same transaction, with whatever bus batch
-        is waiting too."""
+        is waiting too. Under load they may wait until `due` for company."""
         if events:
-            self._enqueue(events, waited=False)
+            self._enqueue(events, waited=False, due=due)
 
     async def _release_held(self) -> None:
         """Reports held for their task's end go on when their moment has passed."""
         while (at := self._held.next_due()) is not None:
             await asyncio.sleep(max(0.0, at - time.monotonic()))
-            self._report(self._held.due(time.monotonic()))
+            now = time.monotonic()
+            self._report(self._held.due(now), due=now + COMMIT_DELAY_SECONDS)
 
     async def _end_tasks_on_lost_node(self, node: str, reason: str) -> None:
         """The monitor lost `node`: end the tasks placed there. They end like
@@ -298,9 +304,9 @@ class LauncherShell:
         jobs = {job_of(event) for event in batch}
         return any(key.job not in jobs for key in self._started)
 
-    def _enqueue(self, events: list, *, waited: bool) -> _Turn:
+    def _enqueue(self, events: list, *, waited: bool, due: float = 0.0) -> _Turn:
         """Queue `events` for the next transaction (group commit, `_commit_forever`)."""
-        turn = _Turn(events, asyncio.get_running_loop().create_future(), waited=waited)
+        turn = _Turn(events, asyncio.get_running_loop().create_future(), waited=waited, due=due)
         self._waiting.append(turn)
         if self._committer is None or self._committer.done():
             self._committer = asyncio.ensure_future(self._commit_forever())
@@ -320,6 +326,16 @@ class LauncherShell:
             await self._wake.wait()
             self._wake.clear()
             while self._waiting:
+                if not any(turn.waited for turn in self._waiting):
+                    # Only the backend's reports, under load: they wait a moment
+                    # for company (more reports, a bus batch) -- each transaction
+                    # costs two round trips to NATS however little it carries.
+                    wait = min(turn.due for turn in self._waiting) - time.monotonic()
+                    if wait > 0:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._wake.wait(), wait)
+                        self._wake.clear()
+                        continue
                 turns, self._waiting = self._waiting, []
                 try:
                     async with self.lock:

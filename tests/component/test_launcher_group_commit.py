@@ -265,3 +265,31 @@ async def test_a_lone_job_on_an_idle_launcher_is_seen_running_at_once(bus, monke
     finally:
         pump.cancel()
         await shell.close()
+
+
+async def test_under_load_backend_reports_wait_a_moment_for_company_and_go_with_the_next_bus_batch(bus, monkeypatch):
+    from services.launcher import service
+
+    monkeypatch.setattr(service, "COMMIT_DELAY_SECONDS", 30.0)  # only company sends them on in time
+    a, b, c, d = jobs(4)
+    shell, backend = new_shell(bus)
+    pump = asyncio.ensure_future(shell.pump_backend())
+    try:
+        # d's task stays under way throughout: the launcher is under load.
+        await shell.handle_bus([submitted(a), placed(a), submitted(b), placed(b), submitted(d), placed(d)])
+        with GatedWrites(bus) as writes:
+            writes.release.set()
+            # Both tasks ended, each report alone.
+            await backend.reports.put(TaskFinished(key=key(a), exitCode=0))
+            await asyncio.sleep(0.1)
+            await backend.reports.put(TaskFinished(key=key(b), exitCode=0))
+            await asyncio.sleep(0.3)
+            assert writes.calls == [], "a report under load did not wait for company"
+            # The next bus batch takes them along, and returns at once.
+            await asyncio.wait_for(shell.handle_bus([submitted(c)]), 10.0)
+        assert writes.calls == [sorted(ids.job_key(j) for j in (a, b, c))]
+        assert await stored_state(bus, a) == JobState.SUCCEEDED
+        assert await stored_state(bus, b) == JobState.SUCCEEDED
+    finally:
+        pump.cancel()
+        await shell.close()
