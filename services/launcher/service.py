@@ -5,7 +5,12 @@ backend event already reported, go through one `core.handle(*events)`, which
 returns one `SaveJob` per job it changed however many events touched it. And
 transactions are group-committed (`_commit_forever`): whatever is handed to the
 shell while one transaction's effects are in flight -- the next bus batch, the
-backend's reports, a timer -- goes into the next transaction together.
+backend's reports, a timer -- goes into the next transaction together. Each
+transaction costs two NATS round trips however little it carries, so under
+load (tasks of other jobs under way) the backend's reports wait a moment for
+company (`COMMIT_DELAY_SECONDS`; a bus batch takes them along at once), and a
+task's running report waits for its end (`RUNNING_LINGER_SECONDS`,
+core/held.py); an idle launcher applies each report at once.
 
 Order of effects for one `handle()` (the core's contract): every `SaveJob` is
 written to KV first (all at once, `kv_write_many`), then tasks are started or
