@@ -16,6 +16,7 @@ from cli.client import ApiError, Client, Connection
 from cli.up import Platform
 from libs.common.config import load_config
 from libs.common.natsserver import free_port
+from services.launcher.backends.local_layout import choose_work_root
 
 HERE = Path(__file__).resolve().parent
 FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -42,6 +43,10 @@ class Api:
         self.platform = platform
         self.client = Client(conn)
         self.conn = conn
+        # Where the launcher put tasks' working directories, decided as it started:
+        # tests that open directories to task users later (tmp_path_open_to_tasks)
+        # would make a later reckoning differ.
+        self.work_root = choose_work_root((platform.data / "launcher").resolve(), tasks_are_other_users=os.geteuid() == 0)
 
     async def submit(self, body: str, *, content_type: str = "text/yaml") -> dict:
         return await self.client.request("POST", "/api/v2/jobs", data=body.encode(), content_type=content_type)

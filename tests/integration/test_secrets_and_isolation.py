@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from services.launcher.backends.local_layout import choose_work_root
 from tests.integration.conftest import Api, job_yaml
 
 pytestmark = pytest.mark.integration
@@ -70,8 +69,7 @@ async def test_a_secret_reaches_its_task_and_nothing_else(platform: Api):
 
     # The task received the secret, as its own user, and could not read the platform's files.
     # Where the launcher keeps working directories (outside the data dir when a directory above it bars task users).
-    work_root = choose_work_root((data / "launcher").resolve(), tasks_are_other_users=os.geteuid() == 0)
-    work_dirs = [path for path in work_root.iterdir() if path.name.startswith(f"admin.{name}.")]
+    work_dirs = [path for path in platform.work_root.iterdir() if path.name.startswith(f"admin.{name}.")]
     assert len(work_dirs) == 1
     work = work_dirs[0]
     assert (work / "secret.sha256").read_text().strip() == hashlib.sha256(SECRET.encode()).hexdigest()
