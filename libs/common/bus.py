@@ -106,7 +106,14 @@ STALLED_DEAD_LETTER_AFTER = 3
 Handler = Callable[[AnyEvent], Awaitable[None]]
 BatchHandler = Callable[[list[AnyEvent]], Awaitable[None]]
 # What a publish or KV write may meet that a retry can cure.
-PUBLISH_TROUBLE = (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError)
+PUBLISH_TROUBLE = (
+    nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,  # what nats-py makes of "no responders" to a JetStream publish
+)
+# How long a publish's ack may take before the publish is sent again.
+PUBLISH_ACK_SECONDS = 5.0
+# The header nats-py's KeyValue marks a delete with.
+KV_OPERATION, KV_DELETE = "KV-Operation", "DEL"
 
 
 class Bus:
@@ -243,41 +250,54 @@ class Bus:
         if len(events) == 1:
             await self.publish(events[0], attempts=attempts)
             return
-        outgoing = [_outgoing(event) for event in events]
-        outcomes = await asyncio.gather(
-            *(self.js.publish(subject, data, headers=headers, timeout=5) for subject, data, headers in outgoing),
-            return_exceptions=True,
-        )
-        for event, outcome in zip(events, outcomes):
-            if isinstance(outcome, BaseException):
-                if not isinstance(outcome, PUBLISH_TROUBLE):
-                    raise Transient(f"publish of {event.id} failed: {outcome!r}") from outcome
-                await self.publish(event, attempts=attempts - 1)
+        writes = [(*_outgoing(event), f"publish of {event.id}") for event in events]
+        await self._store_together(writes, attempts=attempts)
 
     async def kv_write_many(self, bucket: Bucket, writes: dict[str, bytes | None], *, attempts: int = 5) -> None:
         """Put (or, for None, delete) every key of `writes`, all in flight at once;
-        return once all are stored, raise `Transient` when one could not be."""
-        kv = await self.kv(bucket)
+        return once all are stored, raise `Transient` when one could not be.
 
-        async def write(key: str, value: bytes | None) -> None:
-            for attempt in range(attempts):
-                try:
-                    if value is None:
-                        await kv.delete(key)
-                    else:
-                        await kv.put(key, value)
-                    return
-                except PUBLISH_TROUBLE as exc:
-                    if attempt == attempts - 1:
-                        raise Transient(f"writing {bucket.value}/{key} failed: {exc!r}") from exc
-                    await asyncio.sleep(0.2 * (attempt + 1))
+        A KV put is a publish on the key's subject, a delete one with a delete
+        marker header (as nats-py's KeyValue writes them)."""
+        await self.kv(bucket)  # the bucket must exist: a write to a missing one has no responder
+        prefix = f"$KV.{bucket.value}."
+        await self._store_together(
+            [(prefix + key, value or b"", None if value is not None else {KV_OPERATION: KV_DELETE},
+              f"writing {bucket.value}/{key}") for key, value in writes.items()],
+            attempts=attempts,
+        )
 
-        outcomes = await asyncio.gather(*(write(key, value) for key, value in writes.items()), return_exceptions=True)
-        for key, outcome in zip(writes, outcomes):
-            if isinstance(outcome, BaseException):
-                if isinstance(outcome, Transient):
-                    raise outcome
-                raise Transient(f"writing {bucket.value}/{key} failed: {outcome!r}") from outcome
+    async def _store_together(self, writes: list[tuple[str, bytes, dict[str, str] | None, str]], *, attempts: int) -> None:
+        """JetStream publishes `(subject, data, headers, what)`, sent one after another
+        without waiting, their acks awaited together (nats-py's `publish_async`: one
+        reply subscription, no timer or inbox per publish). What is refused, or not
+        answered within `PUBLISH_ACK_SECONDS`, is published again by itself, with
+        retries; past `attempts` this raises `Transient` naming it."""
+        futures = []
+        for subject, data, headers, what in writes:
+            try:
+                futures.append(await self.js.publish_async(subject, data, headers=headers))
+            except nats.errors.Error as exc:  # refused before it left (e.g. past the largest payload)
+                raise Transient(f"{what} failed: {exc!r}") from exc
+        _, late = await asyncio.wait(futures, timeout=PUBLISH_ACK_SECONDS)
+        for future in late:
+            future.cancel()  # frees its slot in nats-py's table of pending publishes
+        for (subject, data, headers, what), future in zip(writes, futures):
+            problem = future.exception() if future.done() and not future.cancelled() else None
+            if future.cancelled() or problem is not None:
+                if problem is not None and not isinstance(problem, PUBLISH_TROUBLE):
+                    raise Transient(f"{what} failed: {problem!r}") from problem
+                await self._store_one(subject, data, headers, what, attempts=attempts - 1)
+
+    async def _store_one(self, subject: str, data: bytes, headers: dict[str, str] | None, what: str, *, attempts: int) -> None:
+        for attempt in range(max(attempts, 1)):
+            try:
+                await self.js.publish(subject, data, headers=headers, timeout=PUBLISH_ACK_SECONDS)
+                return
+            except PUBLISH_TROUBLE as exc:
+                if attempt >= attempts - 1:
+                    raise Transient(f"{what} failed: {exc!r}") from exc
+                await asyncio.sleep(0.2 * (attempt + 1))
 
     async def consume(
         self,

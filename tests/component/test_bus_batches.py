@@ -240,3 +240,31 @@ async def test_events_a_dead_run_held_come_back_before_newer_ones_even_when_thei
     stopping.set()
     await halt(task)
     assert seen == [event.id for event in early + late + newer]
+
+
+async def test_publish_many_sends_again_by_itself_a_publish_whose_ack_never_comes(bus, monkeypatch):
+    from libs.common import bus as bus_module
+
+    monkeypatch.setattr(bus_module, "PUBLISH_ACK_SECONDS", 0.5)
+    events = [stop_event(n) for n in range(6)]
+    lost = events[2].id
+    real_publish_async = bus.js.publish_async
+
+    async def losing_one(subject, payload=b"", **options):
+        if options.get("headers", {}).get("Nats-Msg-Id") == lost:
+            return asyncio.get_running_loop().create_future()  # sent into the void: no ack, ever
+        return await real_publish_async(subject, payload, **options)
+
+    monkeypatch.setattr(bus.js, "publish_async", losing_one)
+    await bus.publish_many(events)
+    info = await bus.js.stream_info(STREAM)
+    stored = [msgspec.json.decode((await bus.js.get_msg(STREAM, seq)).data, type=StopRequested).id
+              for seq in range(info.state.first_seq, info.state.last_seq + 1)]
+    assert sorted(stored) == sorted(event.id for event in events)  # each once; the lost one sent again
+    assert stored[-1] == lost
+
+
+async def test_a_write_refused_before_it_leaves_fails_the_batch_naming_its_key(bus):
+    huge = b"x" * (2 * 1024 * 1024)  # past the largest message NATS takes
+    with pytest.raises(Transient, match=f"pai_alerts/big.{RUN}"):
+        await bus.kv_write_many(Bucket.ALERTS, {f"small.{RUN}": b"1", f"big.{RUN}": huge})
