@@ -39,6 +39,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.feeding import cpu_seconds, publish_all, wait_ready
 from benchmarks.stats import percentile
 from libs.common import busauth, ids
 from libs.common.bus import STREAM, Bus, load_all
@@ -48,8 +49,6 @@ from libs.common.messages import (
     JobPlaced,
     JobSubmitted,
     TaskPlacement,
-    encode,
-    subject_of,
 )
 from libs.common.natsserver import NatsServer, free_port
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
@@ -57,9 +56,7 @@ from libs.common.records import JobRecord
 from libs.common.subjects import Bucket, Durable, Kind, kind_filter
 
 REPO = Path(__file__).resolve().parents[1]
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 IDLE_SECONDS = 3.0
-PUBLISH_WINDOW = 256  # publishes in flight at once
 LAUNCHER_KINDS = (Kind.JOB_STATE, Kind.TASK_STARTED, Kind.TASK_EXITED, Kind.JOB_RELEASED)
 
 
@@ -75,19 +72,6 @@ def job_events(i: int, run: str, now: float) -> list[Event]:
         JobPlaced(id=f"{job}/1/placed", job=job, at=now, vc="default", attempt=1,
                   tasks=[TaskPlacement(role="main", index=0, node="node-0")]),
     ]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime: its own, not its children's
-
-
-async def publish_all(bus: Bus, events: list[Event]) -> None:
-    for start in range(0, len(events), PUBLISH_WINDOW):
-        await asyncio.gather(*(
-            bus.js.publish(subject_of(e), encode(e), headers={"Nats-Msg-Id": e.id}, timeout=30)
-            for e in events[start:start + PUBLISH_WINDOW]
-        ))
 
 
 async def publish_paced(bus: Bus, jobs: list[list[Event]], rate: float, lag: float) -> dict[str, float]:
@@ -161,21 +145,6 @@ async def transactions(metrics_url: str) -> float:
     return 0.0
 
 
-async def wait_ready(url: str, proc: subprocess.Popen) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(600):
-            if proc.poll() is not None:
-                raise SystemExit("the launcher exited at start")
-            try:
-                async with http.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit("the launcher never became ready")
-
-
 async def measure(root: Path, jobs: int, rate: float, lag: float) -> dict:
     run = os.urandom(3).hex()
     per_job = [job_events(i, run, time.time()) for i in range(jobs)]
@@ -190,7 +159,7 @@ async def measure(root: Path, jobs: int, rate: float, lag: float) -> dict:
                    "PAI_DATA_DIR": str(root / "data"), "PAI_LOG_LEVEL": "WARNING"}
             proc = subprocess.Popen([sys.executable, "-m", "services.launcher"], cwd=REPO, env=env)
             try:
-                await wait_ready(f"http://127.0.0.1:{port}/readyz", proc)
+                await wait_ready(f"http://127.0.0.1:{port}/readyz", proc, "launcher")
                 metrics_url = f"http://127.0.0.1:{port}/metrics"
                 transactions0 = await transactions(metrics_url)
                 if rate <= 0:

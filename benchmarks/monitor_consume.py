@@ -32,11 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from libs.common import busauth  # noqa: E402
+from benchmarks.feeding import cpu_seconds, publish_all, wait_ready  # noqa: E402
 from libs.common.bus import STREAM, Bus  # noqa: E402
 from libs.common.busauth import load_or_create_credentials  # noqa: E402
 from libs.common.ids import EventId, JobId, NodeName, UserName, VcName  # noqa: E402
@@ -51,17 +51,13 @@ from libs.common.messages import (  # noqa: E402
     TaskExited,
     TaskPlacement,
     TaskStarted,
-    encode,
-    subject_of,
 )
 from libs.common.natsserver import NatsServer, free_port  # noqa: E402
 from libs.common.protocol.model import JobSpec  # noqa: E402
 from libs.common.subjects import Durable  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 IDLE_SECONDS = 3.0
-PUBLISH_WINDOW = 256  # publishes in flight at once
 
 
 def job_events(i: int, run: str, now: float) -> list[Event]:
@@ -86,20 +82,6 @@ def job_events(i: int, run: str, now: float) -> list[Event]:
     ]
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
-
-
-async def publish_all(bus: Bus, events: list[Event]) -> None:
-    """Pipelined: up to PUBLISH_WINDOW publishes awaiting their acks at once."""
-    for start in range(0, len(events), PUBLISH_WINDOW):
-        await asyncio.gather(*(
-            bus.js.publish(subject_of(e), encode(e), headers={"Nats-Msg-Id": e.id}, timeout=30)
-            for e in events[start:start + PUBLISH_WINDOW]
-        ))
-
-
 async def publish_paced(bus: Bus, jobs: list[list[Event]], rate: float) -> None:
     started = time.monotonic()
     for n, events in enumerate(jobs):
@@ -122,21 +104,6 @@ async def wait_consumed(bus: Bus, last_seq: int, proc: subprocess.Popen, timeout
         await asyncio.sleep(0.1)
 
 
-async def wait_ready(url: str, proc: subprocess.Popen) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(600):
-            if proc.poll() is not None:
-                raise SystemExit("the monitor exited at start")
-            try:
-                async with http.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit("the monitor never became ready")
-
-
 async def measure(root: Path, jobs: int, rate: float, profile: str = "") -> dict:
     run = os.urandom(3).hex()
     now = time.time()
@@ -154,7 +121,7 @@ async def measure(root: Path, jobs: int, rate: float, profile: str = "") -> dict
             proc = subprocess.Popen([sys.executable, "-m", "services.monitor", "--cluster"], cwd=REPO, env=env)
             spy = None
             try:
-                await wait_ready(f"http://127.0.0.1:{port}/readyz", proc)
+                await wait_ready(f"http://127.0.0.1:{port}/readyz", proc, "monitor")
                 if profile:  # py-spy samples the monitor while it consumes (figures then include its pauses)
                     spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(proc.pid),
                                             "--format", "raw", "--rate", "200", "--nonblocking", "-o", profile],
