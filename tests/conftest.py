@@ -73,3 +73,21 @@ async def platform_bus(server, *, purge: tuple[str, ...] = (), durables=()):
         yield bus
     finally:
         await bus.close()
+
+
+def publish_half_then_fail_once(bus):
+    """Make `bus.publish_many` store the first half of its first batch of more than one
+    event and then time out, as a stream answering too late would; later calls go through.
+    Returns the sizes of the batches it failed (one, once it has)."""
+    real_publish_many = bus.publish_many
+    failed: list[int] = []
+
+    async def publish_many(events) -> None:
+        if len(events) > 1 and not failed:
+            failed.append(len(events))
+            await real_publish_many(events[: len(events) // 2])
+            raise TimeoutError("the stream answered too late")
+        await real_publish_many(events)
+
+    bus.publish_many = publish_many
+    return failed

@@ -23,7 +23,7 @@ from libs.common.service import ServiceContext
 from libs.common.subjects import STREAM, Durable, Kind
 from services.runtime.core import RuleBook
 from services.runtime.service import RuntimeShell, baseline_rules
-from tests.conftest import platform_bus
+from tests.conftest import platform_bus, publish_half_then_fail_once
 
 WAIT_SECONDS = 60.0  # generous: the machine running the tests may be loaded; a crashed batch waits out the ack wait
 # (exit code, user log tail, the phrase the default rules give it; None: no verdict)
@@ -155,17 +155,7 @@ async def test_a_batch_whose_publish_fails_is_handled_again_one_by_one_giving_ea
     sent = exits(uuid.uuid4().hex[:6])
     await admin.publish_many(sent)
     runtime = await Runtime.connect(nats_server)
-    real_publish_many = runtime.bus.publish_many
-    failed = []
-
-    async def publish_half_then_fail(events) -> None:
-        if len(events) > 1 and not failed:
-            failed.append(len(events))
-            await real_publish_many(events[: len(events) // 2])
-            raise asyncio.TimeoutError("the stream answered too late")
-        await real_publish_many(events)
-
-    runtime.bus.publish_many = publish_half_then_fail
+    failed = publish_half_then_fail_once(runtime.bus)
     runtime.consume()
     try:
         async def all_again() -> bool:

@@ -28,7 +28,7 @@ from services.scheduler import service
 from services.scheduler.cluster import local_cluster_config
 from services.scheduler.core import SchedulerCore
 from services.scheduler.service import CONSUMED, CONSUMED_KINDS, SchedulerShell
-from tests.conftest import platform_bus
+from tests.conftest import platform_bus, publish_half_then_fail_once
 
 WAIT_SECONDS = 60.0  # generous: the machine running the tests may be loaded
 CPUS = 4  # one-CPU cells: four one-task jobs run, the rest wait
@@ -201,17 +201,7 @@ async def test_a_batch_whose_publish_fails_is_handled_again_one_by_one_placing_e
     jobs = [f"alice~flaky{run}n{n}" for n in range(JOBS)]
     await admin.publish_many([submitted(job) for job in jobs])
     scheduler = Scheduler(await Bus.connect(nats_server.url, name="scheduler", **nats_server.login("scheduler")))
-    real_publish_many = scheduler.bus.publish_many
-    failed = []
-
-    async def publish_half_then_fail(events) -> None:
-        if len(events) > 1 and not failed:
-            failed.append(len(events))
-            await real_publish_many(events[: len(events) // 2])
-            raise asyncio.TimeoutError("the stream answered too late")
-        await real_publish_many(events)
-
-    scheduler.bus.publish_many = publish_half_then_fail
+    failed = publish_half_then_fail_once(scheduler.bus)
     await scheduler.shell.restore()
 
     async def record(events) -> None:
