@@ -228,15 +228,7 @@ class Bus:
 
     async def publish(self, event: Event, *, attempts: int = 5) -> None:
         """Publish with `Nats-Msg-Id = event.id`: a retried publish is stored once."""
-        subject, data, headers = _outgoing(event)
-        for attempt in range(attempts):
-            try:
-                await self.js.publish(subject, data, headers=headers, timeout=5)
-                return
-            except PUBLISH_TROUBLE as exc:
-                if attempt == attempts - 1:
-                    raise Transient(f"publish of {event.id} failed: {exc!r}") from exc
-                await asyncio.sleep(0.2 * (attempt + 1))
+        await self._store_one(*_outgoing(event), f"publish of {event.id}", attempts=attempts)
 
     async def publish_many(self, events: Sequence[Event], *, attempts: int = 5) -> None:
         """Publish every event, all in flight at once, and return once all are stored.
@@ -290,6 +282,7 @@ class Bus:
                 await self._store_one(subject, data, headers, what, attempts=attempts - 1)
 
     async def _store_one(self, subject: str, data: bytes, headers: dict[str, str] | None, what: str, *, attempts: int) -> None:
+        """One JetStream publish, retried on what a retry can cure; `Transient` naming `what` past `attempts`."""
         for attempt in range(max(attempts, 1)):
             try:
                 await self.js.publish(subject, data, headers=headers, timeout=PUBLISH_ACK_SECONDS)
