@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from aiohttp import ClientSession, TCPConnector  # noqa: E402
 
+from benchmarks.jobs import trivial_job  # noqa: E402
 from benchmarks.stats import percentile  # noqa: E402
 from libs.common import ids  # noqa: E402
 from libs.common.bus import Bus  # noqa: E402
@@ -54,22 +55,13 @@ from libs.common.service import ServiceContext  # noqa: E402
 from libs.common.subjects import Bucket  # noqa: E402
 from services.rest.records import SubmittedJob  # noqa: E402
 
-JOB = """protocolVersion: 2
-name: {name}
-type: job
-taskRoles:
-  main:
-    instances: 1
-    resourcePerInstance: {{cpu: 1, memoryMB: 256, gpu: 0}}
-    commands: ["true"]
-"""
 USERS = [f"user{n}" for n in range(20)]
 READY_SECONDS = 60
 
 
 async def seed(bus: Bus, count: int) -> None:
     """`count` submitted jobs over USERS; every other one has a launcher status."""
-    template = parse_job(JOB.format(name="template").encode(), content_type="text/yaml", user="user0")
+    template = parse_job(trivial_job("template"), content_type="text/yaml", user="user0")
     jobs_kv, status_kv = await bus.kv(Bucket.JOBS), await bus.kv(Bucket.JOB_STATUS)
     now = time.time()
     states = [JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED]
@@ -230,7 +222,7 @@ async def run(args) -> dict:
                 async with ClientSession(connector=TCPConnector(limit=args.clients)) as session:
                     index_seconds = await wait_for_index(session, base, headers, args.stored)
                     post_headers = {**headers, "Content-Type": "text/yaml"}
-                    submits = [("POST", f"{base}/api/v2/jobs", JOB.format(name=f"load-{n}").encode())
+                    submits = [("POST", f"{base}/api/v2/jobs", trivial_job(f"load-{n}"))
                                for n in range(args.submits)]
                     with profiled(rest.pid, args.profile, "submit"):
                         submitted = summary(*await cpu.drive(session, args.clients, submits, post_headers))

@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 from aiohttp import ClientSession, ClientTimeout, TCPConnector  # noqa: E402
 
 from benchmarks import e2e_profile, e2e_trace  # noqa: E402
+from benchmarks.jobs import trivial_job  # noqa: E402
 from benchmarks.stats import percentile  # noqa: E402
 from cli.up import SERVICES, Platform  # noqa: E402
 from libs.common import busauth, machine  # noqa: E402
@@ -70,15 +71,6 @@ from libs.common.config import load_config  # noqa: E402
 from libs.common.natsserver import free_port  # noqa: E402
 from libs.common.subjects import STREAM, Bucket  # noqa: E402
 
-JOB = """protocolVersion: 2
-name: {name}
-type: job
-taskRoles:
-  main:
-    instances: 1
-    resourcePerInstance: {{cpu: 1, memoryMB: 256, gpu: 0}}
-    commands: ["true"]
-"""
 ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 POLL_SECONDS = 1.0
@@ -258,7 +250,7 @@ class Api:
         self.headers = {"Authorization": f"Bearer {token}"}
 
     async def submit(self, name: str) -> tuple[int, str]:
-        async with self.session.post(f"{self.url}/api/v2/jobs", data=JOB.format(name=name).encode(),
+        async with self.session.post(f"{self.url}/api/v2/jobs", data=trivial_job(name),
                                      headers={**self.headers, "Content-Type": "text/yaml"}) as resp:
             return resp.status, (await resp.text())[:300]
 

@@ -21,28 +21,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.jobs import trivial_job  # noqa: E402
 from benchmarks.stats import percentile  # noqa: E402
 from cli.client import Client  # noqa: E402
 from cli.up import Platform  # noqa: E402
 from libs.common.config import load_config  # noqa: E402
 from libs.common.natsserver import free_port  # noqa: E402
 
-JOB = """protocolVersion: 2
-name: {name}
-type: job
-taskRoles:
-  main:
-    instances: 1
-    resourcePerInstance: {{cpu: 1, memoryMB: 256, gpu: 0}}
-    commands: ["true"]
-"""
 
 
 async def measure(client: Client, jobs: int) -> list[float]:
     latencies = []
     for n in range(jobs):
         name = f"latency-{n}"
-        await client.request("POST", "/api/v2/jobs", data=JOB.format(name=name).encode(), content_type="text/yaml")
+        await client.request("POST", "/api/v2/jobs", data=trivial_job(name), content_type="text/yaml")
         while True:
             status = (await client.request("GET", f"/api/v2/jobs/admin~{name}"))["jobStatus"]
             if status["state"] in ("SUCCEEDED", "FAILED", "STOPPED"):
