@@ -101,24 +101,32 @@ class Chain:
         self.unbound_oppo = 0
         # Ordered sets (dicts): insertion order keeps every choice deterministic.
         self.free: dict[str, dict[Cell, None]] = {t: {} for t in types}
+        # Types no VC quota of this chain is bigger than (set by ClusterState): a cell of such a type
+        # may be cut out of any free bigger cell without taking a cell some VC's quota will need.
+        self.split_freely: set[str] = set()
 
-    def bindable(self, type_name: str) -> Iterator[Cell]:
+    def bindable(self, type_name: str, *, anywhere: bool = False) -> Iterator[Cell]:
         """Cells of `type_name` that binding may take now, in buddy order.
 
         Free cells of that type first; only when there is none, cells inside the
-        free cells of the smallest bigger type that has any.
+        free cells of the smallest bigger type that has any. With `anywhere` (only
+        for a type in `split_freely`), after the free cells of that type come the cells
+        inside every free bigger cell, smallest bigger type first.
         """
         free_here = self.free[type_name]
+        anywhere = anywhere and type_name in self.split_freely
         if free_here:
             yield from list(free_here)
-            return
+            if not anywhere:
+                return
         position = self.types.index(type_name)
         for bigger in reversed(self.types[:position]):
             free_bigger = self.free[bigger]
             if free_bigger:
                 for cell in list(free_bigger):
                     yield from _descendants_of_type(cell, type_name)
-                return
+                if not anywhere:
+                    return
 
     def take(self, cell: Cell) -> None:
         """Remove `cell` from the free lists, splitting the free cell that holds it."""

@@ -79,7 +79,7 @@ def plan_guaranteed(state: ClusterState, job: JobRecord, vc: VcRecord, sku: str,
         if view.unbound_usable(chain) < total:
             continue  # not enough usable leaves outside the VCs' cells in the whole chain
         candidates = []
-        for cell in quota.chain.bindable(quota.type):
+        for cell in quota.chain.bindable(quota.type, anywhere=state.bind_anywhere):
             usable = view.avail(cell)
             if usable >= total:
                 candidates.append((-usable, cell.order, cell))
@@ -91,10 +91,11 @@ def plan_guaranteed(state: ClusterState, job: JobRecord, vc: VcRecord, sku: str,
             if leaves is not None:
                 quota.chain.take(cell)
                 return Plan(leaves, [(quota, cell)])
-    return _plan_across(list(units), quotas, sizes, view)
+    return _plan_across(list(units), quotas, sizes, view, anywhere=state.bind_anywhere)
 
 
-def _plan_across(units: list[Cell], quotas: list[Quota], sizes: list[int], view: View) -> Plan | None:
+def _plan_across(units: list[Cell], quotas: list[Quota], sizes: list[int], view: View, *,
+                 anywhere: bool = False) -> Plan | None:
     """A group bigger than one VC cell: across bound cells, binding more one at a time."""
     if len(sizes) == 1:
         return None  # one task lives on one node, so in one VC cell: already tried
@@ -121,7 +122,7 @@ def _plan_across(units: list[Cell], quotas: list[Quota], sizes: list[int], view:
                 continue  # a task lives on one node: a VC cell inside a node smaller than the task is no use
             best = None
             best_usable = 0
-            for cell in quota.chain.bindable(quota.type):
+            for cell in quota.chain.bindable(quota.type, anywhere=anywhere):
                 cell_usable = view.avail(cell)
                 if cell_usable > best_usable:
                     best, best_usable = cell, cell_usable

@@ -37,6 +37,9 @@ Policy:
   only then binds another of its quota's cells (`compact_before_binding`, default on).
   Borrowed work in a VC's holes would otherwise push its small jobs into new cells
   until no whole cell is left for its large ones (a sharing anomaly).
+- Binding where no VC needs the bigger cell (`bind_anywhere`, default on): a VC cell may
+  be cut out of any free bigger cell whose type no VC's quota asks for (a node out of a
+  whole idle rack), so binding takes idle cells before borrowed ones.
 - Preemption, tried only when a job cannot be placed on free cells: first
   opportunistic work on the cells the job needs (any VC), the most recently
   started first and no more than needed, then guaranteed jobs of
@@ -104,7 +107,7 @@ class SchedulerCore:
     def __init__(self, config: ClusterConfig, *, clock: Callable[[], float],
                  gang_priority_after_s: float = GANG_PRIORITY_AFTER_S,
                  opportunistic_preemption_budget: int = OPPORTUNISTIC_PREEMPTION_BUDGET,
-                 compact_before_binding: bool = True, bucketed: bool = True):
+                 compact_before_binding: bool = True, bucketed: bool = True, bind_anywhere: bool = True):
         self.config = config
         # False: every waiting job is a bucket of its own, so a pass tries each in queue order (a plain
         # scan). Slower under long queues; the reference the bucketed pass is tested to decide as.
@@ -114,6 +117,12 @@ class SchedulerCore:
         self._preemption_budget = opportunistic_preemption_budget
         self._compact = compact_before_binding
         self._state = ClusterState(config)
+        # Binding a VC cell may cut it out of any free bigger cell, not only out of the smallest bigger
+        # one once no free cell of its type is left, where no VC's quota needs the bigger cells (see
+        # Chain.bindable). Philly-like clusters (node quotas, racks no VC asks for): a VC binding a node
+        # took the free nodes of split racks, which hold borrowers (killed by the binding), while the
+        # nodes of whole idle racks stayed idle.
+        self._state.bind_anywhere = bind_anywhere
         self._jobs: dict[str, JobRecord] = {}  # every attempt that waits or holds cells
         self._queues = Queues(list(self._state.vcs))  # attempts with tasks still to place
         self._sku_lanes: dict[str, list[str]] = {}  # sku -> VCs that have cells of it

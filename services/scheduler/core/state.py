@@ -112,6 +112,15 @@ class ClusterState:
                 self.tree.chains[cell.chain].take(cell)
                 self._mark_bound(cell, vc.name, None)
                 vc.sku_guaranteed[cell.sku] = vc.sku_guaranteed.get(cell.sku, 0) + cell.leaf_count
+        for chain in self.tree.chains.values():
+            # Types at least as big as every VC cell of the chain: cutting one out of a free bigger cell
+            # takes nothing a VC's quota could need (those bigger cells are no VC's cell type).
+            biggest = min((chain.types.index(quota.type) for vc in self.vcs.values() for quota in vc.quotas.values()
+                           if quota.chain is chain), default=len(chain.types) - 1)
+            chain.split_freely = set(chain.types[:biggest + 1])
+        # Binding may cut a cell out of any free bigger cell (see Chain.bindable), not only out of the
+        # smallest bigger one when no free cell of its type is left (SchedulerCore: bind_anywhere).
+        self.bind_anywhere = False
         # When cells last became more usable, by scheduling pass number (`epoch`): a job
         # that failed in a later pass cannot fit now unless cells it may use were freed since.
         self.epoch = 0

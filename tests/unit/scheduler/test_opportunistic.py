@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
+from services.scheduler.cluster import ClusterConfig, load_cluster_config
 from services.scheduler.core import Submit
 
 from .builders import Harness, Place, Preempt, only, placed_jobs, preempted_jobs, quota_leaves
@@ -237,3 +238,48 @@ def test_a_guaranteed_job_takes_borrowed_holes_in_its_vcs_cells_before_binding_a
     decisions = h.submit("large", vc="speech", gpus=4)  # within speech's quota: 3 + 4 of 8 GPUs
     placed = placed_jobs(decisions) + placed_jobs(h.finish_preempted(decisions))
     assert ("alice~large" in placed) is large_placed
+
+
+def _node_quota_racks() -> ClusterConfig:
+    """Two racks of two 4-GPU nodes; VCs a and b own two nodes each and no VC owns a whole rack."""
+    return load_cluster_config({
+        "physicalCluster": {
+            "skuTypes": {"gpu": {"gpu": 1}},
+            "cellTypes": {"gpu-node": {"childCellType": "gpu", "childCellNumber": 4, "isNodeLevel": True},
+                          "gpu-rack": {"childCellType": "gpu-node", "childCellNumber": 2}},
+            "physicalCells": [{"cellType": "gpu-rack", "cellChildren": [{"cellAddress": "node-a1"},
+                                                                        {"cellAddress": "node-a2"}]},
+                              {"cellType": "gpu-rack", "cellChildren": [{"cellAddress": "node-b1"},
+                                                                        {"cellAddress": "node-b2"}]}],
+        },
+        "virtualClusters": {"a": {"virtualCells": [{"cellType": "gpu-rack.gpu-node", "cellNumber": 2}]},
+                            "b": {"virtualCells": [{"cellType": "gpu-rack.gpu-node", "cellNumber": 2}]}},
+    })
+
+
+@pytest.mark.parametrize("anywhere, preempted", [(True, []), (False, ["alice~guest"])])
+def test_binding_takes_an_idle_node_of_a_whole_rack_before_a_borrowed_node_when_no_vc_needs_racks(anywhere, preempted):
+    """Buddy order binds the free nodes of split racks first, keeping whole racks free; where no VC's
+    quota is a rack, that only made a VC kill the borrower on such a node while a whole rack was idle."""
+    h = Harness(_node_quota_racks(), bind_anywhere=anywhere)
+    h.submit("first", vc="a", gpus=4)  # a binds node-a1: rack a is split, node-a2 is a free node
+    h.submit("guest", vc="a", priority="oppo", gpus=4)  # best fit among cells no VC holds: node-a2
+    assert h.nodes_of("guest") == ["node-a2"]
+    decisions = h.submit("owner", vc="b", gpus=1)
+    assert preempted_jobs(decisions) == preempted
+    h.finish_preempted(decisions)
+    assert h.is_running("owner")
+    assert h.nodes_of("owner") == (["node-b1"] if anywhere else ["node-a2"])
+
+
+def test_binding_does_not_cut_into_a_whole_rack_a_vcs_quota_may_need():
+    """two-racks: vision's quota is a whole rack, so speech's second node comes from the split rack,
+    borrowed or not, whatever bind_anywhere says (VC safety)."""
+    h = Harness("two-racks", bind_anywhere=True)
+    h.submit("first", vc="speech", gpus=4)  # speech binds node-a1
+    h.submit("guest", vc="vision", priority="oppo", gpus=4)  # node-a2, the free node of the split rack
+    assert h.nodes_of("guest") == ["node-a2"]
+    decisions = h.submit("second", vc="speech", gpus=4)
+    assert preempted_jobs(decisions) == ["alice~guest"]
+    h.finish_preempted(decisions)
+    assert h.nodes_of("second") == ["node-a2"]
