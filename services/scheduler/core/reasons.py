@@ -63,6 +63,18 @@ def unheld_only(cells: int, skus: list[str], preemptions: int, counts: Callable[
     return ("unheld", tuple(skus), cells), text
 
 
+def unheld_large(cells: int, skus: list[str], counts: Callable[[], tuple[int, int]]) -> Reason:
+    """An opportunistic job of half a node or more: it waits for cells no VC holds. counts() -> (unheld, idle)."""
+
+    def text(ahead: int) -> str:
+        unheld, idle = counts()
+        return (f"waiting for {cells} idle {sku_words(skus)} cells that no VC holds (opportunistic work of half a "
+                f"node or more is not placed in the idle part of a VC's cells, which the VC takes back first; "
+                f"{unheld} such cells idle, {idle} idle in all); {plural(ahead, 'opportunistic job')} ahead")
+
+    return ("idle", tuple(skus), cells), text
+
+
 def behind_gang(blocker: str, vc: str | None, since: float, cells: int, clock: Callable[[], float]) -> Reason:
     """Held back so an aged gang gets the cells that free up (the key is the kind only: which gang
     is ahead may change often; the text names the current one)."""

@@ -29,8 +29,9 @@ Policy:
 - Opportunistic admission (no thrash; see services/scheduler/cluster/README.md):
   idle cells no VC holds first, holes in VC cells only when none will do; a job
   preempted `opportunistic_preemption_budget` times (default 2) waits for cells no
-  VC holds. An aged opportunistic gang holds back only its own VC's opportunistic
-  jobs. When the pass finds no usable cell left for a queue list it stops walking
+  VC holds, and so does one with a task of half a node or more but less than a
+  whole one (`large_borrowers_unheld`, default on). An aged opportunistic gang holds
+  back only its own VC's opportunistic jobs. When the pass finds no usable cell left for a queue list it stops walking
   it (only jobs not yet seen get a reason), so long queues stay cheap.
 - Compaction before binding: a guaranteed job goes into the free cells of the VC
   cells already bound, then takes opportunistic work in them (youngest first), and
@@ -107,7 +108,8 @@ class SchedulerCore:
     def __init__(self, config: ClusterConfig, *, clock: Callable[[], float],
                  gang_priority_after_s: float = GANG_PRIORITY_AFTER_S,
                  opportunistic_preemption_budget: int = OPPORTUNISTIC_PREEMPTION_BUDGET,
-                 compact_before_binding: bool = True, bucketed: bool = True, bind_anywhere: bool = True):
+                 compact_before_binding: bool = True, bucketed: bool = True, bind_anywhere: bool = True,
+                 large_borrowers_unheld: bool = True):
         self.config = config
         # False: every waiting job is a bucket of its own, so a pass tries each in queue order (a plain
         # scan). Slower under long queues; the reference the bucketed pass is tested to decide as.
@@ -116,6 +118,9 @@ class SchedulerCore:
         self._gang_after = gang_priority_after_s
         self._preemption_budget = opportunistic_preemption_budget
         self._compact = compact_before_binding
+        # An opportunistic group asking for half a node or more goes only to cells no VC holds (see
+        # _large_borrower), as one over its preemption budget does.
+        self._large_unheld = large_borrowers_unheld
         self._state = ClusterState(config)
         # Binding a VC cell may cut it out of any free bigger cell, not only out of the smallest bigger
         # one once no free cell of its type is left, where no VC's quota needs the bigger cells (see
@@ -782,11 +787,26 @@ class SchedulerCore:
             return
         key = ("idle", tuple(skus), cells) if record.opportunistic else ("vc", vc.name, tuple(skus), cells)
         if key != record.reason_key or record.reason_text is None:
-            self._set_reason(record, reasons.waiting_for_room(self._state, record, vc, skus, cells), decisions)
+            if record.opportunistic and self._large_borrower(skus[0], max(self._cells_for([t], skus[0]) for t in tasks)):
+                reason = reasons.unheld_large(cells, skus, self._idle_counts(skus))
+            else:
+                reason = reasons.waiting_for_room(self._state, record, vc, skus, cells)
+            self._set_reason(record, reason, decisions)
 
     def _over_budget(self, record: JobRecord) -> bool:
         """An opportunistic job preempted often enough to be kept off cells a VC's quota holds."""
         return record.opportunistic and record.preemptions >= self._preemption_budget
+
+    def _large_borrower(self, sku: str, largest_task: int) -> bool:
+        """Opportunistic work with a task of half a node or more, not a whole one: only on cells no VC holds.
+
+        Such a borrower can only take the holes of VC cells, which their VC takes back as soon
+        as its guaranteed work grows (compaction); on the Philly replay at 8x, 4-GPU borrowers
+        that had run for days in such holes were a third of the work thrown away. On cells no
+        VC holds it is taken back only when a VC must bind a cell and no idle one is left.
+        """
+        node = self._state.tree.sku_max_node_leaves.get(sku, 0)
+        return self._large_unheld and node > largest_task and largest_task * 2 >= node
 
     def _idle_counts(self, skus: list[str]) -> Callable[[], tuple[int, int]]:
         tree = self._state.tree
@@ -851,7 +871,7 @@ class SchedulerCore:
             for sku, order, sizes, total, quota_free in shapes:
                 if record.opportunistic:
                     plan = plan_opportunistic(self._state, sku, sizes, View(),
-                                              unheld_only=self._over_budget(record))
+                                              unheld_only=self._over_budget(record) or self._large_borrower(sku, sizes[0]))
                 elif mode == _VICTIMS:
                     plan = plan_with_victims(self._state, record, vc, sku, sizes, self._holding.get(vc.name, ()),
                                              quota_free)

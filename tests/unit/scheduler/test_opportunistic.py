@@ -225,7 +225,8 @@ def test_a_guaranteed_job_takes_borrowed_holes_in_its_vcs_cells_before_binding_a
     """Compaction before binding: borrowed work in the idle part of a VC's cells would push the VC's
     small jobs into cells it has not bound yet, until no whole cell is left for its large job,
     which alone on its quota would have run (a sharing anomaly)."""
-    h = Harness("two-racks", compact_before_binding=compact)
+    # (The 3-GPU guest must be let into a VC's holes: large_borrowers_unheld would keep it out.)
+    h = Harness("two-racks", compact_before_binding=compact, large_borrowers_unheld=False)
     h.submit("first", vc="speech", gpus=1)  # speech binds one node; 3 of its GPUs idle
     h.submit("small-guest", vc="vision", priority="oppo", gpus=2)  # half of speech's other node
     h.submit("vision-all", vc="vision", gpus=4, instances=2)  # vision binds the other rack
@@ -283,3 +284,22 @@ def test_binding_does_not_cut_into_a_whole_rack_a_vcs_quota_may_need():
     assert preempted_jobs(decisions) == ["alice~guest"]
     h.finish_preempted(decisions)
     assert h.nodes_of("second") == ["node-a2"]
+
+
+@pytest.mark.parametrize("rule", [True, False])
+def test_a_borrower_of_half_a_node_waits_for_cells_no_vc_holds_rather_than_take_a_vcs_holes(rule):
+    """A VC takes back the holes of its own cells as soon as its guaranteed work grows: a borrower of
+    half a node or more placed there (on the Philly replay, 4-GPU jobs that then ran for days) is
+    killed by the VC's next small job. It waits for cells no VC holds instead."""
+    h = Harness(_node_quota_racks(), large_borrowers_unheld=rule)
+    h.submit("first", vc="a", gpus=1)  # a binds node-a1: 3 GPUs of it idle
+    for n in range(3):  # whole-node borrowers fill every node no VC holds
+        h.submit(f"whole{n}", vc="b", priority="oppo", gpus=4)
+    h.submit("half", vc="b", priority="oppo", gpus=2)
+    assert h.is_running("half") is not rule
+    if rule:
+        assert "no VC holds" in h.reason("half")
+    decisions = h.submit("second", vc="a", gpus=2)
+    assert preempted_jobs(decisions) == ([] if rule else ["alice~half"])
+    h.finish_preempted(decisions)
+    assert h.is_running("second")
