@@ -37,7 +37,7 @@ Policy:
   only then binds another of its quota's cells (`compact_before_binding`, default on).
   Borrowed work in a VC's holes would otherwise push its small jobs into new cells
   until no whole cell is left for its large ones (a sharing anomaly).
-- Shape fallback (`shape_fallback`: None, "idle" or "unheld"): a guaranteed job that
+- Shape fallback (`shape_fallback`: None, "idle" or "unheld", the default): a guaranteed job that
   its VC's unused quota holds in count but no mode above can place (every cell the VC
   holds has some of its work on it, and it may bind no more) runs at once on idle
   cells outside its quota, as borrowed work: opportunistic while it runs (preemptible,
@@ -118,7 +118,7 @@ class SchedulerCore:
     def __init__(self, config: ClusterConfig, *, clock: Callable[[], float],
                  gang_priority_after_s: float = GANG_PRIORITY_AFTER_S,
                  opportunistic_preemption_budget: int = OPPORTUNISTIC_PREEMPTION_BUDGET,
-                 compact_before_binding: bool = True, shape_fallback: str | None = None,
+                 compact_before_binding: bool = True, shape_fallback: str | None = "unheld",
                  bucketed: bool = True):
         self.config = config
         # False: every waiting job is a bucket of its own, so a pass tries each in queue order (a plain
