@@ -29,6 +29,9 @@ class ScheduleEntry(msgspec.Struct, frozen=True, kw_only=True):
     # What the scheduler needs to queue the job again after its own restart.
     spec: JobSpec | None = None
     queuedAt: float = 0.0
+    # A guaranteed job's attempt placed outside its VC's quota as opportunistic work (the core's shape
+    # fallback): a restarted scheduler restores it as such, not bound into the quota.
+    borrowed: bool = False
 
 
 class ClusterView(msgspec.Struct, frozen=True, kw_only=True):

@@ -131,7 +131,8 @@ class SchedulerShell:
                 continue
             vcs[(entry.job, entry.attempt)] = entry.vc
             if entry.placed:
-                placed.append(Restore(job=entry.job, attempt=entry.attempt, spec=entry.spec, tasks=entry.tasks))
+                placed.append(Restore(job=entry.job, attempt=entry.attempt, spec=entry.spec, tasks=entry.tasks,
+                                      borrowed=entry.borrowed))
             else:
                 queued.append(Submit(job=entry.job, attempt=entry.attempt, spec=entry.spec, at=entry.queuedAt))
         queued.sort(key=lambda submit: (submit.at or 0.0, submit.job))

@@ -47,6 +47,7 @@ class Restore(msgspec.Struct, frozen=True, kw_only=True, tag="restore"):
     attempt: int
     spec: JobSpec
     tasks: list[TaskPlacement]
+    borrowed: bool = False  # the entry says it ran as opportunistic work outside its VC's quota
 
 
 class Tick(msgspec.Struct, frozen=True, kw_only=True, tag="tick"):

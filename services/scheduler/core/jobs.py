@@ -29,6 +29,7 @@ class JobRecord:
         "placed", "pending_groups", "state", "history", "victims", "reserved", "reason_key",
         "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "bucket", "seen_epoch", "behind", "fresh", "failed_epoch", "blocking", "reason_text",
         "submitted_at", "sent", "wait_given", "reason_given", "placed_at", "preemptions",
+        "borrowed",
     )
 
     def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float, submitted_at: float | None = None):
@@ -76,6 +77,9 @@ class JobRecord:
         # opportunistic victims are taken youngest first, so a preemption throws away the least work.
         self.placed_at: float | None = None
         self.preemptions = 0  # earlier attempts of the job ended by a preemption (kept across attempts)
+        # A guaranteed job's attempt placed outside its VC's quota (shape fallback): it runs as
+        # opportunistic work; its next attempt is guaranteed again.
+        self.borrowed = False
 
     @property
     def key(self) -> tuple[int, int]:

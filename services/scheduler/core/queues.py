@@ -126,9 +126,12 @@ class Queues:
     def take_dirty(self) -> list[Pair]:
         """The dirty lists in pass order: VCs as configured, unknown VCs, opportunistic work last."""
         dirty, self.dirty = self.dirty, set()
+        return self.in_pass_order(pair for pair in dirty if self.by_sku.get(pair))
+
+    def in_pass_order(self, pairs) -> list[Pair]:
         rank = self._vc_rank
-        return sorted((pair for pair in dirty if self.by_sku.get(pair)), key=lambda pair: (
-            pair[0] is None, rank.get(pair[0], len(rank)), pair[0] or "", pair[1] or ""))
+        return sorted(pairs, key=lambda pair: (pair[0] is None, rank.get(pair[0], len(rank)), pair[0] or "",
+                                               pair[1] or ""))
 
 
 def _insert(queue: list[JobRecord], record: JobRecord) -> None:

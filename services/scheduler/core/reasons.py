@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 Reason = tuple[tuple, Callable[[int], str]]
 
+# A guaranteed job placed outside its VC's quota (shape fallback), as its attempt's history says.
+BORROWED = ("placed on borrowed idle cells: VC {vc}'s cells have no room for its shape though its quota has "
+            "enough left; it runs as opportunistic work (preemptible) and, if preempted, waits again as guaranteed")
+
 
 def sku_words(skus: list[str]) -> str:
     return skus[0] if len(skus) == 1 else " or ".join(skus)

@@ -5,7 +5,11 @@ guaranteed job needs its leaves inside cells bound to its VC; those are bound
 again here. When that is impossible under the (possibly new) config -- the VC is
 gone, its quota shrank, the cell is now another VC's, or binding would break
 another VC's guarantee -- the job keeps running as opportunistic work and a
-warning says so. Leaves that no longer exist are reported and left out.
+warning says so. A guaranteed job placed outside its quota as borrowed work (the
+core's shape fallback; `Restore.borrowed`, from its pai_schedule entry) is restored
+as opportunistic work too, without trying to bind. (The launcher's own record does
+not carry the mark: an attempt adopted from it alone is bound into its VC's quota
+when that still can be done.) Leaves that no longer exist are reported and left out.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from services.scheduler.core.jobs import JobRecord
 from services.scheduler.core.state import ClusterState, Quota, VcRecord
 
 
-def restore_attempt(state: ClusterState, record: JobRecord, tasks: list[TaskPlacement]) -> list[str]:
+def restore_attempt(state: ClusterState, record: JobRecord, tasks: list[TaskPlacement], *,
+                    borrowed: bool = False) -> list[str]:
+    """`borrowed`: a guaranteed job's attempt that ran outside its VC's quota (shape fallback); it
+    stays opportunistic work, as before the restart, rather than be bound into the quota now."""
     warnings: list[str] = []
     known_tasks = {(task.role, task.index) for group in record.groups for task in group.tasks}
     placed: dict[tuple[str, int], list[Cell]] = {}
@@ -39,6 +46,9 @@ def restore_attempt(state: ClusterState, record: JobRecord, tasks: list[TaskPlac
         if leaves:
             placed[key] = leaves
     all_leaves = [leaf for leaves in placed.values() for leaf in leaves]
+    if borrowed and not record.opportunistic:
+        record.opportunistic = True
+        record.borrowed = True
     if not record.opportunistic:
         problem = _bind_for(state, record, all_leaves)
         if problem is not None:

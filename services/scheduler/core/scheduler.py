@@ -41,6 +41,15 @@ Policy:
 - Binding where no VC needs the bigger cell (`bind_anywhere`, default on): a VC cell may
   be cut out of any free bigger cell whose type no VC's quota asks for (a node out of a
   whole idle rack), so binding takes idle cells before borrowed ones.
+- Shape fallback (`shape_fallback`: None, "idle" or "unheld", the default): a guaranteed job that
+  its VC's unused quota holds in count but no mode above can place (every cell the VC
+  holds has some of its work on it, and it may bind no more) runs at once on idle
+  cells outside its quota, as borrowed work: opportunistic while it runs (preemptible,
+  not counted in the quota); preempted, it is queued again as guaranteed. It is tried
+  in a second walk of the pass, after every VC's list, and that walk preempts nothing,
+  so no job takes back in the same pass what a fallback job got. "unheld": only cells
+  no VC holds, where it is the least likely to be taken back. A job preempted
+  `opportunistic_preemption_budget` times falls back only onto such cells.
 - Preemption, tried only when a job cannot be placed on free cells: first
   opportunistic work on the cells the job needs (any VC), the most recently
   started first and no more than needed, then guaranteed jobs of
@@ -88,6 +97,11 @@ GANG_PRIORITY_AFTER_S = 600.0
 # After this many preemptions an opportunistic job waits for cells no VC holds (see plan_opportunistic).
 OPPORTUNISTIC_PREEMPTION_BUDGET = 2
 
+# Where a guaranteed job that fits its VC's unused quota in count but in no shape the VC's cells allow
+# may run as borrowed work (see _place_tasks): None (it waits), idle cells anywhere, or only idle
+# cells no VC holds.
+SHAPE_FALLBACKS = (None, "idle", "unheld")
+
 _FREE, _TAKE_OPPO, _VICTIMS = "free", "oppo", "victims"
 _FREE_BOUND, _OPPO_BOUND = "free-bound", "oppo-bound"  # inside the cells the VC holds, binding none
 
@@ -108,8 +122,8 @@ class SchedulerCore:
     def __init__(self, config: ClusterConfig, *, clock: Callable[[], float],
                  gang_priority_after_s: float = GANG_PRIORITY_AFTER_S,
                  opportunistic_preemption_budget: int = OPPORTUNISTIC_PREEMPTION_BUDGET,
-                 compact_before_binding: bool = True, bucketed: bool = True, bind_anywhere: bool = True,
-                 large_borrowers_unheld: bool = True):
+                 compact_before_binding: bool = True, shape_fallback: str | None = "unheld",
+                 bucketed: bool = True, bind_anywhere: bool = True, large_borrowers_unheld: bool = True):
         self.config = config
         # False: every waiting job is a bucket of its own, so a pass tries each in queue order (a plain
         # scan). Slower under long queues; the reference the bucketed pass is tested to decide as.
@@ -121,6 +135,13 @@ class SchedulerCore:
         # An opportunistic group asking for half a node or more goes only to cells no VC holds (see
         # _large_borrower), as one over its preemption budget does.
         self._large_unheld = large_borrowers_unheld
+        if shape_fallback not in SHAPE_FALLBACKS:
+            raise ValueError(f"shape_fallback: one of {SHAPE_FALLBACKS}, not {shape_fallback!r}")
+        self._fallback = shape_fallback
+        self._falling_back = False  # in the second walk of a pass, where jobs may fall back
+        # (VC list, bucket) -> None: buckets whose job found no room in its VC in this pass but may fall back.
+        self._fallback_buckets: dict[tuple, None] = {}
+        self._failed_before_fallback = -1  # the epoch of the first walk of the pass
         self._state = ClusterState(config)
         # Binding a VC cell may cut it out of any free bigger cell, not only out of the smallest bigger
         # one once no free cell of its type is left, where no VC's quota needs the bigger cells (see
@@ -208,6 +229,7 @@ class SchedulerCore:
             updatedAt=self._clock(),
             spec=record.spec,
             queuedAt=record.submitted_at,
+            borrowed=record.borrowed,
         )
 
     def knows(self, job: str) -> bool:
@@ -359,7 +381,7 @@ class SchedulerCore:
         record.restored = True
         record.placed_at = float("-inf")
         self._jobs[event.job] = record
-        self.restore_warnings.extend(restore_attempt(self._state, record, event.tasks))
+        self.restore_warnings.extend(restore_attempt(self._state, record, event.tasks, borrowed=event.borrowed))
         record.sent = {(t.role, t.index): t for t in event.tasks if (t.role, t.index) in record.placed}
         if record.placed:
             self._note_holding(record)
@@ -387,29 +409,66 @@ class SchedulerCore:
                         queues.mark(vc, (freed[1],))
             else:
                 queues.mark(None, (freed[1],))
+                if self._fallback is not None:
+                    # Idle cells anywhere: guaranteed jobs of VCs with quota left may fall back onto them.
+                    for vc in self._sku_lanes.get(freed[1], ()):
+                        record = state.vcs[vc]
+                        if record.held.get(freed[1], 0) < record.sku_virtual.get(freed[1], 0):
+                            queues.mark(vc, (freed[1],))
         state.freed_since_pass.clear()
         state.epoch += 1
         lane_passes: dict[str | None, _LanePass] = {}
-        for lane, sku in queues.take_dirty():
-            lane_pass = lane_passes.get(lane)
-            if lane_pass is None:
-                lane_pass = lane_passes[lane] = _LanePass(self._clock())
-                for blocker in sorted(self._blocking.get(lane, ()), key=lambda record: record.key):
-                    if blocker.waiting and self._jobs.get(blocker.id) is blocker:
-                        lane_pass.blockers.append(blocker)
-                        lane_pass.blocking_ids.add(blocker.id)
-            self._run_list((lane, sku), lane_pass, decisions)
+        dirty = queues.take_dirty()  # the VCs' lists, then the opportunistic ones
+        for pair in dirty:
+            if pair[0] is None and self._fallback_buckets:
+                self._fallback_pass(decisions)
+            self._run_list(pair, self._lane_pass(lane_passes, pair[0]), decisions)
+        if self._fallback_buckets:
+            self._fallback_pass(decisions)
         return decisions
 
+    def _lane_pass(self, lane_passes: dict[str | None, _LanePass], lane: str | None) -> _LanePass:
+        lane_pass = lane_passes.get(lane)
+        if lane_pass is None:
+            lane_pass = lane_passes[lane] = _LanePass(self._clock())
+            for blocker in sorted(self._blocking.get(lane, ()), key=lambda record: record.key):
+                if blocker.waiting and self._jobs.get(blocker.id) is blocker:
+                    lane_pass.blockers.append(blocker)
+                    lane_pass.blocking_ids.add(blocker.id)
+        return lane_pass
+
+    def _fallback_pass(self, decisions: list[Decision]) -> None:
+        """Shape fallback, once every VC's list has been walked: the buckets whose job found no room in
+        its VC but may fall back are walked again, and now only falling back is tried. After the
+        walk, not at once: every guaranteed job that fits its own quota is placed first, and nothing
+        in this walk preempts, so no job takes back cells a fallback job got in the same pass (a Place
+        and a Preempt of one attempt in one answer). Jobs an aged gang placed here held back are
+        looked at in the next pass. The walk counts as a new pass (epoch) for the queue's
+        bookkeeping; the jobs that failed in the first walk are tried whatever was freed since."""
+        chosen: dict[tuple, set[tuple]] = {}
+        for pair, bucket in self._fallback_buckets:
+            chosen.setdefault(pair, set()).add(bucket)
+        self._fallback_buckets = {}
+        self._falling_back = True
+        self._failed_before_fallback = self._state.epoch
+        self._state.epoch += 1
+        lane_passes: dict[str | None, _LanePass] = {}
+        try:
+            for pair in self._queues.in_pass_order(chosen):
+                self._run_list(pair, self._lane_pass(lane_passes, pair[0]), decisions, only=chosen[pair])
+        finally:
+            self._falling_back = False
+
     def _run_list(self, pair: tuple[str | None, str | None], lane_pass: _LanePass,
-                  decisions: list[Decision]) -> None:
+                  decisions: list[Decision], only: set[tuple] | None = None) -> None:
         """Try the jobs of one (lane, sku) list in queue order, looking only at the heads of its buckets.
 
         The heads are merged in queue order (a heap). A job placed lets the next of its bucket
         in; a job that does not fit, waits behind an aged gang or found nothing freed since it
         last failed closes its bucket for this pass: the jobs behind it ask for the same and
         would fail too. Jobs holding reservations or waiting for victims are looked at whatever
-        their bucket does. Jobs no pass has looked at yet get their reason at the end.
+        their bucket does. Jobs no pass has looked at yet get their reason at the end. `only`: walk
+        just these buckets (the shape fallback's second walk).
         """
         epoch = self._state.epoch
         blockers = lane_pass.blockers
@@ -430,14 +489,14 @@ class SchedulerCore:
         count = 0
         for bucket_key, members in buckets.items():
             head = members[0]
-            if bucket_key[0] == "never":
+            if bucket_key[0] == "never" or (only is not None and bucket_key not in only):
                 continue  # they only need a reason, given once
             if free is not None and self._bucket_cells(pair, bucket_key, head) > free and (
                     head.blocking or head.gang_deadline > lane_pass.now):
                 continue
             heap.append((head.key, count, bucket_key, None))
             count += 1
-        for record in self._holding_reservations(pair):
+        for record in self._holding_reservations(pair) if only is None else ():
             heap.append((record.key, count, None, record))
             count += 1
         heapq.heapify(heap)
@@ -474,7 +533,8 @@ class SchedulerCore:
                 if index < len(members):
                     heapq.heappush(heap, (members[index].key, count, bucket_key, None))
                     count += 1
-        self._note_unseen(pair, lane_pass, decisions)
+        if only is None:
+            self._note_unseen(pair, lane_pass, decisions)
 
     def _visit(self, record: JobRecord, sku: str | None, lane_pass: _LanePass, decisions: list[Decision]) -> bool:
         """Look at one job in a pass; False when the jobs behind it in its bucket cannot fit in this pass."""
@@ -507,14 +567,18 @@ class SchedulerCore:
         if shape is not None and not record.victims and not record.reserved and any(
                 record.skus_set <= skus and record.priority <= priority and _dominates(shape, failed)
                 for skus, failed, priority in lane_pass.failed_shapes):
-            # Cells only get scarcer during a pass: a job at least as large as one that failed fails too.
+            # Cells only get scarcer during a pass: a job at least as large as one that failed fails too
+            # (in its VC: it may still fall back, as the plain scan that tries it would find).
+            self._note_fallback(record, self._state.vcs[record.vc], record.pending_groups[0].tasks)
             self._fail(record, record.pending_groups[0], record.pending_groups[0].tasks, decisions)
             self._age(record, now, lane_pass)
             return False
         self._try_place(record, decisions)
         failed = record.waiting and record.failed_epoch == epoch and not record.victims
-        if shape is not None and failed and not self._over_budget(record):
-            # (A job kept to cells no VC holds failing says nothing of one that may use a VC's idle cells.)
+        if shape is not None and failed and not self._over_budget(record) and (
+                not self._falling_back or self._fallback_kind(record) == self._fallback):
+            # (A job kept to cells no VC holds failing says nothing of one that may use a VC's idle cells;
+            # nor a guaranteed job that may not fall back, or only to cells no VC holds, of one that may.)
             lane_pass.failed_shapes.append((record.skus_set, shape, record.priority))
         self._age(record, now, lane_pass)
         return not failed
@@ -557,7 +621,7 @@ class SchedulerCore:
         if record.shape is None or not self._bucketed:
             return ("one", record.seq, record.id)
         return ("same", record.vc if record.opportunistic else None, record.shape, tuple(sorted(record.skus_set)),
-                self._over_budget(record))
+                self._over_budget(record) if record.opportunistic else self._fallback_kind(record))
 
     def _lane_full_check(self, pair: tuple[str | None, str | None]) -> Callable[[JobRecord], bool] | None:
         """A test telling, before a job is tried, that no job from it on in the list can be placed now.
@@ -659,13 +723,18 @@ class SchedulerCore:
         failed = record.failed_epoch
         if failed < 0 or record.victims or record.reserved:
             return True
+        if self._falling_back and failed == self._failed_before_fallback and self._fallback_kind(record):
+            return True  # it found no room in its VC in this pass: now it may fall back
         state = self._state
         if record.opportunistic:
             return any(state.freed_anywhere.get(sku, -1) >= failed for sku in record.skus)
         in_vc = state.freed_in_vc
         vc = state.vcs[record.vc]
+        fallback = self._fallback_kind(record)
+        outside = state.freed_anywhere if fallback == "idle" else state.freed_unbound if fallback else None
         return any(in_vc.get((record.vc, sku), -1) >= failed
                    or (state.freed_unbound.get(sku, -1) >= failed and vc.may_bind(sku))
+                   or (outside is not None and outside.get(sku, -1) >= failed)
                    for sku in record.skus)
 
     def _set_reason(self, record: JobRecord, reason: reasons.Reason, decisions: list[Decision]) -> None:
@@ -754,7 +823,7 @@ class SchedulerCore:
             record.reason_key = None
             self._stop_blocking(record)
             self._dequeue(record)
-        self._settle(record, None)
+        self._settle(record, reasons.BORROWED.format(vc=record.vc) if record.borrowed and placements else None)
 
     @staticmethod
     def _settle(record: JobRecord, why: str | None) -> None:
@@ -847,6 +916,8 @@ class SchedulerCore:
         """Place these tasks together: their placements, "preempting", or None (they wait)."""
         if record.opportunistic:
             modes = (_FREE,)
+        elif self._falling_back:
+            modes = ()  # it found no room in its VC earlier in this pass (nor would the rest of its bucket)
         elif self._compact:
             modes = (_FREE_BOUND, _OPPO_BOUND, _FREE, _TAKE_OPPO, _VICTIMS)
         else:
@@ -891,7 +962,50 @@ class SchedulerCore:
                     continue
                 ordered_tasks = [tasks[i] for i in order]
                 return self._commit(record, vc, ordered_tasks, plan, sku, decisions)
+        fallback = self._fallback_kind(record)
+        if not self._falling_back:
+            self._note_fallback(record, vc, tasks)
+        elif fallback is not None and not record.placed and not record.reserved:
+            # Shape fallback: the VC's unused quota holds the job in count, but every cell the VC holds
+            # has some of its work on it and it may bind no more, so no mode above found room. Rather
+            # than wait for one of its own jobs to end, it runs now on idle cells, as borrowed work:
+            # opportunistic while it runs (preemptible, not counted in the quota); a preemption
+            # queues it again as guaranteed (its spec's class).
+            for sku, order, sizes, total, quota_free in shapes:
+                if quota_free < total:
+                    continue  # over its quota: not a shape problem
+                plan = plan_opportunistic(self._state, sku, sizes, View(), unheld_only=fallback == "unheld")
+                if plan is None:
+                    continue
+                self._stop_blocking(record)  # while its VC's lane still holds it
+                self._dequeue(record)  # it leaves its VC's lane; every task is placed below
+                record.opportunistic = True
+                record.borrowed = True
+                return self._commit(record, vc, [tasks[i] for i in order], plan, sku, decisions)
         return None
+
+    def _note_fallback(self, record: JobRecord, vc: VcRecord, tasks: list[TaskDemand]) -> bool:
+        """A job that found no room in its VC in the first walk of a pass: whether it may fall back in
+        the second (its bucket is then walked again, see _fallback_pass). Only when its VC's unused
+        quota holds it in count: beyond its quota it is not a matter of shape."""
+        if self._fallback_kind(record) is None or record.placed or record.reserved or record.victims:
+            return False
+        if not any(self._quota_free(record, vc, sku) >= self._cells_for(tasks, sku) for sku in record.skus):
+            return False
+        self._fallback_buckets.update(dict.fromkeys(((record.vc, sku), record.bucket) for sku in record.skus))
+        return True
+
+    def _fallback_kind(self, record: JobRecord) -> str | None:
+        """Where this guaranteed job may run as borrowed work when its VC's cells have no room for its
+        shape (see _place_tasks): None (nowhere), "idle" or "unheld". Known at submission (the bucket
+        key holds it): a job placed all at once (one group, gang or a single task), not pinned, not
+        restored; one preempted as often as an opportunistic job's budget allows goes only to cells
+        no VC holds."""
+        if self._fallback is None or record.opportunistic or record.restored or record.spec.pinnedCellId is not None:
+            return None
+        if len(record.groups) != 1 or not (record.spec.gangAllocation or len(record.groups[0].tasks) == 1):
+            return None
+        return "unheld" if record.preemptions >= self._preemption_budget else self._fallback
 
     @staticmethod
     def _age_key(record: JobRecord) -> tuple[float, int]:
@@ -1065,7 +1179,10 @@ class SchedulerCore:
     # --- preemption ---------------------------------------------------------------------------
 
     def _preempt(self, victim: JobRecord, by: JobRecord, decisions: list[Decision]) -> None:
-        if victim.opportunistic:
+        if victim.borrowed:
+            why = (f"job preempted on borrowed cells: VC {by.vc} needs them for guaranteed job {by.id}; "
+                   f"it waits again as a guaranteed job of VC {victim.vc}")
+        elif victim.opportunistic:
             why = f"opportunistic job preempted: VC {by.vc} needs these cells for guaranteed job {by.id}"
         else:
             why = f"preempted in VC {victim.vc} by job {by.id} of higher priority ({by.priority} > {victim.priority})"

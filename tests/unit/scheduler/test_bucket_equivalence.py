@@ -6,6 +6,7 @@ lazy preemption, gangs, failures (requeues), node outages and time passing (aged
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -93,11 +94,49 @@ class Twins:
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=operations, budget=st.sampled_from([1, 2]))
-def test_the_bucketed_pass_decides_as_a_plain_scan(ops, budget):
-    twins = Twins(opportunistic_preemption_budget=budget)
+@given(ops=operations, budget=st.sampled_from([1, 2]), fallback=st.sampled_from([None, "idle", "unheld"]))
+def test_the_bucketed_pass_decides_as_a_plain_scan(ops, budget, fallback):
+    twins = Twins(opportunistic_preemption_budget=budget, shape_fallback=fallback)
     for operation in ops:
         twins.step(operation)
+
+
+# Workloads where guaranteed jobs fall back onto idle cells outside their VC's quota (shape fallback): the
+# random ones above rarely get a VC's cells fragmented enough for it.
+FALLBACK_WORKLOADS = [
+    [("submit", 1, "oppo", (1, 4), False, True), ("submit", 0, "test", (1, 1), True, False), ("node", 4, True),
+     ("tick", 120.0), ("submit", 1, "prod", (1, 2), False, False), ("submit", 0, "prod", (2, 1), True, False),
+     ("node", 3, False), ("tick", 1.0), ("submit", 0, "test", (1, 2), True, False), ("tick", 400.0), ("fail", 4),
+     ("submit", 0, "oppo", (1, 1), False, True), ("submit", 1, "prod", (2, 1), False, False),
+     ("submit", 0, "prod", (1, 2), False, False), ("submit", 0, "oppo", (2, 1), True, False), ("finish", 10)],
+    [("tick", 400.0), ("finish", 25), ("submit", 1, "test", (1, 1), False, False),
+     ("submit", 0, "prod", (2, 1), False, False), ("submit", 0, "oppo", (2, 4), False, False),
+     ("submit", 0, "oppo", (1, 1), True, True), ("finish", 29), ("submit", 0, "test", (1, 2), True, True),
+     ("submit", 1, "prod", (2, 4), False, True), ("finish", 21), ("submit", 0, "oppo", (2, 4), True, False),
+     ("finish", 10), ("submit", 0, "oppo", (2, 4), True, False), ("submit", 1, "test", (1, 2), False, False),
+     ("node", 1, True), ("finish", 0), ("submit", 0, "test", (2, 1), False, True), ("node", 0, False),
+     ("submit", 1, "prod", (1, 1), False, True), ("fail", 25)],
+    [("submit", 0, "test", (1, 1), True, False), ("submit", 0, "prod", (1, 4), True, False),
+     ("submit", 0, "oppo", (1, 1), True, True), ("tick", 120.0), ("tick", 120.0),
+     ("submit", 0, "test", (1, 1), True, True), ("tick", 120.0), ("tick", 1.0),
+     ("submit", 0, "oppo", (1, 1), True, True), ("submit", 0, "oppo", (2, 4), False, False),
+     ("submit", 1, "prod", (2, 4), False, False), ("tick", 1.0), ("submit", 1, "oppo", (2, 1), True, False),
+     ("submit", 0, "prod", (2, 4), False, False), ("fail", 3), ("finish", 16), ("node", 0, False),
+     ("submit", 0, "oppo", (1, 2), True, False), ("finish", 29), ("fail", 18),
+     ("submit", 0, "oppo", (1, 1), False, False), ("submit", 0, "test", (1, 1), False, True), ("fail", 15)],
+]
+
+
+@pytest.mark.parametrize("fallback", ["idle", "unheld"])
+@pytest.mark.parametrize("budget", [1, 2])
+@pytest.mark.parametrize("workload", range(len(FALLBACK_WORKLOADS)))
+def test_the_bucketed_pass_decides_as_a_plain_scan_when_jobs_fall_back(workload, budget, fallback):
+    twins = Twins(opportunistic_preemption_budget=budget, shape_fallback=fallback)
+    for operation in FALLBACK_WORKLOADS[workload]:
+        twins.step(operation)
+    borrowed = [job for job in twins.bucketed.core._jobs.values() if job.borrowed]
+    if fallback == "idle" and budget == 1:
+        assert borrowed, "the workload no longer makes a job fall back"
 
 
 def _spec(name: str, vc: str, priority: str, gpus: int) -> JobSpec:

@@ -159,17 +159,19 @@ def _unused_quota(launcher, vc: str, sku: str) -> int:
     """Leaf cells of the VC's quota that none of its running guaranteed jobs holds."""
     held = sum(len(task.leafCells) for job, tasks in launcher.running.items() for task in tasks
                if launcher.specs[job].virtualCluster == vc and launcher.specs[job].priority >= 0
-               and task.skuType == sku)
+               and not launcher.h.core.entry(job).borrowed and task.skuType == sku)
     return quota_leaves(launcher.h.config, vc)[sku] - held
 
 
+@pytest.mark.parametrize("fallback", [None, "idle"])
 @pytest.mark.parametrize("fixture", GUARANTEE_FIXTURES)
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=operations, share=st.floats(0.0, 1.0))
-def test_a_guaranteed_job_that_fits_its_vcs_unused_quota_is_placed_at_once(fixture, ops, share):
+def test_a_guaranteed_job_that_fits_its_vcs_unused_quota_is_placed_at_once(fixture, fallback, ops, share):
     """Whatever other VCs and opportunistic jobs hold: placed in the same call, or as soon as the
-    opportunistic jobs it preempts release their cells (and it preempts no guaranteed job)."""
-    launcher = Launcher(fixture)
+    opportunistic jobs it preempts release their cells (and it preempts no guaranteed job; a guaranteed
+    job that fell back outside its quota is borrowed work)."""
+    launcher = Launcher(fixture, shape_fallback=fallback)
     for operation in ops:
         launcher.step(operation)
     for node in launcher.h.core.node_names():
@@ -188,7 +190,8 @@ def test_a_guaranteed_job_that_fits_its_vcs_unused_quota_is_placed_at_once(fixtu
             probe.h.attempts["root~probe"] = 0
             decisions = probe.h.handle(Submit(job="root~probe", attempt=0, spec=job_spec))
             victims = [d.job for d in decisions if isinstance(d, Preempt)]
-            assert all(probe.specs[victim].priority < 0 for victim in victims), victims
+            assert all(probe.specs[victim].priority < 0 or probe.h.core.entry(victim).borrowed
+                       for victim in victims), victims
             probe.apply(decisions)  # the launcher stops the victims and releases their cells
             assert "root~probe" in probe.running, (
                 f"{cells} of VC {vc}'s {unused} unused {sku} cells: {probe.h.core.waiting_reason('root~probe')}")

@@ -143,7 +143,8 @@ def test_host_ip_is_the_node_address_when_it_is_an_ip():
 
 
 def test_unhealthy_node_is_avoided_and_used_again_when_healthy():
-    h = Harness("eight-gpu-node")
+    # Without shape fallback: with it the job would run meanwhile as borrowed work on team's idle node.
+    h = Harness("eight-gpu-node", shape_fallback=None)
     h.node("plain-1", False)
     h.node("plain-2", False)
     decisions = h.submit("job", vc="small", gpus=1)

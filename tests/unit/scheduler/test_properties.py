@@ -37,8 +37,8 @@ operations = st.lists(st.one_of(submit, submit, finish, fail, node, tick), min_s
 class Launcher:
     """Plays the launcher against the harness and checks what it is told."""
 
-    def __init__(self, fixture: str):
-        self.h = Harness(fixture)
+    def __init__(self, fixture: str, **options):
+        self.h = Harness(fixture, **options)
         self.fixture = fixture
         self.count = 0
         self.running: dict[str, list] = {}  # job -> task placements of its current attempt
@@ -119,11 +119,12 @@ def assert_every_vc_can_get_its_quota(launcher: Launcher) -> None:
                 f"VC {vc_name} cannot get its {cells} {sku} cells: {probe.h.core.waiting_reason('root~probe')}")
 
 
+@pytest.mark.parametrize("fallback", [None, "idle"])
 @pytest.mark.parametrize("fixture", list(FIXTURES))
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=operations)
-def test_random_workloads_keep_every_invariant(fixture, ops):
-    launcher = Launcher(fixture)
+def test_random_workloads_keep_every_invariant(fixture, fallback, ops):
+    launcher = Launcher(fixture, shape_fallback=fallback)
     for operation in ops:
         launcher.step(operation)
     assert_every_vc_can_get_its_quota(launcher)

@@ -43,7 +43,10 @@ class CorePolicy:
         self._rule = priority_rule
         self._quota = dict(cluster.vc_quota)
         self._now = 0.0
-        self.core = SchedulerCore(cluster.config, clock=lambda: self._now)
+        # `private` runs each VC on its own cells only: no guaranteed job falls back onto idle cells
+        # outside its quota (the core's shape fallback), or it would not be the private-cluster baseline.
+        self.core = SchedulerCore(cluster.config, clock=lambda: self._now,
+                                  **({"shape_fallback": None} if priority_rule == "guaranteed" else {}))
         self._index_of: dict[str, int] = {}
         self._attempt: dict[int, int] = {}
         self._priority: dict[int, int] = {}
