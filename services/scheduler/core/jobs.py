@@ -29,7 +29,7 @@ class JobRecord:
         "placed", "pending_groups", "state", "history", "victims", "reserved", "reason_key",
         "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "bucket", "seen_epoch", "behind", "fresh", "failed_epoch", "blocking", "reason_text",
         "submitted_at", "sent", "wait_given", "reason_given", "placed_at", "preemptions",
-        "borrowed",
+        "borrowed", "order",
     )
 
     def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float, submitted_at: float | None = None):
@@ -80,11 +80,14 @@ class JobRecord:
         # A guaranteed job's attempt placed outside its VC's quota (shape fallback): it runs as
         # opportunistic work; its next attempt is guaranteed again.
         self.borrowed = False
+        # Place in the queue among jobs of equal priority: arrival (seq), unless the core queues a preempted
+        # opportunistic job again at the back (SchedulerCore's requeue_at_back).
+        self.order = seq
 
     @property
     def key(self) -> tuple[int, int]:
-        """Queue order: higher priority first, then arrival."""
-        return (-self.priority, self.seq)
+        """Queue order: higher priority first, then arrival (see `order`)."""
+        return (-self.priority, self.order)
 
     @property
     def preempting(self) -> bool:

@@ -27,7 +27,9 @@ Policy:
   (lazily, by buddy allocation) up to its quota, or its pinned cells for jobs
   naming a pinnedCellId. Opportunistic jobs (priority -1) use idle cells anywhere.
 - Opportunistic admission (no thrash; see services/scheduler/cluster/README.md):
-  idle cells no VC holds first, holes in VC cells only when none will do; a job
+  idle cells no VC holds first, holes in VC cells only when none will do; a preempted
+  job queues again at the back of the opportunistic lane (`requeue_at_back`, default
+  on), behind the jobs that waited while it ran; a job
   preempted `opportunistic_preemption_budget` times (default 2) waits for cells no
   VC holds, and so does one with a task of half a node or more but less than a
   whole one (`large_borrowers_unheld`, default on). An aged opportunistic gang holds
@@ -123,7 +125,8 @@ class SchedulerCore:
                  gang_priority_after_s: float = GANG_PRIORITY_AFTER_S,
                  opportunistic_preemption_budget: int = OPPORTUNISTIC_PREEMPTION_BUDGET,
                  compact_before_binding: bool = True, shape_fallback: str | None = "unheld",
-                 bucketed: bool = True, bind_anywhere: bool = True, large_borrowers_unheld: bool = True):
+                 bucketed: bool = True, bind_anywhere: bool = True, large_borrowers_unheld: bool = True,
+                 requeue_at_back: bool = True):
         self.config = config
         # False: every waiting job is a bucket of its own, so a pass tries each in queue order (a plain
         # scan). Slower under long queues; the reference the bucketed pass is tested to decide as.
@@ -135,6 +138,9 @@ class SchedulerCore:
         # An opportunistic group asking for half a node or more goes only to cells no VC holds (see
         # _large_borrower), as one over its preemption budget does.
         self._large_unheld = large_borrowers_unheld
+        # A preempted opportunistic job queues again at the back of the opportunistic lane, as a new
+        # arrival would, instead of at its first arrival's place (see _release).
+        self._requeue_at_back = requeue_at_back
         if shape_fallback not in SHAPE_FALLBACKS:
             raise ValueError(f"shape_fallback: one of {SHAPE_FALLBACKS}, not {shape_fallback!r}")
         self._fallback = shape_fallback
@@ -297,6 +303,15 @@ class SchedulerCore:
             again = self._new_record(record.id, record.attempt + 1, record.spec, seq=record.seq,
                                      submitted_at=record.submitted_at)
             again.preemptions = record.preemptions + (1 if preempted else 0)
+            if self._requeue_at_back and preempted and again.opportunistic:
+                # Opportunistic jobs wait when no idle cell is left (Philly 5x: 98% of their queueing
+                # delay accrues while no GPU is idle); the cells that free up then go to them one at a time, in
+                # queue order. At its first arrival's place a preempted job, which has run already, went
+                # before every job that arrived while it ran and has never run. At the back it waits as a
+                # new arrival would (FIFO from its preemption: no starvation). The place lives in the
+                # core's memory only, as the preemption count does. Figures: the cluster README.
+                again.order = self._next_seq
+                self._next_seq += 1
             self._jobs[record.id] = again
             self._enqueue(again)
 

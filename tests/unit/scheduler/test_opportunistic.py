@@ -81,6 +81,26 @@ def test_a_long_running_opportunistic_job_is_not_thrown_away_again_and_again():
     assert h.is_running("borrower0")
 
 
+@pytest.mark.parametrize("at_back, order", [(True, ["fresh", "borrower3", "later"]),
+                                             (False, ["borrower3", "fresh", "later"])])
+def test_a_preempted_opportunistic_job_queues_again_behind_the_jobs_already_waiting(at_back, order):
+    """On a full cluster the cells that free up go to waiting opportunistic jobs one by one. A job
+    preempted there queues again at the back, as a new arrival would: jobs that have waited since
+    before the preemption (and never ran) start first; jobs that arrive after it still come after it."""
+    h = Harness("two-racks", requeue_at_back=at_back)
+    _fill_with_opportunistic_jobs(h, 4)  # every GPU of the cluster is borrowed
+    h.submit("fresh", vc="speech", priority="oppo", gpus=4)  # waits: nothing idle
+    decisions = h.submit("owner", vc="vision", gpus=4)
+    assert preempted_jobs(decisions) == ["alice~borrower3"]
+    assert placed_jobs(h.finish_preempted(decisions)) == ["alice~owner"]
+    h.submit("later", vc="speech", priority="oppo", gpus=4)
+    started = []
+    for ending in ["owner", "borrower0", "borrower1"]:  # one node frees up at a time
+        h.clock.advance(60.0)
+        started += [job.removeprefix("alice~") for job in placed_jobs(h.release(ending))]
+    assert started == order
+
+
 def test_opportunistic_work_goes_to_cells_no_vc_holds_before_holes_in_a_vcs_cells():
     h = Harness("two-racks")
     h.submit("owner", vc="vision", gpus=1)  # vision binds one rack; 7 of its GPUs stay idle

@@ -13,16 +13,17 @@ Trace (hand-12.csv), times in seconds:
     b2     80     20  2x4   b   |  90  (o)        never    110       never
     b3    300    100    4   b   |   0  (g)          0        0          0
     b4    310     50    4   b   |   0  (o) *        90        0        120
-    b5    320     10    4   b   |  80  (o)        130       50         80
-    b6    330     20    2   b   |  70  (o)        130       50         80
+    b5    320     10    4   b   |  30  (o)        130       50         80
+    b6    330     20    2   b   |  30  (o)        130       50         80
     a6    340     10    4   a   |   0  (g)          0       20          0
 
 hived: a job is guaranteed (g) while its VC's guaranteed GPUs stay within quota, else
 opportunistic (o) on idle cells anywhere. a2, a3, a5 run at once on VC b's idle node.
 a4 waits for a2 to leave that node (60), then b1 (guaranteed, t=70) preempts it (*);
 it restarts at 100 on the node a1 frees and ends at 130. b2 (two whole nodes) gets
-them at 170. At 310 b4 borrows VC a's idle node; a6 (guaranteed, 340) preempts it (*);
-b4 restarts at 350 and ends at 400, when b3 also ends: b5 and b6 start then.
+them at 170. At 310 b4 borrows VC a's idle node; a6 (guaranteed, 340) preempts it (*)
+and it queues again at the back, behind b5 and b6, which arrived while it ran: when a6
+ends (350) b5 starts, then b6 at 360, and b4 restarts at 380 and ends at 430.
 
 private: each VC alone on its node, FIFO with backfill. a1 runs to 100; then a2+a3
 fill the node, a5 backfills at 110 (a4 needs all 4), a4 starts at 150. b2 needs 8
@@ -59,7 +60,7 @@ from tests.unit.sim.helpers import TRACES
 NEVER = None
 JOBS = ["a1", "a2", "a3", "a4", "a5", "b1", "b2", "b3", "b4", "b5", "b6", "a6"]
 EXPECTED_DELAYS = {
-    "hived":      [0, 0, 0, 30, 0, 0, 90, 0, 0, 80, 70, 0],
+    "hived":      [0, 0, 0, 30, 0, 0, 90, 0, 0, 30, 30, 0],
     "private":    [0, 90, 80, 120, 70, 0, NEVER, 0, 90, 130, 130, 0],
     "fifo-quota": [0, 0, 0, 30, 60, 20, 110, 0, 0, 50, 50, 20],
     "sjf":        [0, 95, 80, 125, 60, 0, NEVER, 0, 120, 80, 80, 0],
@@ -99,13 +100,13 @@ def test_hived_preempted_jobs_restart_from_scratch(result):
     # a4: started 60, preempted at 70 (10 s x 4 GPUs lost), ran 30 s again from 100.
     assert (outcomes[jobs["a4"]].preemptions, outcomes[jobs["a4"]].finish) == (1, 130)
     assert outcomes[jobs["a4"]].lost_gpu_seconds == 40
-    # b4: started 310, preempted at 340 (30 s x 4 GPUs lost), ran 50 s again from 350.
-    assert (outcomes[jobs["b4"]].preemptions, outcomes[jobs["b4"]].finish) == (1, 400)
+    # b4: started 310, preempted at 340 (30 s x 4 GPUs lost), ran 50 s again from 380 (behind b5, b6).
+    assert (outcomes[jobs["b4"]].preemptions, outcomes[jobs["b4"]].finish) == (1, 430)
     overall = result.report["policies"]["hived"]["overall"]
     assert overall["preemptions"] == 2
     assert overall["lost_gpu_hours"] == round(160 / 3600, 1)
-    # Completion times: 100 50 10 100 5 100 110 100 90 90 90 10; p99 of 12 jobs is the largest.
-    assert overall["jct_s"] == {"avg": round(855 / 12, 1), "p99": 110.0}
+    # Completion times: 100 50 10 100 5 100 110 100 120 40 50 10; p99 of 12 jobs is the largest.
+    assert overall["jct_s"] == {"avg": round(795 / 12, 1), "p99": 120.0}
 
 
 def test_hived_submits_within_quota_as_guaranteed_and_the_rest_as_opportunistic(result):
