@@ -137,7 +137,9 @@ class SchedulerCore:
         self._compact = compact_before_binding
         # An opportunistic group asking for half a node or more goes only to cells no VC holds (see
         # _large_borrower), as one over its preemption budget does.
-        self._large_unheld = large_borrowers_unheld
+        # With one VC every borrower is that VC's own work, taken back only by its own guaranteed
+        # jobs: keeping it off the VC's idle cells would only make it wait (`pai up`'s one-VC cluster).
+        self._large_unheld = large_borrowers_unheld and len(config.virtualClusters) > 1
         # A preempted opportunistic job queues again at the back of the opportunistic lane, as a new
         # arrival would, instead of at its first arrival's place (see _release).
         self._requeue_at_back = requeue_at_back

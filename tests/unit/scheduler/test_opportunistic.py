@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
-from services.scheduler.cluster import ClusterConfig, load_cluster_config
+from services.scheduler.cluster import ClusterConfig, load_cluster_config, local_cluster_config
 from services.scheduler.core import Submit
 
 from .builders import Harness, Place, Preempt, only, placed_jobs, preempted_jobs, quota_leaves
@@ -326,3 +326,12 @@ def test_a_borrower_of_half_a_node_waits_for_cells_no_vc_holds_rather_than_take_
     assert preempted_jobs(decisions) == ([] if rule else ["alice~half"])
     h.finish_preempted(decisions)
     assert h.is_running("second")
+
+
+def test_with_one_vc_a_borrower_of_half_a_node_takes_the_vcs_idle_cells():
+    """With one VC (`pai up`'s cluster) every borrower is that VC's own work, taken back only by its own
+    guaranteed jobs: it runs beside them at once instead of waiting for the VC's cells to empty."""
+    h = Harness(local_cluster_config(gpus=4, cpus=16, memory_mb=65536))
+    h.submit("first", vc="default", gpus=1)  # the VC binds the only node: 3 GPUs of it idle
+    h.submit("half", vc="default", priority="oppo", gpus=2)
+    assert h.is_running("half")
