@@ -27,7 +27,7 @@ class Plan:
 
 
 def plan_opportunistic(state: ClusterState, sku: str, sizes: list[int], view: View, *,
-                       unheld_only: bool = False) -> Plan | None:
+                       unheld_only: bool = False, reserve: int = 0) -> Plan | None:
     """Idle cells, by the same best fit as guaranteed work: cells no VC holds first, then anywhere.
 
     A VC's next guaranteed job goes into the idle cells of the VC cells it already holds
@@ -37,7 +37,7 @@ def plan_opportunistic(state: ClusterState, sku: str, sizes: list[int], view: Vi
     """
     chains = state.tree.sku_chains.get(sku, ())
     total = sum(sizes)
-    if sum(chain.unbound_free for chain in chains) >= total:
+    if sum(chain.unbound_free for chain in chains) >= total + reserve:
         unheld = [cell for chain in chains for type_name in chain.types for cell in chain.free[type_name]]
         leaves = fit_group(unheld, sizes, view)
         if leaves is None and len(sizes) > 1:
@@ -46,6 +46,10 @@ def plan_opportunistic(state: ClusterState, sku: str, sizes: list[int], view: Vi
             return Plan(leaves, [])
     if unheld_only:
         return None
+    if reserve:
+        # The reserve: the idle cells no VC holds stay out of reach (cells of VCs' holes only).
+        idle = [cell for chain in chains for type_name in chain.types for cell in chain.free[type_name]]
+        view = View(excluded=[leaf for cell in idle for leaf in _leaves_of(cell)])
     tops = [top for chain in chains for top in chain.tops]
     leaves = fit_group(tops, sizes, view)
     if leaves is None and len(sizes) > 1 and state.tree.sku_totals[sku].free >= sum(sizes):
@@ -139,6 +143,10 @@ def _plan_across(units: list[Cell], quotas: list[Quota], sizes: list[int], view:
             return None
         roots.append(added)
         room += capacity(_nodes_of(added), smallest, view)
+
+
+def _leaves_of(cell: Cell) -> list[Cell]:
+    return [cell] if not cell.children else [leaf for child in cell.children for leaf in _leaves_of(child)]
 
 
 def _nodes_of(cell: Cell) -> list[Cell]:

@@ -63,6 +63,7 @@ Policy:
 
 from __future__ import annotations
 
+import collections
 import heapq
 from typing import Callable
 
@@ -87,7 +88,13 @@ from services.scheduler.core.events import (
 )
 from services.scheduler.core.invariants import check_invariants
 from services.scheduler.core.jobs import JobRecord
-from services.scheduler.core.lifecycle import CANCELLED_FROM, PREEMPTED_FROM, AttemptState, move, waiting_state
+from services.scheduler.core.lifecycle import (
+    CANCELLED_FROM,
+    PREEMPTED_FROM,
+    AttemptState,
+    move,
+    waiting_state,
+)
 from services.scheduler.core.planner import Plan, plan_guaranteed, plan_opportunistic
 from services.scheduler.core.preemption import plan_with_victims
 from services.scheduler.core.queues import Queues
@@ -98,6 +105,9 @@ from services.scheduler.core.status import VcStatus, vc_status
 GANG_PRIORITY_AFTER_S = 600.0
 # After this many preemptions an opportunistic job waits for cells no VC holds (see plan_opportunistic).
 OPPORTUNISTIC_PREEMPTION_BUDGET = 2
+# Compaction (a guaranteed job taking borrowers in its VC's own cells) gives way to binding another cell
+# of its quota when its victims ran longer than this many GPU-hours in all (see _costly_compaction).
+COMPACTION_COST_LIMIT_GPU_H = 5.0
 
 # Where a guaranteed job that fits its VC's unused quota in count but in no shape the VC's cells allow
 # may run as borrowed work (see _place_tasks): None (it waits), idle cells anywhere, or only idle
@@ -126,7 +136,18 @@ class SchedulerCore:
                  opportunistic_preemption_budget: int = OPPORTUNISTIC_PREEMPTION_BUDGET,
                  compact_before_binding: bool = True, shape_fallback: str | None = "unheld",
                  bucketed: bool = True, bind_anywhere: bool = True, large_borrowers_unheld: bool = True,
-                 requeue_at_back: bool = True):
+                 requeue_at_back: bool = True,
+                 compaction_cost_limit: float | None = COMPACTION_COST_LIMIT_GPU_H,
+                 adaptive_reserve: tuple[float, float, int] | None = None):
+        # Compaction gives way to binding when it would throw away more than this many GPU-hours (see
+        # _costly_compaction); None: compaction always comes first.
+        self._compaction_limit = compaction_cost_limit
+        # (window_s, min_gpu_h, most_leaves): opportunistic jobs leave idle as many cells no VC holds as the
+        # borrowers a guaranteed job killed in the last window_s held, counting only kills that threw
+        # away min_gpu_h or more, at most most_leaves (see _reserve_for). None: no reserve.
+        self._adaptive = adaptive_reserve
+        self._costly_kills: dict[str, collections.deque] = {}  # sku -> (when, leaves) of costly kills
+        self._reserve_now: dict[str, int] = {}  # sku -> the reserve last computed
         self.config = config
         # False: every waiting job is a bucket of its own, so a pass tries each in queue order (a plain
         # scan). Slower under long queues; the reference the bucketed pass is tested to decide as.
@@ -432,6 +453,12 @@ class SchedulerCore:
                         record = state.vcs[vc]
                         if record.held.get(freed[1], 0) < record.sku_virtual.get(freed[1], 0):
                             queues.mark(vc, (freed[1],))
+        if self._adaptive is not None:
+            for sku in self._costly_kills:
+                before = self._reserve_now.get(sku, 0)
+                if self._reserve_for(sku) < before:
+                    queues.mark(None, (sku,))
+                    state.freed_anywhere[sku] = state.epoch
         state.freed_since_pass.clear()
         state.epoch += 1
         lane_passes: dict[str | None, _LanePass] = {}
@@ -959,7 +986,8 @@ class SchedulerCore:
             for sku, order, sizes, total, quota_free in shapes:
                 if record.opportunistic:
                     plan = plan_opportunistic(self._state, sku, sizes, View(),
-                                              unheld_only=self._over_budget(record) or self._large_borrower(sku, sizes[0]))
+                                              unheld_only=self._over_budget(record) or self._large_borrower(sku, sizes[0]),
+                                              reserve=self._reserve_for(sku))
                 elif mode == _VICTIMS:
                     plan = plan_with_victims(self._state, record, vc, sku, sizes, self._holding.get(vc.name, ()),
                                              quota_free)
@@ -973,6 +1001,8 @@ class SchedulerCore:
                     if self._state.tree.sku_totals[sku].oppo == 0:
                         continue  # no opportunistic work to take: the same as the first try
                     plan = self._plan_taking_youngest(record, vc, sku, sizes, bind=mode == _TAKE_OPPO)
+                    if mode == _OPPO_BOUND and plan is not None and self._costly_compaction(record, vc, sku, plan):
+                        continue  # bind a free cell, or take younger borrowers where binding may (_TAKE_OPPO)
                 else:
                     plan = plan_guaranteed(self._state, record, vc, sku, sizes, View(), bind=mode == _FREE)
                 if plan is None:
@@ -1121,6 +1151,56 @@ class SchedulerCore:
                 failed = middle
         return plan_with(enough)
 
+    def _costly_compaction(self, record: JobRecord, vc: VcRecord, sku: str, plan: Plan) -> bool:
+        """Whether compaction's victims threw away more GPU time than the limit while the VC may still bind.
+
+        Compaction takes the youngest borrowers in the VC's own cells, but those may be all old:
+        a 4-GPU borrower whose unheld node the VC bound later can sit in its hole for days and
+        then be killed for a 1-GPU job (Philly 8x: most of the work lost was of this kind, with a
+        borrower on cells no VC holds started minutes before). Giving way, the job binds a free
+        cell or takes the youngest borrowers of the VC's cells and cells no VC holds together.
+        """
+        if self._compaction_limit is None or not vc.may_bind(sku):
+            return False
+        now = self._clock()
+        victims = {leaf.job for leaves in plan.leaves for leaf in leaves if leaf.job not in (None, record)}
+        lost = sum((now - job.placed_at) * sum(len(leaves) for leaves in job.placed.values()) for job in victims)
+        return lost > self._compaction_limit * 3600
+
+    def _reserve_for(self, sku: str) -> int:
+        """Idle cells no VC holds that opportunistic work leaves alone now (the adaptive reserve).
+
+        Under overload every cell no VC holds runs borrowers, so a VC binding a cell kills one or
+        binds it with borrowers that stay in its holes until its work grows. Kept idle, the
+        reserve lets it bind without either. It grows with the borrowers that a take-back killed
+        after long runs and drains as those kills age out of the window, so it costs nothing
+        where take-backs are cheap.
+        """
+        if self._adaptive is None:
+            return 0
+        window, _, most = self._adaptive
+        kills = self._costly_kills.get(sku)
+        if not kills:
+            return 0
+        now = self._clock()
+        while kills and kills[0][0] < now - window:
+            kills.popleft()
+        reserve = min(most, sum(k[1] for k in kills))
+        self._reserve_now[sku] = reserve
+        return reserve
+
+    def _note_kills(self, record: JobRecord, victims, sku: str) -> None:
+        """Remember the borrowers a guaranteed job kills after a long run (they size the reserve)."""
+        if self._adaptive is None or record.opportunistic:
+            return
+        now = self._clock()
+        for job in victims:
+            if not job.opportunistic:
+                continue
+            leaves = sum(len(cells) for cells in job.placed.values())
+            if (now - job.placed_at) * leaves / 3600 >= self._adaptive[1]:
+                self._costly_kills.setdefault(sku, collections.deque()).append((now, leaves))
+
     @staticmethod
     def _quota_free(record: JobRecord, vc: VcRecord, sku: str) -> int:
         """Leaf cells of the VC's quota (or pinned cell) its guaranteed work does not hold."""
@@ -1157,6 +1237,7 @@ class SchedulerCore:
         group = next(g for g in record.groups if any(t in g.tasks for t in tasks))
         record.reserved.append((group, tasks, plan.leaves))
         self._reserving[record] = None
+        self._note_kills(record, victims, sku)
         for victim in sorted(victims, key=lambda j: j.seq):
             self._preempt(victim, record, decisions)
         return "preempting"

@@ -15,10 +15,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
-from services.scheduler.cluster import ClusterConfig, load_cluster_config, local_cluster_config
+from services.scheduler.cluster import (
+    ClusterConfig,
+    load_cluster_config,
+    local_cluster_config,
+)
 from services.scheduler.core import Submit
 
-from .builders import Harness, Place, Preempt, only, placed_jobs, preempted_jobs, quota_leaves
+from .builders import (
+    Harness,
+    Place,
+    Preempt,
+    only,
+    placed_jobs,
+    preempted_jobs,
+    quota_leaves,
+)
 from .test_properties import Launcher, operations
 
 
@@ -335,3 +347,65 @@ def test_with_one_vc_a_borrower_of_half_a_node_takes_the_vcs_idle_cells():
     h.submit("first", vc="default", gpus=1)  # the VC binds the only node: 3 GPUs of it idle
     h.submit("half", vc="default", priority="oppo", gpus=2)
     assert h.is_running("half")
+
+def _old_borrowers_in_a_holes(h: Harness) -> None:
+    """a binds one node for a 1-GPU job; whole-node borrowers fill the three nodes no VC holds, and
+    1-GPU borrowers then fill a's holes; ten hours later one whole-node borrower ends."""
+    h.submit("first", vc="a", gpus=1)
+    for n in range(3):
+        h.submit(f"whole{n}", vc="b", priority="oppo", gpus=4)
+    for n in range(3):
+        h.submit(f"old{n}", vc="b", priority="oppo", gpus=1)
+    assert sorted(h.nodes_of("first") + [node for n in range(3) for node in h.nodes_of(f"old{n}")]) == \
+        [h.nodes_of("first")[0]] * 4
+    h.clock.advance(10 * 3600)
+
+
+@pytest.mark.parametrize("limit, preempted", [(5.0, []), (None, ["alice~old2"])])
+def test_compaction_gives_way_to_binding_when_its_victims_ran_long(limit, preempted):
+    """Compaction takes the youngest borrower in the VC's own cells even when that one ran for hours
+    (Philly 8x: 4-GPU borrowers killed after days in a VC's holes for a 1-GPU job, while a borrower
+    on cells no VC holds had started minutes before). Over the limit, the VC binds another cell."""
+    h = Harness(_node_quota_racks(), compaction_cost_limit=limit)
+    _old_borrowers_in_a_holes(h)
+    h.release("alice~whole2")
+    h.submit("young", vc="b", priority="oppo", gpus=1)  # cells no VC holds first: whole2's node
+    h.clock.advance(60)
+    decisions = h.submit("second", vc="a", gpus=1)
+    assert preempted_jobs(decisions) == preempted
+    h.finish_preempted(decisions)
+    assert h.is_running("second")  # placed at once either way (HiveD's guarantee)
+    assert h.is_running("young")
+
+
+def test_costly_compaction_still_happens_when_the_vc_may_bind_no_more():
+    h = Harness(_node_quota_racks(), compaction_cost_limit=5.0)
+    _old_borrowers_in_a_holes(h)
+    h.release("alice~whole2")
+    h.submit("big", vc="a", gpus=4)  # a binds its second node: now it may bind no more
+    decisions = h.submit("second", vc="a", gpus=1)
+    assert preempted_jobs(decisions) == ["alice~old2"]  # the youngest in a's cells, old as it is
+    h.finish_preempted(decisions)
+    assert h.is_running("second")
+
+
+@pytest.mark.parametrize("reserve", [(24 * 3600.0, 8.0, 8), None])
+def test_after_a_costly_take_back_opportunistic_work_leaves_idle_cells_for_binding(reserve):
+    """Adaptive reserve: a borrower killed after a long run makes opportunistic work leave as many idle
+    cells no VC holds, for the window, so the next VC that binds finds one idle instead of killing."""
+    h = Harness(_node_quota_racks(), adaptive_reserve=reserve, compaction_cost_limit=None)
+    h.submit("first", vc="a", gpus=4)  # a binds node-a1
+    for n in range(3):
+        h.submit(f"whole{n}", vc="b", priority="oppo", gpus=4)
+    h.clock.advance(10 * 3600)
+    decisions = h.submit("owner", vc="a", gpus=4)  # a binds a borrowed node: 40 GPU-h thrown away
+    [killed] = preempted_jobs(decisions)
+    h.finish_preempted(decisions)  # the killed borrower is queued again
+    assert h.is_running("owner")
+    survivor = next(f"alice~whole{n}" for n in range(3) if h.is_running(f"whole{n}"))
+    h.release(survivor)  # a whole node no VC holds is idle again
+    assert (killed in h.placed) is (reserve is None)  # the reserve keeps it idle for the next binding
+    if reserve is not None:
+        assert not placed_jobs(h.submit("small", vc="b", priority="oppo", gpus=1))  # a's holes: none idle
+        h.tick(25 * 3600)  # the kill ages out of the window: the reserve drains, the node is borrowed again
+        assert killed in h.placed
