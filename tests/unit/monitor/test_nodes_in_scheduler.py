@@ -9,7 +9,9 @@ from tests.unit.scheduler.builders import Harness, only, placed_jobs
 
 
 def test_a_cordoned_node_is_avoided_and_its_reason_shows_in_the_wait():
-    h = Harness("eight-gpu-node")
+    # Shape fallback off: with it the job would run meanwhile on another VC's idle, healthy node as
+    # borrowed work (see the test below); here it waits, so its reason can be read.
+    h = Harness("eight-gpu-node", shape_fallback=None)
     h.handle(NodeHealth(node="plain-1", healthy=False, reason="cordoned by admin: replacing GPU 3"))
     h.handle(NodeHealth(node="plain-2", healthy=False, reason="lost: no sample from its agent for 31 s (limit 30 s)"))
     assert placed_jobs(h.submit("job", vc="small", gpus=1)) == []
@@ -20,3 +22,11 @@ def test_a_cordoned_node_is_avoided_and_its_reason_shows_in_the_wait():
     decisions = h.handle(NodeHealth(node="plain-1", healthy=True, reason=""))
     [place] = only(decisions, Place)
     assert {task.node for task in place.tasks} == {"plain-1"}
+
+
+def test_with_its_vcs_nodes_cordoned_a_job_runs_meanwhile_on_borrowed_healthy_cells():
+    h = Harness("eight-gpu-node")
+    h.handle(NodeHealth(node="plain-1", healthy=False, reason="cordoned by admin: replacing GPU 3"))
+    h.handle(NodeHealth(node="plain-2", healthy=False, reason="lost: no sample from its agent for 31 s (limit 30 s)"))
+    [place] = only(h.submit("job", vc="small", gpus=1), Place)
+    assert not {task.node for task in place.tasks} & {"plain-1", "plain-2"}
