@@ -1164,8 +1164,7 @@ class SchedulerCore:
             return False
         now = self._clock()
         victims = {leaf.job for leaves in plan.leaves for leaf in leaves if leaf.job not in (None, record)}
-        lost = sum((now - job.placed_at) * sum(len(leaves) for leaves in job.placed.values()) for job in victims)
-        return lost > self._compaction_limit * 3600
+        return sum(_cell_hours_run(job, now) for job in victims) > self._compaction_limit
 
     def _reserve_for(self, sku: str) -> int:
         """Idle cells no VC holds that opportunistic work leaves alone now (the adaptive reserve).
@@ -1197,8 +1196,8 @@ class SchedulerCore:
         for job in victims:
             if not job.opportunistic:
                 continue
-            leaves = sum(len(cells) for cells in job.placed.values())
-            if (now - job.placed_at) * leaves / 3600 >= self._adaptive[1]:
+            if _cell_hours_run(job, now) >= self._adaptive[1]:
+                leaves = sum(len(cells) for cells in job.placed.values())
                 self._costly_kills.setdefault(sku, collections.deque()).append((now, leaves))
 
     @staticmethod
@@ -1291,6 +1290,14 @@ class SchedulerCore:
         self._preemptor_of[victim.id] = by
         decisions.append(Preempt(job=victim.id, attempt=victim.attempt, vc=victim.vc, by=by.id, reason=why))
 
+
+
+def _cell_hours_run(job: JobRecord, now: float) -> float:
+    """The work a preemption of `job` would throw away: hours run x leaf cells held (GPU-hours for GPU skus).
+
+    A restored attempt's start is unknown (`placed_at` is -inf): it counts as infinitely costly.
+    """
+    return (now - job.placed_at) * sum(len(leaves) for leaves in job.placed.values()) / 3600
 
 
 def _dominates(shape: tuple, failed: tuple) -> bool:
