@@ -29,7 +29,7 @@ class JobRecord:
         "placed", "pending_groups", "state", "history", "victims", "reserved", "reason_key",
         "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "bucket", "seen_epoch", "behind", "fresh", "failed_epoch", "blocking", "reason_text",
         "submitted_at", "sent", "wait_given", "reason_given", "placed_at", "preemptions",
-        "borrowed", "order",
+        "borrowed", "order", "due",
     )
 
     def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float, submitted_at: float | None = None):
@@ -68,6 +68,7 @@ class JobRecord:
         self.seen_epoch = -1  # the last scheduling pass that looked at it
         self.behind: str | None = None  # the aged gang it waits behind, if any
         self.fresh = False  # queued, and no scheduling pass has looked at it since
+        self.due = False  # a gang past its gang_deadline, queued, not yet holding back backfill (Queues.due)
         self.restored = False
         self.submitted_at = now if submitted_at is None else submitted_at  # for queue order after a restart
         self.sent: dict[tuple[str, int], TaskPlacement] = {}  # (role, index) -> placement given in a Place

@@ -7,23 +7,39 @@ is dropped: `Plan.abandon`.
 
 from __future__ import annotations
 
-from services.scheduler.core.cells import Cell
+from services.scheduler.core.cells import Cell, Chain
 from services.scheduler.core.jobs import JobRecord
 from services.scheduler.core.search import View, capacity, fit_across, fit_group
 from services.scheduler.core.state import ClusterState, Quota, VcRecord
 
 
 class Plan:
-    __slots__ = ("leaves", "new_units")
+    __slots__ = ("_free_lists", "leaves", "new_units")
 
     def __init__(self, leaves: list[list[Cell]], new_units: list[tuple[Quota, Cell]]):
         self.leaves = leaves  # per task, in the order of the sizes asked for
         self.new_units = new_units  # taken from the free lists, not yet bound to the VC
+        self._free_lists: dict[Chain, dict[str, dict[Cell, None]]] = {}  # as they were before the first take
+
+    def take(self, quota: Quota, cell: Cell) -> None:
+        """Take a VC cell from the free lists for this plan (bound if the plan is committed)."""
+        chain = quota.chain
+        if chain not in self._free_lists:
+            self._free_lists[chain] = {name: dict(cells) for name, cells in chain.free.items()}
+        chain.take(cell)
+        self.new_units.append((quota, cell))
 
     def abandon(self) -> None:
         for quota, cell in reversed(self.new_units):
             quota.chain.give_back(cell)
         self.new_units = []
+        # Giving back merges buddies into a cell put at the end of its free list: the lists are put back
+        # in their order too, so a plan tried and dropped leaves no trace. Otherwise a job failing would
+        # change where (or whether) the next job of the same shape fits, and a job behind it could go
+        # first only because the one ahead was tried.
+        for chain, free_lists in self._free_lists.items():
+            chain.free = free_lists
+        self._free_lists = {}
 
 
 def plan_opportunistic(state: ClusterState, sku: str, sizes: list[int], view: View, *,
@@ -93,8 +109,9 @@ def plan_guaranteed(state: ClusterState, job: JobRecord, vc: VcRecord, sku: str,
         for _, _, cell in candidates[:8]:
             leaves = fit_group([cell], sizes, view)
             if leaves is not None:
-                quota.chain.take(cell)
-                return Plan(leaves, [(quota, cell)])
+                plan = Plan(leaves, [])
+                plan.take(quota, cell)
+                return plan
     return _plan_across(list(units), quotas, sizes, view, anywhere=state.bind_anywhere)
 
 
@@ -133,8 +150,7 @@ def _plan_across(units: list[Cell], quotas: list[Quota], sizes: list[int], view:
                     if cell_usable == cell.leaf_count:
                         break
             if best is not None:
-                quota.chain.take(best)
-                plan.new_units.append((quota, best))
+                plan.take(quota, best)
                 taken_per_quota[index] = taken_per_quota.get(index, 0) + 1
                 added = best
                 break

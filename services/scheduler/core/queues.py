@@ -11,12 +11,17 @@ Inside a bucket a later job can fit only where the one before it fits, so a pass
 looks at the heads of the buckets in queue order and leaves a bucket at its first
 job that does not fit: what it costs follows the number of buckets and of jobs it
 places, not the length of the queue.
+
+A gang that has waited long enough starts holding back the jobs behind it when a pass
+looks at it, wherever it stands in its bucket: the gangs past their deadline that do not
+hold anyone back yet are indexed per bucket (`due`), so a pass that leaves a bucket early
+still looks at them, in queue order, as a plain scan would.
 """
 
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from services.scheduler.core.jobs import JobRecord
 
 Lane = str | None
@@ -39,6 +44,9 @@ class Queues:
         self.fresh: dict[Pair, dict[JobRecord, None]] = {}
         # (gang_deadline, push count, record): when a waiting gang becomes old enough to hold back backfill.
         self._deadlines: list[tuple[float, int, JobRecord]] = []
+        self._due_at: list[tuple[float, int, JobRecord]] = []  # the same, for `due` (see promote_due)
+        # Per list, bucket key -> its gangs past their deadline that hold nobody back yet, in queue order.
+        self.due: dict[Pair, dict[tuple, list[JobRecord]]] = {}
         self._pushed = 0
         self._vc_rank = {vc: rank for rank, vc in enumerate(vc_order)}
 
@@ -56,6 +64,7 @@ class Queues:
         if record.gang_deadline != float("inf"):
             self._pushed += 1
             heapq.heappush(self._deadlines, (record.gang_deadline, self._pushed, record))
+            heapq.heappush(self._due_at, (record.gang_deadline, self._pushed, record))
         _insert(self.lanes.setdefault(lane, []), record)
         for sku in self._skus_of(record):
             _insert(self.by_sku.setdefault((lane, sku), []), record)
@@ -75,7 +84,41 @@ class Queues:
             if bucket is not None and not bucket:
                 del buckets[record.bucket]
             self.fresh.get((lane, sku), {}).pop(record, None)
+        self.not_due(record)
         return True
+
+    def promote_due(self, now: float, may_age) -> None:
+        """Queued gangs whose deadline has passed (and that `may_age`) join `due`."""
+        due_at = self._due_at
+        while due_at and due_at[0][0] <= now:
+            _, _, record = heapq.heappop(due_at)
+            if record.due or record.blocking or not self._queued(record) or not may_age(record):
+                continue
+            record.due = True
+            lane = self.lane_of(record)
+            for sku in self._skus_of(record):
+                _insert(self.due.setdefault((lane, sku), {}).setdefault(record.bucket, []), record)
+
+    def not_due(self, record: JobRecord) -> None:
+        """The gang holds back backfill now, or left the queue."""
+        if not record.due:
+            return
+        record.due = False
+        lane = self.lane_of(record)
+        for sku in self._skus_of(record):
+            buckets = self.due.get((lane, sku), {})
+            gangs = buckets.get(record.bucket)
+            _remove(gangs, record)
+            if gangs is not None and not gangs:
+                del buckets[record.bucket]
+
+    def next_due(self, pair: Pair, bucket: tuple, after: tuple[int, int] | None) -> JobRecord | None:
+        """The bucket's first gang in `due` after the queue position `after` (None: from the start)."""
+        gangs = self.due.get(pair, {}).get(bucket)
+        if not gangs:
+            return None
+        index = 0 if after is None else bisect_right(gangs, after, key=_key)
+        return gangs[index] if index < len(gangs) else None
 
     def looked_at(self, record: JobRecord) -> None:
         if not record.fresh:

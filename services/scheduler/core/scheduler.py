@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 from typing import Callable
 
 from libs.common.messages import TaskPlacement
@@ -121,12 +122,15 @@ _FREE_BOUND, _OPPO_BOUND = "free-bound", "oppo-bound"  # inside the cells the VC
 class _LanePass:
     """What one scheduling pass learns about a lane, shared by its sku lists."""
 
-    __slots__ = ("now", "blockers", "blocking_ids", "failed_shapes")
+    __slots__ = ("now", "blockers", "blocking_ids", "failed_shapes", "cut_off_by")
 
     def __init__(self, now: float):
         self.now = now
         self.blockers: list[JobRecord] = []  # aged gangs met so far, in queue order
         self.blocking_ids: set[str] = set()
+        # The shape fallback's walk: the aged gangs as it began. A VC's list is cut off at the first of
+        # them for the whole walk, even once it is placed (see _fallback_pass).
+        self.cut_off_by: list[JobRecord] | None = None
         self.failed_shapes: list[tuple[frozenset, tuple, int]] = []  # (skus, shape, priority) that did not fit
 
 
@@ -461,6 +465,7 @@ class SchedulerCore:
                     state.freed_anywhere[sku] = state.epoch
         state.freed_since_pass.clear()
         state.epoch += 1
+        self._queues.promote_due(self._clock(), self._may_age)
         lane_passes: dict[str | None, _LanePass] = {}
         dirty = queues.take_dirty()  # the VCs' lists, then the opportunistic ones
         for pair in dirty:
@@ -471,7 +476,8 @@ class SchedulerCore:
             self._fallback_pass(decisions)
         return decisions
 
-    def _lane_pass(self, lane_passes: dict[str | None, _LanePass], lane: str | None) -> _LanePass:
+    def _lane_pass(self, lane_passes: dict[str | None, _LanePass], lane: str | None, *,
+                   cut_off: bool = False) -> _LanePass:
         lane_pass = lane_passes.get(lane)
         if lane_pass is None:
             lane_pass = lane_passes[lane] = _LanePass(self._clock())
@@ -479,6 +485,8 @@ class SchedulerCore:
                 if blocker.waiting and self._jobs.get(blocker.id) is blocker:
                     lane_pass.blockers.append(blocker)
                     lane_pass.blocking_ids.add(blocker.id)
+            if cut_off:
+                lane_pass.cut_off_by = list(lane_pass.blockers)
         return lane_pass
 
     def _fallback_pass(self, decisions: list[Decision]) -> None:
@@ -487,8 +495,11 @@ class SchedulerCore:
         walk, not at once: every guaranteed job that fits its own quota is placed first, and nothing
         in this walk preempts, so no job takes back cells a fallback job got in the same pass (a Place
         and a Preempt of one attempt in one answer). Jobs an aged gang placed here held back are
-        looked at in the next pass. The walk counts as a new pass (epoch) for the queue's
-        bookkeeping; the jobs that failed in the first walk are tried whatever was freed since."""
+        looked at in the next pass: the walk is for the jobs that found no room in the first one,
+        and those behind an aged gang were not tried there, though they may share a bucket with
+        one that was (so each list stays cut off where it was as the walk began). The walk counts
+        as a new pass (epoch) for the queue's bookkeeping; the jobs that failed in the first walk
+        are tried whatever was freed since."""
         chosen: dict[tuple, set[tuple]] = {}
         for pair, bucket in self._fallback_buckets:
             chosen.setdefault(pair, set()).add(bucket)
@@ -499,7 +510,8 @@ class SchedulerCore:
         lane_passes: dict[str | None, _LanePass] = {}
         try:
             for pair in self._queues.in_pass_order(chosen):
-                self._run_list(pair, self._lane_pass(lane_passes, pair[0]), decisions, only=chosen[pair])
+                self._run_list(pair, self._lane_pass(lane_passes, pair[0], cut_off=True), decisions,
+                               only=chosen[pair])
         finally:
             self._falling_back = False
 
@@ -511,8 +523,10 @@ class SchedulerCore:
         in; a job that does not fit, waits behind an aged gang or found nothing freed since it
         last failed closes its bucket for this pass: the jobs behind it ask for the same and
         would fail too. Jobs holding reservations or waiting for victims are looked at whatever
-        their bucket does. Jobs no pass has looked at yet get their reason at the end. `only`: walk
-        just these buckets (the shape fallback's second walk).
+        their bucket does, and so are gangs old enough to hold back backfill that do not yet
+        (Queues.due): the plain scan looks at them, they stop the jobs behind them from then on.
+        Jobs no pass has looked at yet get their reason at the end. `only`: walk just these
+        buckets (the shape fallback's second walk).
         """
         epoch = self._state.epoch
         blockers = lane_pass.blockers
@@ -523,26 +537,31 @@ class SchedulerCore:
         # Past the first aged gang that wants this sku, every job of the list is held back behind it. In the
         # opportunistic lane an aged gang holds back only its own VC's jobs (see _blocked_by): no cut-off.
         vc_lane = lane is not None
-        held_back_after = min((b.key for b in blockers if sku in b.skus_set), default=None) if vc_lane else None
+        cut_off_by = lane_pass.cut_off_by if lane_pass.cut_off_by is not None else blockers
+        held_back_after = min((b.key for b in cut_off_by if sku in b.skus_set), default=None) if vc_lane else None
         full = self._lane_full_check(pair)
         buckets = self._queues.buckets.get(pair, {})
         # Opportunistic work only takes free cells: a bucket asking for more than are free is not looked at
         # (unless its head is a gang about to age: it must be looked at to start holding back backfill).
         free = self._state.tree.sku_totals[sku].free if lane is None and sku is not None else None
+        # Entries (queue position, tie-break, bucket key, record): a bucket's next job (record None), a
+        # job holding reservations (bucket key None), or a gang of a bucket left early that may age (both).
         heap: list[tuple] = []
-        count = 0
+        count = itertools.count()
+        next_due = self._queues.next_due
         for bucket_key, members in buckets.items():
             head = members[0]
             if bucket_key[0] == "never" or (only is not None and bucket_key not in only):
                 continue  # they only need a reason, given once
             if free is not None and self._bucket_cells(pair, bucket_key, head) > free and (
                     head.blocking or head.gang_deadline > lane_pass.now):
+                gang = next_due(pair, bucket_key, None) if only is None else None
+                if gang is not None:
+                    heap.append((gang.key, next(count), bucket_key, gang))
                 continue
-            heap.append((head.key, count, bucket_key, None))
-            count += 1
+            heap.append((head.key, next(count), bucket_key, None))
         for record in self._holding_reservations(pair) if only is None else ():
-            heap.append((record.key, count, None, record))
-            count += 1
+            heap.append((record.key, next(count), None, record))
         heapq.heapify(heap)
         cursor: dict[tuple, int] = {}
         while heap:
@@ -554,7 +573,11 @@ class SchedulerCore:
                 if not members or index >= len(members):
                     continue
                 record = members[index]
-            elif record.seen_epoch == epoch:
+            elif record.seen_epoch == epoch or not (record.due or bucket_key is None):
+                if bucket_key is not None:  # a gang seen from another list, or no longer due: the next one
+                    gang = next_due(pair, bucket_key, record.key)
+                    if gang is not None:
+                        heapq.heappush(heap, (gang.key, next(count), bucket_key, gang))
                 continue
             if held_back_after is not None and record.key > held_back_after:
                 break
@@ -566,8 +589,9 @@ class SchedulerCore:
                 # An aged gang placed (or gone) in this pass no longer holds anyone back.
                 lane_pass.blocking_ids.discard(record.id)
                 blockers.remove(record)
-                held_back_after = min((b.key for b in blockers if sku in b.skus_set),
-                                      default=None) if vc_lane else None
+                if lane_pass.cut_off_by is None:
+                    held_back_after = min((b.key for b in blockers if sku in b.skus_set),
+                                          default=None) if vc_lane else None
             elif record.blocking and record.waiting and sku in record.skus_set and vc_lane:
                 held_back_after = record.key if held_back_after is None else min(held_back_after, record.key)
             if members is not None and goes_on:
@@ -575,8 +599,16 @@ class SchedulerCore:
                     index += 1  # still queued (waiting for its victims): the next one may fit elsewhere
                 cursor[bucket_key] = index
                 if index < len(members):
-                    heapq.heappush(heap, (members[index].key, count, bucket_key, None))
-                    count += 1
+                    heapq.heappush(heap, (members[index].key, next(count), bucket_key, None))
+            elif bucket_key is not None and only is None and not (record.blocking and record.waiting) and (
+                    record.behind is None or record.behind not in lane_pass.blocking_ids):
+                # The bucket is left here (or this gang did not age): the later jobs of the bucket would
+                # not fit, but a gang among them old enough to hold back backfill must still be looked
+                # at where it stands in the queue, or the jobs behind it would go ahead of it. (Not
+                # when this one waits behind an aged gang: so does the rest of its bucket.)
+                gang = next_due(pair, bucket_key, record.key)
+                if gang is not None:
+                    heapq.heappush(heap, (gang.key, next(count), bucket_key, gang))
         if only is None:
             self._note_unseen(pair, lane_pass, decisions)
 
@@ -619,10 +651,11 @@ class SchedulerCore:
             return False
         self._try_place(record, decisions)
         failed = record.waiting and record.failed_epoch == epoch and not record.victims
-        if shape is not None and failed and not self._over_budget(record) and (
+        if shape is not None and failed and not self._kept_unheld(record) and (
                 not self._falling_back or self._fallback_kind(record) == self._fallback):
-            # (A job kept to cells no VC holds failing says nothing of one that may use a VC's idle cells;
-            # nor a guaranteed job that may not fall back, or only to cells no VC holds, of one that may.)
+            # (A job kept to cells no VC holds failing says nothing of one that may use a VC's idle cells,
+            # a larger one included: a task of a whole node is no large borrower; nor a guaranteed job that
+            # may not fall back, or only to cells no VC holds, of one that may.)
             lane_pass.failed_shapes.append((record.skus_set, shape, record.priority))
         self._age(record, now, lane_pass)
         return not failed
@@ -734,9 +767,15 @@ class SchedulerCore:
                 and record.waiting and record.reason_key is not None and record.reason_key[0] in ("vc", "idle"):
             record.blocking = record.reason_key[-1]
             self._blocking.setdefault(self._queues.lane_of(record), {})[record] = None
+            self._queues.not_due(record)
         if record.blocking and record.waiting and record.id not in lane_pass.blocking_ids:
             lane_pass.blockers.append(record)
             lane_pass.blocking_ids.add(record.id)
+
+    def _may_age(self, record: JobRecord) -> bool:
+        """Whether a gang past its deadline may come to hold back backfill (see _age): not one that can
+        never fit, nor one over its preemption budget (its reason is no wait for room)."""
+        return record.never is None and not self._over_budget(record)
 
     def _stop_blocking(self, record: JobRecord) -> None:
         """The jobs held back behind this gang are looked at again."""
@@ -909,6 +948,17 @@ class SchedulerCore:
     def _over_budget(self, record: JobRecord) -> bool:
         """An opportunistic job preempted often enough to be kept off cells a VC's quota holds."""
         return record.opportunistic and record.preemptions >= self._preemption_budget
+
+    def _kept_unheld(self, record: JobRecord) -> bool:
+        """An opportunistic job kept to cells no VC holds on some sku it may use (over its budget, or a
+        large borrower there): its failing tells nothing of jobs that may use a VC's idle cells."""
+        if not record.opportunistic or not record.pending_groups:
+            return False
+        if self._over_budget(record):
+            return True
+        tasks = record.pending_groups[0].tasks
+        return any(self._large_borrower(sku, max(self._cells_for([task], sku) for task in tasks))
+                   for sku in record.skus)
 
     def _large_borrower(self, sku: str, largest_task: int) -> bool:
         """Opportunistic work with a task of half a node or more, not a whole one: only on cells no VC holds.
@@ -1243,8 +1293,14 @@ class SchedulerCore:
 
     def _unbind_unused(self, plan: Plan) -> None:
         """VC cells bound while searching that the final placement does not use go back at once."""
+        state = self._state
         for _, cell in plan.new_units:
-            self._state.unbind_if_idle(cell)
+            state.unbind_if_idle(cell)
+            if cell.vc is not None and cell.free + cell.oppo > 0:
+                # The VC keeps a new cell with room left in it: for its other jobs that is as if cells were
+                # freed in the VC. A job that failed before, when the VC may still bind, cannot now (if this
+                # was its last cell to bind) and is tried again only for cells freed since it failed.
+                state.freed_in_vc[(cell.vc, cell.sku)] = state.epoch
 
     def _placement(self, task: TaskDemand, leaves: list[Cell], sku: str) -> TaskPlacement:
         node = leaves[0].node

@@ -158,7 +158,11 @@ class ClusterState:
             change = cell.leaf_count if not healthy else -cell.leaf_count
             self.unhealthy_leaves[cell.sku] = self.unhealthy_leaves.get(cell.sku, 0) + change
             for leaf in cell.leaves:
-                self.refresh(leaf)
+                if refresh_leaf(leaf) or healthy:
+                    # A node back: its leaves held by guaranteed work may be taken again by a job of higher
+                    # priority of that VC, though no leaf is freed. For jobs that failed while it was down
+                    # that is as if cells were freed (they are tried again).
+                    self.note_freed(leaf)
 
     # --- binding ------------------------------------------------------------------------
 
@@ -178,6 +182,11 @@ class ClusterState:
         if unit.quota_key is not None:
             held = self.vcs[unit.vc].held
             held[unit.sku] = held.get(unit.sku, 0) + delta
+            if delta < 0:
+                # More of the VC's quota unused, even with no leaf freed (one on an unhealthy node): a job of
+                # the VC may now fit its quota in count, so bind or fall back (SchedulerCore.shape_fallback).
+                self.freed_in_vc[(unit.vc, unit.sku)] = self.epoch
+                self.freed_since_pass.add(("vc", unit.vc, unit.sku))
 
     def bind(self, vc: VcRecord, quota: Quota, cell: Cell, *, taken: bool = False) -> None:
         """Bind a free (or already taken by a tentative plan) cell to the VC's quota."""
