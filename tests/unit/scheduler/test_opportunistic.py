@@ -393,7 +393,8 @@ def test_costly_compaction_still_happens_when_the_vc_may_bind_no_more():
 def test_after_a_costly_take_back_opportunistic_work_leaves_idle_cells_for_binding(reserve):
     """Adaptive reserve: a borrower killed after a long run makes opportunistic work leave as many idle
     cells no VC holds, for the window, so the next VC that binds finds one idle instead of killing."""
-    h = Harness(_node_quota_racks(), adaptive_reserve=reserve, compaction_cost_limit=None)
+    h = Harness(_node_quota_racks(), adaptive_reserve=reserve, reserve_after_waiting_s=None,
+                compaction_cost_limit=None)
     h.submit("first", vc="a", gpus=4)  # a binds node-a1
     for n in range(3):
         h.submit(f"whole{n}", vc="b", priority="oppo", gpus=4)
@@ -409,3 +410,23 @@ def test_after_a_costly_take_back_opportunistic_work_leaves_idle_cells_for_bindi
         assert not placed_jobs(h.submit("small", vc="b", priority="oppo", gpus=1))  # a's holes: none idle
         h.tick(25 * 3600)  # the kill ages out of the window: the reserve drains, the node is borrowed again
         assert killed in h.placed
+
+
+@pytest.mark.parametrize("waited_h, reserved", [(7, True), (5, False)])
+def test_the_reserve_holds_only_once_opportunistic_work_has_waited_long(waited_h, reserved):
+    """A costly take-back in a short burst leaves nothing idle; once the opportunistic job first in the
+    queue has waited reserve_after_waiting_s (a sustained overload), the reserve holds."""
+    h = Harness(_node_quota_racks(), adaptive_reserve=(24 * 3600.0, 8.0, 8), reserve_after_waiting_s=6 * 3600.0,
+                compaction_cost_limit=None)
+    h.submit("first", vc="a", gpus=4)  # a binds node-a1
+    for n in range(3):
+        h.submit(f"whole{n}", vc="b", priority="oppo", gpus=4)
+    h.clock.advance(10 * 3600)
+    decisions = h.submit("owner", vc="a", gpus=4)  # a binds a borrowed node: 40 GPU-h thrown away
+    [killed] = preempted_jobs(decisions)
+    h.finish_preempted(decisions)  # the killed borrower is queued again, first in the queue
+    h.tick(waited_h * 3600)  # it waits: no cell is idle
+    assert killed not in h.placed
+    survivor = next(f"alice~whole{n}" for n in range(3) if h.is_running(f"whole{n}"))
+    h.release(survivor)  # a whole node no VC holds is idle again
+    assert (killed in h.placed) is not reserved
