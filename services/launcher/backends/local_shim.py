@@ -51,7 +51,7 @@ import time
 import traceback
 from pathlib import Path
 
-from services.launcher.backends import local_limits, local_procs
+from services.launcher.backends import local_direct, local_limits, local_procs
 from services.launcher.backends.local_doorbell import (
     FINISHED_BELL,
     RUNNING_BELL,
@@ -241,24 +241,16 @@ class Shim:
     def _spawn(self, run: _Run) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        script_fd = None
-        as_other_user = run.spec.uid is not None and run.spec.gid is not None
-        if run.secret_commands is not None:
-            script_fd = _script_file(run.limits.prelude + "\n".join(run.secret_commands) + "\n")
-            script = script_loader(script_fd) if as_other_user else SCRIPT_LOADER
-        else:
-            script = run.limits.prelude + "\n".join(run.spec.commands) + "\n"
-        argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, f"pai-task-{run.spec.slug}"]
-        run.started_at = time.time()
-        spec = run.spec
         try:
-            if as_other_user:
-                assert spec.uid is not None and spec.gid is not None
-                run.pid = _fork_exec_as(
-                    argv, spec.env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.cgroup
-                )
-            else:
-                run.pid = _posix_spawn(argv, spec.env, spec.work_dir, out_w, err_w, script_fd)
+            run.started_at = time.time()
+            direct = self._direct_run(run)
+            if direct is not None:
+                try:
+                    run.pid = self._start(run, direct.program, direct.argv, direct.env, out_w, err_w)
+                except OSError:
+                    direct = None  # e.g. a script without #!: bash runs it, or says why it cannot
+            if direct is None:
+                self._start_in_bash(run, out_w, err_w)
         except OSError:
             os.close(out_r)
             os.close(err_r)
@@ -266,8 +258,6 @@ class Shim:
         finally:
             os.close(out_w)
             os.close(err_w)
-            if script_fd is not None:
-                os.close(script_fd)
         # Read after the spawn: the exec happened inside it, so this bounds
         # what the kernel put in the task's peak from our pages.
         run.shim_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -277,6 +267,42 @@ class Shim:
         self.pipes[err_r] = (run, (run.output, run.errors))
         self.selector.register(out_r, selectors.EVENT_READ, out_r)
         self.selector.register(err_r, selectors.EVENT_READ, err_r)
+
+    def _direct_run(self, run: _Run) -> local_direct.DirectRun | None:
+        """The task's one simple command, to exec without bash (local_direct);
+        None when bash must run it: the commands need a shell, the task has
+        secrets (the command line is readable by anyone), or its bounds are
+        entered by shell lines (local_limits.prelude)."""
+        if run.secret_commands is not None or run.limits.prelude:
+            return None
+        spec = run.spec
+        return local_direct.plan(spec.commands, spec.env, spec.work_dir, spec.uid, spec.gid)
+
+    def _start_in_bash(self, run: _Run, out_w: int, err_w: int) -> None:
+        script_fd = None
+        as_other_user = run.spec.uid is not None and run.spec.gid is not None
+        if run.secret_commands is not None:
+            script_fd = _script_file(run.limits.prelude + "\n".join(run.secret_commands) + "\n")
+            script = script_loader(script_fd) if as_other_user else SCRIPT_LOADER
+        else:
+            script = run.limits.prelude + "\n".join(run.spec.commands) + "\n"
+        argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, f"pai-task-{run.spec.slug}"]
+        try:
+            run.pid = self._start(run, BASH, argv, run.spec.env, out_w, err_w, script_fd)
+        finally:
+            if script_fd is not None:
+                os.close(script_fd)
+
+    def _start(
+        self, run: _Run, program: str, argv: list[str], env: dict[str, str], out_w: int, err_w: int,
+        script_fd: int | None = None,
+    ) -> int:
+        spec = run.spec
+        if spec.uid is not None and spec.gid is not None:
+            return _fork_exec_as(
+                argv, env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.cgroup, program
+            )
+        return _posix_spawn(argv, env, spec.work_dir, out_w, err_w, script_fd, program)
 
     # -- watch ---------------------------------------------------------------
 
@@ -549,7 +575,10 @@ def _script_file(script: str) -> int:
     return fd
 
 
-def _posix_spawn(argv: list[str], env: dict[str, str], work_dir: str, out_w: int, err_w: int, script_fd: int | None) -> int:
+def _posix_spawn(
+    argv: list[str], env: dict[str, str], work_dir: str, out_w: int, err_w: int, script_fd: int | None,
+    program: str = BASH,
+) -> int:
     """Spawn the task as our own user (vfork + exec)."""
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -564,7 +593,7 @@ def _posix_spawn(argv: list[str], env: dict[str, str], work_dir: str, out_w: int
     umask = os.umask(TASK_UMASK)
     try:
         return os.posix_spawn(
-            BASH,
+            program,
             argv,
             env,
             file_actions=actions,
@@ -587,6 +616,7 @@ def _fork_exec_as(
     uid: int,
     gid: int,
     cgroup: Path | None,
+    program: str = BASH,
 ) -> int:
     """Fork, enter the task's bounds, become `uid`:`gid` with no other group, exec.
 
@@ -622,6 +652,7 @@ def _fork_exec_as(
             None if cgroup is not None else [],
             -1 if cgroup is not None else uid,
             preexec,
+            program,
         )
     except BaseException:
         os.close(report_r)
@@ -636,7 +667,7 @@ def _fork_exec_as(
         os.close(report_r)
     if failure:
         os.waitpid(pid, 0)
-        raise OSError(f"the task could not be started as uid {uid}: {_child_failure(failure)}")
+        raise OSError(f"the task could not be started as uid {uid}: {_child_failure(failure, program)}")
     return pid
 
 
@@ -660,11 +691,12 @@ def _c_fork_exec(
     groups: list[int] | None,
     uid: int,
     preexec: object,
+    program: str = BASH,
 ) -> int:
     global _FORK_EXEC_TAKES_ALLOW_VFORK
     env_list = [f"{name}={value}".encode() for name, value in env.items()]
     args = (
-        argv, (os.fsencode(BASH),),
+        argv, (os.fsencode(program),),
         True, keep,  # close_fds, fds_to_keep
         work_dir, env_list,
         stdin, -1, -1, out_w, -1, err_w,  # p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
@@ -681,7 +713,7 @@ def _c_fork_exec(
     return _posixsubprocess.fork_exec(*args)
 
 
-def _child_failure(report: bytes) -> str:
+def _child_failure(report: bytes, program: str = BASH) -> str:
     """subprocess's child report, `OSError:<hex errno>:[noexec]` or
     `SubprocessError:0:<message>`, in words."""
     kind, _, rest = report.decode(errors="replace").partition(":")
@@ -691,7 +723,7 @@ def _child_failure(report: bytes) -> str:
             number = int(code, 16)
         except ValueError:
             return report.decode(errors="replace")
-        where = "before exec" if detail.startswith("noexec") else f"exec {BASH}"
+        where = "before exec" if detail.startswith("noexec") else f"exec {program}"
         return f"{os.strerror(number)} ({where}{': ' + detail[7:] if detail[7:] else ''})"
     return f"{kind}: {detail}"
 
