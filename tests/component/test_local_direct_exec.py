@@ -163,6 +163,7 @@ async def test_a_direct_run_gets_the_environment_directory_and_umask_bash_gives(
         "PAI_HOST_IP_my-role_0": "10.0.0.1",
     }
     seen = []
+    direct_env_tail: list[str] = []
     for how, commands in (
         ("direct", ["env", str(programs / "where-am-i")]),
         ("bash", ["'env'", f"'{programs}/where-am-i'"]),
