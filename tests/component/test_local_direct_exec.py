@@ -40,6 +40,7 @@ def programs() -> Iterator[Path]:
         ),
         "no-x-bit": ("#!/bin/sh\necho never\n", 0o644),
         "no-shebang": ("echo run-by-bash-as-a-script\nexit 4\n", 0o755),
+        "allocates": ("#!/usr/bin/python3\nbytearray(200 * 1024 * 1024)\n", 0o755),
         "where-am-i": ("#!/bin/sh\npwd\numask\n", 0o755),
     }
     for name, (text, mode) in files.items():
@@ -189,3 +190,26 @@ async def test_a_direct_run_gets_the_environment_directory_and_umask_bash_gives(
     )  # bash passes on names it cannot read
     assert "SHLVL=0" in environment and "_=/usr/bin/env" in environment
     assert directory.endswith("/<task>") and umask == "0022"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="tasks change user only when the launcher runs as root"
+)
+async def test_a_direct_run_is_bounded_by_rlimit_as_a_run_by_bash_is(
+    tmp_path: Path, programs: Path
+):
+    tmp_path.chmod(0o711)
+    harness = await open_harness(tmp_path / "data", limits="rlimit", task_user="")
+    try:
+        seen = []
+        for how, command in (
+            ("direct", str(programs / "allocates")),
+            ("bash", f"'{programs}/allocates'"),
+        ):
+            task = launch(f"allocates-{how}", command, memoryMB=64)
+            finished = await harness.run(task)
+            seen.append(seen_by_the_user(harness, finished, task.key.slug))
+    finally:
+        await harness.close()
+    assert seen[0] == seen[1]
+    assert seen[0]["exit"][0] == 1 and "MemoryError" in seen[0]["log tail"]

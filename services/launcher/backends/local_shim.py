@@ -135,6 +135,9 @@ class _Limits:
                 self.mode = LIMITS_RLIMIT
         self.detail = local_limits.describe(self.mode, spec.cpu, spec.memoryMB)
         self.prelude = local_limits.prelude(self.mode, None if self.join_in_child else self.cgroup, spec.memoryMB)
+        # RLIMIT_DATA as the prelude's `ulimit -d` sets it (soft and hard), for a
+        # task that changes user and so can set it in the child instead.
+        self.data_limit = spec.memoryMB * local_limits.MIB if self.mode == LIMITS_RLIMIT and spec.memoryMB > 0 else None
 
 
 class _Run:
@@ -272,10 +275,15 @@ class Shim:
         """The task's one simple command, to exec without bash (local_direct);
         None when bash must run it: the commands need a shell, the task has
         secrets (the command line is readable by anyone), or its bounds are
-        entered by shell lines (local_limits.prelude)."""
-        if run.secret_commands is not None or run.limits.prelude:
-            return None
+        entered by a shell line (local_limits.prelude) that the child cannot
+        enter itself."""
         spec = run.spec
+        if run.secret_commands is not None:
+            return None
+        # A task that changes user enters its rlimit in the forked child, before
+        # it drops root; one spawned as our user has only its shell to do it.
+        if run.limits.prelude and not (spec.uid is not None and run.limits.data_limit is not None):
+            return None
         return local_direct.plan(spec.commands, spec.env, spec.work_dir, spec.uid, spec.gid)
 
     def _start_in_bash(self, run: _Run, out_w: int, err_w: int) -> None:
@@ -288,19 +296,23 @@ class Shim:
             script = run.limits.prelude + "\n".join(run.spec.commands) + "\n"
         argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, f"pai-task-{run.spec.slug}"]
         try:
-            run.pid = self._start(run, BASH, argv, run.spec.env, out_w, err_w, script_fd)
+            run.pid = self._start(run, BASH, argv, run.spec.env, out_w, err_w, script_fd, in_shell=True)
         finally:
             if script_fd is not None:
                 os.close(script_fd)
 
     def _start(
         self, run: _Run, program: str, argv: list[str], env: dict[str, str], out_w: int, err_w: int,
-        script_fd: int | None = None,
+        script_fd: int | None = None, *, in_shell: bool = False,
     ) -> int:
+        """Start `program`; `in_shell`: it is bash with the bounds' prelude, which
+        enters the rlimit itself."""
         spec = run.spec
         if spec.uid is not None and spec.gid is not None:
+            data_limit = None if in_shell else run.limits.data_limit
             return _fork_exec_as(
-                argv, env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.cgroup, program
+                argv, env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.cgroup, program,
+                data_limit=data_limit,
             )
         return _posix_spawn(argv, env, spec.work_dir, out_w, err_w, script_fd, program)
 
@@ -617,6 +629,8 @@ def _fork_exec_as(
     gid: int,
     cgroup: Path | None,
     program: str = BASH,
+    *,
+    data_limit: int | None = None,
 ) -> int:
     """Fork, enter the task's bounds, become `uid`:`gid` with no other group, exec.
 
@@ -627,30 +641,37 @@ def _fork_exec_as(
     ignored: _catch_ignored_signals), setgroups([]), setgid, setuid, exec. A
     task that joins a cgroup must do it while still root, before setuid, and
     C runs the only Python step (preexec_fn) after setuid: then the child drops
-    its groups and uid in Python itself, after the join. The C child does not
-    use vfork here: subprocess never does with a user to switch to.
+    its groups and uid in Python itself, after the join. `data_limit`: the
+    RLIMIT_DATA (soft and hard) a program exec'd without bash (local_direct)
+    gets, set by the child in Python too (no shell is there to `ulimit -d`);
+    one Python step in the child still costs less than bash's start. The C
+    child does not use vfork here: subprocess never does with a user to switch to.
 
     A failure before the exec comes back through a close-on-exec pipe and is
     raised here as OSError (the task's LaunchFailed), as posix_spawn would."""
     report_r, report_w = os.pipe()
     keep = sorted({report_w} | ({script_fd} if script_fd is not None else set()))
     preexec = None
-    if cgroup is not None:
-        procs = str(cgroup / "cgroup.procs")
+    in_python = cgroup is not None or data_limit is not None
+    if in_python:
+        procs = str(cgroup / "cgroup.procs") if cgroup is not None else None
 
         def preexec() -> None:
-            with open(procs, "w") as joined:
-                joined.write(str(os.getpid()))
+            if procs is not None:
+                with open(procs, "w") as joined:
+                    joined.write(str(os.getpid()))
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
+            if data_limit is not None:  # last: the child's own steps must not meet it
+                resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
 
     try:
         pid = _c_fork_exec(
             argv, env, work_dir, _dev_null(), out_w, err_w, report_r, report_w, tuple(keep),
-            -1 if cgroup is not None else gid,
-            None if cgroup is not None else [],
-            -1 if cgroup is not None else uid,
+            -1 if in_python else gid,
+            None if in_python else [],
+            -1 if in_python else uid,
             preexec,
             program,
         )
