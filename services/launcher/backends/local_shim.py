@@ -4,7 +4,8 @@ A shim (forked by local_forkserver) takes a batch of task specs, usually one,
 and then more from its feed (a pipe from the fork server) until the fork
 server closes it (local_forkserver: a shim takes tasks for a while, then
 another is forked). For each it claims the task directory (mkdir: a task never starts twice),
-starts `bash --noprofile --norc -e -c <commands>` in a new session, pipes its
+starts `bash --noprofile --norc -e -c <commands>` in a new session (or, for
+one simple command, execs its program directly: local_direct), pipes its
 output into capped logs, obeys stop orders (SIGTERM to every process of the
 task, SIGKILL after the grace period), and when the task ends writes
 `exit.json` with the exit code, signal, CPU time and peak memory. When a task's
@@ -24,7 +25,9 @@ task's shell never is. The child's steps run in C (subprocess's own fork +
 exec), not in Python: a Python child writes to the pages of every object it
 touches and so copies them, which cost more than the fork itself. Only a task
 that must join a cgroup runs one Python step in the child (the join, which
-must come before the uid is dropped).
+must come before the uid is dropped), and so does a program exec'd without
+bash under rlimit bounds (its RLIMIT_DATA, which bash's `ulimit -d` would
+have set: still cheaper than bash's start).
 
 Secrets: a task whose commands use secrets gets its script, secrets filled in,
 through an in-memory file (memfd) on an fd of its own, which its shell reads and closes
