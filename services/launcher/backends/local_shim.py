@@ -283,8 +283,8 @@ class Shim:
         spec = run.spec
         if run.secret_commands is not None:
             return None
-        # A task that changes user enters its rlimit in the forked child, before
-        # it drops root; one spawned as our user has only its shell to do it.
+        # A task that changes user gets its rlimit from the forked child
+        # (_fork_exec_as); one spawned as our user has only its shell to set it.
         if run.limits.prelude and not (spec.uid is not None and run.limits.data_limit is not None):
             return None
         return local_direct.plan(spec.commands, spec.env, spec.work_dir, spec.uid, spec.gid)
