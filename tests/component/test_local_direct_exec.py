@@ -213,3 +213,16 @@ async def test_a_direct_run_is_bounded_by_rlimit_as_a_run_by_bash_is(
         await harness.close()
     assert seen[0] == seen[1]
     assert seen[0]["exit"][0] == 1 and "MemoryError" in seen[0]["log tail"]
+
+
+async def test_a_direct_run_is_stopped_as_a_run_by_bash_is(local: Harness):
+    seen = []
+    for how, command in (("direct", "sleep 30"), ("bash", "'sleep' 30")):
+        task = launch(f"stopped-{how}", command)
+        await local.backend.start(task)
+        await local.events.running(task.key)
+        await local.backend.kill(task.key, grace_seconds=5.0, reason="UserStopped")
+        finished = await local.events.finished(task.key)
+        seen.append(seen_by_the_user(local, finished, task.key.slug))
+    assert seen[0] == seen[1]
+    assert seen[0]["exit"] == (128 + 15, 15, "UserStopped", "stopped: SIGTERM")
