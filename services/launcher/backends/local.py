@@ -8,7 +8,13 @@ How a task runs (local_layout: the files; local_forkserver, local_shim: the proc
   the commands, joined by newlines, as `bash --noprofile --norc -e -c` in a new
   session: one command after another, stopping at the first that fails
   (bash's errexit rules, like a CI step), in its working directory
-  `<data_dir>/work/<slug>/`, stdin from /dev/null.
+  `<data_dir>/work/<slug>/`, stdin from /dev/null. Commands that are one
+  simple command (`true`, `python3 train.py --epochs=3`: words only, no
+  builtin, no shell syntax, no secrets) are exec'd by the shim itself, with
+  the argv, environment, directory and bounds bash would have given them,
+  which saves bash's start; what bash alone can do (a missing or unrunnable
+  program, a script without #!) still goes to bash, so its messages and exit
+  codes (127, 126) are the ones users see (local_direct).
 - Users (local_users): when the launcher runs as root, each job's tasks run
   under a uid of the job's own, never root; the shim stays privileged and
   drops privileges only for the task's shell. The task reaches its working

@@ -4,7 +4,8 @@ A shim (forked by local_forkserver) takes a batch of task specs, usually one,
 and then more from its feed (a pipe from the fork server) until the fork
 server closes it (local_forkserver: a shim takes tasks for a while, then
 another is forked). For each it claims the task directory (mkdir: a task never starts twice),
-starts `bash --noprofile --norc -e -c <commands>` in a new session, pipes its
+starts `bash --noprofile --norc -e -c <commands>` in a new session (or, for
+one simple command, execs its program directly: local_direct), pipes its
 output into capped logs, obeys stop orders (SIGTERM to every process of the
 task, SIGKILL after the grace period), and when the task ends writes
 `exit.json` with the exit code, signal, CPU time and peak memory. When a task's
@@ -24,7 +25,9 @@ task's shell never is. The child's steps run in C (subprocess's own fork +
 exec), not in Python: a Python child writes to the pages of every object it
 touches and so copies them, which cost more than the fork itself. Only a task
 that must join a cgroup runs one Python step in the child (the join, which
-must come before the uid is dropped).
+must come before the uid is dropped), and so does a program exec'd without
+bash under rlimit bounds (its RLIMIT_DATA, which bash's `ulimit -d` would
+have set: still cheaper than bash's start).
 
 Secrets: a task whose commands use secrets gets its script, secrets filled in,
 through an in-memory file (memfd) on an fd of its own, which its shell reads and closes
@@ -51,7 +54,7 @@ import time
 import traceback
 from pathlib import Path
 
-from services.launcher.backends import local_limits, local_procs
+from services.launcher.backends import local_direct, local_limits, local_procs
 from services.launcher.backends.local_doorbell import (
     FINISHED_BELL,
     RUNNING_BELL,
@@ -135,6 +138,9 @@ class _Limits:
                 self.mode = LIMITS_RLIMIT
         self.detail = local_limits.describe(self.mode, spec.cpu, spec.memoryMB)
         self.prelude = local_limits.prelude(self.mode, None if self.join_in_child else self.cgroup, spec.memoryMB)
+        # RLIMIT_DATA as the prelude's `ulimit -d` sets it (soft and hard), for a
+        # task that changes user and so can set it in the child instead.
+        self.data_limit = spec.memoryMB * local_limits.MIB if self.mode == LIMITS_RLIMIT and spec.memoryMB > 0 else None
 
 
 class _Run:
@@ -241,24 +247,16 @@ class Shim:
     def _spawn(self, run: _Run) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        script_fd = None
-        as_other_user = run.spec.uid is not None and run.spec.gid is not None
-        if run.secret_commands is not None:
-            script_fd = _script_file(run.limits.prelude + "\n".join(run.secret_commands) + "\n")
-            script = script_loader(script_fd) if as_other_user else SCRIPT_LOADER
-        else:
-            script = run.limits.prelude + "\n".join(run.spec.commands) + "\n"
-        argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, f"pai-task-{run.spec.slug}"]
-        run.started_at = time.time()
-        spec = run.spec
         try:
-            if as_other_user:
-                assert spec.uid is not None and spec.gid is not None
-                run.pid = _fork_exec_as(
-                    argv, spec.env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.cgroup
-                )
-            else:
-                run.pid = _posix_spawn(argv, spec.env, spec.work_dir, out_w, err_w, script_fd)
+            run.started_at = time.time()
+            direct = self._direct_run(run)
+            if direct is not None:
+                try:
+                    run.pid = self._start(run, direct.program, direct.argv, direct.env, out_w, err_w)
+                except OSError:
+                    direct = None  # e.g. a script without #!: bash runs it, or says why it cannot
+            if direct is None:
+                self._start_in_bash(run, out_w, err_w)
         except OSError:
             os.close(out_r)
             os.close(err_r)
@@ -266,8 +264,6 @@ class Shim:
         finally:
             os.close(out_w)
             os.close(err_w)
-            if script_fd is not None:
-                os.close(script_fd)
         # Read after the spawn: the exec happened inside it, so this bounds
         # what the kernel put in the task's peak from our pages.
         run.shim_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -277,6 +273,51 @@ class Shim:
         self.pipes[err_r] = (run, (run.output, run.errors))
         self.selector.register(out_r, selectors.EVENT_READ, out_r)
         self.selector.register(err_r, selectors.EVENT_READ, err_r)
+
+    def _direct_run(self, run: _Run) -> local_direct.DirectRun | None:
+        """The task's one simple command, to exec without bash (local_direct);
+        None when bash must run it: the commands need a shell, the task has
+        secrets (the command line is readable by anyone), or its bounds are
+        entered by a shell line (local_limits.prelude) that the child cannot
+        enter itself."""
+        spec = run.spec
+        if run.secret_commands is not None:
+            return None
+        # A task that changes user gets its rlimit from the forked child
+        # (_fork_exec_as); one spawned as our user has only its shell to set it.
+        if run.limits.prelude and not (spec.uid is not None and run.limits.data_limit is not None):
+            return None
+        return local_direct.plan(spec.commands, spec.env, spec.work_dir, spec.uid, spec.gid)
+
+    def _start_in_bash(self, run: _Run, out_w: int, err_w: int) -> None:
+        script_fd = None
+        as_other_user = run.spec.uid is not None and run.spec.gid is not None
+        if run.secret_commands is not None:
+            script_fd = _script_file(run.limits.prelude + "\n".join(run.secret_commands) + "\n")
+            script = script_loader(script_fd) if as_other_user else SCRIPT_LOADER
+        else:
+            script = run.limits.prelude + "\n".join(run.spec.commands) + "\n"
+        argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, f"pai-task-{run.spec.slug}"]
+        try:
+            run.pid = self._start(run, BASH, argv, run.spec.env, out_w, err_w, script_fd, in_shell=True)
+        finally:
+            if script_fd is not None:
+                os.close(script_fd)
+
+    def _start(
+        self, run: _Run, program: str, argv: list[str], env: dict[str, str], out_w: int, err_w: int,
+        script_fd: int | None = None, *, in_shell: bool = False,
+    ) -> int:
+        """Start `program`; `in_shell`: it is bash with the bounds' prelude, which
+        enters the rlimit itself."""
+        spec = run.spec
+        if spec.uid is not None and spec.gid is not None:
+            data_limit = None if in_shell else run.limits.data_limit
+            return _fork_exec_as(
+                argv, env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.cgroup, program,
+                data_limit=data_limit,
+            )
+        return _posix_spawn(argv, env, spec.work_dir, out_w, err_w, script_fd, program)
 
     # -- watch ---------------------------------------------------------------
 
@@ -549,7 +590,10 @@ def _script_file(script: str) -> int:
     return fd
 
 
-def _posix_spawn(argv: list[str], env: dict[str, str], work_dir: str, out_w: int, err_w: int, script_fd: int | None) -> int:
+def _posix_spawn(
+    argv: list[str], env: dict[str, str], work_dir: str, out_w: int, err_w: int, script_fd: int | None,
+    program: str = BASH,
+) -> int:
     """Spawn the task as our own user (vfork + exec)."""
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -564,7 +608,7 @@ def _posix_spawn(argv: list[str], env: dict[str, str], work_dir: str, out_w: int
     umask = os.umask(TASK_UMASK)
     try:
         return os.posix_spawn(
-            BASH,
+            program,
             argv,
             env,
             file_actions=actions,
@@ -587,6 +631,9 @@ def _fork_exec_as(
     uid: int,
     gid: int,
     cgroup: Path | None,
+    program: str = BASH,
+    *,
+    data_limit: int | None = None,
 ) -> int:
     """Fork, enter the task's bounds, become `uid`:`gid` with no other group, exec.
 
@@ -597,31 +644,39 @@ def _fork_exec_as(
     ignored: _catch_ignored_signals), setgroups([]), setgid, setuid, exec. A
     task that joins a cgroup must do it while still root, before setuid, and
     C runs the only Python step (preexec_fn) after setuid: then the child drops
-    its groups and uid in Python itself, after the join. The C child does not
-    use vfork here: subprocess never does with a user to switch to.
+    its groups and uid in Python itself, after the join. `data_limit`: the
+    RLIMIT_DATA (soft and hard) a program exec'd without bash (local_direct)
+    gets, set by the child in Python too (no shell is there to `ulimit -d`);
+    one Python step in the child still costs less than bash's start. The C
+    child does not use vfork here: subprocess never does with a user to switch to.
 
     A failure before the exec comes back through a close-on-exec pipe and is
     raised here as OSError (the task's LaunchFailed), as posix_spawn would."""
     report_r, report_w = os.pipe()
     keep = sorted({report_w} | ({script_fd} if script_fd is not None else set()))
     preexec = None
-    if cgroup is not None:
-        procs = str(cgroup / "cgroup.procs")
+    in_python = cgroup is not None or data_limit is not None
+    if in_python:
+        procs = str(cgroup / "cgroup.procs") if cgroup is not None else None
 
         def preexec() -> None:
-            with open(procs, "w") as joined:
-                joined.write(str(os.getpid()))
+            if procs is not None:
+                with open(procs, "w") as joined:
+                    joined.write(str(os.getpid()))
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
+            if data_limit is not None:  # last: the child's own steps must not meet it
+                resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
 
     try:
         pid = _c_fork_exec(
             argv, env, work_dir, _dev_null(), out_w, err_w, report_r, report_w, tuple(keep),
-            -1 if cgroup is not None else gid,
-            None if cgroup is not None else [],
-            -1 if cgroup is not None else uid,
+            -1 if in_python else gid,
+            None if in_python else [],
+            -1 if in_python else uid,
             preexec,
+            program,
         )
     except BaseException:
         os.close(report_r)
@@ -636,7 +691,7 @@ def _fork_exec_as(
         os.close(report_r)
     if failure:
         os.waitpid(pid, 0)
-        raise OSError(f"the task could not be started as uid {uid}: {_child_failure(failure)}")
+        raise OSError(f"the task could not be started as uid {uid}: {_child_failure(failure, program)}")
     return pid
 
 
@@ -660,11 +715,12 @@ def _c_fork_exec(
     groups: list[int] | None,
     uid: int,
     preexec: object,
+    program: str = BASH,
 ) -> int:
     global _FORK_EXEC_TAKES_ALLOW_VFORK
     env_list = [f"{name}={value}".encode() for name, value in env.items()]
     args = (
-        argv, (os.fsencode(BASH),),
+        argv, (os.fsencode(program),),
         True, keep,  # close_fds, fds_to_keep
         work_dir, env_list,
         stdin, -1, -1, out_w, -1, err_w,  # p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
@@ -681,7 +737,7 @@ def _c_fork_exec(
     return _posixsubprocess.fork_exec(*args)
 
 
-def _child_failure(report: bytes) -> str:
+def _child_failure(report: bytes, program: str = BASH) -> str:
     """subprocess's child report, `OSError:<hex errno>:[noexec]` or
     `SubprocessError:0:<message>`, in words."""
     kind, _, rest = report.decode(errors="replace").partition(":")
@@ -691,7 +747,7 @@ def _child_failure(report: bytes) -> str:
             number = int(code, 16)
         except ValueError:
             return report.decode(errors="replace")
-        where = "before exec" if detail.startswith("noexec") else f"exec {BASH}"
+        where = "before exec" if detail.startswith("noexec") else f"exec {program}"
         return f"{os.strerror(number)} ({where}{': ' + detail[7:] if detail[7:] else ''})"
     return f"{kind}: {detail}"
 

@@ -128,3 +128,24 @@ def test_a_task_with_a_cgroup_joins_it_before_dropping_root(work: Path, tmp_path
     assert (cgroup / "cgroup.procs").read_text() == pid
     assert (int(uid), groups.split()) == (UID, [str(GID)])
     assert stat.S_IMODE((cgroup / "cgroup.procs").stat().st_mode) == 0o600
+
+
+def test_a_program_started_without_bash_gets_its_data_limit_soft_and_hard(work: Path):
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    script = "ulimit -S -d; ulimit -H -d; id -u; id -G"
+    try:
+        pid = _fork_exec_as(
+            ["sh", "-c", script], {"PATH": "/usr/bin:/bin"}, str(work), out_w, err_w, None, UID, GID, None, "/bin/sh",
+            data_limit=64 << 20,
+        )
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    with os.fdopen(out_r) as out, os.fdopen(err_r) as err:
+        stdout, stderr = out.read(), err.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, stderr
+    soft, hard, uid, groups = stdout.splitlines()
+    assert soft == hard == str(64 * 1024)  # KiB: what `ulimit -d` would have set
+    assert (int(uid), groups.split()) == (UID, [str(GID)])
