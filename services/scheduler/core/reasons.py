@@ -54,27 +54,38 @@ def idle_anywhere(cells: int, skus: list[str], counts: Callable[[], tuple[int, i
     return ("idle", tuple(skus), cells), text
 
 
-def unheld_only(cells: int, skus: list[str], preemptions: int, counts: Callable[[], tuple[int, int]]) -> Reason:
-    """An opportunistic job preempted too often: it waits for cells no VC holds. counts() -> (unheld, idle)."""
+def reserve_hint(reserved: int) -> str:
+    """Why idle cells no VC holds are left idle (SchedulerCore's adaptive reserve); "" when none are."""
+    if not reserved:
+        return ""
+    return (f"{reserved} idle cells that no VC holds are kept for VCs' guaranteed jobs while the overload lasts "
+            f"(taking cells back from borrowed work lately threw away long runs)")
+
+
+def unheld_only(cells: int, skus: list[str], preemptions: int, counts: Callable[[], tuple[int, int, int]]) -> Reason:
+    """An opportunistic job preempted too often: it waits for cells no VC holds. counts() -> (unheld, idle, reserved)."""
 
     def text(ahead: int) -> str:
-        unheld, idle = counts()
+        unheld, idle, reserved = counts()
+        hint = reserve_hint(reserved)
         return (f"waiting for {cells} {sku_words(skus)} cells that no VC holds (opportunistic job preempted "
                 f"{plural(preemptions, 'time')}: it is no longer placed on idle cells of a VC's quota, where it would "
                 f"likely be preempted again; {unheld} such cells idle, {idle} idle in all); "
-                f"{plural(ahead, 'opportunistic job')} ahead")
+                f"{plural(ahead, 'opportunistic job')} ahead" + (f"; {hint}" if hint else ""))
 
     return ("unheld", tuple(skus), cells), text
 
 
-def unheld_large(cells: int, skus: list[str], counts: Callable[[], tuple[int, int]]) -> Reason:
-    """An opportunistic job of half a node or more: it waits for cells no VC holds. counts() -> (unheld, idle)."""
+def unheld_large(cells: int, skus: list[str], counts: Callable[[], tuple[int, int, int]]) -> Reason:
+    """An opportunistic job of half a node or more: it waits for cells no VC holds. counts() -> (unheld, idle, reserved)."""
 
     def text(ahead: int) -> str:
-        unheld, idle = counts()
+        unheld, idle, reserved = counts()
+        hint = reserve_hint(reserved)
         return (f"waiting for {cells} idle {sku_words(skus)} cells that no VC holds (opportunistic work of half a "
                 f"node or more is not placed in the idle part of a VC's cells, which the VC takes back first; "
-                f"{unheld} such cells idle, {idle} idle in all); {plural(ahead, 'opportunistic job')} ahead")
+                f"{unheld} such cells idle, {idle} idle in all); {plural(ahead, 'opportunistic job')} ahead"
+                + (f"; {hint}" if hint else ""))
 
     return ("idle", tuple(skus), cells), text
 
@@ -106,8 +117,10 @@ def never(problem: str) -> Reason:
     return ("never", problem), lambda ahead: words
 
 
-def waiting_for_room(state: ClusterState, record: JobRecord, vc: VcRecord, skus: list[str], cells: int) -> Reason:
-    """The job fits in principle but not now: free versus needed cells, read when the text is asked for."""
+def waiting_for_room(state: ClusterState, record: JobRecord, vc: VcRecord, skus: list[str], cells: int,
+                     reserved: Callable[[], int] = lambda: 0) -> Reason:
+    """The job fits in principle but not now: free versus needed cells, read when the text is asked for.
+    reserved(): idle cells no VC holds that opportunistic work leaves alone now (the adaptive reserve)."""
     tree = state.tree
 
     def unhealthy() -> int:
@@ -127,7 +140,7 @@ def waiting_for_room(state: ClusterState, record: JobRecord, vc: VcRecord, skus:
             idle = sum(tree.sku_totals[sku].free for sku in skus if sku in tree.sku_totals)
             total = sum(tree.sku_leaves.get(sku, 0) for sku in skus)
             bad = unhealthy()
-            hint = f"{bad} of them on unhealthy nodes{why_unhealthy()}" if bad else ""
+            hint = f"{bad} of them on unhealthy nodes{why_unhealthy()}" if bad else reserve_hint(reserved())
             if idle >= cells and not hint:
                 hint = "enough cells are idle but not on few enough nodes (each task needs its cells on one node)"
             return idle, total, hint

@@ -951,7 +951,8 @@ class SchedulerCore:
             if record.opportunistic and self._large_borrower(skus[0], max(self._cells_for([t], skus[0]) for t in tasks)):
                 reason = reasons.unheld_large(cells, skus, self._idle_counts(skus))
             else:
-                reason = reasons.waiting_for_room(self._state, record, vc, skus, cells)
+                reason = reasons.waiting_for_room(self._state, record, vc, skus, cells,
+                                                  lambda: self._reserved_now(skus))
             self._set_reason(record, reason, decisions)
 
     def _over_budget(self, record: JobRecord) -> bool:
@@ -980,15 +981,22 @@ class SchedulerCore:
         node = self._state.tree.sku_max_node_leaves.get(sku, 0)
         return self._large_unheld and node > largest_task and largest_task * 2 >= node
 
-    def _idle_counts(self, skus: list[str]) -> Callable[[], tuple[int, int]]:
+    def _idle_counts(self, skus: list[str]) -> Callable[[], tuple[int, int, int]]:
         tree = self._state.tree
 
-        def counts() -> tuple[int, int]:
+        def counts() -> tuple[int, int, int]:
             unheld = sum(chain.unbound_free for sku in skus for chain in tree.sku_chains.get(sku, ()))
             idle = sum(tree.sku_totals[sku].free for sku in skus if sku in tree.sku_totals)
-            return unheld, idle
+            return unheld, idle, self._reserved_now(skus)
 
         return counts
+
+    def _reserved_now(self, skus: list[str]) -> int:
+        """Idle cells no VC holds that the adaptive reserve kept from opportunistic work in the last pass."""
+        return sum(min(self._reserve_now.get(sku, 0), self._unheld_idle(sku)) for sku in skus)
+
+    def _unheld_idle(self, sku: str) -> int:
+        return sum(chain.unbound_free for chain in self._state.tree.sku_chains.get(sku, ()))
 
     @staticmethod
     def _blocked_by(record: JobRecord, blockers: list[JobRecord]) -> JobRecord | None:

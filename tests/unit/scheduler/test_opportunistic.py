@@ -430,3 +430,5 @@ def test_the_reserve_holds_only_once_opportunistic_work_has_waited_long(waited_h
     survivor = next(f"alice~whole{n}" for n in range(3) if h.is_running(f"whole{n}"))
     h.release(survivor)  # a whole node no VC holds is idle again
     assert (killed in h.placed) is not reserved
+    if reserved:  # its wait says why idle cells stay idle
+        assert "4 idle cells that no VC holds are kept for VCs' guaranteed jobs" in h.reason(killed.split("~")[1])
