@@ -389,12 +389,8 @@ def test_costly_compaction_still_happens_when_the_vc_may_bind_no_more():
     assert h.is_running("second")
 
 
-@pytest.mark.parametrize("reserve", [(24 * 3600.0, 8.0, 8), None])
-def test_after_a_costly_take_back_opportunistic_work_leaves_idle_cells_for_binding(reserve):
-    """Adaptive reserve: a borrower killed after a long run makes opportunistic work leave as many idle
-    cells no VC holds, for the window, so the next VC that binds finds one idle instead of killing."""
-    h = Harness(_node_quota_racks(), adaptive_reserve=reserve, reserve_after_waiting_s=None,
-                compaction_cost_limit=None)
+def _a_costly_take_back(h: Harness) -> str:
+    """VC b borrows three whole nodes for 10 h; VC a binds one of them: the borrower killed there."""
     h.submit("first", vc="a", gpus=4)  # a binds node-a1
     for n in range(3):
         h.submit(f"whole{n}", vc="b", priority="oppo", gpus=4)
@@ -402,9 +398,23 @@ def test_after_a_costly_take_back_opportunistic_work_leaves_idle_cells_for_bindi
     decisions = h.submit("owner", vc="a", gpus=4)  # a binds a borrowed node: 40 GPU-h thrown away
     [killed] = preempted_jobs(decisions)
     h.finish_preempted(decisions)  # the killed borrower is queued again
+    return killed
+
+
+def _a_borrowed_node_freed(h: Harness) -> None:
+    """One of b's surviving borrowers ends: a whole node no VC holds is idle again."""
+    h.release(next(f"alice~whole{n}" for n in range(3) if h.is_running(f"whole{n}")))
+
+
+@pytest.mark.parametrize("reserve", [(24 * 3600.0, 8.0, 8), None])
+def test_after_a_costly_take_back_opportunistic_work_leaves_idle_cells_for_binding(reserve):
+    """Adaptive reserve: a borrower killed after a long run makes opportunistic work leave as many idle
+    cells no VC holds, for the window, so the next VC that binds finds one idle instead of killing."""
+    h = Harness(_node_quota_racks(), adaptive_reserve=reserve, reserve_after_waiting_s=None,
+                compaction_cost_limit=None)
+    killed = _a_costly_take_back(h)
     assert h.is_running("owner")
-    survivor = next(f"alice~whole{n}" for n in range(3) if h.is_running(f"whole{n}"))
-    h.release(survivor)  # a whole node no VC holds is idle again
+    _a_borrowed_node_freed(h)
     assert (killed in h.placed) is (reserve is None)  # the reserve keeps it idle for the next binding
     if reserve is not None:
         assert not placed_jobs(h.submit("small", vc="b", priority="oppo", gpus=1))  # a's holes: none idle
@@ -418,17 +428,10 @@ def test_the_reserve_holds_only_once_opportunistic_work_has_waited_long(waited_h
     queue has waited reserve_after_waiting_s (a sustained overload), the reserve holds."""
     h = Harness(_node_quota_racks(), adaptive_reserve=(24 * 3600.0, 8.0, 8), reserve_after_waiting_s=6 * 3600.0,
                 compaction_cost_limit=None)
-    h.submit("first", vc="a", gpus=4)  # a binds node-a1
-    for n in range(3):
-        h.submit(f"whole{n}", vc="b", priority="oppo", gpus=4)
-    h.clock.advance(10 * 3600)
-    decisions = h.submit("owner", vc="a", gpus=4)  # a binds a borrowed node: 40 GPU-h thrown away
-    [killed] = preempted_jobs(decisions)
-    h.finish_preempted(decisions)  # the killed borrower is queued again, first in the queue
+    killed = _a_costly_take_back(h)  # the killed borrower is first in the opportunistic queue
     h.tick(waited_h * 3600)  # it waits: no cell is idle
     assert killed not in h.placed
-    survivor = next(f"alice~whole{n}" for n in range(3) if h.is_running(f"whole{n}"))
-    h.release(survivor)  # a whole node no VC holds is idle again
+    _a_borrowed_node_freed(h)
     assert (killed in h.placed) is not reserved
     if reserved:  # its wait says why idle cells stay idle
         assert "4 idle cells that no VC holds are kept for VCs' guaranteed jobs" in h.reason(killed.split("~")[1])
