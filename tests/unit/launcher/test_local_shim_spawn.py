@@ -36,12 +36,17 @@ def work(tmp_path: Path) -> Path:
 
 def run(script: str, work: Path, *, script_fd: int | None = None, cgroup: Path | None = None) -> tuple[int, str, str]:
     """Start `script` as the task user the way the shim does; its exit status, stdout, stderr."""
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
     argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, "pai-task-test"]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "SHELL": BASH}
+    return spawn(argv, env, work, script_fd, UID, GID, cgroup)
+
+
+def spawn(argv: list[str], env: dict[str, str], work: Path, *args, **kwargs) -> tuple[int, str, str]:
+    """`_fork_exec_as(argv, env, work, <its output pipes>, *args, **kwargs)`: exit status, stdout, stderr."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
-        pid = _fork_exec_as(argv, env, str(work), out_w, err_w, script_fd, UID, GID, cgroup)
+        pid = _fork_exec_as(argv, env, str(work), out_w, err_w, *args, **kwargs)
     finally:
         os.close(out_w)
         os.close(err_w)
@@ -131,21 +136,10 @@ def test_a_task_with_a_cgroup_joins_it_before_dropping_root(work: Path, tmp_path
 
 
 def test_a_program_started_without_bash_gets_its_data_limit_soft_and_hard(work: Path):
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
     script = "ulimit -S -d; ulimit -H -d; id -u; id -G"
-    try:
-        pid = _fork_exec_as(
-            ["sh", "-c", script], {"PATH": "/usr/bin:/bin"}, str(work), out_w, err_w, None, UID, GID, None, "/bin/sh",
-            data_limit=64 << 20,
-        )
-    finally:
-        os.close(out_w)
-        os.close(err_w)
-    with os.fdopen(out_r) as out, os.fdopen(err_r) as err:
-        stdout, stderr = out.read(), err.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, stderr
+    code, stdout, stderr = spawn(["sh", "-c", script], {"PATH": "/usr/bin:/bin"}, work, None, UID, GID, None, "/bin/sh",
+                                 data_limit=64 << 20)
+    assert code == 0, stderr
     soft, hard, uid, groups = stdout.splitlines()
     assert soft == hard == str(64 * 1024)  # KiB: what `ulimit -d` would have set
     assert (int(uid), groups.split()) == (UID, [str(GID)])
