@@ -5,6 +5,7 @@ Same set-up as benchmarks/api_load.py (nats-server and rest alone, jobs stored s
 into the buckets), then times: the page and its files (what a first visit downloads),
 home's overview, one page of the job list (50 rows with the total, as the Jobs page
 asks), the list filtered by state, a VC's queue, and the node samples of the Cluster page.
+Each call's figures include rest's and nats-server's CPU time per request, as api_load.py's do.
 
     python benchmarks/portal_load.py [--stored 10000] [--clients 4] [--calls 200]
 """
@@ -24,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from aiohttp import ClientSession, TCPConnector  # noqa: E402
 
-from benchmarks.api_load import drive, seed, start_rest, summary, wait_for_index  # noqa: E402
+from benchmarks.api_load import RestCpu, seed, start_rest, summary, wait_for_index  # noqa: E402
 from libs.common.bus import Bus  # noqa: E402
 from libs.common.busauth import load_or_create_credentials  # noqa: E402
 from libs.common.config import load_config  # noqa: E402
@@ -51,6 +52,7 @@ async def run(args) -> dict:
                 token = config.token_path.read_text().strip()
                 base = f"http://127.0.0.1:{config.rest_port}"
                 headers = {"Authorization": f"Bearer {token}"}
+                cpu = RestCpu(rest.pid, nats.pid)
                 files = ["/"] + [f"/portal/{p.relative_to(STATIC).as_posix()}" for p in sorted(STATIC.rglob("*"))
                                  if p.is_file() and p.name != "index.html"]
                 async with ClientSession(connector=TCPConnector(limit=args.clients)) as session:
@@ -70,7 +72,7 @@ async def run(args) -> dict:
                         ("cluster_utilization", "/api/v2/portal/utilization"),
                     ):
                         calls = [("GET", base + path, None)] * args.calls
-                        figures[label] = summary(*await drive(session, args.clients, calls, headers))
+                        figures[label] = summary(*await cpu.drive(session, args.clients, calls, headers))
             finally:
                 rest.terminate()
                 rest.wait(timeout=20)
