@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
-import contextlib
 import random
 import signal
 import subprocess
@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -41,12 +43,13 @@ sys.path.insert(0, str(ROOT))
 
 from aiohttp import ClientSession, TCPConnector  # noqa: E402
 
+from benchmarks.feeding import cpu_seconds  # noqa: E402
 from benchmarks.jobs import trivial_job  # noqa: E402
 from benchmarks.stats import percentile  # noqa: E402
 from libs.common import ids  # noqa: E402
 from libs.common.bus import Bus  # noqa: E402
-from libs.common.busauth import load_or_create_credentials  # noqa: E402
-from libs.common.config import load_config  # noqa: E402
+from libs.common.busauth import BusCredentials, load_or_create_credentials  # noqa: E402
+from libs.common.config import Config, load_config  # noqa: E402
 from libs.common.messages import JobState  # noqa: E402
 from libs.common.natsserver import NatsServer, free_port  # noqa: E402
 from libs.common.protocol import parse_job  # noqa: E402
@@ -105,10 +108,62 @@ def start_rest(config, credentials, data: Path) -> subprocess.Popen:
     raise RuntimeError("rest was not ready in time")
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) the process has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+@dataclass
+class StoredJobs:
+    """A nats-server with jobs stored, and the config rest is to start with on it."""
+
+    data: Path  # the temporary folder: the server's store, rest's data and logs
+    credentials: BusCredentials
+    config: Config
+    nats: NatsServer
+    seed_seconds: float
+
+
+@contextlib.asynccontextmanager
+async def nats_with_stored_jobs(count: int, name: str) -> AsyncIterator[StoredJobs]:
+    """nats-server as `pai up` runs it (PAI's users, store bootstrapped) in a temporary
+    folder, `count` jobs stored straight into its buckets (`seed`), and a config for
+    rest on a free port with its rate limits out of the way. `name`: the platform
+    connection's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        credentials = load_or_create_credentials(data / "nats-credentials.json")
+        nats_port = free_port()
+        config = load_config(env={}, data_dir=str(data), nats_url=f"nats://127.0.0.1:{nats_port}",
+                             rest_port=free_port(), rest_rate_limit_burst=10_000_000,
+                             rest_rate_limit_per_second=10_000_000.0)
+        with NatsServer(data / "nats", port=nats_port, auth=credentials, config_file=data / "nats-server.conf",
+                        log_file=data / "nats.log") as nats:
+            await asyncio.to_thread(nats.bootstrap)  # it runs its own event loop
+            platform = await Bus.connect(nats.url, name=name, **nats.login("platform"))
+            try:
+                began = time.perf_counter()
+                await seed(platform, count)
+                yield StoredJobs(data=data, credentials=credentials, config=config, nats=nats,
+                                 seed_seconds=time.perf_counter() - began)
+            finally:
+                await platform.close()
+
+
+@dataclass
+class RunningRest:
+    proc: subprocess.Popen
+    base: str  # http://127.0.0.1:{port}
+    headers: dict[str, str]  # signed in as the admin
+
+
+@contextlib.contextmanager
+def running_rest(stored: StoredJobs) -> Iterator[RunningRest]:
+    """rest as its own process on `stored`'s server (with rest's own NATS user), ready;
+    terminated at the end."""
+    proc = start_rest(stored.config, stored.credentials, stored.data)
+    try:
+        token = stored.config.token_path.read_text().strip()
+        yield RunningRest(proc=proc, base=f"http://127.0.0.1:{stored.config.rest_port}",
+                          headers={"Authorization": f"Bearer {token}"})
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
 
 
 class RestCpu:
@@ -187,71 +242,52 @@ async def wait_for_index(session: ClientSession, base: str, headers: dict[str, s
 
 
 async def run(args) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp)
-        credentials = load_or_create_credentials(data / "nats-credentials.json")
-        nats_port = free_port()
-        config = load_config(env={}, data_dir=str(data), nats_url=f"nats://127.0.0.1:{nats_port}",
-                             rest_port=free_port(), rest_rate_limit_burst=10_000_000,
-                             rest_rate_limit_per_second=10_000_000.0)
-        with NatsServer(data / "nats", port=nats_port, auth=credentials, config_file=data / "nats-server.conf",
-                        log_file=data / "nats.log") as nats:
-            await asyncio.to_thread(nats.bootstrap)  # it runs its own event loop
-            platform = await Bus.connect(nats.url, name="api-load", **nats.login("platform"))
-            began = time.perf_counter()
-            await seed(platform, args.stored)
-            seed_seconds = time.perf_counter() - began
+    async with nats_with_stored_jobs(args.stored, "api-load") as stored:
+        nats, config = stored.nats, stored.config
 
-            # What a list costs without the index: read every key of the three buckets.
-            rest_bus = await Bus.connect(nats.url, name="api-load-direct", **nats.login("rest"))
-            from services.rest import jobs_api
+        # What a list costs without the index: read every key of the three buckets.
+        rest_bus = await Bus.connect(nats.url, name="api-load-direct", **nats.login("rest"))
+        from services.rest import jobs_api
 
-            began = time.perf_counter()
-            rows = await jobs_api._rows_from_buckets(ServiceContext(name="rest", config=config, bus=rest_bus),
-                                                     jobs_api.parse_list_query({}))
-            direct_ms = (time.perf_counter() - began) * 1000
-            assert len(rows) == args.stored
-            await rest_bus.close()
+        began = time.perf_counter()
+        rows = await jobs_api._rows_from_buckets(ServiceContext(name="rest", config=config, bus=rest_bus),
+                                                 jobs_api.parse_list_query({}))
+        direct_ms = (time.perf_counter() - began) * 1000
+        assert len(rows) == args.stored
+        await rest_bus.close()
 
-            rest = start_rest(config, credentials, data)
-            try:
-                token = config.token_path.read_text().strip()
-                base = f"http://127.0.0.1:{config.rest_port}"
-                headers = {"Authorization": f"Bearer {token}"}
-                cpu = RestCpu(rest.pid, nats.pid)
-                async with ClientSession(connector=TCPConnector(limit=args.clients)) as session:
-                    index_seconds = await wait_for_index(session, base, headers, args.stored)
-                    post_headers = {**headers, "Content-Type": "text/yaml"}
-                    submits = [("POST", f"{base}/api/v2/jobs", trivial_job(f"load-{n}"))
-                               for n in range(args.submits)]
-                    with profiled(rest.pid, args.profile, "submit"):
-                        submitted = summary(*await cpu.drive(session, args.clients, submits, post_headers))
-                    rng = random.Random(1)
-                    gets = [("GET", f"{base}/api/v2/jobs/{USERS[n % len(USERS)]}~stored-{n}", None)
-                            for n in (rng.randrange(args.stored) for _ in range(args.gets))]
-                    with profiled(rest.pid, args.profile, "get_job"):
-                        got = summary(*await cpu.drive(session, args.clients, gets, headers))
-                    # Baselines: a public call (no token, no NATS) and a signed-in call reading one key.
-                    info = summary(*await cpu.drive(session, args.clients,
-                                                [("GET", f"{base}/api/v2/info", None)] * args.gets, {}))
-                    one_key = summary(*await cpu.drive(session, args.clients,
-                                                   [("GET", f"{base}/api/v2/virtual-clusters", None)] * args.gets,
-                                                   headers))
-                    lists = {}
-                    for label, query in (("list_limit_20", "limit=20"), ("list_one_user_limit_100", "username=user3&limit=100"),
-                                         ("list_keyword_tag_ordered", "keyword=stored-1&tags=seeded&order=name,ASC&limit=50"),
-                                         ("list_default_limit_1000", "")):
-                        calls = [("GET", f"{base}/api/v2/jobs?{query}", None)] * args.lists
-                        lists[label] = summary(*await cpu.drive(session, args.clients, calls, headers))
-            finally:
-                rest.terminate()
-                rest.wait(timeout=20)
-            await platform.close()
+        with running_rest(stored) as rest:
+            base, headers = rest.base, rest.headers
+            cpu = RestCpu(rest.proc.pid, nats.pid)
+            async with ClientSession(connector=TCPConnector(limit=args.clients)) as session:
+                index_seconds = await wait_for_index(session, base, headers, args.stored)
+                post_headers = {**headers, "Content-Type": "text/yaml"}
+                submits = [("POST", f"{base}/api/v2/jobs", trivial_job(f"load-{n}"))
+                           for n in range(args.submits)]
+                with profiled(rest.proc.pid, args.profile, "submit"):
+                    submitted = summary(*await cpu.drive(session, args.clients, submits, post_headers))
+                rng = random.Random(1)
+                gets = [("GET", f"{base}/api/v2/jobs/{USERS[n % len(USERS)]}~stored-{n}", None)
+                        for n in (rng.randrange(args.stored) for _ in range(args.gets))]
+                with profiled(rest.proc.pid, args.profile, "get_job"):
+                    got = summary(*await cpu.drive(session, args.clients, gets, headers))
+                # Baselines: a public call (no token, no NATS) and a signed-in call reading one key.
+                info = summary(*await cpu.drive(session, args.clients,
+                                            [("GET", f"{base}/api/v2/info", None)] * args.gets, {}))
+                one_key = summary(*await cpu.drive(session, args.clients,
+                                               [("GET", f"{base}/api/v2/virtual-clusters", None)] * args.gets,
+                                               headers))
+                lists = {}
+                for label, query in (("list_limit_20", "limit=20"), ("list_one_user_limit_100", "username=user3&limit=100"),
+                                     ("list_keyword_tag_ordered", "keyword=stored-1&tags=seeded&order=name,ASC&limit=50"),
+                                     ("list_default_limit_1000", "")):
+                    calls = [("GET", f"{base}/api/v2/jobs?{query}", None)] * args.lists
+                    lists[label] = summary(*await cpu.drive(session, args.clients, calls, headers))
     return {
         "benchmark": "api_load",
         "stored_jobs": args.stored,
         "clients": args.clients,
-        "seed_seconds": round(seed_seconds, 1),
+        "seed_seconds": round(stored.seed_seconds, 1),
         "index_loaded_seconds": round(index_seconds, 2),
         "list_by_reading_every_key_ms": round(direct_ms, 1),
         "submit": submitted,

@@ -1,5 +1,6 @@
 """What the one-service benchmarks share (launcher_consume.py, monitor_consume.py): a
-service process fed real events on a real nats-server, its own CPU time read from /proc."""
+service process fed real events on a real nats-server, its own CPU time read from /proc
+(api_load.py reads rest's with it too)."""
 
 from __future__ import annotations
 

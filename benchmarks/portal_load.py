@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,58 +24,42 @@ sys.path.insert(0, str(ROOT))
 
 from aiohttp import ClientSession, TCPConnector  # noqa: E402
 
-from benchmarks.api_load import RestCpu, seed, start_rest, summary, wait_for_index  # noqa: E402
-from libs.common.bus import Bus  # noqa: E402
-from libs.common.busauth import load_or_create_credentials  # noqa: E402
-from libs.common.config import load_config  # noqa: E402
-from libs.common.natsserver import NatsServer, free_port  # noqa: E402
+from benchmarks.api_load import (  # noqa: E402
+    RestCpu,
+    nats_with_stored_jobs,
+    running_rest,
+    summary,
+    wait_for_index,
+)
 
 STATIC = ROOT / "services" / "rest" / "portal" / "static"
 
 
 async def run(args) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp)
-        credentials = load_or_create_credentials(data / "nats-credentials.json")
-        nats_port = free_port()
-        config = load_config(env={}, data_dir=str(data), nats_url=f"nats://127.0.0.1:{nats_port}",
-                             rest_port=free_port(), rest_rate_limit_burst=10_000_000,
-                             rest_rate_limit_per_second=10_000_000.0)
-        with NatsServer(data / "nats", port=nats_port, auth=credentials, config_file=data / "nats-server.conf",
-                        log_file=data / "nats.log") as nats:
-            await asyncio.to_thread(nats.bootstrap)
-            platform = await Bus.connect(nats.url, name="portal-load", **nats.login("platform"))
-            await seed(platform, args.stored)
-            rest = start_rest(config, credentials, data)
-            try:
-                token = config.token_path.read_text().strip()
-                base = f"http://127.0.0.1:{config.rest_port}"
-                headers = {"Authorization": f"Bearer {token}"}
-                cpu = RestCpu(rest.pid, nats.pid)
-                files = ["/"] + [f"/portal/{p.relative_to(STATIC).as_posix()}" for p in sorted(STATIC.rglob("*"))
-                                 if p.is_file() and p.name != "index.html"]
-                async with ClientSession(connector=TCPConnector(limit=args.clients)) as session:
-                    await wait_for_index(session, base, headers, args.stored)
-                    began = time.perf_counter()
-                    size = 0
-                    for path in files:  # one first visit, file by file as a browser without cache
-                        async with session.get(base + path) as resp:
-                            size += len(await resp.read())
-                    first_visit_ms = (time.perf_counter() - began) * 1000
-                    figures = {}
-                    for label, path in (
-                        ("home_overview", "/api/v2/portal/overview"),
-                        ("jobs_page_50_with_total", "/api/v2/jobs?offset=0&limit=50&withTotalCount=true&order=createdTime,DESC"),
-                        ("jobs_page_state_failed", "/api/v2/jobs?offset=0&limit=50&withTotalCount=true&state=FAILED"),
-                        ("vc_queue_default", "/api/v2/portal/queue/default"),
-                        ("cluster_utilization", "/api/v2/portal/utilization"),
-                    ):
-                        calls = [("GET", base + path, None)] * args.calls
-                        figures[label] = summary(*await cpu.drive(session, args.clients, calls, headers))
-            finally:
-                rest.terminate()
-                rest.wait(timeout=20)
-            await platform.close()
+    async with nats_with_stored_jobs(args.stored, "portal-load") as stored:
+        with running_rest(stored) as rest:
+            base, headers = rest.base, rest.headers
+            cpu = RestCpu(rest.proc.pid, stored.nats.pid)
+            files = ["/"] + [f"/portal/{p.relative_to(STATIC).as_posix()}" for p in sorted(STATIC.rglob("*"))
+                             if p.is_file() and p.name != "index.html"]
+            async with ClientSession(connector=TCPConnector(limit=args.clients)) as session:
+                await wait_for_index(session, base, headers, args.stored)
+                began = time.perf_counter()
+                size = 0
+                for path in files:  # one first visit, file by file as a browser without cache
+                    async with session.get(base + path) as resp:
+                        size += len(await resp.read())
+                first_visit_ms = (time.perf_counter() - began) * 1000
+                figures = {}
+                for label, path in (
+                    ("home_overview", "/api/v2/portal/overview"),
+                    ("jobs_page_50_with_total", "/api/v2/jobs?offset=0&limit=50&withTotalCount=true&order=createdTime,DESC"),
+                    ("jobs_page_state_failed", "/api/v2/jobs?offset=0&limit=50&withTotalCount=true&state=FAILED"),
+                    ("vc_queue_default", "/api/v2/portal/queue/default"),
+                    ("cluster_utilization", "/api/v2/portal/utilization"),
+                ):
+                    calls = [("GET", base + path, None)] * args.calls
+                    figures[label] = summary(*await cpu.drive(session, args.clients, calls, headers))
     return {
         "benchmark": "portal_load",
         "stored_jobs": args.stored,
