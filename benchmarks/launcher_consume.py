@@ -39,24 +39,26 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.feeding import cpu_seconds, publish_all, wait_ready
+from benchmarks.feeding import (
+    cpu_seconds,
+    idle_cpu_share,
+    platform_nats,
+    publish_all,
+    service_process,
+)
 from benchmarks.stats import percentile
-from libs.common import busauth, ids
+from libs.common import ids
 from libs.common.bus import STREAM, Bus, load_all
-from libs.common.busauth import load_or_create_credentials
 from libs.common.messages import (
     Event,
     JobPlaced,
     JobSubmitted,
     TaskPlacement,
 )
-from libs.common.natsserver import NatsServer, free_port
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
 from libs.common.records import JobRecord
 from libs.common.subjects import Bucket, Durable, Kind, kind_filter
 
-REPO = Path(__file__).resolve().parents[1]
-IDLE_SECONDS = 3.0
 LAUNCHER_KINDS = (Kind.JOB_STATE, Kind.TASK_STARTED, Kind.TASK_EXITED, Kind.JOB_RELEASED)
 
 
@@ -148,48 +150,28 @@ async def transactions(metrics_url: str) -> float:
 async def measure(root: Path, jobs: int, rate: float, lag: float) -> dict:
     run = os.urandom(3).hex()
     per_job = [job_events(i, run, time.time()) for i in range(jobs)]
-    with NatsServer(root / "store", auth=load_or_create_credentials(root / "creds.json")) as nats:
-        await asyncio.to_thread(nats.bootstrap)
-        bus = await Bus.connect(nats.url, name="bench", **nats.login(busauth.PLATFORM))
-        try:
+    async with platform_nats(root) as (nats, bus):
+        if rate <= 0:
+            await publish_all(bus, [e for job in per_job for e in job])
+        async with service_process(nats, root, "launcher") as (proc, port):
+            metrics_url = f"http://127.0.0.1:{port}/metrics"
+            transactions0 = await transactions(metrics_url)
             if rate <= 0:
-                await publish_all(bus, [e for job in per_job for e in job])
-            port = free_port()
-            env = {**os.environ, "PAI_NATS_URL": nats.url, **nats.env("launcher"), "PAI_LAUNCHER_PORT": str(port),
-                   "PAI_DATA_DIR": str(root / "data"), "PAI_LOG_LEVEL": "WARNING"}
-            proc = subprocess.Popen([sys.executable, "-m", "services.launcher"], cwd=REPO, env=env)
-            try:
-                await wait_ready(f"http://127.0.0.1:{port}/readyz", proc, "launcher")
-                metrics_url = f"http://127.0.0.1:{port}/metrics"
-                transactions0 = await transactions(metrics_url)
-                if rate <= 0:
-                    writes0, cpu0, t0 = 0, cpu_seconds(proc.pid), time.monotonic()
-                    await wait_done(bus, jobs, proc, timeout=120 + jobs * 0.1)
-                    cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
-                    await asyncio.sleep(IDLE_SECONDS)
-                    idle_share = (cpu_seconds(proc.pid) - cpu1) / IDLE_SECONDS
-                else:
-                    await asyncio.sleep(1.0)
-                    idle0 = cpu_seconds(proc.pid)
-                    await asyncio.sleep(IDLE_SECONDS)
-                    idle_share = (cpu_seconds(proc.pid) - idle0) / IDLE_SECONDS
-                    writes0, cpu0, t0 = await record_writes(bus), cpu_seconds(proc.pid), time.monotonic()
-                    placed_at = await publish_paced(bus, per_job, rate, lag)
-                    await wait_done(bus, jobs, proc, timeout=120 + jobs * 0.1)
-                    cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
-                writes = await record_writes(bus) - writes0
-                latency = await latencies(bus, placed_at) if rate > 0 else None
-                transactions_run = await transactions(metrics_url) - transactions0
-                published = {kind.value: await stored(bus, kind) for kind in LAUNCHER_KINDS}
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        finally:
-            await bus.close()
+                writes0, cpu0, t0 = 0, cpu_seconds(proc.pid), time.monotonic()
+                await wait_done(bus, jobs, proc, timeout=120 + jobs * 0.1)
+                cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
+                idle_share = await idle_cpu_share(proc.pid)
+            else:
+                await asyncio.sleep(1.0)
+                idle_share = await idle_cpu_share(proc.pid)
+                writes0, cpu0, t0 = await record_writes(bus), cpu_seconds(proc.pid), time.monotonic()
+                placed_at = await publish_paced(bus, per_job, rate, lag)
+                await wait_done(bus, jobs, proc, timeout=120 + jobs * 0.1)
+                cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
+            writes = await record_writes(bus) - writes0
+            latency = await latencies(bus, placed_at) if rate > 0 else None
+            transactions_run = await transactions(metrics_url) - transactions0
+            published = {kind.value: await stored(bus, kind) for kind in LAUNCHER_KINDS}
     busy = max(0.0, (cpu1 - cpu0) - idle_share * (t1 - t0))
     return {
         "jobs": jobs,

@@ -32,13 +32,16 @@ import tempfile
 import time
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from libs.common import busauth  # noqa: E402
-from benchmarks.feeding import cpu_seconds, publish_all, wait_ready  # noqa: E402
+from benchmarks.feeding import (  # noqa: E402
+    cpu_seconds,
+    idle_cpu_share,
+    platform_nats,
+    publish_all,
+    service_process,
+)
 from libs.common.bus import STREAM, Bus  # noqa: E402
-from libs.common.busauth import load_or_create_credentials  # noqa: E402
 from libs.common.ids import EventId, JobId, NodeName, UserName, VcName  # noqa: E402
 from libs.common.messages import (  # noqa: E402
     Event,
@@ -52,12 +55,8 @@ from libs.common.messages import (  # noqa: E402
     TaskPlacement,
     TaskStarted,
 )
-from libs.common.natsserver import NatsServer, free_port  # noqa: E402
 from libs.common.protocol.model import JobSpec  # noqa: E402
 from libs.common.subjects import Durable  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-IDLE_SECONDS = 3.0
 
 
 def job_events(i: int, run: str, now: float) -> list[Event]:
@@ -109,19 +108,12 @@ async def measure(root: Path, jobs: int, rate: float, profile: str = "") -> dict
     now = time.time()
     per_job = [job_events(i, run, now) for i in range(jobs)]
     events = [e for job in per_job for e in job]
-    with NatsServer(root / "store", auth=load_or_create_credentials(root / "creds.json")) as nats:
-        await asyncio.to_thread(nats.bootstrap)
-        bus = await Bus.connect(nats.url, name="bench", **nats.login(busauth.PLATFORM))
-        try:
-            if rate <= 0:
-                await publish_all(bus, events)
-            port = free_port()
-            env = {**os.environ, "PAI_NATS_URL": nats.url, **nats.env("monitor"), "PAI_MONITOR_PORT": str(port),
-                   "PAI_DATA_DIR": str(root / "data"), "PAI_LOG_LEVEL": "WARNING"}
-            proc = subprocess.Popen([sys.executable, "-m", "services.monitor", "--cluster"], cwd=REPO, env=env)
+    async with platform_nats(root) as (nats, bus):
+        if rate <= 0:
+            await publish_all(bus, events)
+        async with service_process(nats, root, "monitor", "--cluster") as (proc, _port):
             spy = None
             try:
-                await wait_ready(f"http://127.0.0.1:{port}/readyz", proc, "monitor")
                 if profile:  # py-spy samples the monitor while it consumes (figures then include its pauses)
                     spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(proc.pid),
                                             "--format", "raw", "--rate", "200", "--nonblocking", "-o", profile],
@@ -132,13 +124,10 @@ async def measure(root: Path, jobs: int, rate: float, profile: str = "") -> dict
                     info = await bus.js.stream_info(STREAM)
                     await wait_consumed(bus, info.state.last_seq, proc, timeout=60 + jobs * 0.05)
                     cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
-                    await asyncio.sleep(IDLE_SECONDS)
-                    idle_share = (cpu_seconds(proc.pid) - cpu1) / IDLE_SECONDS
+                    idle_share = await idle_cpu_share(proc.pid)
                 else:
                     await asyncio.sleep(1.0)  # let the consumer settle into its first pull
-                    idle0 = cpu_seconds(proc.pid)
-                    await asyncio.sleep(IDLE_SECONDS)
-                    idle_share = (cpu_seconds(proc.pid) - idle0) / IDLE_SECONDS
+                    idle_share = await idle_cpu_share(proc.pid)
                     cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
                     await publish_paced(bus, per_job, rate)
                     info = await bus.js.stream_info(STREAM)
@@ -148,14 +137,6 @@ async def measure(root: Path, jobs: int, rate: float, profile: str = "") -> dict
                 if spy is not None:
                     spy.send_signal(2)
                     spy.wait(timeout=30)
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        finally:
-            await bus.close()
     busy = max(0.0, (cpu1 - cpu0) - idle_share * (t1 - t0))
     return {
         "jobs": jobs,
