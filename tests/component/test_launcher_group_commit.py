@@ -14,6 +14,7 @@ the order of reports against the bus's batches is the test's to choose.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -119,10 +120,19 @@ def key(job: str) -> TaskKey:
     return TaskKey(job=job, attempt=1, role="worker", index=0)
 
 
-def new_shell(bus: Bus) -> tuple[LauncherShell, ToldBackend]:
+@contextlib.asynccontextmanager
+async def running_shell(bus: Bus) -> AsyncIterator[tuple[LauncherShell, ToldBackend]]:
+    """A launcher shell on a told backend, the backend's reports pumped into it;
+    the pump stopped and the shell closed at the end."""
     backend = ToldBackend()
     ctx = ServiceContext(name="launcher", config=Config(grace_seconds=1.0), bus=bus)
-    return LauncherShell(ctx, LauncherCore(time.time, kill_grace_seconds=1.0), backend), backend
+    shell = LauncherShell(ctx, LauncherCore(time.time, kill_grace_seconds=1.0), backend)
+    pump = asyncio.ensure_future(shell.pump_backend())
+    try:
+        yield shell, backend
+    finally:
+        pump.cancel()
+        await shell.close()
 
 
 async def stored_state(bus: Bus, job: str) -> JobState | None:
@@ -144,9 +154,7 @@ def jobs(n: int) -> list[str]:
 
 async def test_what_comes_while_a_transaction_is_in_flight_is_written_together_after_it(bus):
     a, b = jobs(2)
-    shell, backend = new_shell(bus)
-    pump = asyncio.ensure_future(shell.pump_backend())
-    try:
+    async with running_shell(bus) as (shell, backend):
         with GatedWrites(bus) as writes:
             first = asyncio.ensure_future(shell.handle_bus([submitted(a), placed(a)]))
             await asyncio.wait_for(writes.holding.wait(), WAIT_SECONDS)
@@ -165,17 +173,12 @@ async def test_what_comes_while_a_transaction_is_in_flight_is_written_together_a
         assert backend.started == [key(a)]
         assert await stored_state(bus, a) == JobState.SUCCEEDED
         assert await stored_state(bus, b) == JobState.WAITING  # durable when its batch returned
-    finally:
-        pump.cancel()
-        await shell.close()
 
 
 async def test_events_the_core_refuses_fail_only_their_own_caller(bus):
     a, unknown = jobs(2)
-    shell, backend = new_shell(bus)
-    await shell.handle_bus([submitted(a), placed(a)])
-    pump = asyncio.ensure_future(shell.pump_backend())
-    try:
+    async with running_shell(bus) as (shell, backend):
+        await shell.handle_bus([submitted(a), placed(a)])
         with GatedWrites(bus) as writes:
             # Something in flight, so that what follows is grouped.
             busy = asyncio.ensure_future(shell.handle_bus([submitted(jobs(1)[0])]))
@@ -190,17 +193,12 @@ async def test_events_the_core_refuses_fail_only_their_own_caller(bus):
         # The backend's report, grouped with the refused batch, was applied all the same.
         await until(lambda: _is(bus, a, JobState.RUNNING), f"{a} to be stored RUNNING")
         assert not shell.ctx.stopping.is_set()
-    finally:
-        pump.cancel()
-        await shell.close()
 
 
 async def test_a_failed_write_fails_the_bus_batch_and_retries_the_backend_reports(bus):
     a, b = jobs(2)
-    shell, backend = new_shell(bus)
-    await shell.handle_bus([submitted(a), placed(a)])
-    pump = asyncio.ensure_future(shell.pump_backend())
-    try:
+    async with running_shell(bus) as (shell, backend):
+        await shell.handle_bus([submitted(a), placed(a)])
         with GatedWrites(bus) as writes:
             busy = asyncio.ensure_future(shell.handle_bus([submitted(b)]))
             await asyncio.wait_for(writes.holding.wait(), WAIT_SECONDS)
@@ -216,9 +214,6 @@ async def test_a_failed_write_fails_the_bus_batch_and_retries_the_backend_report
         assert await stored_state(bus, b) == JobState.WAITING
         await until(lambda: _is(bus, a, JobState.RUNNING), f"{a} to be stored RUNNING")
         assert not shell.ctx.stopping.is_set(), "a retried report stopped the launcher"
-    finally:
-        pump.cancel()
-        await shell.close()
 
 
 async def _is(bus: Bus, job: str, state: JobState) -> bool:
@@ -230,9 +225,7 @@ async def test_a_task_seen_running_waits_for_its_end_while_other_jobs_tasks_are_
 
     monkeypatch.setattr(service, "RUNNING_LINGER_SECONDS", 1.0)  # a moment even a loaded machine keeps
     a, b = jobs(2)
-    shell, backend = new_shell(bus)
-    pump = asyncio.ensure_future(shell.pump_backend())
-    try:
+    async with running_shell(bus) as (shell, backend):
         await shell.handle_bus([submitted(a), placed(a), submitted(b), placed(b)])
         with GatedWrites(bus) as writes:
             writes.release.set()
@@ -241,9 +234,6 @@ async def test_a_task_seen_running_waits_for_its_end_while_other_jobs_tasks_are_
             await backend.reports.put(TaskFinished(key=key(b), exitCode=0))
             await until(lambda: _is(bus, b, JobState.SUCCEEDED), f"{b} to be stored SUCCEEDED")
         assert writes.calls == [[ids.job_key(b)]], "b's start and end were not written together"
-    finally:
-        pump.cancel()
-        await shell.close()
 
 
 async def test_a_lone_job_on_an_idle_launcher_is_seen_running_at_once(bus, monkeypatch):
@@ -251,9 +241,7 @@ async def test_a_lone_job_on_an_idle_launcher_is_seen_running_at_once(bus, monke
 
     monkeypatch.setattr(service, "RUNNING_LINGER_SECONDS", 30.0)  # were it waited for, the test would time out
     before, a = jobs(2)
-    shell, backend = new_shell(bus)
-    pump = asyncio.ensure_future(shell.pump_backend())
-    try:
+    async with running_shell(bus) as (shell, backend):
         # A job run to its end just before does not make the launcher busy.
         await shell.handle_bus([submitted(before), placed(before)])
         await backend.reports.put(TaskRunning(key=key(before), node="node-0"))
@@ -262,9 +250,6 @@ async def test_a_lone_job_on_an_idle_launcher_is_seen_running_at_once(bus, monke
         await shell.handle_bus([submitted(a), placed(a)])
         await backend.reports.put(TaskRunning(key=key(a), node="node-0"))
         await asyncio.wait_for(until(lambda: _is(bus, a, JobState.RUNNING), f"{a} to be stored RUNNING"), 10.0)
-    finally:
-        pump.cancel()
-        await shell.close()
 
 
 async def test_under_load_backend_reports_wait_a_moment_for_company_and_go_with_the_next_bus_batch(bus, monkeypatch):
@@ -272,9 +257,7 @@ async def test_under_load_backend_reports_wait_a_moment_for_company_and_go_with_
 
     monkeypatch.setattr(service, "COMMIT_DELAY_SECONDS", 30.0)  # only company sends them on in time
     a, b, c, d = jobs(4)
-    shell, backend = new_shell(bus)
-    pump = asyncio.ensure_future(shell.pump_backend())
-    try:
+    async with running_shell(bus) as (shell, backend):
         # d's task stays under way throughout: the launcher is under load.
         await shell.handle_bus([submitted(a), placed(a), submitted(b), placed(b), submitted(d), placed(d)])
         with GatedWrites(bus) as writes:
@@ -290,6 +273,3 @@ async def test_under_load_backend_reports_wait_a_moment_for_company_and_go_with_
         assert writes.calls == [sorted(ids.job_key(j) for j in (a, b, c))]
         assert await stored_state(bus, a) == JobState.SUCCEEDED
         assert await stored_state(bus, b) == JobState.SUCCEEDED
-    finally:
-        pump.cancel()
-        await shell.close()
