@@ -13,25 +13,18 @@ caught here, not hidden.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 
-import msgspec
 import nats.errors
 import pytest
-from aiohttp import ClientSession
-from aiohttp.test_utils import TestServer
 
 from libs.common import ids
 from libs.common.bus import Bus
-from libs.common.config import load_config
-from libs.common.service import ServiceContext
-from libs.common.subjects import STREAM, Bucket, Kind, job_subject
+from libs.common.subjects import Bucket, Kind, job_subject
 from services.rest import auth, intake, jobs_api
-from services.rest.app import create_app
-from services.rest.records import SubmittedJob
+from tests.component.rest_replica import Rest, record_of, stored_ids
 
 RUN = uuid.uuid4().hex[:6]
 # The restarted rest's sweep takes a record once it is UNPUBLISHED_AFTER_SECONDS old,
@@ -49,72 +42,6 @@ async def platform_bus(nats_server) -> AsyncIterator[Bus]:
     bus = await Bus.connect(nats_server.url, name="platform", **nats_server.login("platform"))
     yield bus
     await bus.close()
-
-
-class Rest:
-    """One rest process: its own NATS connection and app, served on a test server."""
-
-    def __init__(self, nats_server, tmp_path):
-        self.nats_server, self.tmp_path = nats_server, tmp_path
-        self.published: list[str] = []  # ids of the events this rest published
-
-    async def __aenter__(self) -> Rest:
-        self.bus = await Bus.connect(self.nats_server.url, name="rest", **self.nats_server.login("rest"))
-        real_publish = self.bus.publish
-
-        async def counted(event, **kwargs):
-            await real_publish(event, **kwargs)
-            self.published.append(event.id)
-
-        self.bus.publish = counted
-        self.ctx = ServiceContext(name="rest", config=load_config(env={}, data_dir=str(self.tmp_path)), bus=self.bus)
-        self.server = TestServer(await create_app(self.ctx))
-        await self.server.start_server()
-        self.ctx.set_ready()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.server.close()
-        await self.bus.close()
-
-    async def submit(self, token: str, name: str) -> tuple[int, dict]:
-        async with ClientSession() as session, session.post(
-            self.server.make_url("/api/v2/jobs"), data=job_body(name),
-            headers={"Content-Type": "text/yaml", "Authorization": f"Bearer {token}"},
-        ) as resp:
-            return resp.status, json.loads(await resp.read())
-
-    @property
-    def intake(self) -> intake.Intake:
-        return self.server.app[jobs_api.INTAKE]
-
-
-def job_body(name: str) -> bytes:
-    return (f"protocolVersion: 2\nname: {name}\ntype: job\ntaskRoles:\n  main:\n    instances: 1\n"
-            f"    commands:\n      - echo hi\n").encode()
-
-
-async def record_of(bus: Bus, job: str) -> SubmittedJob | None:
-    try:
-        entry = await (await bus.kv(Bucket.JOBS)).get(ids.job_key(job))
-    except Exception:  # noqa: BLE001 - not found, whichever way nats-py says it
-        return None
-    return msgspec.json.decode(entry.value, type=SubmittedJob)
-
-
-async def stored_ids(bus: Bus, subject: str) -> list[str]:
-    """The Nats-Msg-Id of every message the event stream holds on `subject`."""
-    found = []
-    sub = await bus.js.subscribe(subject, stream=STREAM, ordered_consumer=True)
-    try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=1.0)
-            except nats.errors.TimeoutError:
-                return found
-            found.append(msg.headers["Nats-Msg-Id"])
-    finally:
-        await sub.unsubscribe()
 
 
 async def killed_during_submission(rest: Rest, token: str, job: str, *, after_publish: bool) -> None:
