@@ -58,31 +58,27 @@ def released(
     )
 
 
+def _task_event_fields(record: JobRecord, key: TaskKey, what: str, *, at: float) -> dict:
+    """What every task event carries: its id, and which task attempt of which job."""
+    return {
+        "id": task_id(key, what),
+        "job": record.job,
+        "at": at,
+        "vc": record.vc,
+        "attempt": key.attempt,
+        "role": key.role,
+        "index": key.index,
+        "taskAttempt": key.taskAttempt,
+    }
+
+
 def task_started(record: JobRecord, key: TaskKey, *, node: str, at: float) -> messages.TaskStarted:
-    return messages.TaskStarted(
-        id=task_id(key, "started"),
-        job=record.job,
-        at=at,
-        vc=record.vc,
-        attempt=key.attempt,
-        role=key.role,
-        index=key.index,
-        taskAttempt=key.taskAttempt,
-        node=node,
-    )
+    return messages.TaskStarted(**_task_event_fields(record, key, "started", at=at), node=node)
 
 
 def task_exited(record: JobRecord, finished: TaskFinished, *, at: float) -> messages.TaskExited:
-    key = finished.key
     return messages.TaskExited(
-        id=task_id(key, "exited"),
-        job=record.job,
-        at=at,
-        vc=record.vc,
-        attempt=key.attempt,
-        role=key.role,
-        index=key.index,
-        taskAttempt=key.taskAttempt,
+        **_task_event_fields(record, finished.key, "exited", at=at),
         exitCode=finished.exitCode,
         signal=finished.signal,
         platformReason=finished.platformReason,
