@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -413,8 +413,7 @@ class Bus:
                 await msg.term()
         if not decoded:
             return
-        heartbeat = asyncio.ensure_future(_keep_in_progress([msg for msg, _ in decoded]))
-        try:
+        with _kept_in_progress([msg for msg, _ in decoded]):
             # A redelivered event may be the one that failed before: it goes alone.
             if len(decoded) > 1 and all(_delivery(msg).delivered == 1 for msg, _ in decoded):
                 spans = ((f"{durable.value} {msg.subject}", msg.headers, event.job) for msg, event in decoded)
@@ -439,8 +438,6 @@ class Bus:
                             with contextlib.suppress(Exception):
                                 await later.nak()
                     raise
-        finally:
-            heartbeat.cancel()
 
     async def _dispatch(
         self,
@@ -592,29 +589,46 @@ class HandlerStalled(Exception):
 async def _within(deadline: float, work: Awaitable[None]) -> None:
     """Await `work`, cancelling it after `deadline` seconds (HandlerStalled).
 
-    Not `asyncio.wait_for`: its TimeoutError could not be told apart from a
-    NATS timeout the handler itself raised, which is retried as transient."""
-    running = asyncio.ensure_future(work)
+    In the caller's task, under one timer (no task of its own per batch). Not
+    `asyncio.wait_for`: its TimeoutError could not be told apart from a NATS
+    timeout the handler itself raised, which is retried as transient; the
+    timeout's own `expired()` can."""
+    limit = asyncio.timeout(deadline)
     try:
-        done, _ = await asyncio.wait({running}, timeout=deadline)
-    except asyncio.CancelledError:
-        running.cancel()
-        raise
-    if not done:
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await running
-        raise HandlerStalled(f"handler still running after its {deadline:g}s deadline; cancelled")
-    running.result()
+        async with limit:
+            await work
+    except Exception:
+        if not limit.expired():
+            raise
+    else:
+        if not limit.expired():
+            return
+    raise HandlerStalled(f"handler still running after its {deadline:g}s deadline; cancelled")
+
+
+@contextlib.contextmanager
+def _kept_in_progress(msgs: list[Msg]) -> Iterator[None]:
+    """While the block runs, tell JetStream every `HEARTBEAT_SECONDS` that the handler
+    is still at work on `msgs`, so it does not redeliver them. Most batches end
+    long before the first beat: a timer until then, a task only after."""
+    beating: list[asyncio.Task[None]] = []
+    first_beat = asyncio.get_running_loop().call_later(
+        HEARTBEAT_SECONDS, lambda: beating.append(asyncio.ensure_future(_keep_in_progress(msgs)))
+    )
+    try:
+        yield
+    finally:
+        first_beat.cancel()
+        for task in beating:
+            task.cancel()
 
 
 async def _keep_in_progress(msgs: list[Msg]) -> None:
-    """Tell JetStream the handler is still at work on these, so it does not redeliver them."""
     while True:
-        await asyncio.sleep(HEARTBEAT_SECONDS)
         for msg in msgs:
             if not msg._ackd:  # nats-py marks a message once acked, nak'ed or terminated
                 await msg.in_progress()
+        await asyncio.sleep(HEARTBEAT_SECONDS)
 
 
 def _outgoing(event: Event) -> tuple[str, bytes, dict[str, str]]:
