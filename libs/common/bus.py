@@ -592,7 +592,11 @@ async def _within(deadline: float, work: Awaitable[None]) -> None:
     In the caller's task, under one timer (no task of its own per batch). Not
     `asyncio.wait_for`: its TimeoutError could not be told apart from a NATS
     timeout the handler itself raised, which is retried as transient; the
-    timeout's own `expired()` can."""
+    timeout's own `expired()` can.
+
+    A consumer cancelled while its handler finished (the service stopping, a
+    test's stand-in for a crash) stops here, before any ack: the cancellation
+    would otherwise land only after the acks, which never wait."""
     limit = asyncio.timeout(deadline)
     try:
         async with limit:
@@ -602,6 +606,9 @@ async def _within(deadline: float, work: Awaitable[None]) -> None:
             raise
     else:
         if not limit.expired():
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
             return
     raise HandlerStalled(f"handler still running after its {deadline:g}s deadline; cancelled")
 

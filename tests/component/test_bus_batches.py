@@ -9,6 +9,7 @@ import time
 import uuid
 
 import msgspec
+import nats.js.errors
 import pytest
 
 from libs.common.bus import Bus, get_json
@@ -270,3 +271,13 @@ async def test_a_write_refused_before_it_leaves_fails_the_batch_naming_its_key(b
     huge = b"x" * (2 * 1024 * 1024)  # past the largest message NATS takes
     with pytest.raises(Transient, match=f"pai_alerts/big.{RUN}"):
         await bus.kv_write_many(Bucket.ALERTS, {f"small.{RUN}": b"1", f"big.{RUN}": huge})
+
+
+async def test_a_write_jetstream_refuses_fails_the_batch_naming_its_key_and_the_rest_is_stored(bus):
+    too_big = b"x" * 5000  # past the leases bucket's largest message (4 KiB), well within what NATS carries
+    with pytest.raises(Transient, match=f"pai_leases/big.{RUN}") as refused:
+        await bus.kv_write_many(Bucket.LEASES, {f"small.{RUN}": b"1", f"big.{RUN}": too_big})
+    assert isinstance(refused.value.__cause__, nats.js.errors.APIError)
+    assert refused.value.__cause__.err_code == 10054  # JetStream's "message size exceeds maximum allowed"
+    kv = await bus.kv(Bucket.LEASES)
+    assert (await kv.get(f"small.{RUN}")).value == b"1"
