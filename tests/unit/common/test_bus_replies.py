@@ -10,7 +10,13 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
-from libs.common.bus import _STORED, _delivery, _PendingStores, _store_outcome, store_is_full
+from libs.common.bus import (
+    _STORED,
+    _delivery,
+    _PendingStores,
+    _store_outcome,
+    store_is_full,
+)
 
 
 def delivery(reply: str) -> Msg:
