@@ -48,10 +48,12 @@ async def until(check, what: str, seconds: float = WAIT_SECONDS):
     raise AssertionError(f"waited {seconds:g}s for {what}")
 
 
-def consuming(bus: Bus, handler, *, ordered: bool = True, max_batch: int = 256) -> tuple[asyncio.Task, asyncio.Event]:
+def consuming(bus: Bus, handler, *, ordered: bool = True, max_batch: int = 256,
+              gather_seconds: float = 0.0) -> tuple[asyncio.Task, asyncio.Event]:
     stopping = asyncio.Event()
     task = asyncio.create_task(
-        bus.consume_batches(Durable.MONITOR, KINDS, TYPES, handler, stopping=stopping, ordered=ordered, max_batch=max_batch)
+        bus.consume_batches(Durable.MONITOR, KINDS, TYPES, handler, stopping=stopping, ordered=ordered, max_batch=max_batch,
+                            gather_seconds=gather_seconds)
     )
     return task, stopping
 
@@ -107,6 +109,27 @@ async def test_an_idle_consumer_hands_over_a_lone_event_at_once(bus):
     # Not waiting for a batch to fill: well under the pull's own 5 s linger.
     assert time.monotonic() - sent < 2.0
     assert batches == [[lone.id]]
+    stopping.set()
+    await halt(task)
+
+
+async def test_a_gathering_consumer_hands_over_the_first_event_alone_and_what_came_meanwhile_together(bus):
+    batches: list[list[str]] = []
+
+    async def handler(batch):
+        batches.append([event.id for event in batch])
+
+    task, stopping = consuming(bus, handler, ordered=False, gather_seconds=3.0)
+    await asyncio.sleep(0.3)  # the consumer is waiting on its pull request
+    first = stop_event(0)
+    await bus.publish(first)
+    await until(lambda: batches, "the first event")
+    assert batches == [[first.id]]  # not held back: nothing came before it
+    meanwhile = [stop_event(n) for n in range(1, 6)]
+    for event in meanwhile:  # one at a time, while the consumer gathers
+        await bus.publish(event)
+    await until(lambda: len(batches) >= 2, "what came meanwhile")
+    assert batches[1] == [event.id for event in meanwhile]
     stopping.set()
     await halt(task)
 
