@@ -700,14 +700,17 @@ class _StoreAcks:
         self._nc = nc
         self._prefix = ""
         self._sub: Any = None
+        self._subscribing = asyncio.Lock()
         self._batches = 0
         self._waiting: dict[int, _PendingStores] = {}
 
     async def expect(self, count: int) -> _PendingStores:
         if self._sub is None:
-            inbox = self._nc.new_inbox()
-            self._prefix = inbox + "."
-            self._sub = await self._nc.subscribe(inbox + ".>", cb=self._on_answer)
+            async with self._subscribing:  # two first batches at once: one subscription
+                if self._sub is None:
+                    inbox = self._nc.new_inbox()
+                    self._sub = await self._nc.subscribe(inbox + ".>", cb=self._on_answer)
+                    self._prefix = inbox + "."
         self._batches += 1
         pending = _PendingStores(self._batches, self._prefix, count)
         self._waiting[pending.number] = pending

@@ -12,6 +12,7 @@ import msgspec
 import nats.js.errors
 import pytest
 
+from libs.common import busauth
 from libs.common.bus import Bus, get_json
 from libs.common.errors import Transient
 from libs.common.messages import StopRequested
@@ -171,7 +172,7 @@ async def test_a_crash_between_a_batchs_effects_and_its_acks_repeats_it_first_th
     first = [stop_event(n) for n in range(20)]
     later = [stop_event(n) for n in range(20, 25)]
     await bus.publish_many(first)
-    crashed = await Bus.connect(nats_server.url, name="crashing", **nats_server.login("platform"))
+    crashed = await Bus.connect(nats_server.url, name="crashing", **nats_server.login(busauth.PLATFORM))
     effects_done = asyncio.Event()
 
     async def apply(bus_: Bus, batch) -> None:
@@ -216,6 +217,21 @@ async def test_publish_many_stores_each_event_once_in_order(bus):
     assert stored == [event.id for event in events]
 
 
+async def test_batches_published_at_once_from_a_fresh_connection_are_each_stored(bus, nats_server):
+    fresh = await Bus.connect(nats_server.url, name="test-fresh", **nats_server.login(busauth.PLATFORM))
+    try:
+        first, second = [stop_event(n) for n in range(5)], [stop_event(n) for n in range(5, 10)]
+        await asyncio.gather(fresh.publish_many(first), fresh.publish_many(second),
+                             fresh.kv_write_many(Bucket.ALERTS, {f"fresh.{RUN}": b"1"}))
+        info = await bus.js.stream_info(STREAM)
+        stored = {msgspec.json.decode((await bus.js.get_msg(STREAM, seq)).data, type=StopRequested).id
+                  for seq in range(info.state.first_seq, info.state.last_seq + 1)}
+        assert stored == {event.id for event in first + second}
+        assert (await (await bus.kv(Bucket.ALERTS)).get(f"fresh.{RUN}")).value == b"1"
+    finally:
+        await fresh.close()
+
+
 async def test_kv_write_many_puts_and_deletes_every_key(bus):
     kv = await bus.kv(Bucket.ALERTS)
     await bus.kv_write_many(Bucket.ALERTS, {f"w.{RUN}.{n}": str(n).encode() for n in range(10)})
@@ -238,7 +254,7 @@ async def test_events_a_dead_run_held_come_back_before_newer_ones_even_when_thei
     await halt(idle)
     early, late, newer = ([stop_event(n) for n in range(base, base + 5)] for base in (0, 10, 20))
     await bus.publish_many(early + late)
-    dead = await Bus.connect(nats_server.url, name="dead", **nats_server.login("platform"))
+    dead = await Bus.connect(nats_server.url, name="dead", **nats_server.login(busauth.PLATFORM))
     inbox = dead.nc.new_inbox()
     answers = await dead.nc.subscribe(inbox)
 
