@@ -40,8 +40,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import msgspec
 import nats
@@ -125,6 +125,7 @@ class Bus:
         self.name = name
         self.user = user  # the NATS user (busauth.ACCESS); "" on a server without auth
         self._kv: dict[Bucket, KeyValue] = {}
+        self._store_acks = _StoreAcks(nc)
 
     @classmethod
     async def connect(
@@ -261,25 +262,26 @@ class Bus:
 
     async def _store_together(self, writes: list[tuple[str, bytes, dict[str, str] | None, str]], *, attempts: int) -> None:
         """JetStream publishes `(subject, data, headers, what)`, sent one after another
-        without waiting, their acks awaited together (nats-py's `publish_async`: one
-        reply subscription, no timer or inbox per publish). What is refused, or not
-        answered within `PUBLISH_ACK_SECONDS`, is published again by itself, with
-        retries; past `attempts` this raises `Transient` naming it."""
-        futures = []
-        for subject, data, headers, what in writes:
-            try:
-                futures.append(await self.js.publish_async(subject, data, headers=headers))
-            except nats.errors.Error as exc:  # refused before it left (e.g. past the largest payload)
-                raise Transient(f"{what} failed: {exc!r}") from exc
-        _, late = await asyncio.wait(futures, timeout=PUBLISH_ACK_SECONDS)
-        for future in late:
-            future.cancel()  # frees its slot in nats-py's table of pending publishes
-        for (subject, data, headers, what), future in zip(writes, futures):
-            problem = future.exception() if future.done() and not future.cancelled() else None
-            if future.cancelled() or problem is not None:
-                if problem is not None and not isinstance(problem, PUBLISH_TROUBLE):
-                    raise Transient(f"{what} failed: {problem!r}") from problem
-                await self._store_one(subject, data, headers, what, attempts=attempts - 1)
+        without waiting, their acks awaited together (`_StoreAcks`: one reply
+        subscription, one future and one timer for the whole batch). What is
+        refused, or not answered within `PUBLISH_ACK_SECONDS`, is published again
+        by itself, with retries; past `attempts` this raises `Transient` naming it."""
+        pending = await self._store_acks.expect(len(writes))
+        try:
+            for (subject, data, headers, what), reply in zip(writes, pending.replies):
+                try:
+                    await self.nc.publish(subject, data, reply=reply, headers=headers)
+                except nats.errors.Error as exc:  # refused before it left (e.g. past the largest payload)
+                    raise Transient(f"{what} failed: {exc!r}") from exc
+            answers = await pending.answered(PUBLISH_ACK_SECONDS)
+        finally:
+            self._store_acks.forget(pending)
+        for (subject, data, headers, what), answer in zip(writes, answers):
+            if answer is _STORED:
+                continue
+            if answer is not None and not isinstance(answer, PUBLISH_TROUBLE):
+                raise Transient(f"{what} failed: {answer!r}") from answer
+            await self._store_one(subject, data, headers, what, attempts=attempts - 1)
 
     async def _store_one(self, subject: str, data: bytes, headers: dict[str, str] | None, what: str, *, attempts: int) -> None:
         """One JetStream publish, retried on what a retry can cure; `Transient` naming `what` past `attempts`."""
@@ -324,6 +326,7 @@ class Bus:
         ordered: bool = False,
         max_batch: int = BATCH_MAX,
         deadline: float = HANDLER_DEADLINE_SECONDS,
+        gather_seconds: float = 0.0,
     ) -> None:
         """Run `handler` on batches of the events of `kinds` until `stopping` is set.
 
@@ -332,6 +335,12 @@ class Bus:
         acked. If it raises, the same events are handed again one at a time
         (`handler([event])`) under the per-event rules (module doc). `ordered`
         keeps stream order across failures and crashes.
+
+        `gather_seconds`, for a consumer no one waits on: after a batch that was
+        not full, wait this long before asking for the next, so that under load
+        the events of that time come as one batch rather than one or two at a
+        time, each paying a pull, a dispatch and the handler's per-batch work.
+        The first event after a quiet spell is handed over at once.
         """
         most_pending = max_batch if ordered else PARALLEL_MAX_ACK_PENDING
         # Events the previous run left unacked: while any is, the durable allows
@@ -350,7 +359,7 @@ class Bus:
                 if not msgs:
                     continue
                 if ordered and len(msgs) > 1:
-                    msgs.sort(key=lambda msg: msg.metadata.sequence.stream)
+                    msgs.sort(key=lambda msg: _delivery(msg).stream_seq)
                 await self._dispatch_batch(msgs, decoder, handler, durable, ordered, deadline)
                 if left_by_last_run:
                     # Each was acked or terminated. Those still out may come back later
@@ -358,6 +367,8 @@ class Bus:
                     # no newer event overtakes them; none left, back to whole batches.
                     left_by_last_run = max(left_by_last_run - len(msgs), 0)
                     await self._pull_subscription(durable, kinds, max_ack_pending=left_by_last_run or most_pending)
+                elif gather_seconds and len(msgs) < max_batch:
+                    await asyncio.sleep(gather_seconds)
         finally:
             await puller.close()
 
@@ -411,10 +422,9 @@ class Bus:
                 await msg.term()
         if not decoded:
             return
-        heartbeat = asyncio.ensure_future(_keep_in_progress([msg for msg, _ in decoded]))
-        try:
+        with _kept_in_progress([msg for msg, _ in decoded]):
             # A redelivered event may be the one that failed before: it goes alone.
-            if len(decoded) > 1 and all((msg.metadata.num_delivered or 1) == 1 for msg, _ in decoded):
+            if len(decoded) > 1 and all(_delivery(msg).delivered == 1 for msg, _ in decoded):
                 spans = ((f"{durable.value} {msg.subject}", msg.headers, event.job) for msg, event in decoded)
                 try:
                     with telemetry.spans_from_headers(spans):
@@ -437,8 +447,6 @@ class Bus:
                             with contextlib.suppress(Exception):
                                 await later.nak()
                     raise
-        finally:
-            heartbeat.cancel()
 
     async def _dispatch(
         self,
@@ -452,7 +460,7 @@ class Bus:
         """One event under the ack rules (module doc). An ordered consumer retries
         in place what a parallel one gives back with a delay."""
         delays = ORDERED_NAK_DELAYS if ordered else NAK_DELAYS
-        deliveries = msg.metadata.num_delivered or 1
+        deliveries = _delivery(msg).delivered
         while True:
             with telemetry.span_from_headers(f"{durable.value} {msg.subject}", msg.headers, job=event.job):
                 try:
@@ -590,29 +598,53 @@ class HandlerStalled(Exception):
 async def _within(deadline: float, work: Awaitable[None]) -> None:
     """Await `work`, cancelling it after `deadline` seconds (HandlerStalled).
 
-    Not `asyncio.wait_for`: its TimeoutError could not be told apart from a
-    NATS timeout the handler itself raised, which is retried as transient."""
-    running = asyncio.ensure_future(work)
+    In the caller's task, under one timer (no task of its own per batch). Not
+    `asyncio.wait_for`: its TimeoutError could not be told apart from a NATS
+    timeout the handler itself raised, which is retried as transient; the
+    timeout's own `expired()` can.
+
+    A consumer cancelled while its handler finished (the service stopping, a
+    test's stand-in for a crash) stops here, before any ack: the cancellation
+    would otherwise land only after the acks, which never wait."""
+    limit = asyncio.timeout(deadline)
     try:
-        done, _ = await asyncio.wait({running}, timeout=deadline)
-    except asyncio.CancelledError:
-        running.cancel()
-        raise
-    if not done:
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await running
-        raise HandlerStalled(f"handler still running after its {deadline:g}s deadline; cancelled")
-    running.result()
+        async with limit:
+            await work
+    except Exception:
+        if not limit.expired():
+            raise
+    else:
+        if not limit.expired():
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
+            return
+    raise HandlerStalled(f"handler still running after its {deadline:g}s deadline; cancelled")
+
+
+@contextlib.contextmanager
+def _kept_in_progress(msgs: list[Msg]) -> Iterator[None]:
+    """While the block runs, tell JetStream every `HEARTBEAT_SECONDS` that the handler
+    is still at work on `msgs`, so it does not redeliver them. Most batches end
+    long before the first beat: a timer until then, a task only after."""
+    beating: list[asyncio.Task[None]] = []
+    first_beat = asyncio.get_running_loop().call_later(
+        HEARTBEAT_SECONDS, lambda: beating.append(asyncio.ensure_future(_keep_in_progress(msgs)))
+    )
+    try:
+        yield
+    finally:
+        first_beat.cancel()
+        for task in beating:
+            task.cancel()
 
 
 async def _keep_in_progress(msgs: list[Msg]) -> None:
-    """Tell JetStream the handler is still at work on these, so it does not redeliver them."""
     while True:
-        await asyncio.sleep(HEARTBEAT_SECONDS)
         for msg in msgs:
             if not msg._ackd:  # nats-py marks a message once acked, nak'ed or terminated
                 await msg.in_progress()
+        await asyncio.sleep(HEARTBEAT_SECONDS)
 
 
 def _outgoing(event: Event) -> tuple[str, bytes, dict[str, str]]:
@@ -620,6 +652,92 @@ def _outgoing(event: Event) -> tuple[str, bytes, dict[str, str]]:
     headers = {"Nats-Msg-Id": event.id}
     telemetry.inject(headers, job=event.job)  # a job's events: one trace per job
     return subject_of(event), encode(event), headers
+
+
+# A JetStream publish answered with a PubAck that carries no error.
+_STORED = object()
+
+
+class _PendingStores:
+    """The publishes of one `Bus._store_together` call, waiting for their acks:
+    one future and, while they wait, one timer for the whole batch."""
+
+    __slots__ = ("all_answered", "answers", "number", "replies", "unanswered")
+
+    def __init__(self, number: int, prefix: str, count: int):
+        self.number = number
+        self.replies = [f"{prefix}{number}.{position}" for position in range(count)]
+        # Per publish: None until answered, then _STORED or the exception that refused it.
+        self.answers: list[object] = [None] * count
+        self.unanswered = count
+        self.all_answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def answer(self, position: int, outcome: object) -> None:
+        if self.answers[position] is None:
+            self.answers[position] = outcome
+            self.unanswered -= 1
+            if not self.unanswered and not self.all_answered.done():
+                self.all_answered.set_result(None)
+
+    async def answered(self, timeout: float) -> list[object]:
+        """Each publish's answer, None for one not answered within `timeout`."""
+        if self.unanswered:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self.all_answered
+        return self.answers
+
+
+class _StoreAcks:
+    """The acks of JetStream publishes, on one reply subscription per connection.
+
+    Each publish of a batch gets the reply subject `<inbox>.<batch>.<position>`,
+    so an ack finds its batch and its place by its subject alone. nats-py's own
+    publishes pay per message what here is paid per batch: a future, a timer, a
+    random token (a system call) and a parsed PubAck object each."""
+
+    def __init__(self, nc: nats.NATS):
+        self._nc = nc
+        self._prefix = ""
+        self._sub: Any = None
+        self._subscribing = asyncio.Lock()
+        self._batches = 0
+        self._waiting: dict[int, _PendingStores] = {}
+
+    async def expect(self, count: int) -> _PendingStores:
+        if self._sub is None:
+            async with self._subscribing:  # two first batches at once: one subscription
+                if self._sub is None:
+                    inbox = self._nc.new_inbox()
+                    self._sub = await self._nc.subscribe(inbox + ".>", cb=self._on_answer)
+                    self._prefix = inbox + "."
+        self._batches += 1
+        pending = _PendingStores(self._batches, self._prefix, count)
+        self._waiting[pending.number] = pending
+        return pending
+
+    def forget(self, pending: _PendingStores) -> None:
+        """Answers that come for `pending` from now on are late: dropped."""
+        self._waiting.pop(pending.number, None)
+
+    async def _on_answer(self, msg: Msg) -> None:
+        number, _, position = msg.subject[len(self._prefix):].partition(".")
+        pending = self._waiting.get(int(number))
+        if pending is not None:
+            pending.answer(int(position), _store_outcome(msg))
+
+
+def _store_outcome(msg: Msg) -> object:
+    """What a JetStream publish's answer says: `_STORED`, or why it was not."""
+    if not msg.data:  # a status without a body: no stream listens on the subject
+        return nats.js.errors.NoStreamResponseError()
+    if b'"error"' not in msg.data:  # a PubAck: {"stream": ..., "seq": ...}
+        return _STORED
+    try:
+        nats.js.errors.APIError.from_error(msgspec.json.decode(msg.data)["error"])  # raises the error's class
+    except nats.js.errors.APIError as exc:
+        return exc
+    return nats.js.errors.APIError(description=msg.data.decode(errors="replace"))
 
 
 class _Puller:
@@ -659,7 +777,7 @@ class _Puller:
             msgs = await self._answer(1, PULL_WAIT_SECONDS + PULL_ANSWER_SECONDS)
         # Each delivery says how many more wait for this consumer: none (an idle
         # platform's lone event) costs no second request.
-        more = min(most - len(msgs), msgs[-1].metadata.num_pending or 0) if msgs else 0
+        more = min(most - len(msgs), _delivery(msgs[-1]).pending) if msgs else 0
         if more > 0:
             await self._request({"batch": more, "no_wait": True})
             msgs += await self._answer(more, PULL_ANSWER_SECONDS)
@@ -667,12 +785,9 @@ class _Puller:
 
     def _already_here(self, most: int) -> list[Msg]:
         msgs: list[Msg] = []
-        while len(msgs) < most:
-            try:
-                msg = self._sub._pending_queue.get_nowait()
-            except asyncio.QueueEmpty:
-                break
-            self._sub._pending_size -= len(msg.data)
+        queue = self._sub._pending_queue
+        while len(msgs) < most and not queue.empty():
+            msg = self._took(queue.get_nowait())
             if not _is_status(msg):
                 msgs.append(msg)
         return msgs
@@ -682,18 +797,44 @@ class _Puller:
 
     async def _answer(self, most: int, timeout: float) -> list[Msg]:
         """Events answering the request, until `most` came or a status ended it
-        (no more waiting, the request expired), or `timeout` passed."""
+        (no more waiting, the request expired), or `timeout` passed.
+
+        Read from the subscription's queue under one timer for the whole answer:
+        nats-py's `next_msg` makes a task, a uuid and a timer per message."""
         msgs: list[Msg] = []
-        deadline = time.monotonic() + timeout
-        while len(msgs) < most:
-            try:
-                msg = await self._sub.next_msg(timeout=max(deadline - time.monotonic(), 0.001))
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
-                break
-            if _is_status(msg):
-                break
-            msgs.append(msg)
+        queue = self._sub._pending_queue
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while len(msgs) < most:
+                    msg = self._took(queue.get_nowait() if not queue.empty() else await queue.get())
+                    if _is_status(msg):
+                        break
+                    msgs.append(msg)
         return msgs
+
+    def _took(self, msg: Msg) -> Msg:
+        """Account for a message taken off the subscription's queue as nats-py's
+        `next_msg` does (its byte count; done, so that a drain does not wait for it)."""
+        self._sub._pending_size -= len(msg.data)
+        self._sub._pending_queue.task_done()
+        return msg
+
+
+class _Delivery(NamedTuple):
+    delivered: int  # times this event was delivered to the consumer, this one included
+    stream_seq: int
+    pending: int  # events still waiting for the consumer after this one
+
+
+def _delivery(msg: Msg) -> _Delivery:
+    """What a JetStream delivery's reply subject says (nats-py's `msg.metadata`),
+    without the dataclasses and datetime nats-py builds for every event.
+
+    `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`;
+    newer servers put `<domain>.<account hash>` before the stream and a token after."""
+    tokens = msg.reply.split(".")
+    at = 4 if len(tokens) == 9 else 6
+    return _Delivery(int(tokens[at]), int(tokens[at + 1]), int(tokens[at + 4]))
 
 
 def _is_status(msg: Msg) -> bool:

@@ -9,8 +9,10 @@ import time
 import uuid
 
 import msgspec
+import nats.js.errors
 import pytest
 
+from libs.common import busauth
 from libs.common.bus import Bus, get_json
 from libs.common.errors import Transient
 from libs.common.messages import StopRequested
@@ -47,10 +49,12 @@ async def until(check, what: str, seconds: float = WAIT_SECONDS):
     raise AssertionError(f"waited {seconds:g}s for {what}")
 
 
-def consuming(bus: Bus, handler, *, ordered: bool = True, max_batch: int = 256) -> tuple[asyncio.Task, asyncio.Event]:
+def consuming(bus: Bus, handler, *, ordered: bool = True, max_batch: int = 256,
+              gather_seconds: float = 0.0) -> tuple[asyncio.Task, asyncio.Event]:
     stopping = asyncio.Event()
     task = asyncio.create_task(
-        bus.consume_batches(Durable.MONITOR, KINDS, TYPES, handler, stopping=stopping, ordered=ordered, max_batch=max_batch)
+        bus.consume_batches(Durable.MONITOR, KINDS, TYPES, handler, stopping=stopping, ordered=ordered, max_batch=max_batch,
+                            gather_seconds=gather_seconds)
     )
     return task, stopping
 
@@ -110,6 +114,27 @@ async def test_an_idle_consumer_hands_over_a_lone_event_at_once(bus):
     await halt(task)
 
 
+async def test_a_gathering_consumer_hands_over_the_first_event_alone_and_what_came_meanwhile_together(bus):
+    batches: list[list[str]] = []
+
+    async def handler(batch):
+        batches.append([event.id for event in batch])
+
+    task, stopping = consuming(bus, handler, ordered=False, gather_seconds=3.0)
+    await asyncio.sleep(0.3)  # the consumer is waiting on its pull request
+    first = stop_event(0)
+    await bus.publish(first)
+    await until(lambda: batches, "the first event")
+    assert batches == [[first.id]]  # not held back: nothing came before it
+    meanwhile = [stop_event(n) for n in range(1, 6)]
+    for event in meanwhile:  # one at a time, while the consumer gathers
+        await bus.publish(event)
+    await until(lambda: len(batches) >= 2, "what came meanwhile")
+    assert batches[1] == [event.id for event in meanwhile]
+    stopping.set()
+    await halt(task)
+
+
 @pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "parallel"])
 async def test_a_batch_that_fails_is_handled_again_event_by_event(bus, ordered):
     """One event fails once: its neighbours are applied, it is retried, nothing twice in effect."""
@@ -147,7 +172,7 @@ async def test_a_crash_between_a_batchs_effects_and_its_acks_repeats_it_first_th
     first = [stop_event(n) for n in range(20)]
     later = [stop_event(n) for n in range(20, 25)]
     await bus.publish_many(first)
-    crashed = await Bus.connect(nats_server.url, name="crashing", **nats_server.login("platform"))
+    crashed = await Bus.connect(nats_server.url, name="crashing", **nats_server.login(busauth.PLATFORM))
     effects_done = asyncio.Event()
 
     async def apply(bus_: Bus, batch) -> None:
@@ -192,6 +217,21 @@ async def test_publish_many_stores_each_event_once_in_order(bus):
     assert stored == [event.id for event in events]
 
 
+async def test_batches_published_at_once_from_a_fresh_connection_are_each_stored(bus, nats_server):
+    fresh = await Bus.connect(nats_server.url, name="test-fresh", **nats_server.login(busauth.PLATFORM))
+    try:
+        first, second = [stop_event(n) for n in range(5)], [stop_event(n) for n in range(5, 10)]
+        await asyncio.gather(fresh.publish_many(first), fresh.publish_many(second),
+                             fresh.kv_write_many(Bucket.ALERTS, {f"fresh.{RUN}": b"1"}))
+        info = await bus.js.stream_info(STREAM)
+        stored = {msgspec.json.decode((await bus.js.get_msg(STREAM, seq)).data, type=StopRequested).id
+                  for seq in range(info.state.first_seq, info.state.last_seq + 1)}
+        assert stored == {event.id for event in first + second}
+        assert (await (await bus.kv(Bucket.ALERTS)).get(f"fresh.{RUN}")).value == b"1"
+    finally:
+        await fresh.close()
+
+
 async def test_kv_write_many_puts_and_deletes_every_key(bus):
     kv = await bus.kv(Bucket.ALERTS)
     await bus.kv_write_many(Bucket.ALERTS, {f"w.{RUN}.{n}": str(n).encode() for n in range(10)})
@@ -214,7 +254,7 @@ async def test_events_a_dead_run_held_come_back_before_newer_ones_even_when_thei
     await halt(idle)
     early, late, newer = ([stop_event(n) for n in range(base, base + 5)] for base in (0, 10, 20))
     await bus.publish_many(early + late)
-    dead = await Bus.connect(nats_server.url, name="dead", **nats_server.login("platform"))
+    dead = await Bus.connect(nats_server.url, name="dead", **nats_server.login(busauth.PLATFORM))
     inbox = dead.nc.new_inbox()
     answers = await dead.nc.subscribe(inbox)
 
@@ -248,14 +288,16 @@ async def test_publish_many_sends_again_by_itself_a_publish_whose_ack_never_come
     monkeypatch.setattr(bus_module, "PUBLISH_ACK_SECONDS", 0.5)
     events = [stop_event(n) for n in range(6)]
     lost = events[2].id
-    real_publish_async = bus.js.publish_async
+    real_publish = bus.nc.publish
+    dropped: list[str] = []
 
-    async def losing_one(subject, payload=b"", **options):
-        if options.get("headers", {}).get("Nats-Msg-Id") == lost:
-            return asyncio.get_running_loop().create_future()  # sent into the void: no ack, ever
-        return await real_publish_async(subject, payload, **options)
+    async def losing_one(subject, payload=b"", reply="", headers=None):
+        if (headers or {}).get("Nats-Msg-Id") == lost and not dropped:
+            dropped.append(subject)  # lost on the way: never stored, no ack, ever
+            return
+        await real_publish(subject, payload, reply=reply, headers=headers)
 
-    monkeypatch.setattr(bus.js, "publish_async", losing_one)
+    monkeypatch.setattr(bus.nc, "publish", losing_one)
     await bus.publish_many(events)
     info = await bus.js.stream_info(STREAM)
     stored = [msgspec.json.decode((await bus.js.get_msg(STREAM, seq)).data, type=StopRequested).id
@@ -268,3 +310,13 @@ async def test_a_write_refused_before_it_leaves_fails_the_batch_naming_its_key(b
     huge = b"x" * (2 * 1024 * 1024)  # past the largest message NATS takes
     with pytest.raises(Transient, match=f"pai_alerts/big.{RUN}"):
         await bus.kv_write_many(Bucket.ALERTS, {f"small.{RUN}": b"1", f"big.{RUN}": huge})
+
+
+async def test_a_write_jetstream_refuses_fails_the_batch_naming_its_key_and_the_rest_is_stored(bus):
+    too_big = b"x" * 5000  # past the leases bucket's largest message (4 KiB), well within what NATS carries
+    with pytest.raises(Transient, match=f"pai_leases/big.{RUN}") as refused:
+        await bus.kv_write_many(Bucket.LEASES, {f"small.{RUN}": b"1", f"big.{RUN}": too_big})
+    assert isinstance(refused.value.__cause__, nats.js.errors.APIError)
+    assert refused.value.__cause__.err_code == 10054  # JetStream's "message size exceeds maximum allowed"
+    kv = await bus.kv(Bucket.LEASES)
+    assert (await kv.get(f"small.{RUN}")).value == b"1"
