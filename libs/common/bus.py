@@ -260,28 +260,73 @@ class Bus:
             attempts=attempts,
         )
 
-    async def _store_together(self, writes: list[tuple[str, bytes, dict[str, str] | None, str]], *, attempts: int) -> None:
+    async def publish_each(self, events: Sequence[Event], *, attempts: int = 5) -> list[Exception | None]:
+        """Publish every event, all in flight at once, as `publish_many`; but one that
+        cannot be stored fails alone: per event, None once it is stored, or the
+        `Transient` saying why not (raised from JetStream's answer: `store_is_full`
+        reads it). For callers that answer each event's sender on its own (rest's intake)."""
+        writes = [(*_outgoing(event), f"publish of {event.id}") for event in events]
+        answers = await self._send_together(writes)
+        return await asyncio.gather(*(self._retried(write, answer, attempts) for write, answer in zip(writes, answers)))
+
+    async def kv_create_each(self, bucket: Bucket, entries: Sequence[tuple[str, bytes]]) -> list[int | Exception]:
+        """Create every `(key, value)` of `entries`, all in flight at once, each only if the key
+        has no history (JetStream's expected last subject sequence 0, the header
+        nats-py's `KeyValue.create` sends). Per key: its revision, or why it was not
+        created: `KeyWrongLastSequenceError` when the key has a history (it exists,
+        or it was deleted: `KeyValue.create` tells the two apart), a NATS timeout when
+        not answered (it may be stored), or JetStream's refusal. Not retried: a
+        create whose answer was lost would be refused by its own retry."""
+        await self.kv(bucket)  # the bucket must exist: a write to a missing one has no responder
+        prefix = f"$KV.{bucket.value}."
+        answers = await self._send_together(
+            [(prefix + key, value, _CREATE_ONLY, f"creating {bucket.value}/{key}") for key, value in entries],
+            revisions=True)
+        return [_created(answer) for answer in answers]
+
+    async def _send_together(self, writes: list[tuple[str, bytes, dict[str, str] | None, str]], *,
+                             revisions: bool = False) -> list[object]:
         """JetStream publishes `(subject, data, headers, what)`, sent one after another
         without waiting, their acks awaited together (`_StoreAcks`: one reply
-        subscription, one future and one timer for the whole batch). What is
-        refused, or not answered within `PUBLISH_ACK_SECONDS`, is published again
-        by itself, with retries; past `attempts` this raises `Transient` naming it."""
-        pending = await self._store_acks.expect(len(writes))
+        subscription, one future and one timer for the whole batch). Per publish:
+        `_STORED` (its stream sequence with `revisions`), the exception that refused
+        it, or None when not answered within `PUBLISH_ACK_SECONDS`."""
+        pending = await self._store_acks.expect(len(writes), revisions=revisions)
         try:
-            for (subject, data, headers, what), reply in zip(writes, pending.replies):
+            for position, ((subject, data, headers, _), reply) in enumerate(zip(writes, pending.replies)):
                 try:
                     await self.nc.publish(subject, data, reply=reply, headers=headers)
                 except nats.errors.Error as exc:  # refused before it left (e.g. past the largest payload)
-                    raise Transient(f"{what} failed: {exc!r}") from exc
-            answers = await pending.answered(PUBLISH_ACK_SECONDS)
+                    pending.answer(position, exc)
+            return await pending.answered(PUBLISH_ACK_SECONDS)
         finally:
             self._store_acks.forget(pending)
-        for (subject, data, headers, what), answer in zip(writes, answers):
-            if answer is _STORED:
-                continue
-            if answer is not None and not isinstance(answer, PUBLISH_TROUBLE):
-                raise Transient(f"{what} failed: {answer!r}") from answer
+
+    async def _retried(self, write: tuple[str, bytes, dict[str, str] | None, str], answer: object,
+                       attempts: int) -> Exception | None:
+        """A publish of `_send_together` once more by itself where a retry can cure
+        its answer; None once stored, else the `Transient` naming it."""
+        subject, data, headers, what = write
+        if answer is _STORED:
+            return None
+        if answer is not None and not isinstance(answer, PUBLISH_TROUBLE):
+            refused = Transient(f"{what} failed: {answer!r}")
+            refused.__cause__ = answer if isinstance(answer, BaseException) else None
+            return refused
+        try:
             await self._store_one(subject, data, headers, what, attempts=attempts - 1)
+        except Transient as exc:
+            return exc
+        return None
+
+    async def _store_together(self, writes: list[tuple[str, bytes, dict[str, str] | None, str]], *, attempts: int) -> None:
+        """`_send_together`; what is refused, or not answered, is published again by
+        itself, with retries; past `attempts` this raises `Transient` naming it."""
+        answers = await self._send_together(writes)
+        for write, answer in zip(writes, answers):
+            failed = await self._retried(write, answer, attempts)
+            if failed is not None:
+                raise failed
 
     async def _store_one(self, subject: str, data: bytes, headers: dict[str, str] | None, what: str, *, attempts: int) -> None:
         """One JetStream publish, retried on what a retry can cure; `Transient` naming `what` past `attempts`."""
@@ -656,16 +701,39 @@ def _outgoing(event: Event) -> tuple[str, bytes, dict[str, str]]:
 
 # A JetStream publish answered with a PubAck that carries no error.
 _STORED = object()
+# Stored only where the subject has no message yet: a KV create.
+_CREATE_ONLY = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
+# JetStream's "wrong last sequence" error codes (as nats-py's KeyValue reads them).
+WRONG_LAST_SEQUENCE_CODES = frozenset({10071, 10164})
+
+
+class _PubAck(msgspec.Struct):
+    seq: int
+
+
+_PUB_ACK = msgspec.json.Decoder(_PubAck)
+
+
+def _created(answer: object) -> int | Exception:
+    """What `kv_create_each` says of one key: its revision or why it was not created."""
+    if isinstance(answer, int):
+        return answer
+    if answer is None:
+        return nats.errors.TimeoutError()
+    if isinstance(answer, nats.js.errors.APIError) and answer.err_code in WRONG_LAST_SEQUENCE_CODES:
+        return nats.js.errors.KeyWrongLastSequenceError(description=answer.description)
+    return answer if isinstance(answer, Exception) else Transient(f"unexpected answer {answer!r}")
 
 
 class _PendingStores:
     """The publishes of one `Bus._store_together` call, waiting for their acks:
     one future and, while they wait, one timer for the whole batch."""
 
-    __slots__ = ("all_answered", "answers", "number", "replies", "unanswered")
+    __slots__ = ("all_answered", "answers", "number", "replies", "revisions", "unanswered")
 
-    def __init__(self, number: int, prefix: str, count: int):
+    def __init__(self, number: int, prefix: str, count: int, revisions: bool = False):
         self.number = number
+        self.revisions = revisions  # a stored publish's answer is its stream sequence, not _STORED
         self.replies = [f"{prefix}{number}.{position}" for position in range(count)]
         # Per publish: None until answered, then _STORED or the exception that refused it.
         self.answers: list[object] = [None] * count
@@ -704,7 +772,7 @@ class _StoreAcks:
         self._batches = 0
         self._waiting: dict[int, _PendingStores] = {}
 
-    async def expect(self, count: int) -> _PendingStores:
+    async def expect(self, count: int, *, revisions: bool = False) -> _PendingStores:
         if self._sub is None:
             async with self._subscribing:  # two first batches at once: one subscription
                 if self._sub is None:
@@ -712,7 +780,7 @@ class _StoreAcks:
                     self._sub = await self._nc.subscribe(inbox + ".>", cb=self._on_answer)
                     self._prefix = inbox + "."
         self._batches += 1
-        pending = _PendingStores(self._batches, self._prefix, count)
+        pending = _PendingStores(self._batches, self._prefix, count, revisions)
         self._waiting[pending.number] = pending
         return pending
 
@@ -724,7 +792,10 @@ class _StoreAcks:
         number, _, position = msg.subject[len(self._prefix):].partition(".")
         pending = self._waiting.get(int(number))
         if pending is not None:
-            pending.answer(int(position), _store_outcome(msg))
+            outcome = _store_outcome(msg)
+            if outcome is _STORED and pending.revisions:
+                outcome = _PUB_ACK.decode(msg.data).seq
+            pending.answer(int(position), outcome)
 
 
 def _store_outcome(msg: Msg) -> object:

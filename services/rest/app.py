@@ -11,7 +11,6 @@ and the idempotent consumers absorb the repeat.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -202,30 +201,18 @@ async def submit_job(request: web.Request) -> web.Response:
         warnings=parsed.warnings,
         submittedAt=time.time(),
     )
-    kv = await ctx.bus.kv(Bucket.JOBS)
-    key = ids.job_key(jid)
     if parsed.secrets:  # sealed for the launcher alone, stored before the record names the job
+        kv, key = await ctx.bus.kv(Bucket.JOBS), ids.job_key(jid)
         await job_secrets.store(await ctx.bus.kv(Bucket.SECRETS), ctx.config.secrets_public_key_file, key,
                                 parsed.secrets, job_exists=lambda: get_json(kv, key, SubmittedJob))
     try:
-        revision = await kv.create(key, msgspec.json.encode(record))
+        published = await request.app[jobs_api.INTAKE].submit(record)
     except nats.js.errors.KeyWrongLastSequenceError:
         raise Conflict(f"job {jid} already exists; job names are unique per user") from None
-    jobs_api.remember_submission(request.app, record)
     warnings = parsed.warnings
-    try:
-        await request.app[jobs_api.INTAKE].publish(record)
-    except (Transient, *BUS_ERRORS) as exc:
-        if store_is_full(exc):
-            # Refused for certain (not a timeout, after which it may be stored):
-            # take the record back, so the job is not left half-submitted and the
-            # same submission may be sent again once there is room.
-            with contextlib.suppress(*BUS_ERRORS, nats.js.errors.Error):
-                await kv.delete(key, last=revision)
-            raise
+    if not published:
         # Not answered in time (it may be stored or not). The job is recorded, so it
         # is accepted: rest's sweep publishes it (a resubmission would only be a 409).
-        log.warning("submission of %s recorded; its publish was not answered (%r): the sweep retries it", jid, exc)
         warnings = [*warnings, PUBLISH_DELAYED_WARNING]
     metrics.job_submitted(record.vc)
     return jobs_api.json_response(

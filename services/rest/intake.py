@@ -6,6 +6,14 @@ from then on; a second submission of the name is a 409 there), then
 (JetStream stores a repeat once; the consumers are idempotent). Nothing is
 written after the publish: two round trips per submission.
 
+Submissions that arrive while others are being written are written together
+(`Intake.submit`): their records created in one go, then their events published
+in one go, each write's ack awaited on the bus's batch path (one reply
+subscription, one timer per batch) instead of nats-py's per-request path. The
+first submission after a quiet spell goes at once: gathering adds no wait. Each
+submission is answered on its own, from its own writes' answers: a refused one
+fails alone, and each keeps the order above (its record stored before its event).
+
 Whether a record's `JobSubmitted` is out is not written down; it is known from
 (`sweep_plan`, cheapest first):
 - this process: it saw the publish stored (`Intake.published_here`), or
@@ -34,19 +42,22 @@ import logging
 import time
 from collections.abc import Container
 
+import msgspec
 import nats.errors
 import nats.js.errors
 
 from libs.common import ids
+from libs.common.bus import store_is_full
 from libs.common.errors import Transient
 from libs.common.jetstream_limits import store_settings
 from libs.common.messages import JobSubmitted, subject_of
 from libs.common.service import ServiceContext
-from libs.common.subjects import STREAM
+from libs.common.subjects import STREAM, Bucket
 from services.rest.job_index import JobIndex
 from services.rest.records import SubmittedJob
 
 log = logging.getLogger("pai.rest.intake")
+_encoder = msgspec.json.Encoder()
 
 # A submission waits for at most this many publish attempts (5 s each) before it is
 # answered; past them the sweep takes over.
@@ -90,6 +101,24 @@ def sweep_plan(index: JobIndex, published_here: Container[str], now: float, *,
     return settled, [key for _, key in sorted(to_check)[:limit]]
 
 
+class _Submission:
+    """One request's job record, and its answer once its writes are answered."""
+
+    __slots__ = ("answer", "record")
+
+    def __init__(self, record: SubmittedJob):
+        self.record = record
+        self.answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    def succeed(self, published: bool) -> None:
+        if not self.answer.done():  # a request gone meanwhile (its client left) has no one to answer
+            self.answer.set_result(published)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.answer.done():
+            self.answer.set_exception(exc)
+
+
 class Intake:
     """One rest process's side of intake: publishing JobSubmitted, remembering what
     it saw stored, and the sweep that publishes what nobody vouches for."""
@@ -98,14 +127,95 @@ class Intake:
         self.ctx = ctx
         self.index = index
         self.published_here: dict[str, float] = {}  # record key -> when its publish was stored
+        # Submissions waiting for the batch in flight to be written, and that batch's writer.
+        self._gathered: list[_Submission] = []
+        self._writer: asyncio.Future[None] | None = None
         events_max_age = store_settings(ctx.config).events.max_age_seconds
         # A margin under the stream's max_age: an event about to age out still counts.
         self.events_kept_for = events_max_age * 0.9 if events_max_age else 0.0
 
+    async def submit(self, record: SubmittedJob) -> bool:
+        """Create the job's record, then publish its JobSubmitted, together with the
+        submissions that arrive meanwhile. True once both are stored; False when the
+        record is stored but its publish was not answered (the sweep publishes it).
+
+        Raises `KeyWrongLastSequenceError` when the job exists, and the bus's error
+        when the record could not be stored (a timeout: it may be), or when the store
+        refused the event for want of room (the record is then taken back, so the
+        same submission may be sent again)."""
+        submission = _Submission(record)
+        self._gathered.append(submission)
+        if self._writer is None:
+            self._writer = asyncio.ensure_future(self._write_gathered())
+        return await submission.answer
+
+    async def _write_gathered(self) -> None:
+        """Write what was gathered, batch after batch, until no submission waits."""
+        batch: list[_Submission] = []
+        try:
+            while self._gathered:
+                batch, self._gathered = [s for s in self._gathered if not s.answer.done()], []
+                try:
+                    await self._write_batch(batch)
+                except Exception as exc:  # noqa: BLE001 - each waiting request answers with it
+                    for submission in batch:
+                        submission.fail(exc)
+        finally:
+            # Cancelled (rest stopping): no submission is left waiting for an answer that never comes.
+            for submission in [*batch, *self._gathered]:
+                if not submission.answer.done():
+                    submission.answer.cancel()
+            self._gathered = []
+            self._writer = None
+
+    async def _write_batch(self, batch: list[_Submission]) -> None:
+        bus = self.ctx.bus
+        keys = [ids.job_key(s.record.job) for s in batch]
+        values = [_encoder.encode(s.record) for s in batch]
+        revisions = await bus.kv_create_each(Bucket.JOBS, list(zip(keys, values)))
+        existing = [i for i, revision in enumerate(revisions) if isinstance(revision, nats.js.errors.KeyWrongLastSequenceError)]
+        if existing:
+            # The key has a history: the job exists (a 409), or its record was deleted
+            # (a submission taken back), which nats-py's create tells apart and re-creates.
+            kv = await bus.kv(Bucket.JOBS)
+            again = await asyncio.gather(*(kv.create(keys[i], values[i]) for i in existing), return_exceptions=True)
+            for i, revision in zip(existing, again):
+                revisions[i] = revision
+        created: list[tuple[_Submission, str, int]] = []
+        for submission, key, revision in zip(batch, keys, revisions):
+            if isinstance(revision, BaseException):
+                submission.fail(revision)
+            else:
+                self.index.put_submission(key, submission.record)  # in this replica's list at once
+                created.append((submission, key, revision))
+        if not created:
+            return
+        outcomes = await bus.publish_each([submitted_event(s.record) for s, _, _ in created], attempts=PUBLISH_ATTEMPTS)
+        taken_back: list[tuple[str, int]] = []
+        for (submission, key, revision), failure in zip(created, outcomes):
+            if failure is None:
+                self._published(key)
+                submission.succeed(True)
+            elif store_is_full(failure):
+                # Refused for certain (not a timeout, after which it may be stored):
+                # take the record back, so the job is not left half-submitted.
+                taken_back.append((key, revision))
+                submission.fail(failure)
+            else:
+                log.warning("submission of %s recorded; its publish was not answered (%r): the sweep retries it",
+                            submission.record.job, failure)
+                submission.succeed(False)
+        if taken_back:
+            kv = await bus.kv(Bucket.JOBS)
+            await asyncio.gather(*(kv.delete(key, last=revision) for key, revision in taken_back),
+                                 return_exceptions=True)
+
     async def publish(self, record: SubmittedJob, *, attempts: int = PUBLISH_ATTEMPTS) -> None:
         """Publish the job's JobSubmitted; once stored, the job is out."""
         await self.ctx.bus.publish(submitted_event(record), attempts=attempts)
-        key = ids.job_key(record.job)
+        self._published(ids.job_key(record.job))
+
+    def _published(self, key: str) -> None:
         self.published_here.pop(key, None)  # kept in the order stored: the oldest are forgotten first
         self.published_here[key] = time.monotonic()
         self.index.unpublished.discard(key)

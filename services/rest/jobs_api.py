@@ -692,13 +692,6 @@ async def list_jobs(request: web.Request) -> web.Response:
     return json_response(page, headers=headers)
 
 
-def remember_submission(app: web.Application, sub: SubmittedJob) -> None:
-    """A job this replica just accepted is in its own list at once (the watch follows)."""
-    index = app.get(INDEX)
-    if index is not None:
-        index.put_submission(ids.job_key(sub.job), sub)
-
-
 # --- submit-time capacity check -----------------------------------------------------------
 
 

@@ -21,7 +21,12 @@ from services.rest.records import SubmittedJob
 
 
 class Rest:
-    """One rest process: its own NATS connection and app, served on a test server."""
+    """One rest process: its own NATS connection and app, served on a test server.
+
+    `published` counts the events it saw stored, by every path intake takes (a
+    submission's batch, the sweep's single publish). The fault tests break writes
+    at `bus.nc.publish`, where every JetStream write of this process leaves
+    (`fail_at_send`), so the batch path and the retries meet the same fault."""
 
     def __init__(self, nats_server, tmp_path):
         self.nats_server, self.tmp_path = nats_server, tmp_path
@@ -35,7 +40,15 @@ class Rest:
             await real_publish(event, **kwargs)
             self.published.append(event.id)
 
+        real_publish_each = self.bus.publish_each
+
+        async def counted_each(events, **kwargs):
+            failures = await real_publish_each(events, **kwargs)
+            self.published.extend(event.id for event, failed in zip(events, failures) if failed is None)
+            return failures
+
         self.bus.publish = counted
+        self.bus.publish_each = counted_each
         self.ctx = ServiceContext(name="rest", config=load_config(env={}, data_dir=str(self.tmp_path)), bus=self.bus)
         self.server = TestServer(await create_app(self.ctx))
         await self.server.start_server()
@@ -84,3 +97,21 @@ async def stored_ids(bus: Bus, subject: str) -> list[str]:
             found.append(msg.headers["Nats-Msg-Id"])
     finally:
         await sub.unsubscribe()
+
+
+def fail_at_send(rest: Rest, fault):
+    """Route every message `rest` sends through `fault(subject, send)`, where `send()`
+    sends it for real; returns a function that restores the real send. `fault`
+    may raise (the message never leaves), send and then raise, or just send."""
+    nc = rest.bus.nc
+    real_publish = nc.publish
+
+    async def publish(subject, payload=b"", *args, **kwargs):
+        return await fault(subject, lambda: real_publish(subject, payload, *args, **kwargs))
+
+    nc.publish = publish  # an instance attribute: nats-py's own requests call self.publish too
+
+    def restore() -> None:
+        del nc.publish
+
+    return restore

@@ -18,7 +18,7 @@ from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.subjects import Kind, job_subject
 from services.rest import auth, intake, jobs_api
-from tests.component.rest_replica import Rest, record_of, stored_ids
+from tests.component.rest_replica import Rest, fail_at_send, record_of, stored_ids
 
 RUN = uuid.uuid4().hex[:6]
 # The sweep runs every SWEEP_SECONDS and takes records older than UNPUBLISHED_AFTER_SECONDS;
@@ -39,21 +39,19 @@ async def platform_bus(nats_server) -> AsyncIterator[Bus]:
 
 
 async def test_a_submission_whose_publish_times_out_is_accepted_and_published_by_the_sweep(
-    nats_server, platform_bus, tmp_path, monkeypatch
+    nats_server, platform_bus, tmp_path
 ):
     user = f"dave{RUN}"
     job = f"{user}~slowbus"
     subject = job_subject(Kind.JOB_SUBMITTED, "default", job)
     bus_answers = asyncio.Event()
     async with Rest(nats_server, tmp_path) as rest:
-        real_publish = rest.bus.js.publish
-
-        async def timing_out_until_answering(subj, payload=b"", *args, **kwargs):
-            if subj == subject and not bus_answers.is_set():
+        async def timing_out_until_answering(subj, send):
+            if subj == subject and not bus_answers.is_set():  # the submission's batch, its retry, the sweep
                 raise nats.errors.TimeoutError
-            return await real_publish(subj, payload, *args, **kwargs)
+            return await send()
 
-        monkeypatch.setattr(rest.bus.js, "publish", timing_out_until_answering)
+        fail_at_send(rest, timing_out_until_answering)
         token = await auth.create_user(rest.bus, user)
         status, answer = await rest.submit(token, "slowbus")
         assert status == 202, answer

@@ -24,7 +24,7 @@ from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.subjects import Bucket, Kind, job_subject
 from services.rest import auth, intake, jobs_api
-from tests.component.rest_replica import Rest, record_of, stored_ids
+from tests.component.rest_replica import Rest, fail_at_send, record_of, stored_ids
 
 RUN = uuid.uuid4().hex[:6]
 # The restarted rest's sweep takes a record once it is UNPUBLISHED_AFTER_SECONDS old,
@@ -49,19 +49,18 @@ async def killed_during_submission(rest: Rest, token: str, job: str, *, after_pu
     JobSubmitted: before it is sent, or just after it was stored (its ack never
     seen). Returns once the task is gone and the client saw no 202."""
     subject = job_subject(Kind.JOB_SUBMITTED, "default", job)
-    real_publish = rest.bus.js.publish
     dying = asyncio.Event()
 
-    async def cut_short(subj, payload=b"", *args, **kwargs):
+    async def cut_short(subj, send):
         if subj != subject:
-            return await real_publish(subj, payload, *args, **kwargs)
+            return await send()
         if after_publish:
-            await real_publish(subj, payload, *args, **kwargs)
+            await send()
         dying.set()
         asyncio.current_task().cancel()  # the process dies here: nothing after this line runs
         await asyncio.sleep(3600)
 
-    rest.bus.js.publish = cut_short
+    fail_at_send(rest, cut_short)
     submitting = asyncio.ensure_future(rest.submit(token, job.split("~", 1)[1]))
     await asyncio.wait_for(dying.wait(), timeout=30)
     try:
@@ -151,22 +150,21 @@ async def test_a_record_the_store_does_not_answer_for_is_not_accepted_nor_publis
     job = f"{user}~nostore"
     async with Rest(nats_server, tmp_path) as rest:
         token = await auth.create_user(rest.bus, user)
-        jobs_kv = await rest.bus.kv(Bucket.JOBS)
-        real_create = jobs_kv.create
+        record_subject = f"$KV.{Bucket.JOBS.value}.{ids.job_key(job)}"
 
-        async def not_answered(key, value, *args, **kwargs):
-            if key == ids.job_key(job):
+        async def not_answered(subj, send):
+            if subj == record_subject:
                 raise nats.errors.TimeoutError
-            return await real_create(key, value, *args, **kwargs)
+            return await send()
 
-        jobs_kv.create = not_answered
+        store_answers_again = fail_at_send(rest, not_answered)
         status, body = await rest.submit(token, "nostore")
         assert status == 503, body
         assert await record_of(platform_bus, job) is None
         assert rest.published == []
         assert await stored_ids(platform_bus, job_subject(Kind.JOB_SUBMITTED, "default", job)) == []
         # Once the store answers, the same submission is taken (not a 409).
-        jobs_kv.create = real_create
+        store_answers_again()
         status, body = await rest.submit(token, "nostore")
         assert status == 202, body
         assert rest.published == [f"{job}/submitted"]
