@@ -83,6 +83,12 @@ TICK_SECONDS = 1.0
 # least every REFRESH_MAX_SECONDS.
 REFRESH_ENTRIES_PER_SECOND = 500.0
 REFRESH_MAX_SECONDS = 30.0
+# A reason is refreshed only once it is this old: a job placed within seconds of its
+# Wait (most of a burst) has its entry written when queued and when placed, not in
+# between as well -- that was about one more write (a PubAck, a watch delivery to
+# rest) per job. Its kind is always current (a change of kind is written at once);
+# only the counts in its text may be this much older than a refresh.
+REFRESH_MIN_AGE_SECONDS = 5.0
 # What goes wrong talking to NATS (a publish the stream refuses included); anything else is a bug.
 NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
 # A failed batch names this many of its decisions in the log.
@@ -209,7 +215,7 @@ class SchedulerShell:
             self._refreshed_at = self._clock()
             # The core gives a Wait only when the kind of wait changes; the
             # counts in its text move with every placement and release.
-            refreshed = self.core.handle(RefreshReasons())
+            refreshed = self.core.handle(RefreshReasons(older_than=REFRESH_MIN_AGE_SECONDS))
         await self._carry_out(decisions, refreshed=refreshed, jobs=(), cause="tick")
         if refresh:
             await self.publish_view()

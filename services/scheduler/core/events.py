@@ -68,7 +68,13 @@ class NotSent(msgspec.Struct, frozen=True, kw_only=True, tag="not_sent"):
 
 class RefreshReasons(msgspec.Struct, frozen=True, kw_only=True, tag="refresh_reasons"):
     """Give a `Wait` (not `first`) for every waiting attempt whose reason text changed
-    since it was last given: its live counts (cells free, jobs ahead) moved."""
+    since it was last given: its live counts (cells free, jobs ahead) moved.
+
+    `older_than`: only reasons given at least this many seconds ago. A reason just
+    given is still right in kind (a change of kind is given at once, not here); only
+    its counts drift, and under a burst most jobs are placed before anyone reads them."""
+
+    older_than: float = 0.0
 
 
 SchedulerEvent = Union[Submit, Release, Cancel, NodeHealth, Restore, Tick, NotSent, RefreshReasons]

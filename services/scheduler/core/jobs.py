@@ -28,7 +28,7 @@ class JobRecord:
         "id", "attempt", "spec", "vc", "priority", "opportunistic", "lazy", "seq", "queued_at", "groups",
         "placed", "pending_groups", "state", "history", "victims", "reserved", "reason_key",
         "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "bucket", "seen_epoch", "behind", "fresh", "failed_epoch", "blocking", "reason_text",
-        "submitted_at", "sent", "wait_given", "reason_given", "placed_at", "preemptions",
+        "submitted_at", "sent", "wait_given", "reason_given", "reason_given_at", "placed_at", "preemptions",
         "borrowed", "order", "due",
     )
 
@@ -74,6 +74,7 @@ class JobRecord:
         self.sent: dict[tuple[str, int], TaskPlacement] = {}  # (role, index) -> placement given in a Place
         self.wait_given = False  # a first Wait was given for this attempt
         self.reason_given = ""  # the reason text last given in a Wait
+        self.reason_given_at = float("-inf")  # when (the core's clock) it was given
         # When this attempt first got cells (-inf: restored, its start unknown, counted as long ago):
         # opportunistic victims are taken youngest first, so a preemption throws away the least work.
         self.placed_at: float | None = None

@@ -216,7 +216,7 @@ class SchedulerCore:
     def handle(self, *events: SchedulerEvent) -> list[Decision]:
         decisions: list[Decision] = []
         run_pass = False
-        refresh = False
+        refresh: RefreshReasons | None = None
         for event in events:
             match event:
                 case Restore():
@@ -226,7 +226,7 @@ class SchedulerCore:
                     self._not_sent[(type(decision).__name__, decision.job)] = decision
                     continue
                 case RefreshReasons():
-                    refresh = True
+                    refresh = event
                     continue
                 case Submit():
                     self._submit(event)
@@ -245,8 +245,8 @@ class SchedulerCore:
         if run_pass:
             decisions.extend(self._schedule())
             decisions.extend(self._again())
-        if refresh:
-            decisions.extend(self._refreshed_reasons())
+        if refresh is not None:
+            decisions.extend(self._refreshed_reasons(refresh.older_than))
         return decisions
 
     def waiting_reason(self, job: str) -> str | None:
@@ -844,12 +844,14 @@ class SchedulerCore:
         first = not record.wait_given and not record.sent
         record.wait_given = True
         record.reason_given = reason
+        record.reason_given_at = self._clock()
         return Wait(job=record.id, attempt=record.attempt, vc=record.vc, reason=reason, first=first)
 
-    def _refreshed_reasons(self) -> list[Decision]:
+    def _refreshed_reasons(self, older_than: float) -> list[Decision]:
         waits: list[Decision] = []
+        given_before = self._clock() - older_than
         for record in self._jobs.values():
-            if record.sent or not record.waiting or record.reason_text is None:
+            if record.sent or not record.waiting or record.reason_text is None or record.reason_given_at > given_before:
                 continue
             if record.reason_text(self._queues.position(record)) != record.reason_given:
                 waits.append(self._wait(record))

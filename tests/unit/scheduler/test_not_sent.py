@@ -59,6 +59,23 @@ def test_refresh_gives_a_quiet_wait_only_when_the_reason_text_changed():
         assert not wait.first
 
 
+def test_refresh_leaves_a_reason_younger_than_asked_and_gives_it_once_old_enough():
+    h = Harness("two-racks")
+    h.submit("big", vc="speech", gpus=4, instances=2)
+    h.submit("second", vc="speech", gpus=4, instances=2)
+    [late] = only(h.submit("late", vc="speech", gpus=4, instances=2), Wait)
+    h.cancel("second")  # "late" now has one job fewer ahead of it: its text changed, its kind did not
+    changed = h.core.waiting_reason(late.job)
+    assert changed != late.reason
+
+    h.clock.advance(4.0)
+    assert h.core.handle(RefreshReasons(older_than=5.0)) == []  # given 4 s ago: its entry is not rewritten
+    h.clock.advance(1.0)
+    [refreshed] = only(h.core.handle(RefreshReasons(older_than=5.0)), Wait)
+    assert (refreshed.job, refreshed.reason, refreshed.first) == (late.job, changed, False)
+    assert h.core.handle(RefreshReasons(older_than=5.0)) == []  # given now: young again
+
+
 def test_the_entry_is_what_the_core_holds_for_the_current_attempt():
     h = Harness("two-racks")
     [place] = only(h.submit("a", vc="speech", gpus=2), Place)
