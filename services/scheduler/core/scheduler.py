@@ -987,7 +987,7 @@ class SchedulerCore:
         tree = self._state.tree
 
         def counts() -> tuple[int, int, int]:
-            unheld = sum(chain.unbound_free for sku in skus for chain in tree.sku_chains.get(sku, ()))
+            unheld = sum(self._unheld_idle(sku) for sku in skus)
             idle = sum(tree.sku_totals[sku].free for sku in skus if sku in tree.sku_totals)
             return unheld, idle, self._reserved_now(skus)
 
@@ -998,6 +998,7 @@ class SchedulerCore:
         return sum(min(self._reserve_now.get(sku, 0), self._unheld_idle(sku)) for sku in skus)
 
     def _unheld_idle(self, sku: str) -> int:
+        """Idle leaf cells of the sku that no VC holds."""
         return sum(chain.unbound_free for chain in self._state.tree.sku_chains.get(sku, ()))
 
     @staticmethod
@@ -1245,8 +1246,8 @@ class SchedulerCore:
         where take-backs are cheap. It holds only in a sustained overload, while the opportunistic
         job first in the queue has waited `reserve_after_waiting_s`: a short burst (Philly 5x: the
         first one never waits 6 h) also has costly kills, but there idle cells left to borrowers
-        cost less delay than the reserve saves work (5x: 18 s average delay with the gate, 49-94 s
-        without).
+        cost less delay than the reserve saves work (5x: 18 s average delay with the gate, 25-94 s
+        without, for every size tried).
         """
         if self._adaptive is None:
             return 0
