@@ -191,24 +191,30 @@ class Intake:
         if not created:
             return
         outcomes = await bus.publish_each([submitted_event(s.record) for s, _, _ in created], attempts=PUBLISH_ATTEMPTS)
-        taken_back: list[tuple[str, int]] = []
+        refused: list[tuple[_Submission, str, int, BaseException]] = []
         for (submission, key, revision), failure in zip(created, outcomes):
             if failure is None:
                 self._published(key)
                 submission.succeed(True)
             elif store_is_full(failure):
-                # Refused for certain (not a timeout, after which it may be stored):
-                # take the record back, so the job is not left half-submitted.
-                taken_back.append((key, revision))
-                submission.fail(failure)
+                # Refused for certain (not a timeout, after which it may be stored): the record is
+                # taken back below, so the job is not left half-submitted.
+                refused.append((submission, key, revision, failure))
             else:
                 log.warning("submission of %s recorded; its publish was not answered (%r): the sweep retries it",
                             submission.record.job, failure)
                 submission.succeed(False)
-        if taken_back:
+        if refused:
             kv = await bus.kv(Bucket.JOBS)
-            await asyncio.gather(*(kv.delete(key, last=revision) for key, revision in taken_back),
-                                 return_exceptions=True)
+            deleted = await asyncio.gather(*(kv.delete(key, last=revision) for _, key, revision, _ in refused),
+                                           return_exceptions=True)
+            for (submission, key, _, failure), outcome in zip(refused, deleted):
+                if not isinstance(outcome, BaseException):
+                    # Out of this replica's list before the request is answered, not when the watch
+                    # brings the delete: a GET right after the refusal must not find the job. A record
+                    # whose delete failed stays listed, so the sweep still publishes it.
+                    self.index.delete_submission(key)
+                submission.fail(failure)
 
     async def publish(self, record: SubmittedJob, *, attempts: int = PUBLISH_ATTEMPTS) -> None:
         """Publish the job's JobSubmitted; once stored, the job is out."""
