@@ -30,6 +30,11 @@ def plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
+def with_hint(words: str, hint: str) -> str:
+    """A wait's text, and what explains it further when there is something to say."""
+    return f"{words}; {hint}" if hint else words
+
+
 def in_vc(vc: str, cells: int, skus: list[str], counts: Callable[[], tuple[int, int, str]]) -> Reason:
     """counts() -> (free, guaranteed, hint)."""
 
@@ -37,7 +42,7 @@ def in_vc(vc: str, cells: int, skus: list[str], counts: Callable[[], tuple[int, 
         free, guaranteed, hint = counts()
         words = (f"waiting in VC {vc} for {cells} {sku_words(skus)} cells ({free} free of {guaranteed} guaranteed); "
                  f"{plural(ahead, 'job')} ahead")
-        return words + (f"; {hint}" if hint else "")
+        return with_hint(words, hint)
 
     return ("vc", vc, tuple(skus), cells), text
 
@@ -49,7 +54,7 @@ def idle_anywhere(cells: int, skus: list[str], counts: Callable[[], tuple[int, i
         idle, total, hint = counts()
         words = (f"waiting for {cells} idle {sku_words(skus)} cells anywhere in the cluster "
                  f"(opportunistic job; {idle} idle of {total}); {plural(ahead, 'opportunistic job')} ahead")
-        return words + (f"; {hint}" if hint else "")
+        return with_hint(words, hint)
 
     return ("idle", tuple(skus), cells), text
 
@@ -67,11 +72,10 @@ def unheld_only(cells: int, skus: list[str], preemptions: int, counts: Callable[
 
     def text(ahead: int) -> str:
         unheld, idle, reserved = counts()
-        hint = reserve_hint(reserved)
-        return (f"waiting for {cells} {sku_words(skus)} cells that no VC holds (opportunistic job preempted "
-                f"{plural(preemptions, 'time')}: it is no longer placed on idle cells of a VC's quota, where it would "
-                f"likely be preempted again; {unheld} such cells idle, {idle} idle in all); "
-                f"{plural(ahead, 'opportunistic job')} ahead" + (f"; {hint}" if hint else ""))
+        return with_hint(f"waiting for {cells} {sku_words(skus)} cells that no VC holds (opportunistic job preempted "
+                         f"{plural(preemptions, 'time')}: it is no longer placed on idle cells of a VC's quota, where "
+                         f"it would likely be preempted again; {unheld} such cells idle, {idle} idle in all); "
+                         f"{plural(ahead, 'opportunistic job')} ahead", reserve_hint(reserved))
 
     return ("unheld", tuple(skus), cells), text
 
@@ -81,11 +85,10 @@ def unheld_large(cells: int, skus: list[str], counts: Callable[[], tuple[int, in
 
     def text(ahead: int) -> str:
         unheld, idle, reserved = counts()
-        hint = reserve_hint(reserved)
-        return (f"waiting for {cells} idle {sku_words(skus)} cells that no VC holds (opportunistic work of half a "
-                f"node or more is not placed in the idle part of a VC's cells, which the VC takes back first; "
-                f"{unheld} such cells idle, {idle} idle in all); {plural(ahead, 'opportunistic job')} ahead"
-                + (f"; {hint}" if hint else ""))
+        return with_hint(f"waiting for {cells} idle {sku_words(skus)} cells that no VC holds (opportunistic work of "
+                         f"half a node or more is not placed in the idle part of a VC's cells, which the VC takes back "
+                         f"first; {unheld} such cells idle, {idle} idle in all); "
+                         f"{plural(ahead, 'opportunistic job')} ahead", reserve_hint(reserved))
 
     return ("idle", tuple(skus), cells), text
 
