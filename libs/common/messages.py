@@ -118,6 +118,10 @@ class JobPlaced(Event, kw_only=True, frozen=True, tag=Kind.JOB_PLACED.value):
 
 
 class JobWaiting(Event, kw_only=True, frozen=True, tag=Kind.JOB_WAITING.value):
+    """An attempt still waits for its cells after some seconds in the queue (5: the scheduler's
+    ANNOUNCE_WAIT_AFTER_S), and why: the reason as it then stood (the job's current reason is in its
+    API record). Sent once per attempt, and not for an attempt placed within those seconds."""
+
     vc: VcName
     attempt: int
     reason: str

@@ -56,6 +56,7 @@ from services.scheduler import metrics
 from services.scheduler.cluster import ClusterConfig, load_cluster_config, local_cluster_config
 from services.scheduler.cluster.published import node_cells_view, sku_types_view
 from services.scheduler.core import (
+    Announce,
     Cancel,
     Decision,
     NodeHealth,
@@ -240,7 +241,8 @@ class SchedulerShell:
         every = [*decisions, *refreshed]
         touched = dict.fromkeys(jobs)
         for decision in every:
-            if not isinstance(decision, Preempt):  # a victim's entry does not change until its Release
+            # A victim's entry does not change until its Release; an announcement's reason is stored already.
+            if not isinstance(decision, Preempt | Announce):
                 touched[decision.job] = None
         writes = self._entries(touched)
         causes = causes or {}
@@ -277,7 +279,7 @@ class SchedulerShell:
         return writes
 
 
-_KIND = {Place: "place", Preempt: "preempt", Wait: "wait"}
+_KIND = {Place: "place", Preempt: "preempt", Wait: "wait", Announce: "announce"}
 
 
 def _check_job_id(event: Event) -> None:
@@ -295,7 +297,9 @@ def _event(decision: Decision, *, cause: str) -> Event | None:
         case Preempt(job=job, attempt=attempt, vc=vc, by=by, reason=reason):
             return PreemptRequested(id=f"{job}/{attempt}/preempt", job=job, cause=cause, at=time.time(), vc=vc,
                                     attempt=attempt, by=by, reason=reason)
-        case Wait(job=job, attempt=attempt, vc=vc, reason=reason, first=True):
+        case Wait(job=job, attempt=attempt, vc=vc, reason=reason, first=True) | Announce(
+            job=job, attempt=attempt, vc=vc, reason=reason
+        ):
             return JobWaiting(id=f"{job}/{attempt}/waiting", job=job, cause=cause, at=time.time(), vc=vc,
                               attempt=attempt, reason=reason)
     return None

@@ -19,7 +19,7 @@ import pytest
 from libs.common import ids
 from libs.common.bus import Bus, load_all
 from libs.common.config import Config
-from libs.common.messages import JobReleased, JobSubmitted
+from libs.common.messages import JobReleased, JobSubmitted, JobWaiting
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
 from libs.common.schedule import ScheduleEntry
 from libs.common.service import ServiceContext
@@ -70,18 +70,20 @@ async def until(check, what: str):
 class Scheduler:
     """One scheduler shell as the service runs it: restored from the buckets, then consuming."""
 
-    def __init__(self, bus: Bus):
+    def __init__(self, bus: Bus, announce_wait_after_s: float = 0.0):
+        """`announce_wait_after_s`: 0 announces a wait in the batch that queues the job."""
         self.bus = bus
         self.ctx = ServiceContext(name="scheduler", config=Config(), bus=bus)
         self.core = SchedulerCore(local_cluster_config(node="node-a", gpus=0, cpus=CPUS, memory_mb=8192),
-                                  clock=time.time)
+                                  clock=time.time, announce_wait_after_s=announce_wait_after_s)
         self.shell = SchedulerShell(self.ctx, self.core)
         self.batches: list[list[str]] = []
         self.consuming: asyncio.Task | None = None
 
     @classmethod
-    async def start(cls, nats_server, handler=None) -> Scheduler:
-        scheduler = cls(await Bus.connect(nats_server.url, name="scheduler", **nats_server.login("scheduler")))
+    async def start(cls, nats_server, handler=None, announce_wait_after_s: float = 0.0) -> Scheduler:
+        bus = await Bus.connect(nats_server.url, name="scheduler", **nats_server.login("scheduler"))
+        scheduler = cls(bus, announce_wait_after_s)
         await scheduler.shell.restore()
 
         async def record(events) -> None:
@@ -224,6 +226,47 @@ async def test_a_batch_whose_publish_fails_is_handled_again_one_by_one_placing_e
             assert sorted((t.role, t.index, t.node, tuple(t.leafCells)) for t in entry.tasks) == placed.get(job, [])
     finally:
         await scheduler.stop()
+
+
+async def test_a_wait_is_announced_once_it_has_lasted_and_once_only_across_a_restart(admin, nats_server):
+    """With announcements after a wait has lasted: nothing announced while the jobs are queued;
+    once they have waited, the tick announces each job still waiting, once. A scheduler restarted
+    after that restores the jobs as waiting, announces them again when they have waited once more,
+    and the stream deduplicates it (the same event id): still one each."""
+    after = 0.5
+    run = uuid.uuid4().hex[:6]
+    jobs = [f"alice~later{run}n{n}" for n in range(JOBS)]
+    await admin.publish_many([submitted(job) for job in jobs])
+    first = await Scheduler.start(nats_server, announce_wait_after_s=after)
+    try:
+        await until(lambda: _all_handled(admin, first, JOBS), "the submissions to be handled")
+        placed = first.placements(jobs)
+        assert len(placed) == CPUS
+        assert not announced(await stored_events(admin), "job.waiting"), "nothing announced when queued"
+        await asyncio.sleep(after)
+        await first.shell.tick()
+        expect_one_decision_each(await stored_events(admin), jobs, placed)
+    finally:
+        await first.stop()
+
+    second = await Scheduler.start(nats_server, announce_wait_after_s=after)
+    published = []
+    publish_many = second.bus.publish_many
+
+    async def recording(events, *args, **kwargs):
+        published.extend(events)
+        return await publish_many(events, *args, **kwargs)
+
+    second.bus.publish_many = recording
+    try:
+        assert second.placements(jobs) == placed
+        await asyncio.sleep(after)
+        await second.shell.tick()
+        again = sorted(event.job for event in published if isinstance(event, JobWaiting))
+        assert again == sorted(set(jobs) - set(placed)), "announced again after the restart"
+        expect_one_decision_each(await stored_events(admin), jobs, placed)
+    finally:
+        await second.stop()
 
 
 async def _all_handled(admin: Bus, scheduler: Scheduler, events: int) -> bool:

@@ -2,7 +2,7 @@
 
     core = SchedulerCore(config, clock=clock)  # config: services.scheduler.cluster.load_cluster_config(path)
     core.handle(Restore(...), ...)           # at start-up: attempts already running
-    decisions = core.handle(Submit(...))     # -> [Place | Preempt | Wait, ...]
+    decisions = core.handle(Submit(...))     # -> [Place | Preempt | Wait | Announce, ...]
     core.waiting_reason(job)                 # why a job waits, with current counts
     core.vc_status()                         # per VC and sku: guaranteed/used/total cells, queue
     core.restore_warnings                    # what Restore could not bring back exactly
@@ -14,7 +14,7 @@ attempt. The core reads a `ClusterConfig` but never the file: loading is
 """
 
 from services.scheduler.cluster.model import ClusterConfig
-from services.scheduler.core.decisions import Decision, Place, Preempt, Wait
+from services.scheduler.core.decisions import Announce, Decision, Place, Preempt, Wait
 from services.scheduler.core.events import (
     Cancel,
     NodeHealth,
@@ -26,11 +26,17 @@ from services.scheduler.core.events import (
     Submit,
     Tick,
 )
-from services.scheduler.core.scheduler import GANG_PRIORITY_AFTER_S, SchedulerCore
+from services.scheduler.core.scheduler import (
+    ANNOUNCE_WAIT_AFTER_S,
+    GANG_PRIORITY_AFTER_S,
+    SchedulerCore,
+)
 from services.scheduler.core.status import VcSkuStatus, VcStatus
 
 __all__ = [
+    "ANNOUNCE_WAIT_AFTER_S",
     "GANG_PRIORITY_AFTER_S",
+    "Announce",
     "Cancel",
     "ClusterConfig",
     "Decision",

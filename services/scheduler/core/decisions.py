@@ -31,8 +31,9 @@ class Preempt(msgspec.Struct, frozen=True, kw_only=True, tag="preempt"):
 
 class Wait(msgspec.Struct, frozen=True, kw_only=True, tag="wait"):
     """The attempt waits, for a reason a person can act on (sent when the reason is new or changed).
-    `first`: the first wait of this attempt, to be announced (JobWaiting); later ones only update
-    the stored reason."""
+    `first`: the wait is also to be announced (JobWaiting): the attempt's first announcement, given
+    with a Wait when the attempt has already waited long enough (see Announce); other Waits only
+    update the stored reason."""
 
     job: str
     attempt: int
@@ -41,4 +42,17 @@ class Wait(msgspec.Struct, frozen=True, kw_only=True, tag="wait"):
     first: bool = False
 
 
-Decision = Union[Place, Preempt, Wait]
+class Announce(msgspec.Struct, frozen=True, kw_only=True, tag="announce"):
+    """Announce (JobWaiting) that the attempt still waits, for `reason`, the one already stored.
+
+    An attempt's wait is announced once it has waited SchedulerCore's `announce_wait_after_s`, not
+    when it is queued: under a burst most queued jobs are placed within a second or two, and an
+    announcement for each was an event stored and delivered per job that nobody acted on."""
+
+    job: str
+    attempt: int
+    vc: str
+    reason: str
+
+
+Decision = Union[Place, Preempt, Wait, Announce]

@@ -73,7 +73,7 @@ from libs.common.schedule import ScheduleEntry
 from services.scheduler.cluster.model import ClusterConfig
 from services.scheduler.core import reasons
 from services.scheduler.core.cells import Cell
-from services.scheduler.core.decisions import Decision, Place, Preempt, Wait
+from services.scheduler.core.decisions import Announce, Decision, Place, Preempt, Wait
 from services.scheduler.core.demand import GroupDemand, TaskDemand, leaf_cells_for
 from services.scheduler.core.eligibility import candidate_skus, never_fits
 from services.scheduler.core.events import (
@@ -114,6 +114,10 @@ COMPACTION_COST_LIMIT_GPU_H = 5.0
 ADAPTIVE_RESERVE = (48 * 3600.0, 8.0, 512)
 RESERVE_AFTER_WAITING_S = 6 * 3600.0
 
+# An attempt's wait is announced (JobWaiting) once it has waited this long (see Announce): a burst's
+# jobs, placed within a second or two, are never announced; the reason is stored when queued all the same.
+ANNOUNCE_WAIT_AFTER_S = 5.0
+
 # Where a guaranteed job that fits its VC's unused quota in count but in no shape the VC's cells allow
 # may run as borrowed work (see _place_tasks): None (it waits), idle cells anywhere, or only idle
 # cells no VC holds.
@@ -147,7 +151,8 @@ class SchedulerCore:
                  requeue_at_back: bool = True,
                  compaction_cost_limit: float | None = COMPACTION_COST_LIMIT_GPU_H,
                  adaptive_reserve: tuple[float, float, int] | None = ADAPTIVE_RESERVE,
-                 reserve_after_waiting_s: float | None = RESERVE_AFTER_WAITING_S):
+                 reserve_after_waiting_s: float | None = RESERVE_AFTER_WAITING_S,
+                 announce_wait_after_s: float = ANNOUNCE_WAIT_AFTER_S):
         # Compaction gives way to binding when it would throw away more than this many GPU-hours (see
         # _costly_compaction); None: compaction always comes first.
         self._compaction_limit = compaction_cost_limit
@@ -159,6 +164,9 @@ class SchedulerCore:
         # The reserve holds only while the opportunistic job first in the queue has waited this long (a
         # sustained overload); None: whenever there were costly kills.
         self._reserve_after = reserve_after_waiting_s
+        self._announce_after = announce_wait_after_s
+        # (queued_at, job, attempt) of attempts queued while announcements wait, oldest first.
+        self._unannounced: collections.deque[tuple[float, str, int]] = collections.deque()
         self._costly_kills: dict[str, collections.deque] = {}  # sku -> (when, leaves) of costly kills
         self._reserve_now: dict[str, int] = {}  # sku -> the reserve last computed
         self.config = config
@@ -245,6 +253,7 @@ class SchedulerCore:
         if run_pass:
             decisions.extend(self._schedule())
             decisions.extend(self._again())
+            decisions.extend(self._announcements_due())
         if refresh is not None:
             decisions.extend(self._refreshed_reasons(refresh.older_than))
         return decisions
@@ -309,6 +318,8 @@ class SchedulerCore:
         if record.spec.gangAllocation and any(len(group.tasks) > 1 for group in record.groups):
             record.gang_deadline = record.queued_at + self._gang_after
         record.shape = self._shape(record)
+        if self._announce_after > 0:
+            self._unannounced.append((record.queued_at, job, attempt))
         return record
 
     def _enqueue(self, record: JobRecord) -> None:
@@ -839,13 +850,35 @@ class SchedulerCore:
             decisions.append(self._wait(record))
 
     def _wait(self, record: JobRecord) -> Wait:
-        """The Wait to give now; the first of an attempt not yet placed is to be announced."""
+        """The Wait to give now; it also announces the wait of an attempt not yet placed that has
+        waited long enough and was not announced (else _announcements_due does, when it has)."""
         reason = record.reason_text(self._queues.position(record))
-        first = not record.wait_given and not record.sent
-        record.wait_given = True
+        first = (not record.wait_given and not record.sent
+                 and self._clock() - record.queued_at >= self._announce_after)
+        record.wait_given = record.wait_given or first
         record.reason_given = reason
         record.reason_given_at = self._clock()
         return Wait(job=record.id, attempt=record.attempt, vc=record.vc, reason=reason, first=first)
+
+    def _announcements_due(self) -> list[Decision]:
+        """Announce the attempts, queued long enough ago, that still wait for their first cells
+        with a reason given and not yet announced. One queued without a reason given yet is dropped
+        here: its first Wait, later than this, announces it (see _wait)."""
+        due = self._clock() - self._announce_after
+        announcements: list[Decision] = []
+        while self._unannounced and self._unannounced[0][0] <= due:
+            _, job, attempt = self._unannounced.popleft()
+            record = self._jobs.get(job)
+            if (record is None or record.attempt != attempt or record.wait_given or record.sent
+                    or not record.waiting or record.reason_given_at == float("-inf")):
+                continue
+            record.wait_given = True
+            announcements.append(self._announce(record))
+        return announcements
+
+    @staticmethod
+    def _announce(record: JobRecord) -> Announce:
+        return Announce(job=record.id, attempt=record.attempt, vc=record.vc, reason=record.reason_given)
 
     def _refreshed_reasons(self, older_than: float) -> list[Decision]:
         waits: list[Decision] = []
@@ -873,6 +906,8 @@ class SchedulerCore:
                 case Wait() if not record.sent and record.reason_text is not None:
                     record.wait_given = record.wait_given and not decision.first
                     decisions.append(self._wait(record))
+                case Announce() if not record.sent and record.waiting:
+                    decisions.append(self._announce(record))
         self._not_sent.clear()
         return decisions
 

@@ -10,6 +10,7 @@ from libs.common.messages import TaskPlacement
 from libs.common.protocol.model import PRIORITY_CLASSES, JobSpec, Resources, TaskRole
 from services.scheduler.cluster import load_cluster_config
 from services.scheduler.core import (
+    Announce,
     Cancel,
     ClusterConfig,
     Decision,

@@ -3,9 +3,9 @@ not carry out comes back as NotSent and is given again, up to date, with the nex
 
 from __future__ import annotations
 
-from services.scheduler.core import NotSent, RefreshReasons
+from services.scheduler.core import ANNOUNCE_WAIT_AFTER_S, NotSent, RefreshReasons
 
-from .builders import Harness, Place, Preempt, Wait, only
+from .builders import Announce, Harness, Place, Preempt, Wait, only
 
 
 def test_a_place_not_sent_is_given_again_with_the_next_event_and_keeps_its_cells():
@@ -30,8 +30,27 @@ def test_a_place_not_sent_for_an_attempt_released_meanwhile_is_dropped():
     assert all(p.attempt != place.attempt for p in only(h.tick(), Place))
 
 
-def test_the_first_wait_is_announced_once_and_again_when_its_announcement_was_lost():
+def test_a_wait_is_announced_once_old_enough_and_again_when_its_announcement_was_lost():
     h = Harness("two-racks")
+    h.submit("big", vc="speech", gpus=4, instances=4)
+    [wait] = only(h.submit("late", vc="speech", gpus=4, instances=4), Wait)
+    assert not wait.first  # stored at once, announced only once it has waited
+
+    h.clock.advance(ANNOUNCE_WAIT_AFTER_S - 0.5)
+    assert only(h.tick(), Announce) == []
+    h.clock.advance(0.5)
+    announced = {a.job: a for a in only(h.tick(), Announce)}
+    assert set(announced) == {"alice~big", "alice~late"}  # both still wait
+    announce = announced[wait.job]
+    assert announce.reason == wait.reason == h.core.entry(wait.job).reason
+
+    h.core.handle(NotSent(decision=announce))
+    assert only(h.tick(), Announce) == [announce]  # given again, up to date
+    assert only(h.tick(), Announce) == []  # and once only
+
+
+def test_announced_at_once_a_first_wait_lost_is_announced_again():
+    h = Harness("two-racks", announce_wait_after_s=0.0)
     h.submit("big", vc="speech", gpus=4, instances=4)
     [first] = only(h.submit("late", vc="speech", gpus=4, instances=4), Wait)
     assert first.first
@@ -60,7 +79,7 @@ def test_refresh_gives_a_quiet_wait_only_when_the_reason_text_changed():
 
 
 def test_refresh_leaves_a_reason_younger_than_asked_and_gives_it_once_old_enough():
-    h = Harness("two-racks")
+    h = Harness("two-racks", announce_wait_after_s=0.0)  # announced when queued: the refresh only stores
     h.submit("big", vc="speech", gpus=4, instances=2)
     h.submit("second", vc="speech", gpus=4, instances=2)
     [late] = only(h.submit("late", vc="speech", gpus=4, instances=2), Wait)
