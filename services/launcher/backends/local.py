@@ -546,13 +546,14 @@ class LocalBackend:
         self._tasks[spec.key.slug] = task
         return task
 
-    def _report_running(self, task: _Task, detail: str) -> None:
+    def _report_running(self, task: _Task, detail: str, *, at: float | None = None) -> None:
+        """`at`: when it started, if known better than now (its exit record says)."""
         if task.running_reported or task.finished.is_set():
             return
         task.running_reported = True
         if task.image:
             detail = f"{detail}; dockerImage {task.image} ignored by the local backend"
-        self._queue.put_nowait(TaskRunning(key=task.key, node=task.node, detail=detail))
+        self._queue.put_nowait(TaskRunning(key=task.key, node=task.node, detail=detail, at=at or self._clock()))
 
     def _report_finished(self, task: _Task) -> bool:
         if task.finished.is_set():
@@ -562,7 +563,7 @@ class LocalBackend:
             return False
         if not task.running_reported and record.startedAt is not None:
             claim = task.claim or self._read_claim(task)
-            self._report_running(task, claim.detail if claim else "")
+            self._report_running(task, claim.detail if claim else "", at=record.startedAt)
         output = task.dir / OUTPUT_LOG
         tail = b""
         if record.outputBytes:
