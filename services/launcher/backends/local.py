@@ -170,13 +170,15 @@ class TaskSpec(ShimSpec, frozen=True, kw_only=True, omit_defaults=True):
 
 class _Task:
     __slots__ = (
-        "key", "dir", "node", "image", "spec_line", "sent_generation", "sent_at",
+        "key", "dir", "exit_path", "node", "image", "spec_line", "sent_generation", "sent_at",
         "claim", "running_reported", "finished",
     )
 
     def __init__(self, key: TaskKey, task_dir: Path, node: str, image: str | None):
         self.key = key
         self.dir = task_dir
+        # As a string: looked at once or twice per task (pathlib's `/` costs a microsecond or more each time).
+        self.exit_path = os.path.join(task_dir, EXIT)
         self.node = node
         self.image = image
         self.spec_line: bytes | None = None  # kept until a shim claims the task
@@ -272,19 +274,21 @@ class LocalBackend:
         node = launch.placement.node or self.node_names[0]
         task = _Task(launch.key, task_dir, node, launch.dockerImageUri)
         self._tasks[slug] = task
-        if task_dir.exists():
+        task_path = str(task_dir)
+        if os.path.exists(task_path):
             return  # started before, perhaps by an earlier launcher: watch, never rerun
         identity = (self.task_users.uid_of(launch.key.job), self.task_users.gid) if self.task_users else (None, None)
+        work_dir = os.path.join(self.work_root, slug)
         spec = TaskSpec(
-            taskDir=str(task_dir),
-            workDir=str(self.work_root / slug),
+            taskDir=task_path,
+            workDir=work_dir,
             uid=identity[0],
             gid=identity[1],
             key=launch.key,
             slug=slug,
             node=node,
             commands=launch.commands,
-            env=self._task_env(launch, self.work_root / slug),
+            env=self._task_env(launch, work_dir, slug),
             cpu=launch.cpu,
             memoryMB=launch.memoryMB,
             gpu=launch.gpu,
@@ -364,13 +368,15 @@ class LocalBackend:
         )
 
     async def forget(self, key: TaskKey) -> None:
-        task_dir = self.tasks_dir / key.slug
+        slug = key.slug
+        task = self._tasks.get(slug)
+        task_path = str(task.dir) if task is not None else os.path.join(self.tasks_dir, slug)
         try:
-            os.rename(task_dir / EXIT, task_dir / REPORTED)
+            os.rename(os.path.join(task_path, EXIT), os.path.join(task_path, REPORTED))
         except FileNotFoundError:
-            if task_dir.exists():  # forgotten before it ended: never report it
-                (task_dir / REPORTED).touch()
-        self._tasks.pop(key.slug, None)
+            if os.path.exists(task_path):  # forgotten before it ended: never report it
+                Path(task_path, REPORTED).touch()
+        self._tasks.pop(slug, None)
 
     async def prune(self, key: TaskKey) -> bool:
         """Remove a finished task attempt's directory (logs, exit record) and its
@@ -495,7 +501,7 @@ class LocalBackend:
         declare it lost (reason `stop_reason` if we were stopping it)."""
         if task.finished.is_set():
             return
-        if (task.dir / EXIT).exists():
+        if os.path.exists(task.exit_path):
             if self._report_finished(task):
                 return
         claim = task.claim or self._read_claim(task)
@@ -514,7 +520,7 @@ class LocalBackend:
             return  # the stop that cancelled it records the exit
         self._report_running(task, claim.detail)
         if not _alive(claim):
-            if (task.dir / EXIT).exists() and self._report_finished(task):
+            if os.path.exists(task.exit_path) and self._report_finished(task):
                 return  # it ended between our two looks
             self._declare_lost(task, stop_reason)
 
@@ -579,7 +585,7 @@ class LocalBackend:
     def _report_finished(self, task: _Task) -> bool:
         if task.finished.is_set():
             return True
-        record = read_record(task.dir / EXIT, ExitRecord)
+        record = read_record(task.exit_path, ExitRecord)
         if record is None:
             return False
         if not task.running_reported and record.startedAt is not None:
@@ -614,7 +620,7 @@ class LocalBackend:
             platformMessage=message,
             finishedAt=self._clock(),
         )
-        write_replacing(task.dir / EXIT, encode(record))
+        write_replacing(Path(task.exit_path), encode(record))
         self._report_finished(task)
 
     def _kill_orphans(self, task: _Task) -> None:
@@ -623,13 +629,13 @@ class LocalBackend:
             local_limits.kill_cgroup(self._cgroup_parent / task.key.slug, signal.SIGKILL)
         local_procs.sweep_marked(task.key.slug, TASK_KEY_ENV)
 
-    def _task_env(self, launch: TaskLaunch, work_dir: Path) -> dict[str, str]:
+    def _task_env(self, launch: TaskLaunch, work_dir: str, slug: str) -> dict[str, str]:
         env = dict(self._base_env)
         if self.task_users is not None:
-            env.update(HOME=str(work_dir), USER=self.task_users.name, LOGNAME=self.task_users.name)
+            env.update(HOME=work_dir, USER=self.task_users.name, LOGNAME=self.task_users.name)
         env.update(launch.env)
-        env[WORK_DIR_ENV] = str(work_dir)
-        env[TASK_KEY_ENV] = launch.key.slug
+        env[WORK_DIR_ENV] = work_dir
+        env[TASK_KEY_ENV] = slug
         return env
 
     async def _event_stream(self) -> AsyncIterator[BackendEvent]:
