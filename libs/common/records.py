@@ -14,6 +14,11 @@ killed and whether its exit still waits for the runtime's verdict.
 Times are wall-clock seconds. KV revisions are not part of the document: the
 service shell handles them.
 
+Size: every write of a record is stored by NATS and decoded by rest's watch, so
+attempts, endings, transitions and tasks leave their fields at defaults out
+(decoding fills them in). `JobRecord`'s own fields are always written: readers
+that decode a few of them (the monitor's `StoredJob`) require `state`.
+
 Schema evolution: new fields get defaults; no field changes type.
 """
 
@@ -27,7 +32,7 @@ from libs.common.messages import AnyEvent, ExitSpec, JobState, TaskState
 from libs.common.protocol.model import JobSpec
 
 
-class Transition(msgspec.Struct, frozen=True, kw_only=True):
+class Transition(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One change of the job's state, kept in `JobRecord.history`."""
 
     at: float
@@ -129,7 +134,7 @@ class EndOutcome(StrEnum):
     PREEMPTED = "PREEMPTED"  # a new attempt follows, not counted as a retry
 
 
-class AttemptEnding(msgspec.Struct, frozen=True, kw_only=True):
+class AttemptEnding(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The decided end of an attempt, applied once none of its tasks is live.
 
     OpenPAI keeps a job RUNNING while the pods of a completing attempt are being
@@ -153,7 +158,7 @@ class AttemptEnding(msgspec.Struct, frozen=True, kw_only=True):
     cause: str = ""  # id of the event that decided it
 
 
-class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
+class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     attempt: int
     # WAITING/RUNNING while current; SUCCEEDED, FAILED (also when retried) or
     # STOPPED (also when preempted) once ended.

@@ -457,7 +457,7 @@ class KubernetesBackend:
             containers = (task.pod.get("spec") or {}).get("containers") or [{}]
             image = containers[0].get("image") or ""
         detail = f"pod {self.namespace}/{task.name}, image {image}"
-        self._queue.put_nowait(TaskRunning(key=task.key, node=node or _node_of(task), detail=detail))
+        self._queue.put_nowait(TaskRunning(key=task.key, node=node or _node_of(task), detail=detail, at=self._clock()))
 
     def _arm(self, task: _PodTask, deadline: float) -> None:
         """Judge the task again at `deadline` (a wall-clock time), when no event may come."""

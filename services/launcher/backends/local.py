@@ -142,6 +142,8 @@ LIMIT_CHOICES = ("auto", LIMITS_CGROUP, LIMITS_RLIMIT, LIMITS_NONE)
 # How long past the grace period `kill` trusts the shim to finish a stop.
 STOP_MARGIN_SECONDS = 5.0
 _STOP_POLL_SECONDS = 0.05
+# Starts between two turns of the event loop (`start`).
+STARTS_PER_YIELD = 8
 # A task directory still without its spec this long after it was created
 # belongs to a claimer that died in between.
 CLAIM_WRITE_SECONDS = 10.0
@@ -168,13 +170,15 @@ class TaskSpec(ShimSpec, frozen=True, kw_only=True, omit_defaults=True):
 
 class _Task:
     __slots__ = (
-        "key", "dir", "node", "image", "spec_line", "sent_generation", "sent_at",
+        "key", "dir", "exit_path", "node", "image", "spec_line", "sent_generation", "sent_at",
         "claim", "running_reported", "finished",
     )
 
     def __init__(self, key: TaskKey, task_dir: Path, node: str, image: str | None):
         self.key = key
         self.dir = task_dir
+        # As a string: looked at once or twice per task (pathlib's `/` costs a microsecond or more each time).
+        self.exit_path = os.path.join(task_dir, EXIT)
         self.node = node
         self.image = image
         self.spec_line: bytes | None = None  # kept until a shim claims the task
@@ -239,6 +243,9 @@ class LocalBackend:
         self._server_generation = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
+        # Task lines for the fork server not written yet (one write per turn of the loop).
+        self._outgoing: list[bytes] = []
+        self._starts_unyielded = 0
 
     # -- Backend -------------------------------------------------------------
 
@@ -267,19 +274,21 @@ class LocalBackend:
         node = launch.placement.node or self.node_names[0]
         task = _Task(launch.key, task_dir, node, launch.dockerImageUri)
         self._tasks[slug] = task
-        if task_dir.exists():
+        task_path = str(task_dir)
+        if os.path.exists(task_path):
             return  # started before, perhaps by an earlier launcher: watch, never rerun
         identity = (self.task_users.uid_of(launch.key.job), self.task_users.gid) if self.task_users else (None, None)
+        work_dir = os.path.join(self.work_root, slug)
         spec = TaskSpec(
-            taskDir=str(task_dir),
-            workDir=str(self.work_root / slug),
+            taskDir=task_path,
+            workDir=work_dir,
             uid=identity[0],
             gid=identity[1],
             key=launch.key,
             slug=slug,
             node=node,
             commands=launch.commands,
-            env=self._task_env(launch, self.work_root / slug),
+            env=self._task_env(launch, work_dir, slug),
             cpu=launch.cpu,
             memoryMB=launch.memoryMB,
             gpu=launch.gpu,
@@ -295,8 +304,14 @@ class LocalBackend:
         if secret_commands is not None:
             task.spec_line = encode(spec) + SECRET_SEPARATOR + _encoder.encode(secret_commands) + b"\n"
         self._send(task)
-        # Let the doorbell be read between starts: shims wait while its queue is full.
-        await asyncio.sleep(0)
+        # Let the doorbell be read between starts: shims wait while its queue
+        # (net.unix.max_dgram_qlen, often 10) is full. Every few starts, not
+        # after each: each turn of the loop costs a poll, and the lines sent
+        # meanwhile leave in one write.
+        self._starts_unyielded += 1
+        if self._starts_unyielded >= STARTS_PER_YIELD:
+            self._starts_unyielded = 0
+            await asyncio.sleep(0)
 
     async def kill(self, key: TaskKey, *, grace_seconds: float, reason: str) -> None:
         await self._ensure_running()
@@ -353,13 +368,15 @@ class LocalBackend:
         )
 
     async def forget(self, key: TaskKey) -> None:
-        task_dir = self.tasks_dir / key.slug
+        slug = key.slug
+        task = self._tasks.get(slug)
+        task_path = str(task.dir) if task is not None else os.path.join(self.tasks_dir, slug)
         try:
-            os.rename(task_dir / EXIT, task_dir / REPORTED)
+            os.rename(os.path.join(task_path, EXIT), os.path.join(task_path, REPORTED))
         except FileNotFoundError:
-            if task_dir.exists():  # forgotten before it ended: never report it
-                (task_dir / REPORTED).touch()
-        self._tasks.pop(key.slug, None)
+            if os.path.exists(task_path):  # forgotten before it ended: never report it
+                Path(task_path, REPORTED).touch()
+        self._tasks.pop(slug, None)
 
     async def prune(self, key: TaskKey) -> bool:
         """Remove a finished task attempt's directory (logs, exit record) and its
@@ -391,6 +408,7 @@ class LocalBackend:
             asyncio.get_running_loop().remove_reader(self._bell.fileno())
             self._bell.close()
         if self._server is not None:
+            self._write_outgoing()
             await _stop_fork_server(self._server)
         self._queue.put_nowait(None)
 
@@ -429,13 +447,22 @@ class LocalBackend:
             self._sweeper = asyncio.create_task(self._sweep_forever(), name="local-backend-sweep")
 
     def _send(self, task: _Task) -> None:
+        """The task's line to the fork server, with the others sent in this turn of the loop."""
         assert self._server is not None and self._server.stdin is not None
         if task.spec_line is None:
             return
         task.sent_generation = self._server_generation
         task.sent_at = time.monotonic()
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._write_outgoing)
+        self._outgoing.append(with_sent_at(task.spec_line, time.time()))
+
+    def _write_outgoing(self) -> None:
+        lines, self._outgoing = self._outgoing, []
+        if not lines or self._server is None or self._server.stdin is None:
+            return
         try:
-            self._server.stdin.write(with_sent_at(task.spec_line, time.time()))
+            self._server.stdin.write(b"".join(lines))
         except (BrokenPipeError, ConnectionResetError):
             pass  # the sweep restarts the server and sends again
 
@@ -474,7 +501,7 @@ class LocalBackend:
         declare it lost (reason `stop_reason` if we were stopping it)."""
         if task.finished.is_set():
             return
-        if (task.dir / EXIT).exists():
+        if os.path.exists(task.exit_path):
             if self._report_finished(task):
                 return
         claim = task.claim or self._read_claim(task)
@@ -493,7 +520,7 @@ class LocalBackend:
             return  # the stop that cancelled it records the exit
         self._report_running(task, claim.detail)
         if not _alive(claim):
-            if (task.dir / EXIT).exists() and self._report_finished(task):
+            if os.path.exists(task.exit_path) and self._report_finished(task):
                 return  # it ended between our two looks
             self._declare_lost(task, stop_reason)
 
@@ -546,23 +573,24 @@ class LocalBackend:
         self._tasks[spec.key.slug] = task
         return task
 
-    def _report_running(self, task: _Task, detail: str) -> None:
+    def _report_running(self, task: _Task, detail: str, *, at: float | None = None) -> None:
+        """`at`: when it started, if known better than now (its exit record says)."""
         if task.running_reported or task.finished.is_set():
             return
         task.running_reported = True
         if task.image:
             detail = f"{detail}; dockerImage {task.image} ignored by the local backend"
-        self._queue.put_nowait(TaskRunning(key=task.key, node=task.node, detail=detail))
+        self._queue.put_nowait(TaskRunning(key=task.key, node=task.node, detail=detail, at=at or self._clock()))
 
     def _report_finished(self, task: _Task) -> bool:
         if task.finished.is_set():
             return True
-        record = read_record(task.dir / EXIT, ExitRecord)
+        record = read_record(task.exit_path, ExitRecord)
         if record is None:
             return False
         if not task.running_reported and record.startedAt is not None:
             claim = task.claim or self._read_claim(task)
-            self._report_running(task, claim.detail if claim else "")
+            self._report_running(task, claim.detail if claim else "", at=record.startedAt)
         output = task.dir / OUTPUT_LOG
         tail = b""
         if record.outputBytes:
@@ -592,7 +620,7 @@ class LocalBackend:
             platformMessage=message,
             finishedAt=self._clock(),
         )
-        write_replacing(task.dir / EXIT, encode(record))
+        write_replacing(Path(task.exit_path), encode(record))
         self._report_finished(task)
 
     def _kill_orphans(self, task: _Task) -> None:
@@ -601,13 +629,13 @@ class LocalBackend:
             local_limits.kill_cgroup(self._cgroup_parent / task.key.slug, signal.SIGKILL)
         local_procs.sweep_marked(task.key.slug, TASK_KEY_ENV)
 
-    def _task_env(self, launch: TaskLaunch, work_dir: Path) -> dict[str, str]:
+    def _task_env(self, launch: TaskLaunch, work_dir: str, slug: str) -> dict[str, str]:
         env = dict(self._base_env)
         if self.task_users is not None:
-            env.update(HOME=str(work_dir), USER=self.task_users.name, LOGNAME=self.task_users.name)
+            env.update(HOME=work_dir, USER=self.task_users.name, LOGNAME=self.task_users.name)
         env.update(launch.env)
-        env[WORK_DIR_ENV] = str(work_dir)
-        env[TASK_KEY_ENV] = launch.key.slug
+        env[WORK_DIR_ENV] = work_dir
+        env[TASK_KEY_ENV] = slug
         return env
 
     async def _event_stream(self) -> AsyncIterator[BackendEvent]:

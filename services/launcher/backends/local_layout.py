@@ -180,7 +180,7 @@ def decoder(record_type: type[T]) -> msgspec.json.Decoder[T]:
     return found
 
 
-def read_record(path: Path, record_type: type[T]) -> T | None:
+def read_record(path: Path | str, record_type: type[T]) -> T | None:
     """The record at `path`, or None when it is absent or not (yet) whole."""
     try:
         data = read_file(path)
@@ -218,7 +218,7 @@ def write_file(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def read_file(path: Path) -> bytes:
+def read_file(path: Path | str) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks = []

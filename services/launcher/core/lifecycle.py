@@ -468,13 +468,14 @@ class LauncherCore:
         if task.state != TaskState.WAITING or task.exited or not task.startRequested:
             return
         now = self._now()
+        seen = event.at if event.at is not None and event.at <= now else now
         running = move_task(
-            record, task, TaskState.RUNNING, why="running", launchedTime=now, runtimeDetail=event.detail
+            record, task, TaskState.RUNNING, why="running", launchedTime=seen, runtimeDetail=event.detail
         )
         record = self._put(with_task(record, attempt.attempt, running))
         started = announcements.task_started(record, event.key, node=event.node or task.node or "", at=now)
         self._publish(started)
-        self._maybe_running(record, cause=started.id)
+        self._maybe_running(record, cause=started.id, launched=seen)
 
     def _on_task_finished(self, event: TaskFinished) -> None:
         key = event.key
@@ -506,7 +507,7 @@ class LauncherCore:
         exited = announcements.task_exited(record, event, at=now)
         self._publish(exited)
         self._emit(ForgetTask(key=key))
-        record = self._maybe_running(record, cause=exited.id)
+        record = self._maybe_running(record, cause=exited.id, launched=task.launchedTime)
         if task.killReason is None and task.state == TaskState.SUCCEEDED:
             record = self._settle(record, task, cause=exited.id)
         self._maybe_finalize(record, cause=exited.id)
@@ -593,8 +594,9 @@ class LauncherCore:
         record = self._put(with_task(record, record.attempt, retried))
         self._start_ready(record, cause=cause)
 
-    def _maybe_running(self, record: JobRecord, *, cause: str) -> JobRecord:
-        """WAITING -> RUNNING once the whole gang (or, without gang, any task) has started."""
+    def _maybe_running(self, record: JobRecord, *, cause: str, launched: float | None = None) -> JobRecord:
+        """WAITING -> RUNNING once the whole gang (or, without gang, any task) has
+        started; `launched`: when the task that completes it was seen running."""
         attempt = record.current
         if record.state != JobState.WAITING or attempt.ending is not None or attempt.ended:
             return record
@@ -605,9 +607,9 @@ class LauncherCore:
         check = all if record.spec.gangAllocation else any
         if not attempt.tasks or not check(started(t) for t in attempt.tasks):
             return record
-        now = self._now()
-        attempt = move_attempt(record, attempt, JobState.RUNNING, why="started", launchedTime=now)
-        record = replace(record, launchedTime=now, attempts=[*record.attempts[:-1], attempt])
+        launched = self._now() if launched is None else launched
+        attempt = move_attempt(record, attempt, JobState.RUNNING, why="started", launchedTime=launched)
+        record = replace(record, launchedTime=launched, attempts=[*record.attempts[:-1], attempt])
         why = "all tasks started" if record.spec.gangAllocation else "first task started"
         return self._move(record, JobState.RUNNING, why=why, cause=cause)
 

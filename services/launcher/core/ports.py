@@ -17,10 +17,11 @@ NodePorts = dict[str, set[int]]
 def ports_held(record: JobRecord) -> NodePorts:
     """node -> ports that the job's current attempt holds."""
     held: NodePorts = {}
-    if record.state.is_final or not record.attempts:
+    if not record.attempts:
         return held
     attempt = record.current
-    if attempt.ended:
+    # Most jobs ask for no port: that is answered first (this runs at every change of a record).
+    if not any(task.ports for task in attempt.tasks) or record.state.is_final or attempt.ended:
         return held
     for task in attempt.tasks:
         if task.node is None:

@@ -46,6 +46,10 @@ class TaskRunning(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     key: TaskKey
     node: NodeName = NodeName("")
     detail: str = ""
+    # When the backend saw it running (wall clock); None: when the core applies it.
+    # The shell may hold a report a moment (core/held.py): the task's and the
+    # job's launch times stay when it started, not when its record was written.
+    at: float | None = None
 
 
 class TaskFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -154,3 +154,44 @@ def test_placement_arriving_while_an_attempt_ends_is_covered_by_its_release() ->
     done = driver.confirm_kills(asked)
     [released] = published(done, messages.JobReleased)
     assert (released.attempt, released.requeue) == (1, False)
+
+
+def test_an_attempts_fields_at_their_defaults_are_left_out_and_the_jobs_own_are_kept() -> None:
+    driver = Driver(job_spec(role("worker", 2)))
+    driver.submit()
+
+    document = json.loads(encode_job_record(driver.record))
+
+    [attempt] = document["attempts"]
+    assert attempt == {"attempt": 1, "createdTime": 1000.0, "tasks": attempt["tasks"]}
+    assert "from" not in document["history"][0]
+    # Readers that decode only a few of the job's fields (the monitor) need its state.
+    assert document["state"] == "WAITING" and document["vc"] == "default"
+    assert decode_job_record(encode_job_record(driver.record)) == driver.record
+
+
+@pytest.mark.parametrize(
+    ("seen_after", "launched_after"),
+    [
+        pytest.param(-0.3, -0.3, id="held-a-moment: launched when the backend saw it"),
+        pytest.param(None, 0.0, id="no-time-given: launched when applied"),
+        pytest.param(+5.0, 0.0, id="time-ahead-of-the-clock: launched when applied"),
+    ],
+)
+def test_a_task_and_its_job_are_launched_when_the_backend_saw_the_task_running(
+    seen_after: float | None, launched_after: float
+) -> None:
+    from services.launcher.core.tasks import TaskRunning
+
+    driver = Driver()
+    driver.submit()
+    driver.place()
+    driver.clock.advance(1.0)
+    now = driver.clock()
+    at = None if seen_after is None else now + seen_after
+
+    driver.handle(TaskRunning(key=driver.key(), at=at))
+
+    record = driver.record
+    assert record.state == JobState.RUNNING
+    assert record.launchedTime == record.current.launchedTime == record.current.tasks[0].launchedTime == now + launched_after
