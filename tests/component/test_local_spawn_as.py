@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import shutil
 import signal
 import tempfile
@@ -142,8 +143,10 @@ def test_the_script_fd_is_the_only_other_fd_and_holds_the_script(spawner: str, w
     assert sorted(fds, key=int) == ["0", "1", "2"]  # the loader closed it
 
 
-def test_the_data_limit_is_soft_and_hard(spawner: str, work: Path):
+def test_the_data_limit_is_soft_and_hard_and_the_shims_own_is_unchanged(spawner: str, work: Path):
+    shim = resource.getrlimit(resource.RLIMIT_DATA)
     limits = spawn(CAT, ["/proc/self/limits"], work, data_limit=64 << 20)
+    assert resource.getrlimit(resource.RLIMIT_DATA) == shim
     line = next(line for line in limits.splitlines() if line.startswith("Max data size"))
     assert line.split()[3:5] == [str(64 << 20)] * 2
 
