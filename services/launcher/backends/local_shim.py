@@ -57,11 +57,6 @@ import traceback
 from pathlib import Path
 
 from services.launcher.backends import local_direct, local_limits, local_procs
-
-try:  # built from _spawn_as.c when a compiler was there at install (setup.py)
-    from services.launcher.backends import _spawn_as
-except ImportError:
-    _spawn_as = None
 from services.launcher.backends.local_doorbell import (
     FINISHED_BELL,
     RUNNING_BELL,
@@ -93,6 +88,11 @@ from services.launcher.backends.local_layout import (
     write_replacing,
 )
 from services.launcher.backends.local_logs import DISK_FULL_PLATFORM_REASON, CappedLog
+
+try:  # built from _spawn_as.c when a compiler was there at install (setup.py)
+    from services.launcher.backends import _spawn_as
+except ImportError:
+    _spawn_as = None
 
 BASH = shutil.which("bash") or "/bin/bash"
 _READ_CHUNK = 65536
