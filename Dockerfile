@@ -7,8 +7,12 @@
 
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# gcc for the launcher's C extension (setup.py: _spawn_as, vfork + exec of tasks run as
+# other users); only this stage has it, the service image gets the built module.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml ./
+COPY pyproject.toml setup.py ./
 COPY libs ./libs
 COPY services ./services
 COPY cli ./cli

@@ -12,7 +12,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# setup.py builds the one C extension (optional: without a compiler the install still
+# succeeds); a change to it or to its source rebuilds it.
+$(STAMP): pyproject.toml setup.py services/launcher/backends/_spawn_as.c | $(BIN)/python
 	$(BIN)/pip install -q -e ".[test,sim]"
 	touch $(STAMP)
 

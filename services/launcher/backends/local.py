@@ -86,6 +86,7 @@ from services.launcher.backends import (
     local_forkserver,
     local_limits,
     local_procs,
+    local_shim,
     local_users,
 )
 from services.launcher.backends.local_doorbell import (
@@ -218,6 +219,8 @@ class LocalBackend:
         # task_user None: tasks run as the launcher's user (tests, tools);
         # otherwise, when root, as users of their own (local_users).
         self.task_users = local_users.resolve(task_user)
+        if self.task_users is not None:
+            log.info("tasks run as users of their own; started with %s", local_shim.SPAWN_AS)
         # Outside the data dir when a directory above it bars the tasks' users (local_layout).
         self.work_root = choose_work_root(self.data_dir, tasks_are_other_users=self.task_users is not None)
         # Traverse-only on the way to a task's working directory; the rest private.

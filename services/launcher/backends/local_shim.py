@@ -15,19 +15,21 @@ called setsid and lost its parent stays its descendant (and is told apart by
 its PAI_TASK_KEY): nothing of a task outlives it. The shim exits when its feed
 is closed and its last task has ended.
 
-Tasks are spawned with posix_spawn (vfork + exec): no copy of the shim's
-pages, which on a small virtual machine costs more than running the task.
-When the task runs as another user (the platform runs as root; see
-local_users) posix_spawn cannot switch users, so the shim forks and the child
-drops every group and its uid, then execs: the shim itself stays privileged
-(it must write the platform's records, signal the task, read its cgroup), the
-task's shell never is. The child's steps run in C (subprocess's own fork +
-exec), not in Python: a Python child writes to the pages of every object it
-touches and so copies them, which cost more than the fork itself. Only a task
-that must join a cgroup runs one Python step in the child (the join, which
-must come before the uid is dropped), and so does a program exec'd without
-bash under rlimit bounds (its RLIMIT_DATA, which bash's `ulimit -d` would
-have set: still cheaper than bash's start).
+Tasks are spawned with vfork + exec: no copy of the shim's pages, which on a
+small virtual machine costs more than running the task. A task that runs as
+the shim's user is spawned with posix_spawn. One that runs as another user
+(the platform runs as root; see local_users) must have its child drop every
+group and its uid before the exec, which posix_spawn cannot do: the shim
+itself stays privileged (it must write the platform's records, signal the
+task, read its cgroup), the task's shell never is. That child is the small C
+extension _spawn_as (vfork, raw system calls for the credentials, exec: see
+its source for why subprocess cannot use vfork there), which also joins the
+task's cgroup while still root and sets a program's RLIMIT_DATA (a program
+exec'd without bash under rlimit bounds: bash's `ulimit -d` is not there).
+Where the extension was not built (no C compiler at install), subprocess's
+own C fork + exec does it, a real fork of the shim, and a task that joins a
+cgroup or gets a data limit runs those steps in Python in the child; the
+launcher's log says which (SPAWN_AS).
 
 Secrets: a task whose commands use secrets gets its script, secrets filled in,
 through an in-memory file (memfd) on an fd of its own, which its shell reads and closes
@@ -87,6 +89,11 @@ from services.launcher.backends.local_layout import (
 )
 from services.launcher.backends.local_logs import DISK_FULL_PLATFORM_REASON, CappedLog
 
+try:  # built from _spawn_as.c when a compiler was there at install (setup.py)
+    from services.launcher.backends import _spawn_as
+except ImportError:
+    _spawn_as = None
+
 BASH = shutil.which("bash") or "/bin/bash"
 _READ_CHUNK = 65536
 # How often leftovers are looked for again while a task is being ended.
@@ -103,12 +110,17 @@ _SIGNALS_RESET_FOR_TASK = frozenset(
     {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ}
 )
 _SHIM_SIGNALS = (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM)
-# The fd on which a task with secrets finds its script (when spawned with
-# posix_spawn), and the shell text that reads it whole, closes it and runs it
-# (errexit applies inside eval as in -c). A task forked to run as another user
-# finds it on whatever fd the shim's memfd got (the C fork keeps fds, it does
-# not move them): script_loader(fd).
+# The fd on which a task with secrets finds its script, and the shell text that
+# reads it whole, closes it and runs it (errexit applies inside eval as in -c).
+# Only subprocess's fork (where _spawn_as is not built) cannot move fds: there
+# the task finds it on the shim's own number (_script_fd_in_task).
 SCRIPT_FD = 3
+# How tasks that run as another user are started, for the launcher's log.
+SPAWN_AS = (
+    "vfork + exec (the C extension _spawn_as)"
+    if _spawn_as is not None
+    else "fork + exec (subprocess; the C extension _spawn_as is not built: more CPU per task)"
+)
 
 
 def script_loader(fd: int = SCRIPT_FD) -> str:
@@ -294,7 +306,7 @@ class Shim:
         as_other_user = run.spec.uid is not None and run.spec.gid is not None
         if run.secret_commands is not None:
             script_fd = _script_file(run.limits.prelude + "\n".join(run.secret_commands) + "\n")
-            script = script_loader(script_fd) if as_other_user else SCRIPT_LOADER
+            script = script_loader(_script_fd_in_task(script_fd, as_other_user))
         else:
             script = run.limits.prelude + "\n".join(run.spec.commands) + "\n"
         argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, f"pai-task-{run.spec.slug}"]
@@ -635,23 +647,60 @@ def _fork_exec_as(
     *,
     data_limit: int | None = None,
 ) -> int:
-    """Fork, enter the task's bounds, become `uid`:`gid` with no other group, exec.
+    """Start `program` as `uid`:`gid` with no other group, in the task's bounds.
 
-    The child is subprocess's C one (_posixsubprocess.fork_exec): new session,
-    stdin /dev/null, stdout and stderr the log pipes, every other fd closed but
-    the script's, working directory, umask, default SIGPIPE and SIGXFSZ (the
-    shim catches or leaves at default every other signal a task must not find
-    ignored: _catch_ignored_signals), setgroups([]), setgid, setuid, exec. A
-    task that joins a cgroup must do it while still root, before setuid, and
-    C runs the only Python step (preexec_fn) after setuid: then the child drops
-    its groups and uid in Python itself, after the join. `data_limit`: the
-    RLIMIT_DATA (soft and hard) a program exec'd without bash (local_direct)
-    gets, set by the child in Python too (no shell is there to `ulimit -d`);
-    one Python step in the child still costs less than bash's start. The C
-    child does not use vfork here: subprocess never does with a user to switch to.
+    The child: new session, stdin /dev/null, stdout and stderr the log pipes,
+    the script (if any) on _script_fd_in_task, every other fd closed, the
+    working directory, the umask, the cgroup joined (while still root),
+    setgroups([]), gid, uid, then `data_limit` as its RLIMIT_DATA (soft and
+    hard, as `ulimit -d` sets it: a program exec'd without bash), signals a
+    task must not find ignored at default, exec. With _spawn_as (vfork) when
+    it was built, else with subprocess's fork.
 
-    A failure before the exec comes back through a close-on-exec pipe and is
-    raised here as OSError (the task's LaunchFailed), as posix_spawn would."""
+    A failure before or at the exec is raised here as OSError with its errno
+    (the task's LaunchFailed, or bash's turn for a program exec'd directly),
+    as posix_spawn would; the failed child has been reaped."""
+    if _spawn_as is not None:
+        procs = str(cgroup / "cgroup.procs") if cgroup is not None else None
+        return _spawn_as.spawn_as(
+            program, argv, [f"{name}={value}" for name, value in env.items()], work_dir,
+            _dev_null(), out_w, err_w, -1 if script_fd is None else script_fd,
+            uid, gid, TASK_UMASK, procs, data_limit, _SIGNALS_RESET_FOR_TASK,
+        )
+    return _subprocess_fork_exec_as(
+        argv, env, work_dir, out_w, err_w, script_fd, uid, gid, cgroup, program, data_limit=data_limit
+    )
+
+
+def _script_fd_in_task(script_fd: int, as_other_user: bool) -> int:
+    """The fd on which a task finds the script the shim put on `script_fd`:
+    SCRIPT_FD, where posix_spawn and _spawn_as move it; subprocess's fork (a
+    task run as another user without _spawn_as) keeps the shim's number."""
+    return script_fd if as_other_user and _spawn_as is None else SCRIPT_FD
+
+
+def _subprocess_fork_exec_as(
+    argv: list[str],
+    env: dict[str, str],
+    work_dir: str,
+    out_w: int,
+    err_w: int,
+    script_fd: int | None,
+    uid: int,
+    gid: int,
+    cgroup: Path | None,
+    program: str = BASH,
+    *,
+    data_limit: int | None = None,
+) -> int:
+    """_fork_exec_as without _spawn_as: subprocess's C child
+    (_posixsubprocess.fork_exec), a real fork. It resets only SIGPIPE and
+    SIGXFSZ (the shim catches every other signal a task must not find ignored:
+    _catch_ignored_signals), and runs its only Python step (preexec_fn) after
+    setuid: a task that joins a cgroup, which must happen while still root,
+    or gets a data limit, drops its groups and uid in that Python step
+    instead, after the join. A failure comes back through a close-on-exec
+    pipe."""
     report_r, report_w = os.pipe()
     keep = sorted({report_w} | ({script_fd} if script_fd is not None else set()))
     preexec = None
@@ -691,7 +740,10 @@ def _fork_exec_as(
         os.close(report_r)
     if failure:
         os.waitpid(pid, 0)
-        raise OSError(f"the task could not be started as uid {uid}: {_child_failure(failure, program)}")
+        number, step = _child_failure(failure)
+        if number:
+            raise OSError(number, f"{os.strerror(number)} ({step}, as uid {uid})", program)
+        raise OSError(f"the task could not be started as uid {uid}: {step}")
     return pid
 
 
@@ -737,19 +789,19 @@ def _c_fork_exec(
     return _posixsubprocess.fork_exec(*args)
 
 
-def _child_failure(report: bytes, program: str = BASH) -> str:
+def _child_failure(report: bytes) -> tuple[int, str]:
     """subprocess's child report, `OSError:<hex errno>:[noexec]` or
-    `SubprocessError:0:<message>`, in words."""
+    `SubprocessError:0:<message>`: the errno (0: none) and the step, in words."""
     kind, _, rest = report.decode(errors="replace").partition(":")
     code, _, detail = rest.partition(":")
     if kind == "OSError":
         try:
             number = int(code, 16)
         except ValueError:
-            return report.decode(errors="replace")
-        where = "before exec" if detail.startswith("noexec") else f"exec {program}"
-        return f"{os.strerror(number)} ({where}{': ' + detail[7:] if detail[7:] else ''})"
-    return f"{kind}: {detail}"
+            return 0, report.decode(errors="replace")
+        step = "before exec" if detail.startswith("noexec") else "exec"
+        return number, step + (": " + detail[7:] if detail[7:] else "")
+    return 0, f"{kind}: {detail}"
 
 
 _null_fd: int | None = None

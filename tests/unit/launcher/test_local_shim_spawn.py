@@ -1,6 +1,7 @@
 """How the shim starts a task as another user (local_shim._fork_exec_as): the
-process a task's shell finds itself in. Needs root, as the platform does to
-switch users (CI runs as root)."""
+process a task's shell finds itself in, the same with the C extension
+_spawn_as (vfork) and without it (subprocess's fork). Needs root, as the
+platform does to switch users (CI runs as root)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,23 @@ from services.launcher.backends.local_shim import (
     TASK_UMASK,
     _catch_ignored_signals,
     _fork_exec_as,
+    _script_fd_in_task,
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
 UID = 0x70000123
 GID = 65534
+
+
+@pytest.fixture(autouse=True, params=["vfork", "fork"])
+def spawner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test with _spawn_as and with the fallback the shim uses where it is not built."""
+    if request.param == "fork":
+        monkeypatch.setattr(local_shim, "_spawn_as", None)
+    elif local_shim._spawn_as is None:
+        pytest.skip("the C extension _spawn_as is not built (setup.py build_ext --inplace)")
+    return request.param
 
 
 @pytest.fixture
@@ -106,7 +118,7 @@ def test_the_script_fd_reaches_the_task_and_nothing_else_does(work: Path):
     fd = local_shim._script_file("echo from-memory\n")
     try:
         # (not last: bash would exec ls in its own place, and list ls's fds)
-        code, out, err = run(local_shim.script_loader(fd) + "ls /proc/$$/fd\ntrue\n", work, script_fd=fd)
+        code, out, err = run(local_shim.script_loader(_script_fd_in_task(fd, True)) + "ls /proc/$$/fd\ntrue\n", work, script_fd=fd)
     finally:
         os.close(fd)
     assert code == 0, err
@@ -117,7 +129,7 @@ def test_the_script_fd_reaches_the_task_and_nothing_else_does(work: Path):
 
 def test_a_task_that_cannot_start_raises_with_the_reason_and_leaves_no_child(work: Path):
     before = set(local_procs.children(os.getpid()))  # (a zombie is listed too)
-    with pytest.raises(OSError, match=f"as uid {UID}: No such file or directory \\(before exec"):
+    with pytest.raises(FileNotFoundError, match=f"as uid {UID}"):
         run("true", work / "missing")
     assert set(local_procs.children(os.getpid())) <= before  # the failed child was reaped
 
