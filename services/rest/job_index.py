@@ -9,8 +9,14 @@ again from scratch (a restarted NATS forgets their consumers). While it is not
 ready, the list reads the buckets as before. Nothing is written from here, so a
 crash loses nothing.
 
-Only what a list row needs is kept per job: the submission (name, VC, tags, task
-counts) and small decoded briefs of the status and schedule documents.
+Only what a list row needs is kept decoded per job: a brief of the submission
+(name, VC, tags, task counts) and of the status and schedule documents. The
+submission itself is kept as stored (its JSON), decoded when one job is read
+(`IndexedJob.record`): the watch then decodes a fraction of each record (msgspec
+skips the fields a brief has not), and the index holds a handful of objects per
+job, none of which the cyclic garbage collector has to walk (a rest holding ten
+thousand jobs spent a tenth of its CPU in full collections walking their
+decoded records and documents).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import nats.js.api
 
 from libs.common.bus import Bus
 from libs.common.messages import JobState
+from libs.common.protocol.model import DEFAULT_PRIORITY_CLASS, PRIORITY_CLASSES
 from libs.common.subjects import Bucket
 from services.rest.records import SubmittedJob
 
@@ -44,7 +51,11 @@ KV_MARKER_DELETIONS = ("MaxAge", "Purge", "Remove")
 MAX_MEMOS = 128
 
 
-class StatusBrief(msgspec.Struct, frozen=True, kw_only=True):
+# The briefs and index entries below hold no reference back to anything that holds
+# them (no cycle), so they are left out of the cyclic garbage collector (gc=False).
+
+
+class StatusBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The fields of a `JobRecord` a list row shows (msgspec skips the rest while decoding)."""
 
     state: JobState = JobState.WAITING
@@ -55,7 +66,7 @@ class StatusBrief(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int = 1
 
 
-class ScheduleBrief(msgspec.Struct, frozen=True, kw_only=True):
+class ScheduleBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The fields of a `ScheduleEntry` a list row shows."""
 
     attempt: int = 1
@@ -63,16 +74,54 @@ class ScheduleBrief(msgspec.Struct, frozen=True, kw_only=True):
     reason: str = ""
 
 
-_SUBMISSION = msgspec.json.Decoder(SubmittedJob)
+class GpusBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    gpu: int = 0
+
+
+class RoleBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    instances: int = 1
+    resources: GpusBrief = GpusBrief()
+
+
+class SpecBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    priority: int = PRIORITY_CLASSES[DEFAULT_PRIORITY_CLASS]
+    taskRoles: tuple[RoleBrief, ...] = ()
+
+    @property
+    def task_count(self) -> int:
+        return sum(r.instances for r in self.taskRoles)
+
+
+class SubmissionBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The fields of a `SubmittedJob` a list row shows and the sweep reads, in its shape
+    (a row is made of either: views.job_summary), with the same defaults."""
+
+    job: str
+    user: str
+    name: str
+    vc: str
+    spec: SpecBrief
+    submittedAt: float
+    published: bool = False
+    tags: tuple[str, ...] = ()
+
+
+_SUBMISSION = msgspec.json.Decoder(SubmissionBrief)
+_RECORD = msgspec.json.Decoder(SubmittedJob)
 _STATUS = msgspec.json.Decoder(StatusBrief)
 _SCHEDULE = msgspec.json.Decoder(ScheduleBrief)
 
 
-class IndexedJob(msgspec.Struct, kw_only=True):
-    sub: SubmittedJob
+class IndexedJob(msgspec.Struct, kw_only=True, gc=False):
+    brief: SubmissionBrief
+    stored: bytes  # the submission as in pai_jobs
     status: StatusBrief | None = None
     schedule: ScheduleBrief | None = None
     row: Any = None  # the list row, made when first listed and dropped at every change
+
+    def record(self) -> SubmittedJob:
+        """The whole submission, decoded now (one job's answer, the sweep)."""
+        return _RECORD.decode(self.stored)
 
 
 class JobIndex:
@@ -107,9 +156,12 @@ class JobIndex:
     def get(self, key: str) -> IndexedJob | None:
         return self.jobs.get(key)
 
-    def put_submission(self, key: str, sub: SubmittedJob) -> None:
-        self.jobs[key] = IndexedJob(sub=sub, status=self._status.get(key), schedule=self._schedule.get(key))
-        if sub.published:
+    def put_submission(self, key: str, stored: bytes) -> None:
+        """The submission of `key` as stored in pai_jobs (raises msgspec.DecodeError when unreadable)."""
+        brief = _SUBMISSION.decode(stored)
+        self.jobs[key] = IndexedJob(brief=brief, stored=stored, status=self._status.get(key),
+                                    schedule=self._schedule.get(key))
+        if brief.published:
             self.unpublished.discard(key)
         else:
             self.unpublished.add(key)
@@ -180,7 +232,7 @@ class JobIndex:
             if raw is None:
                 self.delete_submission(key)
             else:
-                self.put_submission(key, _SUBMISSION.decode(raw))
+                self.put_submission(key, raw)
 
         def statuses(key: str, raw: bytes | None) -> None:
             self.put_status(key, None if raw is None else _STATUS.decode(raw))
