@@ -355,7 +355,7 @@ class _AppliedAtOnce:
         self._sub._pending_size -= len(msg.data)  # counted by nats-py as it queued it
         try:
             self._apply(msg)
-        except Exception:  # noqa: BLE001 - nats-py's read loop must go on
+        except Exception:  # nats-py's read loop must go on
             log.exception("job index: applying %s failed", msg.subject)
 
     def qsize(self) -> int:
