@@ -11,12 +11,15 @@ server never reads another user's events on their behalf; `?job=user~name` narro
 to one job. A live subscription on the job-state subjects only wakes the readers;
 they poll as well, in case a wake-up came before the stream had stored the event.
 While nothing happens a comment line goes out every heartbeat, so proxies keep the
-connection and a client notices a dead one.
+connection and a client notices a dead one. The subscription stands only while a
+stream is open: without one, rest does not receive the job-state events at all
+(three per job, each a message nats-server sends and rest parses for nobody).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -45,21 +48,42 @@ _decode = msgspec.json.Decoder(JobStateChanged)
 
 
 class EventHub:
-    """Wakes every open event stream of this process when a job state event is published."""
+    """Wakes every open event stream of this process when a job state event is published.
+
+    Subscribed while at least one stream is open (`reading`), not for the life of
+    the process: under a burst of submissions with no one watching, each event
+    would cost rest and nats-server a delivery."""
 
     def __init__(self, bus: Bus):
         self.bus = bus
         self._published = asyncio.Event()
         self._subscription: Any = None
+        self._readers = 0
+        self._subscribing = asyncio.Lock()  # a first reader and a last one leaving at once: one subscription
         self.closing = False  # rest is shutting down: every stream ends (clients resume elsewhere)
 
-    async def start(self) -> None:
-        self._subscription = await self.bus.nc.subscribe(kind_filter(Kind.JOB_STATE), cb=self._on_event)
+    @contextlib.asynccontextmanager
+    async def reading(self) -> AsyncIterator[None]:
+        """While one event stream is open. Subscribed before it returns, so an event
+        published after it is entered wakes the stream (the stream's reads, sent
+        afterwards on the same connection, reach NATS after the subscription)."""
+        async with self._subscribing:
+            if self._subscription is None:
+                self._subscription = await self.bus.nc.subscribe(kind_filter(Kind.JOB_STATE), cb=self._on_event)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            async with self._subscribing:
+                self._readers -= 1
+                if self._readers == 0:
+                    await self.stop()
 
     async def stop(self) -> None:
-        if self._subscription is not None:
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
             try:
-                await self._subscription.unsubscribe()
+                await subscription.unsubscribe()
             except Exception:  # the connection is gone already
                 pass
 
@@ -84,7 +108,6 @@ HUB = web.AppKey("event_hub", EventHub)
 
 async def _hub_ctx(app: web.Application) -> AsyncIterator[None]:
     hub = EventHub(app[CTX].bus)
-    await hub.start()
     app[HUB] = hub
     app.on_shutdown.append(hub.close_streams)
     yield
@@ -150,8 +173,12 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     if cursor is None:  # from now on
         cursor = info.state.last_seq + 1
     hub: EventHub = request.app[HUB]
-    heartbeat = ctx.config.rest_events_heartbeat_seconds
+    async with hub.reading():
+        return await _stream(request, ctx, hub, subject, cursor, info)
 
+
+async def _stream(request: web.Request, ctx, hub: EventHub, subject: str, cursor: int, info) -> web.StreamResponse:
+    heartbeat = ctx.config.rest_events_heartbeat_seconds
     response = web.StreamResponse(headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
     })

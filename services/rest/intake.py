@@ -90,14 +90,14 @@ def sweep_plan(index: JobIndex, published_here: Container[str], now: float, *,
     to_check: list[tuple[float, str]] = []
     for key in index.unpublished:
         job = index.get(key)
-        if job is None or job.sub.published or key in published_here or job.status is not None or job.schedule is not None:
+        if job is None or job.brief.published or key in published_here or job.status is not None or job.schedule is not None:
             settled.append(key)
             continue
-        age = now - job.sub.submittedAt
+        age = now - job.brief.submittedAt
         if kept_for and age >= kept_for:
             settled.append(key)
         elif age >= older_than:
-            to_check.append((job.sub.submittedAt, key))
+            to_check.append((job.brief.submittedAt, key))
     return settled, [key for _, key in sorted(to_check)[:limit]]
 
 
@@ -182,11 +182,11 @@ class Intake:
             for i, revision in zip(existing, again):
                 revisions[i] = revision
         created: list[tuple[_Submission, str, int]] = []
-        for submission, key, revision in zip(batch, keys, revisions):
+        for submission, key, value, revision in zip(batch, keys, values, revisions):
             if isinstance(revision, BaseException):
                 submission.fail(revision)
             else:
-                self.index.put_submission(key, submission.record)  # in this replica's list at once
+                self.index.put_submission(key, value)  # in this replica's list at once
                 created.append((submission, key, revision))
         if not created:
             return
@@ -249,7 +249,7 @@ class Intake:
         if job is None:  # deleted meanwhile (a refused submission taken back)
             self.index.unpublished.discard(key)
             return False
-        record = job.sub
+        record = job.record()
         event = submitted_event(record)
         try:
             await self.ctx.bus.js.get_last_msg(STREAM, subject_of(event))

@@ -9,8 +9,14 @@ again from scratch (a restarted NATS forgets their consumers). While it is not
 ready, the list reads the buckets as before. Nothing is written from here, so a
 crash loses nothing.
 
-Only what a list row needs is kept per job: the submission (name, VC, tags, task
-counts) and small decoded briefs of the status and schedule documents.
+Only what a list row needs is kept decoded per job: a brief of the submission
+(name, VC, tags, task counts) and of the status and schedule documents. The
+submission itself is kept as stored (its JSON), decoded when one job is read
+(`IndexedJob.record`): the watch then decodes a fraction of each record (msgspec
+skips the fields a brief has not), and the index holds a handful of objects per
+job, none of which the cyclic garbage collector has to walk (a rest holding ten
+thousand jobs spent a tenth of its CPU in full collections walking their
+decoded records and documents).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import nats.js.api
 
 from libs.common.bus import Bus
 from libs.common.messages import JobState
+from libs.common.protocol.model import DEFAULT_PRIORITY_CLASS, PRIORITY_CLASSES
 from libs.common.subjects import Bucket
 from services.rest.records import SubmittedJob
 
@@ -44,7 +51,11 @@ KV_MARKER_DELETIONS = ("MaxAge", "Purge", "Remove")
 MAX_MEMOS = 128
 
 
-class StatusBrief(msgspec.Struct, frozen=True, kw_only=True):
+# The briefs and index entries below hold no reference back to anything that holds
+# them (no cycle), so they are left out of the cyclic garbage collector (gc=False).
+
+
+class StatusBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The fields of a `JobRecord` a list row shows (msgspec skips the rest while decoding)."""
 
     state: JobState = JobState.WAITING
@@ -55,7 +66,7 @@ class StatusBrief(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int = 1
 
 
-class ScheduleBrief(msgspec.Struct, frozen=True, kw_only=True):
+class ScheduleBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The fields of a `ScheduleEntry` a list row shows."""
 
     attempt: int = 1
@@ -63,16 +74,54 @@ class ScheduleBrief(msgspec.Struct, frozen=True, kw_only=True):
     reason: str = ""
 
 
-_SUBMISSION = msgspec.json.Decoder(SubmittedJob)
+class GpusBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    gpu: int = 0
+
+
+class RoleBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    instances: int = 1
+    resources: GpusBrief = GpusBrief()
+
+
+class SpecBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    priority: int = PRIORITY_CLASSES[DEFAULT_PRIORITY_CLASS]
+    taskRoles: tuple[RoleBrief, ...] = ()
+
+    @property
+    def task_count(self) -> int:
+        return sum(r.instances for r in self.taskRoles)
+
+
+class SubmissionBrief(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The fields of a `SubmittedJob` a list row shows and the sweep reads, in its shape
+    (a row is made of either: views.job_summary), with the same defaults."""
+
+    job: str
+    user: str
+    name: str
+    vc: str
+    spec: SpecBrief
+    submittedAt: float
+    published: bool = False
+    tags: tuple[str, ...] = ()
+
+
+_SUBMISSION = msgspec.json.Decoder(SubmissionBrief)
+_RECORD = msgspec.json.Decoder(SubmittedJob)
 _STATUS = msgspec.json.Decoder(StatusBrief)
 _SCHEDULE = msgspec.json.Decoder(ScheduleBrief)
 
 
-class IndexedJob(msgspec.Struct, kw_only=True):
-    sub: SubmittedJob
+class IndexedJob(msgspec.Struct, kw_only=True, gc=False):
+    brief: SubmissionBrief
+    stored: bytes  # the submission as in pai_jobs
     status: StatusBrief | None = None
     schedule: ScheduleBrief | None = None
     row: Any = None  # the list row, made when first listed and dropped at every change
+
+    def record(self) -> SubmittedJob:
+        """The whole submission, decoded now (one job's answer, the sweep)."""
+        return _RECORD.decode(self.stored)
 
 
 class JobIndex:
@@ -107,9 +156,12 @@ class JobIndex:
     def get(self, key: str) -> IndexedJob | None:
         return self.jobs.get(key)
 
-    def put_submission(self, key: str, sub: SubmittedJob) -> None:
-        self.jobs[key] = IndexedJob(sub=sub, status=self._status.get(key), schedule=self._schedule.get(key))
-        if sub.published:
+    def put_submission(self, key: str, stored: bytes) -> None:
+        """The submission of `key` as stored in pai_jobs (raises msgspec.DecodeError when unreadable)."""
+        brief = _SUBMISSION.decode(stored)
+        self.jobs[key] = IndexedJob(brief=brief, stored=stored, status=self._status.get(key),
+                                    schedule=self._schedule.get(key))
+        if brief.published:
             self.unpublished.discard(key)
         else:
             self.unpublished.add(key)
@@ -180,7 +232,7 @@ class JobIndex:
             if raw is None:
                 self.delete_submission(key)
             else:
-                self.put_submission(key, _SUBMISSION.decode(raw))
+                self.put_submission(key, raw)
 
         def statuses(key: str, raw: bytes | None) -> None:
             self.put_status(key, None if raw is None else _STATUS.decode(raw))
@@ -205,11 +257,11 @@ class _Watch:
 
     The same ordered push consumer `KeyValue.watchall()` makes (every key's last
     value, then every change; nats-py restarts it on a gap), but each message is
-    applied in the subscription's callback: no `KeyValue.Entry`, no second queue
-    and task hop, and the reply subject's metadata is parsed only until the
-    initial values are in (only their pending count is needed). rest receives
-    about nine of these per job (its own records back, the launcher's statuses,
-    the scheduler's entries), so that was a tenth of rest's CPU in a burst.
+    applied as nats-py's read loop hands it over (`_AppliedAtOnce`): no
+    `KeyValue.Entry`, no queue and no task hop per message, and the reply
+    subject's metadata is parsed only until the initial values are in (only
+    their pending count is needed). rest receives about seven of these per job
+    (its own records back, the launcher's statuses, the scheduler's entries).
     """
 
     def __init__(self, prefix: str, apply: Callable[[str, bytes | None], None], current: Callable[[], bool]):
@@ -224,8 +276,9 @@ class _Watch:
     async def start(cls, bus: Bus, bucket: Bucket, apply, current) -> _Watch:
         watch = cls(f"{KV_SUBJECT_PREFIX}{bucket.value}.", apply, current)
         watch.sub = await bus.js.subscribe(
-            f"{watch.prefix}>", stream=f"KV_{bucket.value}", cb=watch._on_message, ordered_consumer=True,
+            f"{watch.prefix}>", stream=f"KV_{bucket.value}", ordered_consumer=True,
             deliver_policy=nats.js.api.DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=WATCH_INACTIVE_SECONDS)
+        _AppliedAtOnce.replace_queue_of(watch.sub, watch._on_message)
         await asyncio.sleep(0)
         try:
             info = await watch.sub.consumer_info()
@@ -236,7 +289,7 @@ class _Watch:
             watch.initial.set()
         return watch
 
-    async def _on_message(self, msg) -> None:
+    def _on_message(self, msg) -> None:
         if not self.current():
             return
         loading = not self.initial.is_set()
@@ -268,3 +321,51 @@ class _Watch:
             await self.sub.unsubscribe()
         except Exception as exc:  # the connection may be gone already
             log.debug("stopping a watch: %r", exc)
+
+
+class _AppliedAtOnce:
+    """Stands in for a nats-py subscription's message queue: each message the read
+    loop puts there is applied at once, in the read loop itself.
+
+    Without a callback, nats-py puts a subscription's messages in its queue for
+    `next_msg`; with one, a task per subscription takes them out and awaits the
+    callback: a future woken, a task step and a coroutine per message. What it
+    reads of the queue besides `put_nowait` (its size for flow control, `join` on
+    drain) is answered as for a queue always empty: every message is applied by
+    the time it is handed over, so the ordered consumer's flow control replies at
+    once. `apply` must not block; what it raises is logged, never raised into
+    the read loop."""
+
+    def __init__(self, sub, apply: Callable[[Any], None]):
+        self._sub = sub
+        self._apply = apply
+
+    @classmethod
+    def replace_queue_of(cls, push_subscription, apply: Callable[[Any], None]) -> None:
+        """Apply the messages of `push_subscription` (nats-py's, made without a callback) as they come;
+        any already queued first, in order."""
+        sub = push_subscription._sub
+        queued = sub._pending_queue
+        direct = cls(sub, apply)
+        sub._pending_queue = push_subscription._pending_queue = direct
+        while not queued.empty():
+            direct.put_nowait(queued.get_nowait())
+
+    def put_nowait(self, msg) -> None:
+        self._sub._pending_size -= len(msg.data)  # counted by nats-py as it queued it
+        try:
+            self._apply(msg)
+        except Exception:  # nats-py's read loop must go on
+            log.exception("job index: applying %s failed", msg.subject)
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+    def task_done(self) -> None:
+        pass
+
+    async def join(self) -> None:
+        return None

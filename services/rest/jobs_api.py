@@ -35,12 +35,14 @@ from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
 from services.rest import capacity, intake, views
-from services.rest.job_index import JobIndex
+from services.rest.job_index import JobIndex, SubmissionBrief
 from services.rest.records import SubmittedJob
 from services.rest.request import USER, bad_field, ctx_of, read_json_object
 from services.rest.watched import WatchedValue
 
 INDEX = web.AppKey("job_index", JobIndex)
+# A list row's submission: the whole record (read from the bucket), or the index's brief of it.
+Listed = SubmittedJob | SubmissionBrief
 INTAKE = web.AppKey("intake", intake.Intake)
 CLUSTER_VIEW = web.AppKey("cluster_view", WatchedValue)
 
@@ -206,7 +208,7 @@ async def read_job(request: web.Request, jid: str) -> tuple[SubmittedJob, JobRec
         sub, _, rec, sched = await load_job(ctx_of(request), jid)
         return sub, rec, sched
     got = await get_json(await ctx_of(request).bus.kv(Bucket.JOB_STATUS), ids.job_key(jid), JobRecord)
-    return indexed.sub, got[0] if got else None, indexed.schedule
+    return indexed.record(), got[0] if got else None, indexed.schedule
 
 
 def may_read_output(request: web.Request, sub: SubmittedJob) -> bool:
@@ -340,13 +342,14 @@ async def _change_tags(request: web.Request, change) -> web.Response:
         tags, message = change(sub.tags, tag, sub.job)
         if tags == sub.tags:
             return json_response(Message(message=message))
+        changed = _encoder.encode(msgspec.structs.replace(sub, tags=tags))
         try:
-            await kv.update(key, _encoder.encode(msgspec.structs.replace(sub, tags=tags)), last=revision)
+            await kv.update(key, changed, last=revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             continue
         index = request.app.get(INDEX)
         if index is not None:
-            index.put_submission(key, msgspec.structs.replace(sub, tags=tags))
+            index.put_submission(key, changed)
         return json_response(Message(message=message))
     raise Transient(f"the record of {jid} kept changing; try again")
 
@@ -591,7 +594,7 @@ def parse_list_query(q) -> ListQuery:
     )
 
 
-def _matches(query: ListQuery, sub: SubmittedJob, row: JobRow) -> bool:
+def _matches(query: ListQuery, sub: Listed, row: JobRow) -> bool:
     if query.username is not None and sub.user != query.username:
         return False
     if query.vc is not None and sub.vc != query.vc:
@@ -607,8 +610,8 @@ def _matches(query: ListQuery, sub: SubmittedJob, row: JobRow) -> bool:
     return True
 
 
-def order_jobs(jobs: list[tuple[SubmittedJob, JobRow]], field: str, descending: bool
-               ) -> list[tuple[SubmittedJob, JobRow]]:
+def order_jobs(jobs: list[tuple[Listed, JobRow]], field: str, descending: bool
+               ) -> list[tuple[Listed, JobRow]]:
     """The jobs ordered by a row field; jobs without it (not completed yet) last, ties by job id (pure)."""
     present = [j for j in jobs if getattr(j[1], field) is not None]
     missing = [j for j in jobs if getattr(j[1], field) is None]
@@ -621,7 +624,7 @@ def _filtered(query: ListQuery) -> bool:
     return bool(query.username or query.vc or query.states or query.keyword or query.tags_any or query.tags_none)
 
 
-def select_jobs(query: ListQuery, ordered: list[tuple[SubmittedJob, JobRow]]) -> tuple[int, list[JobRow]]:
+def select_jobs(query: ListQuery, ordered: list[tuple[Listed, JobRow]]) -> tuple[int, list[JobRow]]:
     """(how many match, the page asked for) of jobs already in the query's order (pure)."""
     end = query.offset + query.limit
     if not _filtered(query):
@@ -630,12 +633,12 @@ def select_jobs(query: ListQuery, ordered: list[tuple[SubmittedJob, JobRow]]) ->
     return len(rows), rows[query.offset:end]
 
 
-def job_row(sub: SubmittedJob, status, schedule) -> JobRow:
+def job_row(sub: Listed, status, schedule) -> JobRow:
     summary = views.job_summary(sub, status, waiting_reason(status, schedule))
     return JobRow(**(summary | {"state": JobState(summary["state"])}), tags=list(sub.tags))
 
 
-async def _rows_from_buckets(ctx: ServiceContext, query: ListQuery) -> list[tuple[SubmittedJob, JobRow]]:
+async def _rows_from_buckets(ctx: ServiceContext, query: ListQuery) -> list[tuple[Listed, JobRow]]:
     """Without the index (still loading, or NATS just came back): read the buckets."""
     keys = await all_keys(await ctx.bus.kv(Bucket.JOBS))
     if query.username is not None:
@@ -656,15 +659,15 @@ async def _rows_from_buckets(ctx: ServiceContext, query: ListQuery) -> list[tupl
     return [got for got in await asyncio.gather(*(one(k) for k in keys)) if got is not None]
 
 
-def _ordered_from_index(index: JobIndex, field: str, descending: bool) -> list[tuple[SubmittedJob, JobRow]]:
+def _ordered_from_index(index: JobIndex, field: str, descending: bool) -> list[tuple[Listed, JobRow]]:
     """The index's jobs in this order, sorted once per change of the index (lists far outnumber changes)."""
 
-    def build() -> list[tuple[SubmittedJob, JobRow]]:
+    def build() -> list[tuple[Listed, JobRow]]:
         jobs = []
         for job in index.jobs.values():
             if job.row is None:
-                job.row = job_row(job.sub, job.status, job.schedule)
-            jobs.append((job.sub, job.row))
+                job.row = job_row(job.brief, job.status, job.schedule)
+            jobs.append((job.brief, job.row))
         return order_jobs(jobs, field, descending)
 
     return index.memo(("order", field, descending), build)

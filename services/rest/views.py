@@ -23,7 +23,8 @@ def _spec(spec: Any) -> Any:
 
 
 def job_summary(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | None) -> dict[str, Any]:
-    """One row of GET /api/v2/jobs."""
+    """One row of GET /api/v2/jobs. `sub` and `rec` may be the job index's briefs of the
+    records (services/rest/job_index.py): the fields read here, in the same shape."""
     state = rec.state if rec else JobState.WAITING
     return {
         "debugId": sub.job,

@@ -80,7 +80,7 @@ async def test_the_index_loads_the_buckets_then_follows_writes_and_deletes(buses
     try:
         await until(lambda: index.ready, "the index to load")
         old = index.get("ann.old")
-        assert old is not None and old.sub.name == "old" and old.status.state == JobState.RUNNING
+        assert old is not None and old.brief.name == "old" and old.status.state == JobState.RUNNING
         assert old.status.attempt == 2 and old.schedule is None
 
         await schedule.put("ann.new", b'{"attempt": 1, "placed": false, "reason": "VC default is full"}')

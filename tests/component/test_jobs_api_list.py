@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from libs.common.errors import BadInput
@@ -87,7 +88,7 @@ def test_index_memo_is_computed_again_after_any_change():
         return len(index.jobs)
 
     assert index.memo("n", compute) == 0 and index.memo("n", compute) == 0 and len(calls) == 1
-    index.put_submission("ann.alpha", sub)
+    index.put_submission("ann.alpha", msgspec.json.encode(sub))
     assert index.memo("n", compute) == 1 and len(calls) == 2
     index.put_status("ann.alpha", StatusBrief(state=JobState.RUNNING))
     index.memo("n", compute)
@@ -95,7 +96,7 @@ def test_index_memo_is_computed_again_after_any_change():
     index.put_status("nobody.none", StatusBrief())  # a status before its submission changes no row
     index.memo("n", compute)
     assert len(calls) == 3
-    index.put_submission("nobody.none", sub)
+    index.put_submission("nobody.none", msgspec.json.encode(sub))
     assert index.jobs["nobody.none"].status is not None  # joined when the submission comes
     index.delete_submission("nobody.none")
     assert index.memo("n", compute) == 1 and len(calls) == 4  # two changes since, one recompute

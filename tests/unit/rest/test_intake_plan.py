@@ -3,6 +3,7 @@ out, which must be looked up in the event stream, and which are left for later."
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from libs.common.protocol.model import JobSpec
@@ -23,7 +24,7 @@ def record(name: str, *, age: float, published: bool = False) -> SubmittedJob:
 def index_of(*records: SubmittedJob, status=(), schedule=()) -> JobIndex:
     index = JobIndex()
     for sub in records:
-        index.put_submission(f"alice.{sub.name}", sub)
+        index.put_submission(f"alice.{sub.name}", msgspec.json.encode(sub))
     for name in status:
         index.put_status(f"alice.{name}", StatusBrief())
     for name in schedule:
