@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from services.launcher.backends import local_procs, local_shim
+from tests.spawn_paths import SPAWNERS, task_work_dir, use_spawner
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
@@ -27,22 +28,14 @@ GID = 0x70000125  # not the uid, and no group of the test's: each slot is told a
 CAT = "/bin/cat"
 
 
-@pytest.fixture(params=["vfork", "fork"])
+@pytest.fixture(params=SPAWNERS)
 def spawner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "fork":
-        monkeypatch.setattr(local_shim, "_spawn_as", None)
-    elif local_shim._spawn_as is None:
-        pytest.skip("the C extension _spawn_as is not built (setup.py build_ext --inplace)")
-    return request.param
+    return use_spawner(request.param, monkeypatch)
 
 
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
-    tmp_path.chmod(0o711)
-    work = tmp_path / "work"
-    work.mkdir(mode=0o700)
-    os.chown(work, UID, GID)
-    return work
+    return task_work_dir(tmp_path, UID, GID)
 
 
 def spawn(program: str, args: list[str], work: Path, **kwargs) -> str:

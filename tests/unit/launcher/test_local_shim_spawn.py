@@ -20,6 +20,7 @@ from services.launcher.backends.local_shim import (
     _fork_exec_as,
     _script_fd_in_task,
 )
+from tests.spawn_paths import SPAWNERS, task_work_dir, use_spawner
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
@@ -27,23 +28,15 @@ UID = 0x70000123
 GID = 65534
 
 
-@pytest.fixture(autouse=True, params=["vfork", "fork"])
+@pytest.fixture(autouse=True, params=SPAWNERS)
 def spawner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each test with _spawn_as and with the fallback the shim uses where it is not built."""
-    if request.param == "fork":
-        monkeypatch.setattr(local_shim, "_spawn_as", None)
-    elif local_shim._spawn_as is None:
-        pytest.skip("the C extension _spawn_as is not built (setup.py build_ext --inplace)")
-    return request.param
+    return use_spawner(request.param, monkeypatch)
 
 
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
-    tmp_path.chmod(0o711)
-    work = tmp_path / "work"
-    work.mkdir(mode=0o700)
-    os.chown(work, UID, GID)
-    return work
+    return task_work_dir(tmp_path, UID, GID)
 
 
 def run(script: str, work: Path, *, script_fd: int | None = None, cgroup: Path | None = None) -> tuple[int, str, str]:
