@@ -72,7 +72,7 @@ class JobRecord:
         self.restored = False
         self.submitted_at = now if submitted_at is None else submitted_at  # for queue order after a restart
         self.sent: dict[tuple[str, int], TaskPlacement] = {}  # (role, index) -> placement given in a Place
-        self.wait_given = False  # a first Wait was given for this attempt
+        self.wait_given = False  # its wait was announced (a Wait that is `first`, or an Announce)
         self.reason_given = ""  # the reason text last given in a Wait
         self.reason_given_at = float("-inf")  # when (the core's clock) it was given
         # When this attempt first got cells (-inf: restored, its start unknown, counted as long ago):
