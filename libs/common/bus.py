@@ -891,6 +891,58 @@ class _Puller:
         return msg
 
 
+class _AppliedAtOnce:
+    """Stands in for a nats-py subscription's message queue: each message the read
+    loop puts there is applied at once, in the read loop itself. Like `_Puller`, it
+    relies on nats-py's subscription internals (`_pending_queue`, `_pending_size`):
+    this module is the one place that does.
+
+    Without a callback, nats-py puts a subscription's messages in its queue for
+    `next_msg`; with one, a task per subscription takes them out and awaits the
+    callback: a future woken, a task step and a coroutine per message. What it
+    reads of the queue besides `put_nowait` (its size for flow control, `join` on
+    drain) is answered as for a queue always empty: every message is applied by
+    the time it is handed over, so the ordered consumer's flow control replies at
+    once. `apply` must not block; what it raises is logged, never raised into
+    the read loop."""
+
+    def __init__(self, sub, apply: Callable[[Any], None]):
+        self._sub = sub
+        self._apply = apply
+
+    def put_nowait(self, msg) -> None:
+        self._sub._pending_size -= len(msg.data)  # counted by nats-py as it queued it
+        try:
+            self._apply(msg)
+        except Exception:  # nats-py's read loop must go on
+            log.exception("applying %s failed", msg.subject)
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+    def task_done(self) -> None:
+        pass
+
+    async def join(self) -> None:
+        return None
+
+
+def apply_on_arrival(push_subscription: Any, apply: Callable[[Msg], None]) -> None:
+    """Apply the messages of `push_subscription` (nats-py's, made without a callback)
+    as nats-py's read loop hands them over, any already queued first, in order
+    (`_AppliedAtOnce`); `apply` must not block. For a consumer that only updates
+    memory per message (rest's job index watches)."""
+    sub = push_subscription._sub
+    queued = sub._pending_queue
+    direct = _AppliedAtOnce(sub, apply)
+    sub._pending_queue = push_subscription._pending_queue = direct
+    while not queued.empty():
+        direct.put_nowait(queued.get_nowait())
+
+
 class _Delivery(NamedTuple):
     delivered: int  # times this event was delivered to the consumer, this one included
     stream_seq: int

@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 import nats.js.api
 
-from libs.common.bus import Bus
+from libs.common.bus import Bus, apply_on_arrival
 from libs.common.messages import JobState
 from libs.common.protocol.model import DEFAULT_PRIORITY_CLASS, PRIORITY_CLASSES
 from libs.common.subjects import Bucket
@@ -257,7 +257,7 @@ class _Watch:
 
     The same ordered push consumer `KeyValue.watchall()` makes (every key's last
     value, then every change; nats-py restarts it on a gap), but each message is
-    applied as nats-py's read loop hands it over (`_AppliedAtOnce`): no
+    applied as nats-py's read loop hands it over (`apply_on_arrival`): no
     `KeyValue.Entry`, no queue and no task hop per message, and the reply
     subject's metadata is parsed only until the initial values are in (only
     their pending count is needed). rest receives about seven of these per job
@@ -278,7 +278,7 @@ class _Watch:
         watch.sub = await bus.js.subscribe(
             f"{watch.prefix}>", stream=f"KV_{bucket.value}", ordered_consumer=True,
             deliver_policy=nats.js.api.DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=WATCH_INACTIVE_SECONDS)
-        _AppliedAtOnce.replace_queue_of(watch.sub, watch._on_message)
+        apply_on_arrival(watch.sub, watch._on_message)
         await asyncio.sleep(0)
         try:
             info = await watch.sub.consumer_info()
@@ -322,50 +322,3 @@ class _Watch:
         except Exception as exc:  # the connection may be gone already
             log.debug("stopping a watch: %r", exc)
 
-
-class _AppliedAtOnce:
-    """Stands in for a nats-py subscription's message queue: each message the read
-    loop puts there is applied at once, in the read loop itself.
-
-    Without a callback, nats-py puts a subscription's messages in its queue for
-    `next_msg`; with one, a task per subscription takes them out and awaits the
-    callback: a future woken, a task step and a coroutine per message. What it
-    reads of the queue besides `put_nowait` (its size for flow control, `join` on
-    drain) is answered as for a queue always empty: every message is applied by
-    the time it is handed over, so the ordered consumer's flow control replies at
-    once. `apply` must not block; what it raises is logged, never raised into
-    the read loop."""
-
-    def __init__(self, sub, apply: Callable[[Any], None]):
-        self._sub = sub
-        self._apply = apply
-
-    @classmethod
-    def replace_queue_of(cls, push_subscription, apply: Callable[[Any], None]) -> None:
-        """Apply the messages of `push_subscription` (nats-py's, made without a callback) as they come;
-        any already queued first, in order."""
-        sub = push_subscription._sub
-        queued = sub._pending_queue
-        direct = cls(sub, apply)
-        sub._pending_queue = push_subscription._pending_queue = direct
-        while not queued.empty():
-            direct.put_nowait(queued.get_nowait())
-
-    def put_nowait(self, msg) -> None:
-        self._sub._pending_size -= len(msg.data)  # counted by nats-py as it queued it
-        try:
-            self._apply(msg)
-        except Exception:  # nats-py's read loop must go on
-            log.exception("job index: applying %s failed", msg.subject)
-
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-    def task_done(self) -> None:
-        pass
-
-    async def join(self) -> None:
-        return None
