@@ -30,3 +30,19 @@ def task_work_dir(tmp_path: Path, uid: int, gid: int) -> Path:
     work.mkdir(mode=0o700)
     os.chown(work, uid, gid)
     return work
+
+
+def spawn_collected(argv: list[str], env: dict[str, str], work: Path, *args, **kwargs) -> tuple[int, str, str]:
+    """`local_shim._fork_exec_as(argv, env, work, <its output pipes>, *args, **kwargs)`, waited for:
+    its exit status, stdout, stderr."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        pid = local_shim._fork_exec_as(argv, env, str(work), out_w, err_w, *args, **kwargs)
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    with os.fdopen(out_r) as out, os.fdopen(err_r) as err:
+        stdout, stderr = out.read(), err.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), stdout, stderr

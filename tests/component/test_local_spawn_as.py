@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from services.launcher.backends import local_procs, local_shim
-from tests.spawn_paths import SPAWNERS, task_work_dir, use_spawner
+from tests.spawn_paths import SPAWNERS, spawn_collected, task_work_dir, use_spawner
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
@@ -40,20 +40,11 @@ def work(tmp_path: Path) -> Path:
 
 def spawn(program: str, args: list[str], work: Path, **kwargs) -> str:
     """Start `program` as UID:GID as the shim does; its stdout (it must succeed)."""
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    try:
-        pid = local_shim._fork_exec_as(
-            [program, *args], {"PATH": "/usr/bin:/bin"}, str(work), out_w, err_w,
-            kwargs.pop("script_fd", None), UID, GID, kwargs.pop("cgroup", None), program, **kwargs,
-        )
-    finally:
-        os.close(out_w)
-        os.close(err_w)
-    with os.fdopen(out_r) as out, os.fdopen(err_r) as err:
-        stdout, stderr = out.read(), err.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, stderr
+    code, stdout, stderr = spawn_collected(
+        [program, *args], {"PATH": "/usr/bin:/bin"}, work,
+        kwargs.pop("script_fd", None), UID, GID, kwargs.pop("cgroup", None), program, **kwargs,
+    )
+    assert code == 0, stderr
     return stdout
 
 

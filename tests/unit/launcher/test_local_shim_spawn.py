@@ -17,10 +17,9 @@ from services.launcher.backends.local_shim import (
     BASH,
     TASK_UMASK,
     _catch_ignored_signals,
-    _fork_exec_as,
     _script_fd_in_task,
 )
-from tests.spawn_paths import SPAWNERS, task_work_dir, use_spawner
+from tests.spawn_paths import SPAWNERS, spawn_collected, task_work_dir, use_spawner
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
@@ -43,22 +42,7 @@ def run(script: str, work: Path, *, script_fd: int | None = None, cgroup: Path |
     """Start `script` as the task user the way the shim does; its exit status, stdout, stderr."""
     argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, "pai-task-test"]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "SHELL": BASH}
-    return spawn(argv, env, work, script_fd, UID, GID, cgroup)
-
-
-def spawn(argv: list[str], env: dict[str, str], work: Path, *args, **kwargs) -> tuple[int, str, str]:
-    """`_fork_exec_as(argv, env, work, <its output pipes>, *args, **kwargs)`: exit status, stdout, stderr."""
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    try:
-        pid = _fork_exec_as(argv, env, str(work), out_w, err_w, *args, **kwargs)
-    finally:
-        os.close(out_w)
-        os.close(err_w)
-    with os.fdopen(out_r) as out, os.fdopen(err_r) as err:
-        stdout, stderr = out.read(), err.read()
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), stdout, stderr
+    return spawn_collected(argv, env, work, script_fd, UID, GID, cgroup)
 
 
 def test_the_task_runs_as_its_user_with_no_group_in_a_session_of_its_own(work: Path):
@@ -142,7 +126,7 @@ def test_a_task_with_a_cgroup_joins_it_before_dropping_root(work: Path, tmp_path
 
 def test_a_program_started_without_bash_gets_its_data_limit_soft_and_hard(work: Path):
     script = "ulimit -S -d; ulimit -H -d; id -u; id -G"
-    code, stdout, stderr = spawn(["sh", "-c", script], {"PATH": "/usr/bin:/bin"}, work, None, UID, GID, None, "/bin/sh",
+    code, stdout, stderr = spawn_collected(["sh", "-c", script], {"PATH": "/usr/bin:/bin"}, work, None, UID, GID, None, "/bin/sh",
                                  data_limit=64 << 20)
     assert code == 0, stderr
     soft, hard, uid, groups = stdout.splitlines()
