@@ -353,12 +353,14 @@ async def measure(platform: Platform, conn, result: dict, args, nats_monitor: in
             load_before = os.getloadavg()
             cpu_before, varz_before = processes.snapshot(), varz(nats_monitor)
             seq_before = await stream_sequences(bus)
+            client_cpu_before = time.process_time()
             profiler = e2e_profile.Profiler.start(processes.pids, profile_dir, config_name) if profile_dir else None
             try:
                 burst = await burst_phase(api, prefix, args.jobs, args.clients, deadline)
             finally:
                 if profiler is not None:
                     profiler.stop()
+            client_cpu = time.process_time() - client_cpu_before
             shims_left = await asyncio.to_thread(processes.wait_for_shims)
             cpu_after, varz_after = processes.snapshot(), varz(nats_monitor)
             seq_after = await stream_sequences(bus)
@@ -386,6 +388,9 @@ async def measure(platform: Platform, conn, result: dict, args, nats_monitor: in
                 "submit_to_launch": summary_ms(launch),
                 "cpu_ms_per_job": cpu_per_job(cpu_before, cpu_after, done),
                 "cpu_kernel_percent": kernel_percent(cpu_before, cpu_after),
+                # This benchmark's own process (the HTTP clients and the polling for completion): it shares
+                # the machine's cores with the platform during the burst.
+                "client_cpu_ms_per_job": round(client_cpu * 1000 / done, 2),
                 "shims_still_running_at_end": shims_left,
                 "nats_msgs_per_job": {
                     "in": round((varz_after["in_msgs"] - varz_before["in_msgs"]) / done, 1),
