@@ -51,13 +51,16 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.kv import KeyValue
 
-from libs.common import busauth, telemetry
+from libs.common import bus_wire, busauth, telemetry
+from libs.common.bus_wire import DirectSubscription, Inbox, Received
 from libs.common.errors import BadInput, Transient
 from libs.common.jetstream_limits import StoreSettings
 from libs.common.messages import AnyEvent, Event, EventDeadLettered, decoder_for, encode, subject_of
 from libs.common.subjects import STREAM, STREAM_SUBJECTS, Bucket, Durable, Kind, kind_filter
 
 log = logging.getLogger("pai.bus")
+# rest's job index applies its watches' messages with it (bus_wire: nats-py's internals).
+apply_on_arrival = bus_wire.apply_on_arrival
 
 # Dead-server detection: a connection whose pings go unanswered this many times
 # in a row is given up and the client reconnects to another server (4-6 s), well
@@ -125,6 +128,9 @@ class Bus:
         self.name = name
         self.user = user  # the NATS user (busauth.ACCESS); "" on a server without auth
         self._kv: dict[Bucket, KeyValue] = {}
+        # The bus's own receive path on the connection: fails here, at connect,
+        # with a nats-py whose internals it does not know.
+        bus_wire.install(nc)
         self._store_acks = _StoreAcks(nc)
 
     @classmethod
@@ -447,7 +453,7 @@ class Bus:
 
     async def _dispatch_batch(
         self,
-        msgs: list[Msg],
+        msgs: list[Received],
         decoder: msgspec.json.Decoder,
         handler: BatchHandler,
         durable: Durable,
@@ -455,7 +461,7 @@ class Bus:
         deadline: float,
     ) -> None:
         """Handle the batch whole and ack it; if that fails, event by event."""
-        decoded: list[tuple[Msg, AnyEvent]] = []
+        decoded: list[tuple[Received, AnyEvent]] = []
         for msg in msgs:
             try:
                 decoded.append((msg, decoder.decode(msg.data)))
@@ -495,7 +501,7 @@ class Bus:
 
     async def _dispatch(
         self,
-        msg: Msg,
+        msg: Received,
         event: AnyEvent,
         handler: BatchHandler,
         durable: Durable,
@@ -548,7 +554,7 @@ class Bus:
             await asyncio.sleep(delay)
             deliveries += 1
 
-    async def _dead_letter(self, msg: Msg, event: Event, durable: Durable, deliveries: int, reason: str) -> None:
+    async def _dead_letter(self, msg: Received, event: Event, durable: Durable, deliveries: int, reason: str) -> None:
         """Announce, then terminate: a crash in between redelivers the event, and the
         announcement's id makes the second one a duplicate JetStream drops."""
         if not isinstance(event, EventDeadLettered):  # never announce the announcement
@@ -668,7 +674,7 @@ async def _within(deadline: float, work: Awaitable[None]) -> None:
 
 
 @contextlib.contextmanager
-def _kept_in_progress(msgs: list[Msg]) -> Iterator[None]:
+def _kept_in_progress(msgs: list[Received]) -> Iterator[None]:
     """While the block runs, tell JetStream every `HEARTBEAT_SECONDS` that the handler
     is still at work on `msgs`, so it does not redeliver them. Most batches end
     long before the first beat: a timer until then, a task only after."""
@@ -684,7 +690,7 @@ def _kept_in_progress(msgs: list[Msg]) -> Iterator[None]:
             task.cancel()
 
 
-async def _keep_in_progress(msgs: list[Msg]) -> None:
+async def _keep_in_progress(msgs: list[Received]) -> None:
     while True:
         for msg in msgs:
             if not msg._ackd:  # nats-py marks a message once acked, nak'ed or terminated
@@ -762,12 +768,14 @@ class _StoreAcks:
     Each publish of a batch gets the reply subject `<inbox>.<batch>.<position>`,
     so an ack finds its batch and its place by its subject alone. nats-py's own
     publishes pay per message what here is paid per batch: a future, a timer, a
-    random token (a system call) and a parsed PubAck object each."""
+    random token (a system call) and a parsed PubAck object each. The acks are
+    read straight off the wire (`bus_wire.DirectSubscription`): no `Msg`, no
+    queue, no task step per ack."""
 
     def __init__(self, nc: nats.NATS):
         self._nc = nc
-        self._prefix = ""
-        self._sub: Any = None
+        self._prefix = b""
+        self._sub: DirectSubscription | None = None
         self._subscribing = asyncio.Lock()
         self._batches = 0
         self._waiting: dict[int, _PendingStores] = {}
@@ -777,10 +785,10 @@ class _StoreAcks:
             async with self._subscribing:  # two first batches at once: one subscription
                 if self._sub is None:
                     inbox = self._nc.new_inbox()
-                    self._sub = await self._nc.subscribe(inbox + ".>", cb=self._on_answer)
-                    self._prefix = inbox + "."
+                    self._prefix = (inbox + ".").encode()
+                    self._sub = await DirectSubscription.open(self._nc, inbox + ".>", self._on_answer)
         self._batches += 1
-        pending = _PendingStores(self._batches, self._prefix, count, revisions)
+        pending = _PendingStores(self._batches, self._prefix.decode(), count, revisions)
         self._waiting[pending.number] = pending
         return pending
 
@@ -788,27 +796,27 @@ class _StoreAcks:
         """Answers that come for `pending` from now on are late: dropped."""
         self._waiting.pop(pending.number, None)
 
-    async def _on_answer(self, msg: Msg) -> None:
-        number, _, position = msg.subject[len(self._prefix):].partition(".")
+    def _on_answer(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        number, _, position = subject[len(self._prefix):].partition(b".")
         pending = self._waiting.get(int(number))
         if pending is not None:
-            outcome = _store_outcome(msg)
+            outcome = _store_outcome(data)
             if outcome is _STORED and pending.revisions:
-                outcome = _PUB_ACK.decode(msg.data).seq
+                outcome = _PUB_ACK.decode(data).seq
             pending.answer(int(position), outcome)
 
 
-def _store_outcome(msg: Msg) -> object:
-    """What a JetStream publish's answer says: `_STORED`, or why it was not."""
-    if not msg.data:  # a status without a body: no stream listens on the subject
+def _store_outcome(data: bytes) -> object:
+    """What a JetStream publish's answer (its payload) says: `_STORED`, or why it was not."""
+    if not data:  # a status without a body: no stream listens on the subject
         return nats.js.errors.NoStreamResponseError()
-    if b'"error"' not in msg.data:  # a PubAck: {"stream": ..., "seq": ...}
+    if b'"error"' not in data:  # a PubAck: {"stream": ..., "seq": ...}
         return _STORED
     try:
-        nats.js.errors.APIError.from_error(msgspec.json.decode(msg.data)["error"])  # raises the error's class
+        nats.js.errors.APIError.from_error(msgspec.json.decode(data)["error"])  # raises the error's class
     except nats.js.errors.APIError as exc:
         return exc
-    return nats.js.errors.APIError(description=msg.data.decode(errors="replace"))
+    return nats.js.errors.APIError(description=data.decode(errors="replace"))
 
 
 class _Puller:
@@ -821,8 +829,11 @@ class _Puller:
     batch open until its timeout once the first event is in, adding that wait
     to every hop.
 
-    An answer that comes late (after its request timed out here) is not lost:
-    it waits in the inbox and is the start of the next batch.
+    The answers are read straight off the wire (`bus_wire.DirectSubscription`)
+    into an inbox of `Received` deliveries; the status that ends an answer (404
+    no messages, 408 expired, 409) is told by its first header line alone. An
+    answer that comes late (after its request timed out here) is not lost: it
+    waits in the inbox and is the start of the next batch.
     """
 
     def __init__(self, nc: nats.NATS, stream: str, durable: str):
@@ -830,18 +841,25 @@ class _Puller:
         self._subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._inbox = nc.new_inbox()
         self._sub: Any = None
+        self._received = Inbox(asyncio.get_running_loop())
 
     @classmethod
     async def open(cls, nc: nats.NATS, stream: str, durable: str) -> _Puller:
         puller = cls(nc, stream, durable)
-        puller._sub = await nc.subscribe(puller._inbox)
+        puller._sub = await DirectSubscription.open(nc, puller._inbox, puller._on_message)
         return puller
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self._sub.unsubscribe()
 
-    async def next_batch(self, most: int) -> list[Msg]:
+    def _on_message(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        if bus_wire.status_of(data, headers) is not None:
+            self._received.put(_ANSWER_ENDED)
+        else:
+            self._received.put(Received(self._nc, subject, reply.decode(), data, headers))
+
+    async def next_batch(self, most: int) -> list[Received]:
         msgs = self._already_here(most)
         if not msgs:
             await self._request({"batch": 1, "expires": int(PULL_WAIT_SECONDS * 1e9)})
@@ -854,93 +872,38 @@ class _Puller:
             msgs += await self._answer(more, PULL_ANSWER_SECONDS)
         return msgs
 
-    def _already_here(self, most: int) -> list[Msg]:
-        msgs: list[Msg] = []
-        queue = self._sub._pending_queue
-        while len(msgs) < most and not queue.empty():
-            msg = self._took(queue.get_nowait())
-            if not _is_status(msg):
+    def _already_here(self, most: int) -> list[Received]:
+        msgs: list[Received] = []
+        waiting = self._received.items
+        while len(msgs) < most and waiting:
+            msg = waiting.popleft()
+            if msg is not _ANSWER_ENDED:
                 msgs.append(msg)
         return msgs
 
     async def _request(self, request: dict[str, Any]) -> None:
         await self._nc.publish(self._subject, msgspec.json.encode(request), reply=self._inbox)
 
-    async def _answer(self, most: int, timeout: float) -> list[Msg]:
+    async def _answer(self, most: int, timeout: float) -> list[Received]:
         """Events answering the request, until `most` came or a status ended it
-        (no more waiting, the request expired), or `timeout` passed.
-
-        Read from the subscription's queue under one timer for the whole answer:
-        nats-py's `next_msg` makes a task, a uuid and a timer per message."""
-        msgs: list[Msg] = []
-        queue = self._sub._pending_queue
+        (no more waiting, the request expired), or `timeout` passed; under one
+        timer for the whole answer (nats-py's `next_msg` makes a task, a uuid and
+        a timer per message)."""
+        msgs: list[Received] = []
+        received = self._received
+        waiting = received.items
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 while len(msgs) < most:
-                    msg = self._took(queue.get_nowait() if not queue.empty() else await queue.get())
-                    if _is_status(msg):
+                    msg = waiting.popleft() if waiting else await received.get()
+                    if msg is _ANSWER_ENDED:
                         break
                     msgs.append(msg)
         return msgs
 
-    def _took(self, msg: Msg) -> Msg:
-        """Account for a message taken off the subscription's queue as nats-py's
-        `next_msg` does (its byte count; done, so that a drain does not wait for it)."""
-        self._sub._pending_size -= len(msg.data)
-        self._sub._pending_queue.task_done()
-        return msg
 
-
-class _AppliedAtOnce:
-    """Stands in for a nats-py subscription's message queue: each message the read
-    loop puts there is applied at once, in the read loop itself. Like `_Puller`, it
-    relies on nats-py's subscription internals (`_pending_queue`, `_pending_size`):
-    this module is the one place that does.
-
-    Without a callback, nats-py puts a subscription's messages in its queue for
-    `next_msg`; with one, a task per subscription takes them out and awaits the
-    callback: a future woken, a task step and a coroutine per message. What it
-    reads of the queue besides `put_nowait` (its size for flow control, `join` on
-    drain) is answered as for a queue always empty: every message is applied by
-    the time it is handed over, so the ordered consumer's flow control replies at
-    once. `apply` must not block; what it raises is logged, never raised into
-    the read loop."""
-
-    def __init__(self, sub, apply: Callable[[Any], None]):
-        self._sub = sub
-        self._apply = apply
-
-    def put_nowait(self, msg) -> None:
-        self._sub._pending_size -= len(msg.data)  # counted by nats-py as it queued it
-        try:
-            self._apply(msg)
-        except Exception:  # nats-py's read loop must go on
-            log.exception("applying %s failed", msg.subject)
-
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-    def task_done(self) -> None:
-        pass
-
-    async def join(self) -> None:
-        return None
-
-
-def apply_on_arrival(push_subscription: Any, apply: Callable[[Msg], None]) -> None:
-    """Apply the messages of `push_subscription` (nats-py's, made without a callback)
-    as nats-py's read loop hands them over, any already queued first, in order
-    (`_AppliedAtOnce`); `apply` must not block. For a consumer that only updates
-    memory per message (rest's job index watches)."""
-    sub = push_subscription._sub
-    queued = sub._pending_queue
-    direct = _AppliedAtOnce(sub, apply)
-    sub._pending_queue = push_subscription._pending_queue = direct
-    while not queued.empty():
-        direct.put_nowait(queued.get_nowait())
+# What the inbox of a `_Puller` holds for the status that ended an answer.
+_ANSWER_ENDED = object()
 
 
 class _Delivery(NamedTuple):
@@ -949,7 +912,7 @@ class _Delivery(NamedTuple):
     pending: int  # events still waiting for the consumer after this one
 
 
-def _delivery(msg: Msg) -> _Delivery:
+def _delivery(msg: Received | Msg) -> _Delivery:
     """What a JetStream delivery's reply subject says (nats-py's `msg.metadata`),
     without the dataclasses and datetime nats-py builds for every event.
 
@@ -958,11 +921,6 @@ def _delivery(msg: Msg) -> _Delivery:
     tokens = msg.reply.split(".")
     at = 4 if len(tokens) == 9 else 6
     return _Delivery(int(tokens[at]), int(tokens[at + 1]), int(tokens[at + 4]))
-
-
-def _is_status(msg: Msg) -> bool:
-    """A pull request's status answer (404 no messages, 408 expired, 409, 100 heartbeat), not an event."""
-    return bool(msg.headers) and "Status" in msg.headers and not msg.data
 
 
 # JetStream's answers when a stream or bucket (or the server's whole store) has

@@ -1,0 +1,433 @@
+"""The bus's receive path, and its one seam onto nats-py's internals.
+
+Every message a service receives used to take nats-py's whole receive path: two
+regular expressions tried per control line and a dict of arguments
+(`nats.protocol.parser.Parser`), the headers parsed into a dict, a `Msg`
+dataclass, the JetStream bookkeeping, and an `asyncio.Queue` (plus, for a
+subscription with a callback, a task step per message). Profiled on a service's
+connection that came to 5-10 us per message, for about 35 messages per job in
+each service (docs/throughput.md). Most of them are messages the bus consumes
+itself: the acks of its batched publishes and KV writes (`Bus._send_together`)
+and the answers to its pull requests (`bus._Puller`).
+
+So `install` puts `WireParser` on the connection: nats-py's parser with the
+same state, reading MSG and HMSG itself with one split per control line, and
+leaving every other operation (PING, PONG, INFO, +OK, -ERR) and every other
+subscription's message to nats-py, exactly as before: JetStream flow control,
+ordered consumers, request/reply, slow consumer limits, reconnects (which
+`reset()` the parser and resubscribe) are nats-py's. A subscription made with
+`subscribe_direct` has its messages handed to a plain function as they are
+parsed, as bytes, with no `Msg`; the bus makes of them what it needs
+(`Received`: headers parsed only when read).
+
+nats-py's internals relied upon, all here and checked at `install` (a nats-py
+that changed them fails at connect, naming its version, never mid-flight):
+- `nc._ps`, the parser the read loop awaits (`parse(bytes)`), whose `reset()`
+  a reconnect calls, with nats-py's state fields (`buf`, `state`, `needed`,
+  `header_needed`, `msg_arg`);
+- `nc._process_msg(sid, subject, reply, payload, headers)` and
+  `nc._process_ping/_pong/_info/_err`, what the parser hands operations to;
+- a subscription's `_id` (the sid of its messages), and its `_pending_queue`
+  and `_pending_size` (`apply_on_arrival`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import nats
+import nats.aio.client
+import nats.errors
+import nats.protocol.parser as nats_parser
+from nats.protocol.parser import (
+    AWAITING_CONTROL_LINE,
+    AWAITING_MSG_PAYLOAD,
+    MAX_CONTROL_LINE_SIZE,
+    Parser,
+)
+
+log = logging.getLogger("pai.bus")
+
+NATS_PY_VERSION = getattr(nats.aio.client, "__version__", "unknown")
+# A message for a direct subscription: (subject, reply, payload, raw headers or None).
+DirectHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
+
+_MSG_OPS = (b"MSG ", b"MSG\t", b"HMSG ", b"HMSG\t")
+_CRLF = b"\r\n"
+# The first line of a headers block: "NATS/1.0" alone, or with an inline status
+# ("NATS/1.0 404 No Messages"), what JetStream answers a pull request with.
+_HEADERS_LINE = b"NATS/1.0"
+_STATUS_AT = len(_HEADERS_LINE) + 1
+
+
+class WireParser(Parser):
+    """nats-py's protocol parser (its state and, for anything but MSG and HMSG,
+    its own handling), reading messages with less work per message.
+
+    Consumed bytes are cut from the buffer once per read, or before control
+    passes to nats-py (which may await, and a reconnect meanwhile replaces the
+    buffer); a message split across reads waits in nats-py's own state."""
+
+    direct: dict[int, DirectHandler]
+
+    def __init__(self, nc: Any = None) -> None:
+        super().__init__(nc)
+        self.direct = {}
+
+    async def parse(self, data: bytes = b"") -> None:
+        buf = self.buf
+        buf += data
+        pos = 0
+        while pos < len(buf):
+            if self.state == AWAITING_MSG_PAYLOAD:  # the rest of a message split across reads
+                needed = self.needed
+                if len(buf) - pos < needed + 2:
+                    break
+                arg, hsize = self.msg_arg, self.header_needed
+                start, end = pos, pos + needed
+                pos = end + 2
+                self.state, self.header_needed = AWAITING_CONTROL_LINE, 0
+                if await self._message(arg["sid"], arg["subject"], arg["reply"], buf, start, hsize, end, pos):
+                    buf, pos = self.buf, 0
+                continue
+            if not buf.startswith(_MSG_OPS, pos):
+                del buf[:pos]
+                pos = 0
+                if not await self._operation():
+                    break
+                buf = self.buf
+                continue
+            eol = buf.find(_CRLF, pos)
+            if eol < 0:
+                if len(buf) - pos > MAX_CONTROL_LINE_SIZE:
+                    raise nats.errors.ProtocolError("nats: control line too long")
+                break
+            args = bytes(buf[pos:eol]).split()
+            try:
+                if args[0] == b"MSG":
+                    subject, sid = args[1], int(args[2])
+                    reply, hsize, total = (args[3], 0, int(args[4])) if len(args) == 5 else (b"", 0, int(args[3]))
+                    if len(args) > 5:
+                        raise ValueError
+                else:
+                    subject, sid = args[1], int(args[2])
+                    if len(args) == 6:
+                        reply, hsize, total = args[3], int(args[4]), int(args[5])
+                    else:
+                        reply, hsize, total = b"", int(args[3]), int(args[4])
+                        if len(args) > 5:
+                            raise ValueError
+            except (IndexError, ValueError):
+                raise nats.errors.ProtocolError("nats: malformed MSG") from None
+            start = eol + 2
+            end = start + total
+            if end + 2 > len(buf):  # the payload is still on its way: nats-py's state
+                del buf[:start]
+                self.msg_arg = {"subject": subject, "sid": sid, "reply": reply}
+                self.needed, self.header_needed, self.state = total, hsize, AWAITING_MSG_PAYLOAD
+                return
+            pos = end + 2
+            if await self._message(sid, subject, reply, buf, start, hsize, end, pos):
+                buf, pos = self.buf, 0
+        del buf[:pos]
+
+    async def _message(self, sid: int, subject: bytes, reply: bytes, buf: bytearray, start: int, hsize: int,
+                       end: int, consumed: int) -> bool:
+        """Hand over the message at `buf[start:end]` (headers first, `hsize` bytes);
+        True when it went to nats-py, which found the buffer cut up to `consumed`."""
+        if hsize > 0:
+            headers: bytes | None = bytes(buf[start:start + hsize])
+            payload = bytes(buf[start + hsize:end])
+        else:
+            headers, payload = None, bytes(buf[start:end])
+        handler = self.direct.get(sid)
+        if handler is not None:
+            stats = self.nc.stats
+            stats["in_msgs"] += 1
+            stats["in_bytes"] += len(payload)
+            try:
+                handler(subject, reply, payload, headers)
+            except Exception:  # the read loop must go on
+                log.exception("handling a message on %s failed", subject.decode(errors="replace"))
+            return False
+        del buf[:consumed]
+        await self.nc._process_msg(sid, subject, reply, payload, headers)
+        return True
+
+    async def _operation(self) -> bool:
+        """Any operation but MSG and HMSG at the start of the buffer, as nats-py's
+        parser handles it; False when it has not fully arrived yet."""
+        buf = self.buf
+        ok = nats_parser.OK_RE.match(buf)
+        if ok:
+            del buf[:ok.end()]
+            return True
+        err = nats_parser.ERR_RE.match(buf)
+        if err:
+            emsg = err.groups()[0].decode().lower()
+            await self.nc._process_err(emsg)
+            del buf[:err.end()]
+            return True
+        ping = nats_parser.PING_RE.match(buf)
+        if ping:
+            del buf[:ping.end()]
+            await self.nc._process_ping()
+            return True
+        pong = nats_parser.PONG_RE.match(buf)
+        if pong:
+            del buf[:pong.end()]
+            await self.nc._process_pong()
+            return True
+        info = nats_parser.INFO_RE.match(buf)
+        if info:
+            srv_info = json.loads(info.groups()[0].decode())
+            await self.nc._process_info(srv_info)
+            del buf[:info.end()]
+            return True
+        if len(buf) < MAX_CONTROL_LINE_SIZE and _CRLF in buf:
+            raise nats.errors.ProtocolError("nats: unknown protocol")
+        return False
+
+
+def install(nc: Any) -> WireParser:
+    """Put `WireParser` on the connection `nc` (nats-py's, connected), keeping
+    whatever its parser holds; raises RuntimeError, naming nats-py's version,
+    when nats-py's internals are not what this module relies on."""
+    parser = getattr(nc, "_ps", None)
+    if isinstance(parser, WireParser):
+        return parser
+    _check_internals(nc, parser)
+    # The same object, so a parse in progress (awaiting nats-py) and the read
+    # loop's next call see one buffer and one state.
+    parser.__class__ = WireParser
+    parser.direct = {}
+    return parser
+
+
+def _check_internals(nc: Any, parser: Any) -> None:
+    problems = []
+    if type(parser) is not Parser:
+        problems.append(f"the connection's parser (nc._ps) is {type(parser).__name__}, not nats.protocol.parser.Parser")
+    for field in ("buf", "state", "needed", "header_needed", "msg_arg"):
+        if parser is not None and not hasattr(parser, field):
+            problems.append(f"its parser has no {field}")
+    if not inspect.iscoroutinefunction(getattr(parser, "parse", None)) or not callable(getattr(parser, "reset", None)):
+        problems.append("its parser has no async parse() and reset()")
+    process_msg = getattr(nc, "_process_msg", None)
+    if process_msg is None or list(inspect.signature(process_msg).parameters) != ["sid", "subject", "reply", "data", "headers"]:
+        problems.append("nc._process_msg(sid, subject, reply, data, headers) is gone or changed")
+    for name in ("_process_ping", "_process_pong", "_process_info", "_process_err"):
+        if not inspect.iscoroutinefunction(getattr(nc, name, None)):
+            problems.append(f"nc.{name} is gone")
+    for name in ("OK_RE", "ERR_RE", "PING_RE", "PONG_RE", "INFO_RE"):
+        if not hasattr(nats_parser, name):
+            problems.append(f"nats.protocol.parser.{name} is gone")
+    if not isinstance(getattr(nc, "stats", None), dict):
+        problems.append("nc.stats is gone")
+    if problems:
+        raise RuntimeError(
+            f"PAI's bus (libs/common/bus_wire.py) does not work with nats-py {NATS_PY_VERSION}: "
+            + "; ".join(problems) + ". Install the nats-py version pyproject.toml pins."
+        )
+
+
+class DirectSubscription:
+    """A subscription whose messages go to a plain function as they are parsed
+    (`WireParser.direct`). Made through nats-py, so that a reconnect subscribes
+    it again; nats-py's own queue for it stays empty."""
+
+    def __init__(self, nc: Any, sub: Any, handler: DirectHandler):
+        self._nc = nc
+        self._sub = sub
+        self.sid: int = sub._id
+
+    @classmethod
+    async def open(cls, nc: Any, subject: str, handler: DirectHandler) -> DirectSubscription:
+        """Subscribe to `subject`, a subject of this connection's own (an inbox):
+        nothing can come for it before a request sent after this returns."""
+        parser = install(nc)
+        sub = await nc.subscribe(subject)
+        parser.direct[sub._id] = handler
+        return cls(nc, sub, handler)
+
+    async def unsubscribe(self) -> None:
+        self._nc._ps.direct.pop(self.sid, None)
+        await self._sub.unsubscribe()
+
+
+class Inbox:
+    """The messages of a direct subscription, kept for a reader that takes them
+    when it is ready (`get`), in arrival order."""
+
+    __slots__ = ("_loop", "_waiter", "items")
+
+    def __init__(self, loop: Any) -> None:
+        self.items: deque[Any] = deque()
+        self._waiter: Any = None
+        self._loop = loop
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> Any:
+        while not self.items:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.items.popleft()
+
+
+def status_of(payload: bytes, headers: bytes | None) -> int | None:
+    """The inline status of a message without a payload (`NATS/1.0 404 No
+    Messages`: what JetStream answers a pull request with when it ends), else None."""
+    if payload or not headers or not headers.startswith(_HEADERS_LINE) or headers[_STATUS_AT - 1:_STATUS_AT] != b" ":
+        return None
+    code = headers[_STATUS_AT:_STATUS_AT + 3]
+    return int(code) if code.isdigit() else None
+
+
+def parse_headers(raw: bytes | None) -> dict[str, str] | None:
+    """A headers block as nats-py reads it (`Client._process_headers`): the inline
+    status as `Status` and `Description`, then `Name: Value` per line."""
+    if not raw:
+        return None
+    first, _, rest = raw.partition(_CRLF)
+    headers: dict[str, str] = {}
+    if first[len(_HEADERS_LINE):len(_HEADERS_LINE) + 1] == b" ":
+        status, _, description = first[_STATUS_AT:].partition(b" ")
+        status = status.strip()
+        if status.isdigit():
+            headers["Status"] = status.decode()
+        if description.strip():
+            headers["Description"] = description.decode()
+    for line in rest.split(_CRLF):
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        try:
+            key = name.strip().decode("ascii")
+        except UnicodeDecodeError:
+            continue
+        if not key or len(key.split()) != 1:  # whitespace inside a name: not a header
+            continue
+        headers[key] = value.strip().decode("utf-8", "replace")
+    return headers or None
+
+
+class Received:
+    """A message the bus takes itself from a direct subscription: what nats-py's
+    `Msg` offers the bus (subject, reply, data, headers; a JetStream delivery's
+    ack, nak, term, in_progress), at the cost of one small object. Subject and
+    headers are decoded only when read."""
+
+    __slots__ = ("_ackd", "_headers", "_nc", "_raw_headers", "_subject", "data", "reply")
+
+    def __init__(self, nc: Any, subject: bytes, reply: str, data: bytes, raw_headers: bytes | None) -> None:
+        self._nc = nc
+        self._subject = subject
+        self.reply = reply
+        self.data = data
+        self._raw_headers = raw_headers
+        self._headers: Any = False
+        self._ackd = False
+
+    @property
+    def subject(self) -> str:
+        return self._subject.decode()
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        if self._headers is False:
+            self._headers = parse_headers(self._raw_headers)
+        return self._headers
+
+    def _check_reply(self) -> None:
+        if not self.reply:
+            raise nats.errors.NotJSMessageError
+        if self._ackd:
+            raise nats.errors.MsgAlreadyAckdError(self)
+
+    async def ack(self) -> None:
+        self._check_reply()
+        await self._nc.publish(self.reply)
+        self._ackd = True
+
+    async def nak(self, delay: float | None = None) -> None:
+        self._check_reply()
+        payload = b"-NAK"
+        if delay:
+            payload += b" " + json.dumps({"delay": int(delay * 10**9)}).encode()
+        await self._nc.publish(self.reply, payload)
+        self._ackd = True
+
+    async def term(self) -> None:
+        self._check_reply()
+        await self._nc.publish(self.reply, b"+TERM")
+        self._ackd = True
+
+    async def in_progress(self) -> None:
+        if not self.reply:
+            raise nats.errors.NotJSMessageError
+        await self._nc.publish(self.reply, b"+WPI")
+
+
+class _AppliedAtOnce:
+    """Stands in for a nats-py subscription's message queue: each message the read
+    loop puts there is applied at once, in the read loop itself.
+
+    Without a callback, nats-py puts a subscription's messages in its queue for
+    `next_msg`; with one, a task per subscription takes them out and awaits the
+    callback: a future woken, a task step and a coroutine per message. What it
+    reads of the queue besides `put_nowait` (its size for flow control, `join` on
+    drain) is answered as for a queue always empty: every message is applied by
+    the time it is handed over, so the ordered consumer's flow control replies at
+    once. `apply` must not block; what it raises is logged, never raised into
+    the read loop."""
+
+    def __init__(self, sub: Any, apply: Callable[[Any], None]):
+        self._sub = sub
+        self._apply = apply
+
+    def put_nowait(self, msg: Any) -> None:
+        self._sub._pending_size -= len(msg.data)  # counted by nats-py as it queued it
+        try:
+            self._apply(msg)
+        except Exception:  # nats-py's read loop must go on
+            log.exception("applying %s failed", msg.subject)
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+    def task_done(self) -> None:
+        pass
+
+    async def join(self) -> None:
+        return None
+
+
+def apply_on_arrival(push_subscription: Any, apply: Callable[[Any], None]) -> None:
+    """Apply the messages of `push_subscription` (nats-py's JetStream push
+    subscription, made without a callback) as nats-py's read loop hands them
+    over, any already queued first, in order (`_AppliedAtOnce`); `apply` must
+    not block. For a consumer that only updates memory per message (rest's job
+    index watches). Its messages stay on nats-py's path (`Msg`): the ordered
+    consumer's gap detection and flow control are nats-py's."""
+    sub = push_subscription._sub
+    queued = sub._pending_queue
+    direct = _AppliedAtOnce(sub, apply)
+    sub._pending_queue = push_subscription._pending_queue = direct
+    while not queued.empty():
+        direct.put_nowait(queued.get_nowait())
