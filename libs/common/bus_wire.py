@@ -44,12 +44,7 @@ import nats
 import nats.aio.client
 import nats.errors
 import nats.protocol.parser as nats_parser
-from nats.protocol.parser import (
-    AWAITING_CONTROL_LINE,
-    AWAITING_MSG_PAYLOAD,
-    MAX_CONTROL_LINE_SIZE,
-    Parser,
-)
+from nats.protocol.parser import AWAITING_CONTROL_LINE, AWAITING_MSG_PAYLOAD, Parser
 
 log = logging.getLogger("pai.bus")
 
@@ -69,84 +64,92 @@ class WireParser(Parser):
     """nats-py's protocol parser (its state and, for anything but MSG and HMSG,
     its own handling), reading messages with less work per message.
 
-    Consumed bytes are cut from the buffer once per read, or before control
-    passes to nats-py (which may await, and a reconnect meanwhile replaces the
-    buffer); a message split across reads waits in nats-py's own state."""
+    A read is parsed where it lies (slices of the bytes read, one copy each);
+    only what a read leaves unfinished is kept in `buf` for the next. A message
+    split across reads waits in nats-py's own state (`AWAITING_MSG_PAYLOAD`),
+    so a large payload arriving over many reads is not copied on each. Whenever
+    control passes to nats-py (which may await, and a reconnect meanwhile
+    resets the parser), `buf` holds nothing; a reset drops the rest of the
+    read, as nats-py's parser does."""
 
     direct: dict[int, DirectHandler]
+    resets: int = 0
 
     def __init__(self, nc: Any = None) -> None:
         super().__init__(nc)
         self.direct = {}
 
+    def reset(self) -> None:
+        super().reset()
+        self.resets += 1
+
     async def parse(self, data: bytes = b"") -> None:
         buf = self.buf
-        buf += data
-        pos = 0
-        while pos < len(buf):
+        if buf:
+            buf += data
+            if self.state == AWAITING_MSG_PAYLOAD and len(buf) < self.needed + 2:
+                return  # a large payload still arriving
+            data = bytes(buf)
+            buf.clear()
+        resets, direct = self.resets, self.direct
+        pos, size = 0, len(data)
+        while pos < size:
             if self.state == AWAITING_MSG_PAYLOAD:  # the rest of a message split across reads
-                needed = self.needed
-                if len(buf) - pos < needed + 2:
+                if size - pos < self.needed + 2:
                     break
-                arg, hsize = self.msg_arg, self.header_needed
-                start, end = pos, pos + needed
-                pos = end + 2
+                arg, hsize, start = self.msg_arg, self.header_needed, pos
+                sid, subject, reply, end = arg["sid"], arg["subject"], arg["reply"], pos + self.needed
                 self.state, self.header_needed = AWAITING_CONTROL_LINE, 0
-                if await self._message(arg["sid"], arg["subject"], arg["reply"], buf, start, hsize, end, pos):
-                    buf, pos = self.buf, 0
-                continue
-            if not buf.startswith(_MSG_OPS, pos):
-                del buf[:pos]
-                pos = 0
-                if not await self._operation():
+            elif data.startswith(_MSG_OPS, pos):
+                eol = data.find(_CRLF, pos)
+                if eol < 0:
                     break
-                buf = self.buf
-                continue
-            eol = buf.find(_CRLF, pos)
-            if eol < 0:
-                if len(buf) - pos > MAX_CONTROL_LINE_SIZE:
-                    raise nats.errors.ProtocolError("nats: control line too long")
-                break
-            args = bytes(buf[pos:eol]).split()
-            try:
-                if args[0] == b"MSG":
+                args = data[pos:eol].split()
+                try:
                     subject, sid = args[1], int(args[2])
-                    reply, hsize, total = (args[3], 0, int(args[4])) if len(args) == 5 else (b"", 0, int(args[3]))
-                    if len(args) > 5:
-                        raise ValueError
-                else:
-                    subject, sid = args[1], int(args[2])
-                    if len(args) == 6:
+                    if args[0] == b"MSG":
+                        if len(args) == 4:
+                            reply, hsize, total = b"", 0, int(args[3])
+                        elif len(args) == 5:
+                            reply, hsize, total = args[3], 0, int(args[4])
+                        else:
+                            raise ValueError
+                    elif len(args) == 5:
+                        reply, hsize, total = b"", int(args[3]), int(args[4])
+                    elif len(args) == 6:
                         reply, hsize, total = args[3], int(args[4]), int(args[5])
                     else:
-                        reply, hsize, total = b"", int(args[3]), int(args[4])
-                        if len(args) > 5:
-                            raise ValueError
-            except (IndexError, ValueError):
-                raise nats.errors.ProtocolError("nats: malformed MSG") from None
-            start = eol + 2
-            end = start + total
-            if end + 2 > len(buf):  # the payload is still on its way: nats-py's state
-                del buf[:start]
-                self.msg_arg = {"subject": subject, "sid": sid, "reply": reply}
-                self.needed, self.header_needed, self.state = total, hsize, AWAITING_MSG_PAYLOAD
-                return
+                        raise ValueError
+                except (IndexError, ValueError):
+                    raise nats.errors.ProtocolError("nats: malformed MSG") from None
+                start = eol + 2
+                end = start + total
+                if end + 2 > size:  # the payload is still on its way
+                    self.msg_arg = {"subject": subject, "sid": sid, "reply": reply}
+                    self.needed, self.header_needed, self.state = total, hsize, AWAITING_MSG_PAYLOAD
+                    pos = start
+                    break
+            else:
+                eol = data.find(_CRLF, pos)
+                if eol < 0:
+                    break
+                line, pos = data[pos:eol + 2], eol + 2
+                await self._operation(line)
+                if self.resets != resets:
+                    return
+                continue
+            if hsize > 0:
+                headers: bytes | None = data[start:start + hsize]
+                payload = data[start + hsize:end]
+            else:
+                headers, payload = None, data[start:end]
             pos = end + 2
-            if await self._message(sid, subject, reply, buf, start, hsize, end, pos):
-                buf, pos = self.buf, 0
-        del buf[:pos]
-
-    async def _message(self, sid: int, subject: bytes, reply: bytes, buf: bytearray, start: int, hsize: int,
-                       end: int, consumed: int) -> bool:
-        """Hand over the message at `buf[start:end]` (headers first, `hsize` bytes);
-        True when it went to nats-py, which found the buffer cut up to `consumed`."""
-        if hsize > 0:
-            headers: bytes | None = bytes(buf[start:start + hsize])
-            payload = bytes(buf[start + hsize:end])
-        else:
-            headers, payload = None, bytes(buf[start:end])
-        handler = self.direct.get(sid)
-        if handler is not None:
+            handler = direct.get(sid)
+            if handler is None:
+                await self.nc._process_msg(sid, subject, reply, payload, headers)
+                if self.resets != resets:
+                    return
+                continue
             stats = self.nc.stats
             stats["in_msgs"] += 1
             stats["in_bytes"] += len(payload)
@@ -154,44 +157,28 @@ class WireParser(Parser):
                 handler(subject, reply, payload, headers)
             except Exception:  # the read loop must go on
                 log.exception("handling a message on %s failed", subject.decode(errors="replace"))
-            return False
-        del buf[:consumed]
-        await self.nc._process_msg(sid, subject, reply, payload, headers)
-        return True
+        if pos < size:
+            self.buf += data[pos:]
 
-    async def _operation(self) -> bool:
-        """Any operation but MSG and HMSG at the start of the buffer, as nats-py's
-        parser handles it; False when it has not fully arrived yet."""
-        buf = self.buf
-        ok = nats_parser.OK_RE.match(buf)
-        if ok:
-            del buf[:ok.end()]
-            return True
-        err = nats_parser.ERR_RE.match(buf)
+    async def _operation(self, line: bytes) -> None:
+        """Any operation but MSG and HMSG, one line, as nats-py's parser handles it."""
+        if nats_parser.OK_RE.match(line):
+            return
+        err = nats_parser.ERR_RE.match(line)
         if err:
-            emsg = err.groups()[0].decode().lower()
-            await self.nc._process_err(emsg)
-            del buf[:err.end()]
-            return True
-        ping = nats_parser.PING_RE.match(buf)
-        if ping:
-            del buf[:ping.end()]
+            await self.nc._process_err(err.groups()[0].decode().lower())
+            return
+        if nats_parser.PING_RE.match(line):
             await self.nc._process_ping()
-            return True
-        pong = nats_parser.PONG_RE.match(buf)
-        if pong:
-            del buf[:pong.end()]
+            return
+        if nats_parser.PONG_RE.match(line):
             await self.nc._process_pong()
-            return True
-        info = nats_parser.INFO_RE.match(buf)
+            return
+        info = nats_parser.INFO_RE.match(line)
         if info:
-            srv_info = json.loads(info.groups()[0].decode())
-            await self.nc._process_info(srv_info)
-            del buf[:info.end()]
-            return True
-        if len(buf) < MAX_CONTROL_LINE_SIZE and _CRLF in buf:
-            raise nats.errors.ProtocolError("nats: unknown protocol")
-        return False
+            await self.nc._process_info(json.loads(info.groups()[0].decode()))
+            return
+        raise nats.errors.ProtocolError("nats: unknown protocol")
 
 
 def install(nc: Any) -> WireParser:
@@ -206,6 +193,7 @@ def install(nc: Any) -> WireParser:
     # loop's next call see one buffer and one state.
     parser.__class__ = WireParser
     parser.direct = {}
+    parser.resets = 0
     return parser
 
 
