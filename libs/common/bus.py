@@ -578,8 +578,8 @@ class Bus:
     async def close(self) -> None:
         """Flush what is pending and disconnect, without waiting long.
 
-        An expired pull request leaves a status message unread in its
-        subscription, which makes nats-py's drain wait its full timeout.
+        A subscription holding messages no one took makes nats-py's drain
+        wait its full timeout.
         """
         try:
             await asyncio.wait_for(self.nc.drain(), DRAIN_SECONDS)
