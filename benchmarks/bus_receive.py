@@ -12,7 +12,10 @@ CPU time (user + system) over three phases:
   backlog): JetStream deliveries with their reply subject, pull answers ending
   in a status message, one ack sent per event;
 - `watch`: a KV watch (the ordered push consumer rest's job index runs, applied
-  on arrival) over a bucket of `messages` keys.
+  on arrival) over a bucket of `messages` keys;
+- `requests`: nats-py requests (`nc.request`, as nats-py's single publishes and
+  KV reads make them), 100 at a time, answered by nats-server itself
+  (`$JS.API.INFO`): the request sent and its answer received.
 
 nats-server runs in a process of its own, so the figures are the client's only.
 `--profile` runs the client under cProfile and prints where its time went.
@@ -100,6 +103,10 @@ async def client(url: str, login: dict[str, str], messages: int, profile: bool) 
         apply_on_arrival(sub, on_entry)
         await all_seen.wait()
     await sub.unsubscribe()
+
+    with phase("requests"):
+        for _ in range(0, messages, 100):
+            await asyncio.gather(*(bus.nc.request("$JS.API.INFO", b"", timeout=10) for _ in range(100)))
     await bus.close()
     if profiler:
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(35)

@@ -165,7 +165,9 @@ class Bus:
                     error_cb=_log_nats_error,
                     disconnected_cb=_log_disconnected,
                 )
-                return cls(nc, name, user=user)
+                bus = cls(nc, name, user=user)
+                await bus_wire.take_request_answers(nc)
+                return bus
             except (OSError, nats.errors.NoServersError, asyncio.TimeoutError) as exc:
                 if time.monotonic() > deadline:
                     raise

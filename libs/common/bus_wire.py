@@ -8,7 +8,8 @@ subscription with a callback, a task step per message). Profiled on a service's
 connection that came to 5-10 us per message, for about 35 messages per job in
 each service (docs/throughput.md). Most of them are messages the bus consumes
 itself: the acks of its batched publishes and KV writes (`Bus._send_together`)
-and the answers to its pull requests (`bus._Puller`).
+and the answers to its pull requests (`bus._Puller`); then the answers to
+nats-py's own requests (single publishes, KV reads: `take_request_answers`).
 
 So `install` puts `WireParser` on the connection: nats-py's parser with the
 same state, reading MSG and HMSG itself with one split per control line, and
@@ -28,7 +29,10 @@ that changed them fails at connect, naming its version, never mid-flight):
 - `nc._process_msg(sid, subject, reply, payload, headers)` and
   `nc._process_ping/_pong/_info/_err`, what the parser hands operations to;
 - a subscription's `_id` (the sid of its messages), and its `_pending_queue`
-  and `_pending_size` (`apply_on_arrival`).
+  and `_pending_size` (`apply_on_arrival`);
+- request/reply's response subscription and map (`_resp_sub_prefix`,
+  `_init_request_sub`, `_resp_map`) and `_build_message`
+  (`take_request_answers`).
 """
 
 from __future__ import annotations
@@ -217,11 +221,39 @@ def _check_internals(nc: Any, parser: Any) -> None:
             problems.append(f"nats.protocol.parser.{name} is gone")
     if not isinstance(getattr(nc, "stats", None), dict):
         problems.append("nc.stats is gone")
+    for name in ("_resp_sub_prefix", "_init_request_sub", "_build_message", "_subs"):
+        if not hasattr(nc, name):
+            problems.append(f"nc.{name} is gone")
     if problems:
         raise RuntimeError(
             f"PAI's bus (libs/common/bus_wire.py) does not work with nats-py {NATS_PY_VERSION}: "
             + "; ".join(problems) + ". Install the nats-py version pyproject.toml pins."
         )
+
+
+async def take_request_answers(nc: Any) -> None:
+    """Hand nats-py's request answers (on its one response subscription,
+    `<inbox>.<nuid>.*`) to the waiting request in the read loop: the same `Msg`
+    nats-py's `_request_sub_callback` sets on the request's future, without the
+    queue and the task step its callback subscription costs per answer."""
+    parser = install(nc)
+    if nc._resp_sub_prefix is None:
+        await nc._init_request_sub()
+    prefix = bytes(nc._resp_sub_prefix)
+    mux = (prefix + b"*").decode()
+    sids = [sid for sid, sub in nc._subs.items() if sub.subject == mux]
+    if len(sids) != 1 or not isinstance(getattr(nc, "_resp_map", None), dict):
+        raise RuntimeError(f"PAI's bus (libs/common/bus_wire.py) does not work with nats-py {NATS_PY_VERSION}: "
+                           "its request/reply subscription is not where it was. Install the nats-py version "
+                           "pyproject.toml pins.")
+    sid = sids[0]
+
+    def answer(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        future = nc._resp_map.get(subject[len(prefix):].decode())
+        if future is not None and not future.done():
+            future.set_result(nc._build_message(sid, subject, reply, data, parse_headers(headers)))
+
+    parser.direct[sid] = answer
 
 
 class DirectSubscription:

@@ -55,6 +55,14 @@ class RecordingClient:
     def __init__(self) -> None:
         self.seen: list[tuple] = []
         self.stats = {"in_msgs": 0, "in_bytes": 0}
+        self._subs: dict = {}
+        self._resp_sub_prefix = None
+
+    async def _init_request_sub(self):
+        raise NotImplementedError
+
+    def _build_message(self, sid, subject, reply, data, headers):
+        raise NotImplementedError
 
     async def _process_msg(self, sid, subject, reply, data, headers):
         self.seen.append(("msg", sid, bytes(subject), bytes(reply), data, headers))
