@@ -32,7 +32,20 @@ that changed them fails at connect, naming its version, never mid-flight):
   and `_pending_size` (`apply_on_arrival`);
 - request/reply's response subscription and map (`_resp_sub_prefix`,
   `_init_request_sub`, `_resp_map`) and `_build_message`
-  (`take_request_answers`).
+  (`take_request_answers`);
+- on the send side, nats-py's pending buffer and its flusher (`_send_command`,
+  `_flush_queue`, `_flush_pending`, `_pending_data_size`, `_max_pending_size`,
+  `_max_payload`; `send_commands`), and JetStream's API request
+  (`JetStreamContext._api_request`, which the bus answers itself).
+
+The send side. An ack (about 14 per job across the services: every JetStream
+delivery is acked) went through nats-py's `publish`: the subject validated, the
+command formatted, appended to the pending buffer and a flush kicked, per ack.
+`send_commands` appends protocol commands the bus formatted itself (a batch's
+acks: one bytes object) to that same buffer, with nats-py's own checks before
+(closed, draining, the buffer's bound while reconnecting) and its flush after:
+what is pending while the connection is down is written, whole commands only,
+once it is back, exactly as nats-py's own publishes are.
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ from typing import Any
 import nats
 import nats.aio.client
 import nats.errors
+import nats.js
 import nats.protocol.parser as nats_parser
 from nats.protocol.parser import AWAITING_CONTROL_LINE, AWAITING_MSG_PAYLOAD, Parser
 
@@ -185,6 +199,35 @@ class WireParser(Parser):
         raise nats.errors.ProtocolError("nats: unknown protocol")
 
 
+async def send_commands(nc: Any, commands: bytes, messages: int, payload_bytes: int) -> None:
+    """Send `commands` (whole protocol commands, e.g. `ack_commands`) as nats-py's
+    `publish` sends one: refused on a closed or draining connection, and while
+    reconnecting past the pending buffer's bound (nats-py's `OutboundBufferLimitError`);
+    counted in the connection's stats; written by nats-py's flusher, or kept
+    for the connection that comes back."""
+    if nc.is_closed:
+        raise nats.errors.ConnectionClosedError
+    if nc.is_draining_pubs:
+        raise nats.errors.ConnectionDrainingError
+    if not nc.is_connected and (nc._max_pending_size <= 0 or payload_bytes + nc._pending_data_size > nc._max_pending_size):
+        raise nats.errors.OutboundBufferLimitError
+    stats = nc.stats
+    stats["out_msgs"] += messages
+    stats["out_bytes"] += payload_bytes
+    await nc._send_command(commands)
+    if nc._flush_queue is not None and nc._flush_queue.empty():
+        await nc._flush_pending()
+
+
+def ack_commands(replies: list[str], payload: bytes = b"") -> bytes:
+    """One PUB of `payload` (an ack: nothing, `+WPI`, `+TERM`, `-NAK ...`) to each
+    of `replies`, the reply subjects of JetStream deliveries. Not validated as
+    nats-py validates a subject: the server sent them, as whitespace-separated
+    tokens of a MSG line, so they hold no whitespace or line ends."""
+    tail = b" %d\r\n%b\r\n" % (len(payload), payload)
+    return b"".join([b"PUB " + reply.encode() + tail for reply in replies])
+
+
 def install(nc: Any) -> WireParser:
     """Put `WireParser` on the connection `nc` (nats-py's, connected), keeping
     whatever its parser holds; raises RuntimeError, naming nats-py's version,
@@ -221,9 +264,17 @@ def _check_internals(nc: Any, parser: Any) -> None:
             problems.append(f"nats.protocol.parser.{name} is gone")
     if not isinstance(getattr(nc, "stats", None), dict):
         problems.append("nc.stats is gone")
-    for name in ("_resp_sub_prefix", "_init_request_sub", "_build_message", "_subs"):
+    for name in ("_resp_sub_prefix", "_init_request_sub", "_build_message", "_subs", "_flush_queue",
+                 "_pending_data_size", "_max_pending_size", "_max_payload", "is_closed", "is_connected",
+                 "is_draining_pubs"):
         if not hasattr(nc, name):
             problems.append(f"nc.{name} is gone")
+    for name in ("_send_command", "_flush_pending"):
+        if not inspect.iscoroutinefunction(getattr(nc, name, None)):
+            problems.append(f"nc.{name} is gone")
+    api_request = getattr(nats.js.JetStreamContext, "_api_request", None)
+    if api_request is None or list(inspect.signature(api_request).parameters) != ["self", "req_subject", "req", "timeout"]:
+        problems.append("JetStreamContext._api_request(req_subject, req, timeout) is gone or changed")
     if problems:
         raise RuntimeError(
             f"PAI's bus (libs/common/bus_wire.py) does not work with nats-py {NATS_PY_VERSION}: "
@@ -379,7 +430,7 @@ class Received:
 
     async def ack(self) -> None:
         self._check_reply()
-        await self._nc.publish(self.reply)
+        await send_commands(self._nc, ack_commands([self.reply]), 1, 0)
         self._ackd = True
 
     async def nak(self, delay: float | None = None) -> None:
@@ -387,18 +438,41 @@ class Received:
         payload = b"-NAK"
         if delay:
             payload += b" " + json.dumps({"delay": int(delay * 10**9)}).encode()
-        await self._nc.publish(self.reply, payload)
+        await send_commands(self._nc, ack_commands([self.reply], payload), 1, len(payload))
         self._ackd = True
 
     async def term(self) -> None:
         self._check_reply()
-        await self._nc.publish(self.reply, b"+TERM")
+        await send_commands(self._nc, ack_commands([self.reply], _TERM), 1, len(_TERM))
         self._ackd = True
 
     async def in_progress(self) -> None:
         if not self.reply:
             raise nats.errors.NotJSMessageError
-        await self._nc.publish(self.reply, b"+WPI")
+        await send_commands(self._nc, ack_commands([self.reply], _IN_PROGRESS), 1, len(_IN_PROGRESS))
+
+
+_TERM = b"+TERM"
+_IN_PROGRESS = b"+WPI"
+
+
+async def ack_all(nc: Any, msgs: list[Received]) -> None:
+    """Ack every one of `msgs` (deliveries of `nc`), as each one's `ack()` would,
+    with one write into nats-py's pending buffer; none is acked (or sent) when
+    one of them cannot be."""
+    for msg in msgs:
+        msg._check_reply()
+    await send_commands(nc, ack_commands([msg.reply for msg in msgs]), len(msgs), 0)
+    for msg in msgs:
+        msg._ackd = True
+
+
+async def keep_in_progress(nc: Any, msgs: list[Received]) -> None:
+    """Tell JetStream the handler is still at work on those of `msgs` not yet acked,
+    nak'ed or terminated (one write for all)."""
+    replies = [msg.reply for msg in msgs if not msg._ackd and msg.reply]
+    if replies:
+        await send_commands(nc, ack_commands(replies, _IN_PROGRESS), len(replies), len(_IN_PROGRESS) * len(replies))
 
 
 class _AppliedAtOnce:

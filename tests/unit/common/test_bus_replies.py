@@ -68,7 +68,7 @@ def test_an_answer_without_a_body_means_no_stream_listens():
 
 
 async def test_a_batch_waits_for_every_answer_and_gives_them_in_publish_order():
-    pending = _PendingStores(7, "_INBOX.abc.", 3)
+    pending = _PendingStores(7, "_INBOX.abc.", 3, _store_outcome)
     assert pending.replies == ["_INBOX.abc.7.0", "_INBOX.abc.7.1", "_INBOX.abc.7.2"]
     refused = nats.js.errors.BadRequestError()
     loop = asyncio.get_running_loop()
@@ -79,7 +79,7 @@ async def test_a_batch_waits_for_every_answer_and_gives_them_in_publish_order():
 
 
 async def test_a_batch_not_all_answered_in_time_says_which_were_not():
-    pending = _PendingStores(8, "_INBOX.abc.", 2)
+    pending = _PendingStores(8, "_INBOX.abc.", 2, _store_outcome)
     pending.answer(1, _STORED)
     pending.answer(1, nats.js.errors.BadRequestError())  # a second answer to the same publish changes nothing
     assert await pending.answered(0.05) == [None, _STORED]
