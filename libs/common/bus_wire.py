@@ -35,7 +35,8 @@ that changed them fails at connect, naming its version, never mid-flight):
   (`take_request_answers`);
 - on the send side, nats-py's pending buffer and its flusher (`_send_command`,
   `_flush_queue`, `_flush_pending`, `_pending_data_size`, `_max_pending_size`,
-  `_max_payload`; `send_commands`), and JetStream's API request
+  `_max_payload`; `send_commands`), the header name pattern of its publish (`publish_command`),
+  and JetStream's API request
   (`JetStreamContext._api_request`, which the bus answers itself).
 
 The send side. An ack (about 14 per job across the services: every JetStream
@@ -53,6 +54,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import re
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -226,6 +228,40 @@ def ack_commands(replies: list[str], payload: bytes = b"") -> bytes:
     tokens of a MSG line, so they hold no whitespace or line ends."""
     tail = b" %d\r\n%b\r\n" % (len(payload), payload)
     return b"".join([b"PUB " + reply.encode() + tail for reply in replies])
+
+
+# What nats-py's publish refuses in a subject (whitespace: it would break the
+# command line, and a line end could inject commands of its own).
+_SUBJECT_TROUBLE = re.compile(r"[ \t\r\n]")
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # nats-py's (a token of RFC 9110)
+# Header names seen valid; PAI sends a handful (Nats-Msg-Id, traceparent, KV-Operation, ...).
+_VALID_HEADER_NAMES: set[str] = set()
+
+
+def publish_command(subject: str, reply: str, headers: dict[str, str] | None, payload: bytes) -> bytes | None:
+    """The PUB or HPUB command nats-py's `publish` writes for this message, for
+    `send_commands`; None for one nats-py would refuse or rewrite (whitespace in
+    a subject, a header name or value it strips or cleans), to be left to it.
+    A batch of publishes so formatted is one write instead of one `publish`
+    each (subject validation, a regular expression per header, a bytearray
+    built piece by piece: ~5 us a publish, about 18 per job across services)."""
+    if not subject or _SUBJECT_TROUBLE.search(subject) or _SUBJECT_TROUBLE.search(reply):
+        return None
+    head = b"%b %b " % (subject.encode(), reply.encode()) if reply else subject.encode() + b" "
+    if headers is None:
+        return b"PUB %b%d\r\n%b\r\n" % (head, len(payload), payload)
+    lines = ["NATS/1.0\r\n"]
+    for name, value in headers.items():
+        if name not in _VALID_HEADER_NAMES:
+            if not _HEADER_NAME.fullmatch(name) or len(_VALID_HEADER_NAMES) > 64:
+                return None
+            _VALID_HEADER_NAMES.add(name)
+        if "\r" in value or "\n" in value or value != value.strip():
+            return None
+        lines.append(name + ": " + value + "\r\n")  # not a format: a name may be a str Enum (api.Header)
+    lines.append("\r\n")
+    block = "".join(lines).encode()
+    return b"HPUB %b%d %d\r\n%b%b\r\n" % (head, len(block), len(block) + len(payload), block, payload)
 
 
 def install(nc: Any) -> WireParser:
