@@ -1,4 +1,4 @@
-"""The bus's receive path, and its one seam onto nats-py's internals.
+"""The bus's receive and send paths, and their one seam onto nats-py's internals.
 
 Every message a service receives used to take nats-py's whole receive path: two
 regular expressions tried per control line and a dict of arguments
@@ -35,18 +35,20 @@ that changed them fails at connect, naming its version, never mid-flight):
   (`take_request_answers`);
 - on the send side, nats-py's pending buffer and its flusher (`_send_command`,
   `_flush_queue`, `_flush_pending`, `_pending_data_size`, `_max_pending_size`,
-  `_max_payload`; `send_commands`), the header name pattern of its publish (`publish_command`),
-  and JetStream's API request
-  (`JetStreamContext._api_request`, which the bus answers itself).
+  `_max_payload`, the connection's status: `send_commands`), and JetStream's
+  API request and publish (`JetStreamContext._api_request` and `publish`, which
+  the bus answers itself: `bus._JetStream`).
 
-The send side. An ack (about 14 per job across the services: every JetStream
-delivery is acked) went through nats-py's `publish`: the subject validated, the
-command formatted, appended to the pending buffer and a flush kicked, per ack.
-`send_commands` appends protocol commands the bus formatted itself (a batch's
-acks: one bytes object) to that same buffer, with nats-py's own checks before
-(closed, draining, the buffer's bound while reconnecting) and its flush after:
-what is pending while the connection is down is written, whole commands only,
-once it is back, exactly as nats-py's own publishes are.
+The send side. Every message a service sent went through nats-py's `publish`:
+the subject validated, the headers checked with a regular expression each and
+built into a bytearray, the command formatted, appended to the pending buffer
+and a flush kicked; about 14 acks (every JetStream delivery is acked) and 18
+publishes per job across the services. `send_commands` appends commands the
+bus formatted itself (`ack_commands`, `publish_command`; a batch's acks or
+publishes in one bytes object) to that same buffer, with nats-py's own checks
+before (closed, draining, the buffer's bound while reconnecting) and its flush
+after: what is pending while the connection is down is written, whole commands
+only, once it is back, exactly as nats-py's own publishes are.
 """
 
 from __future__ import annotations
@@ -311,6 +313,10 @@ def _check_internals(nc: Any, parser: Any) -> None:
     api_request = getattr(nats.js.JetStreamContext, "_api_request", None)
     if api_request is None or list(inspect.signature(api_request).parameters) != ["self", "req_subject", "req", "timeout"]:
         problems.append("JetStreamContext._api_request(req_subject, req, timeout) is gone or changed")
+    publish = getattr(nats.js.JetStreamContext, "publish", None)
+    if publish is None or list(inspect.signature(publish).parameters) != [
+            "self", "subject", "payload", "timeout", "stream", "headers", "msg_ttl"]:
+        problems.append("JetStreamContext.publish(subject, payload, timeout, stream, headers, msg_ttl) changed")
     if problems:
         raise RuntimeError(
             f"PAI's bus (libs/common/bus_wire.py) does not work with nats-py {NATS_PY_VERSION}: "
