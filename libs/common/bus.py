@@ -710,7 +710,7 @@ class _PubAck(msgspec.Struct):
 
 
 _PUB_ACK = msgspec.json.Decoder(_PubAck)
-# What one JetStream publish's answer says: its payload and raw headers -> the outcome kept.
+# What is kept of one request's answer (`_StoreAcks.send`), from its payload and raw headers.
 AnswerReader = Callable[[bytes, "bytes | None"], object]
 
 
@@ -886,6 +886,8 @@ def _pub_ack_of(data: bytes, headers: bytes | None) -> object:
 
 
 class _ApiAnswer(NamedTuple):
+    """A JetStream API request's answer, decoded by the request (`_JetStream._api_request`)."""
+
     data: bytes
     no_responders: bool
 

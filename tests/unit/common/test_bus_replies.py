@@ -10,7 +10,6 @@ import json
 import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
-
 from nats.js import api
 
 from libs.common.bus import (

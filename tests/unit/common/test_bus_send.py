@@ -13,7 +13,14 @@ from nats.aio.client import Client
 from nats.js import api
 
 from libs.common.bus import _store_outcome, _StoreAcks
-from libs.common.bus_wire import Received, ack_all, ack_commands, keep_in_progress, publish_command, send_commands
+from libs.common.bus_wire import (
+    Received,
+    ack_all,
+    ack_commands,
+    keep_in_progress,
+    publish_command,
+    send_commands,
+)
 
 REPLIES = [
     "$JS.ACK.PAI_EVENTS.launcher.1.2045.1988.1732430000000000000.3",
