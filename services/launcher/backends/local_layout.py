@@ -193,8 +193,8 @@ def read_record(path: Path | str, record_type: type[T]) -> T | None:
 
 
 def _tmp_name(path: Path | str, pid: int) -> str:
-    directory, name = os.path.split(path)
-    return os.path.join(directory, f".{name}.{pid}.tmp")
+    directory, slash, name = os.fspath(path).rpartition("/")
+    return f"{directory}{slash}.{name}.{pid}.tmp"
 
 
 def write_replacing(path: Path | str, data: bytes, *, pid: int | None = None) -> None:

@@ -196,6 +196,7 @@ class Shim:
         # wakeup). By main pid, in the order they got there.
         self.ending: dict[int, _Run] = {}
         self.pipes: dict[int, tuple[_Run, tuple[CappedLog, ...]]] = {}
+        self.lookups = local_direct.PathLookups()
         # epoll itself, not the selectors module: a task registers and
         # unregisters two pipes, and selectors' bookkeeping around each call
         # costs about as much as the call.
@@ -314,7 +315,7 @@ class Shim:
         # (_fork_exec_as); one spawned as our user has only its shell to set it.
         if run.limits.prelude and not (spec.uid is not None and run.limits.data_limit is not None):
             return None
-        return local_direct.plan(spec.commands, spec.env, spec.work_dir, spec.uid, spec.gid)
+        return local_direct.plan(spec.commands, spec.env, spec.work_dir, spec.uid, spec.gid, self.lookups)
 
     def _start_in_bash(self, run: _Run, out_w: int, err_w: int) -> None:
         script_fd = None
