@@ -38,6 +38,11 @@ _CONSTRUCTOR = yaml.constructor.SafeConstructor()
 # Tags whose safe constructor depends on the scalar's text alone.
 _PLAIN_TAGS = frozenset({"tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
                          "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null", "tag:yaml.org,2002:timestamp"})
+# The first characters for which the resolver tries a type; a plain scalar starting
+# with any other is a string (job names, commands, most values: nothing to remember).
+# (None: a resolver for any first character, which the safe loader has not.)
+_TYPED_STARTS = frozenset(_RESOLVER.yaml_implicit_resolvers) | {""}
+_SOME_STARTS_UNTYPED = None not in _TYPED_STARTS
 _PLAIN_VALUES: dict[str, object] = {}
 _PLAIN_VALUES_MAX = 4096
 
@@ -300,6 +305,8 @@ def _skip_spaces(text: str, at: int) -> int:
 
 def _plain(text: str) -> object:
     """A plain scalar's value, as PyYAML's resolver and safe constructor make it."""
+    if _SOME_STARTS_UNTYPED and text[:1] not in _TYPED_STARTS:
+        return text
     value = _PLAIN_VALUES.get(text, _PLAIN_VALUES)
     if value is not _PLAIN_VALUES:
         return value
