@@ -50,7 +50,7 @@ from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, Task
 from services.launcher.backends.local import LocalBackend  # noqa: E402
 from services.launcher.backends.local_layout import EXIT, REPORTED, ExitRecord, read_record  # noqa: E402
 # Imported here, not in the measured run: the launcher's shell brings in the NATS client.
-from services.launcher.service import BATCH_MAX, event_batches  # noqa: E402
+from services.launcher.service import BATCH_MAX, backend_batches  # noqa: E402
 
 
 def cpu_seconds() -> float:
@@ -220,7 +220,7 @@ async def through_core(data_dir: Path, tasks: int) -> dict:
         nonlocal ended_jobs
         # (The launcher's shell also holds a task's running report a moment for
         # its end under load, core/held.py; not reproduced here.)
-        async for batch in event_batches(backend.events(), BATCH_MAX):
+        async for batch in backend_batches(backend, BATCH_MAX):
             now = time.time()
             for event in batch:
                 if isinstance(event, TaskRunning):
