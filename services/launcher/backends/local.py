@@ -523,15 +523,20 @@ class LocalBackend:
             try:
                 if self._server is not None and self._server.returncode is not None:
                     await self._ensure_running()
+                # One look at each shim per sweep: under a burst one shim runs many tasks.
+                shims_alive: dict[tuple[int, int], bool] = {}
                 for task in list(self._tasks.values()):
                     if not task.finished.is_set():
-                        self._check(task)
+                        self._check(task, shims_alive=shims_alive)
             except Exception:  # noqa: BLE001 - a sweep must not die; the next one retries
                 log.exception("local backend sweep failed")
 
-    def _check(self, task: _Task, *, stop_reason: str | None = None) -> None:
+    def _check(
+        self, task: _Task, *, stop_reason: str | None = None, shims_alive: dict[tuple[int, int], bool] | None = None
+    ) -> None:
         """Look at a task's directory: report what changed, send it again, or
-        declare it lost (reason `stop_reason` if we were stopping it)."""
+        declare it lost (reason `stop_reason` if we were stopping it).
+        `shims_alive`: shims already looked at in this sweep."""
         if task.finished.is_set():
             return
         if os.path.exists(task.exit_path):
@@ -539,7 +544,7 @@ class LocalBackend:
                 return
         claim = task.claim or self._read_claim(task)
         if claim is None:
-            if not task.dir.exists():
+            if not os.path.exists(task.path):
                 if (
                     task.sent_generation != self._server_generation  # the server that had it is gone
                     or time.monotonic() - task.sent_at > RESEND_SECONDS  # or the shim it went to
@@ -552,13 +557,13 @@ class LocalBackend:
         if claim.cancelled:
             return  # the stop that cancelled it records the exit
         self._report_running(task, claim.detail)
-        if not _alive(claim):
+        if not _alive(claim, shims_alive):
             if os.path.exists(task.exit_path) and self._report_finished(task):
                 return  # it ended between our two looks
             self._declare_lost(task, stop_reason)
 
     def _read_claim(self, task: _Task) -> ShimRecord | None:
-        spec = read_record(task.dir / SPEC, ShimSpec)
+        spec = read_record(os.path.join(task.path, SPEC), ShimSpec)
         if spec is not None and spec.shim is not None:
             task.claim = spec.shim
             task.spec_line = None
@@ -680,8 +685,14 @@ class LocalBackend:
             yield batch[0]
 
 
-def _alive(claim: ShimRecord) -> bool:
-    return local_procs.is_alive(claim.shimPid, claim.shimStartTicks)
+def _alive(claim: ShimRecord, seen: dict[tuple[int, int], bool] | None = None) -> bool:
+    """Whether the claim's shim lives; `seen`: shims already looked at (and what was seen)."""
+    if seen is None:
+        return local_procs.is_alive(claim.shimPid, claim.shimStartTicks)
+    shim = (claim.shimPid, claim.shimStartTicks)
+    if shim not in seen:
+        seen[shim] = local_procs.is_alive(*shim)
+    return seen[shim]
 
 
 def _age(path: Path) -> float:
