@@ -623,6 +623,10 @@ async def body(ctx: ServiceContext) -> None:
     shell = LauncherShell(ctx, core, backend)
     try:
         await shell.restore()
+        # The restored records (every job the launcher still holds) are long-lived:
+        # keep the collector's full collections from walking them again and again.
+        # A record replaced later is still freed, by its reference count.
+        gc.freeze()
         ctx.spawn(shell.pump_backend(), "backend-events")
         ctx.spawn(shell.prune_forever(), "retention")
         await shell.serve_logs()
