@@ -638,15 +638,6 @@ async def body(ctx: ServiceContext) -> None:
         await shell.close()
 
 
-# Allocations between two collections of the youngest generation (CPython's default: 700).
-# Each job makes and drops thousands of short-lived objects (its records, events, their
-# encodings, the NATS client's messages and futures); at the default a young collection
-# ran every few jobs and moved whatever was alive at that moment into the older
-# generations, whose collections walk every record the core holds: 12-18% of the
-# launcher's CPU under a burst (py-spy --native, gc_collect_main).
-YOUNG_COLLECTION_ALLOCATIONS = 20_000
-
-
 def main() -> None:
-    gc.set_threshold(YOUNG_COLLECTION_ALLOCATIONS, *gc.get_threshold()[1:])
+    service.collect_young_less_often()
     service.run("launcher", load_config(), body, single_active=True)

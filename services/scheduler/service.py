@@ -330,14 +330,6 @@ async def body(ctx: ServiceContext) -> None:
     )
 
 
-# Allocations between two collections of the youngest generation (CPython's default: 700).
-# A batch makes and drops thousands of short-lived objects (decisions, entries, events,
-# their encodings, the NATS client's messages); at the default a young collection ran
-# every few jobs of a burst (5% of the scheduler's CPU with the older generations'
-# collections it leads to, py-spy --native).
-YOUNG_COLLECTION_ALLOCATIONS = 20_000
-
-
 def main() -> None:
-    gc.set_threshold(YOUNG_COLLECTION_ALLOCATIONS, *gc.get_threshold()[1:])
+    service.collect_young_less_often()
     service.run("scheduler", load_config(), body, single_active=True)
