@@ -32,13 +32,21 @@ Configurations (`--config`, both by default):
 rest's per-token rate limit is raised out of the way (one admin token submits
 everything).
 
+Where the data dir lies matters: each task creates four files and directories
+there (its directory, spec.json, its working directory, exit.json's temporary
+file). On an ext4 without a journal (this machine's root filesystem) a create
+steps over every inode deleted in the last one to six minutes, so a run soon
+after another (whose temporary data dir was just deleted) pays more per task
+than one on a quiet disk; `--data-dir /dev/shm` takes the disk out of the
+figures. Say which was used when quoting them.
+
 `--profile DIR` records every service with py-spy during the burst and writes,
 per configuration, each service's top functions by own time and its samples
 grouped by step (HTTP, validation, KV writes, publishes, acks, fetches, core, ...)
 to DIR/<config>.json and DIR/<config>.txt, plus the raw stacks.
 
     python benchmarks/e2e_throughput.py [--jobs 1000] [--clients 16] [--config default|slots64|both]
-                                        [--idle-jobs 30] [--timeout 900] [--profile DIR]
+                                        [--idle-jobs 30] [--timeout 900] [--profile DIR] [--data-dir DIR]
 """
 
 from __future__ import annotations
@@ -413,7 +421,7 @@ async def measure(platform: Platform, conn, result: dict, args, nats_monitor: in
 
 
 def run_config(config_name: str, args) -> dict:
-    with tempfile.TemporaryDirectory(prefix=f"pai-e2e-{config_name}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"pai-e2e-{config_name}-", dir=args.data_dir) as tmp:
         data = Path(tmp) / "pai"
         data.mkdir()
         overrides: dict[str, Any] = {}
@@ -456,11 +464,14 @@ def main() -> None:
     parser.add_argument("--config", choices=("default", "slots64", "both"), default="both")
     parser.add_argument("--idle-jobs", type=int, default=30)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration before giving up")
+    parser.add_argument("--data-dir", default=None,
+                        help="where the platform's temporary data dir is made (default: the temp dir); see the docstring")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy every service during the burst; write here")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     configs = ("default", "slots64") if args.config == "both" else (args.config,)
     report = {"benchmark": "e2e_throughput", "commit": git_commit(), "cpus": os.cpu_count(),
+              "data_dir_parent": args.data_dir or tempfile.gettempdir(),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "configs": []}
     for name in configs:
         report["configs"].append(run_config(name, args))

@@ -11,7 +11,9 @@ every exit. Two paths:
 
 Reports per path, as JSON: tasks started and finished per second, the CPU time
 all of it took per task (launcher, fork server, shims and the tasks' bash; the
-figure that does not depend on what else runs on the machine), the latency
+figure that does not depend on what else runs on the machine; and
+`launcher_cpu_ms_per_task`, this process's part alone: the launcher's side
+of it, without the fork server, shims and tasks), the latency
 from `start()` to TaskRunning (in a burst of N this is mostly queueing), and
 from the task's exit (the shim's reap time, `finishedAt` in exit.json) to
 TaskFinished reaching the consumer, p50 and p99. `one_at_a_time` starts tasks
@@ -50,7 +52,7 @@ from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, Task
 from services.launcher.backends.local import LocalBackend  # noqa: E402
 from services.launcher.backends.local_layout import EXIT, REPORTED, ExitRecord, read_record  # noqa: E402
 # Imported here, not in the measured run: the launcher's shell brings in the NATS client.
-from services.launcher.service import BATCH_MAX, event_batches  # noqa: E402
+from services.launcher.service import BATCH_MAX, backend_batches  # noqa: E402
 
 
 def cpu_seconds() -> float:
@@ -59,6 +61,13 @@ def cpu_seconds() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def own_cpu_seconds() -> float:
+    """CPU time of this process alone: the launcher's side (core, backend), without
+    the fork server, the shims and the tasks."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
 
 
 def summary_ms(values: list[float]) -> dict[str, float | None]:
@@ -220,7 +229,7 @@ async def through_core(data_dir: Path, tasks: int) -> dict:
         nonlocal ended_jobs
         # (The launcher's shell also holds a task's running report a moment for
         # its end under load, core/held.py; not reproduced here.)
-        async for batch in event_batches(backend.events(), BATCH_MAX):
+        async for batch in backend_batches(backend, BATCH_MAX):
             now = time.time()
             for event in batch:
                 if isinstance(event, TaskRunning):
@@ -292,10 +301,11 @@ def main() -> None:
     for path in paths:
         with tempfile.TemporaryDirectory(prefix="pai-launch-bench-", dir=args.dir) as tmp:
             run = through_backend if path == "backend" else through_core
-            cpu_before = cpu_seconds()
+            cpu_before, own_before = cpu_seconds(), own_cpu_seconds()
             results[path] = asyncio.run(run(Path(tmp), args.tasks))
             cpu_per_task = (cpu_seconds() - cpu_before) / args.tasks
             results[path]["cpu_ms_per_task"] = round(cpu_per_task * 1000, 3)
+            results[path]["launcher_cpu_ms_per_task"] = round((own_cpu_seconds() - own_before) / args.tasks * 1000, 3)
             results[path]["cpu_bound_tasks_per_s"] = round((os.cpu_count() or 1) / cpu_per_task, 1)
     if args.single:
         with tempfile.TemporaryDirectory(prefix="pai-launch-bench-", dir=args.dir) as tmp:

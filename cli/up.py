@@ -108,7 +108,7 @@ class Platform:
         while time.monotonic() < deadline:
             proc = self.procs[name]
             if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {proc.returncode}; see {self.logs / (name + '.log')}")
+                raise RuntimeError(f"{name} exited with code {proc.returncode}; {self._log_tail(name)}")
             try:
                 with urllib.request.urlopen(url, timeout=1) as resp:
                     if resp.status == 200:
@@ -116,7 +116,17 @@ class Platform:
             except OSError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"{name} was not ready after {READY_TIMEOUT_SECONDS:.0f}s; see {self.logs / (name + '.log')}")
+        raise RuntimeError(f"{name} was not ready after {READY_TIMEOUT_SECONDS:.0f}s; {self._log_tail(name)}")
+
+    def _log_tail(self, name: str, lines: int = 20) -> str:
+        """Where a service's log is and how it ends: the reason it did not come up
+        is on screen, also where the data dir is gone by the time anyone looks."""
+        path = self.logs / f"{name}.log"
+        try:
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            return f"its log {path} could not be read ({exc.strerror})"
+        return f"its log {path} ends:\n" + "\n".join(f"  {line}" for line in tail)
 
     def kill_service(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to one service (chaos tests); `start_service` brings it back."""

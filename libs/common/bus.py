@@ -236,6 +236,12 @@ class Bus:
                     self._kv[bucket] = await self.js.key_value(bucket.value)
         return self._kv[bucket]
 
+    async def round_trip(self) -> None:
+        """Return once the server has read everything sent before the call: a
+        subscription just made is then served (`bus_wire.round_trip`; nats-py's
+        own `flush()` does not promise it)."""
+        await bus_wire.round_trip(self.nc)
+
     async def publish(self, event: Event, *, attempts: int = 5) -> None:
         """Publish with `Nats-Msg-Id = event.id`: a retried publish is stored once."""
         await self._store_one(*_outgoing(event), f"publish of {event.id}", attempts=attempts)

@@ -37,7 +37,8 @@ that changed them fails at connect, naming its version, never mid-flight):
   `_flush_queue`, `_flush_pending`, `_pending_data_size`, `_max_pending_size`,
   `_max_payload`, the connection's status: `send_commands`), and JetStream's
   API request and publish (`JetStreamContext._api_request` and `publish`, which
-  the bus answers itself: `bus._JetStream`).
+  the bus answers itself: `bus._JetStream`), and the pending list and the
+  `_transport` it goes to (`round_trip`).
 
 The send side. Every message a service sent went through nats-py's `publish`:
 the subject validated, the headers checked with a regular expression each and
@@ -302,9 +303,9 @@ def _check_internals(nc: Any, parser: Any) -> None:
             problems.append(f"nats.protocol.parser.{name} is gone")
     if not isinstance(getattr(nc, "stats", None), dict):
         problems.append("nc.stats is gone")
-    for name in ("_resp_sub_prefix", "_init_request_sub", "_build_message", "_subs", "_flush_queue",
-                 "_pending_data_size", "_max_pending_size", "_max_payload", "is_closed", "is_connected",
-                 "is_draining_pubs"):
+    for name in ("_resp_sub_prefix", "_init_request_sub", "_build_message", "_subs", "_flush_queue", "_pending",
+                 "_pending_data_size", "_max_pending_size", "_max_payload", "_transport", "is_closed",
+                 "is_connected", "is_draining_pubs"):
         if not hasattr(nc, name):
             problems.append(f"nc.{name} is gone")
     for name in ("_send_command", "_flush_pending"):
@@ -322,6 +323,22 @@ def _check_internals(nc: Any, parser: Any) -> None:
             f"PAI's bus (libs/common/bus_wire.py) does not work with nats-py {NATS_PY_VERSION}: "
             + "; ".join(problems) + ". Install the nats-py version pyproject.toml pins."
         )
+
+
+async def round_trip(nc: Any, timeout: float = 10.0) -> None:
+    """Return once the server has read every command sent on `nc` before the call.
+
+    nats-py's `flush()` does not promise that: it writes its PING straight to
+    the socket, ahead of the commands still waiting in its pending buffer for
+    the flusher task (a SUB or a PUB just made). Its PONG can then come back
+    before the server has read them, and a subscription "flushed" this way was
+    seen to have no responder yet for a request made right after (about one
+    time in fifteen). Writing what is pending first keeps the order."""
+    if nc._pending_data_size > 0 and nc.is_connected:
+        nc._transport.writelines(nc._pending[:])
+        nc._pending = []
+        nc._pending_data_size = 0
+    await nc.flush(timeout=timeout)
 
 
 async def take_request_answers(nc: Any) -> None:

@@ -300,8 +300,15 @@ EVENT_TYPES: dict[Kind, type[Event]] = {
 }
 
 
+# Each event type's kind, looked up once: `Kind(tag)` costs about as much as the rest
+# of `subject_of`, which every publication calls.
+_KIND_OF_TYPE: dict[type, Kind] = {}
+
+
 def subject_of(event: Event) -> str:
-    kind = Kind(event.__struct_config__.tag)
+    kind = _KIND_OF_TYPE.get(type(event))
+    if kind is None:
+        kind = _KIND_OF_TYPE[type(event)] = Kind(event.__struct_config__.tag)
     match event:
         case NodeStatus(node=node) | NodeCordonChanged(node=node):
             return node_subject(kind, node)

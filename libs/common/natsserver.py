@@ -40,10 +40,21 @@ def binary() -> str:
     return found
 
 
+# Ports free_port has handed out in this process. The kernel picks a bound port at
+# random and may pick a just-released one again: a platform asking for six ports in
+# a row could be given one twice, and its second service then fails to listen.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, never one this process was given before."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def bootstrap_store(url: str, login: dict[str, str], settings: StoreSettings | None = None) -> None:

@@ -15,9 +15,10 @@ Times are wall-clock seconds. KV revisions are not part of the document: the
 service shell handles them.
 
 Size: every write of a record is stored by NATS and decoded by rest's watch, so
-attempts, endings, transitions and tasks leave their fields at defaults out
-(decoding fills them in). `JobRecord`'s own fields are always written: readers
-that decode a few of them (the monitor's `StoredJob`) require `state`.
+the record, its attempts, endings, transitions and tasks leave their fields at
+defaults out (decoding fills them in: a WAITING job's record has no `state`).
+Every reader decodes with a typed struct whose defaults match these (rest's
+`StatusBrief`, the monitor's `StoredJob`).
 
 Schema evolution: new fields get defaults; no field changes type.
 """
@@ -201,7 +202,7 @@ class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
         return None
 
 
-class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
+class JobRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     job: str  # user~name
     name: str
     user: str

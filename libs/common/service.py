@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -183,6 +184,23 @@ async def _try_take(kv, key: str, me: str) -> int | None:
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
     return None
+
+
+# Allocations between two collections of the youngest generation (CPython's default: 700).
+# Every job makes and drops thousands of short-lived objects in each service that
+# handles it (rest: the YAML nodes, the document, the HTTP request; the scheduler and
+# launcher: decisions, records, events, their encodings, the NATS client's messages).
+# At the default a young collection ran every few jobs of a burst and moved whatever
+# was alive at that moment into the older generations, whose collections walk every
+# record the service holds: 12-18% of the launcher's CPU and 5% of the scheduler's
+# (py-spy --native, gc_collect_main); all of it freed by reference counting moments later.
+YOUNG_COLLECTION_ALLOCATIONS = 20_000
+
+
+def collect_young_less_often() -> None:
+    """For a service that handles many jobs a second: young collections every
+    YOUNG_COLLECTION_ALLOCATIONS allocations; the older generations' thresholds stay."""
+    gc.set_threshold(YOUNG_COLLECTION_ALLOCATIONS, *gc.get_threshold()[1:])
 
 
 def run(

@@ -45,7 +45,7 @@ class Kind(StrEnum):
 
 def job_subject(kind: Kind, vc: str, job: str) -> str:
     user, name = split_job_id(job)
-    return f"{PREFIX}.{kind.value}.{vc}.{user}.{name}"
+    return f"{PREFIX}.{kind}.{vc}.{user}.{name}"  # (a StrEnum formats as its value; `.value` costs more)
 
 
 def node_subject(kind: Kind, node: str) -> str:

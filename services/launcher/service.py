@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -200,7 +201,7 @@ class LauncherShell:
         (core/held.py): a task that ends at once then costs one write of its
         record instead of two. A lone task on an idle launcher is reported
         RUNNING at once, as the idle start latency wants."""
-        async for batch in event_batches(self.backend.events(), BATCH_MAX):
+        async for batch in backend_batches(self.backend, BATCH_MAX):
             events = [await self._scrubbed_exit(e) if isinstance(e, TaskFinished) else e for e in batch]
             for event in events:
                 if isinstance(event, TaskFinished):
@@ -562,6 +563,14 @@ def live_tasks_on(core: LauncherCore, node: str) -> list[TaskKey]:
     return keys
 
 
+def backend_batches(backend: Backend, most: int) -> AsyncIterator[list]:
+    """The backend's reports in lists of at most `most`: its own `event_batches` where
+    it has one (the local backend's, without a queue and a reader task between), else
+    `event_batches` over its `events()`."""
+    own = getattr(backend, "event_batches", None)
+    return own(most) if own is not None else event_batches(backend.events(), most)
+
+
 async def event_batches(events: AsyncIterator, most: int) -> AsyncIterator[list]:
     """`events` in lists: the next one (waited for), with every one already there
     behind it, up to `most`. A reader moves them across while a batch is
@@ -614,6 +623,10 @@ async def body(ctx: ServiceContext) -> None:
     shell = LauncherShell(ctx, core, backend)
     try:
         await shell.restore()
+        # The restored records (every job the launcher still holds) are long-lived:
+        # keep the collector's full collections from walking them again and again.
+        # A record replaced later is still freed, by its reference count.
+        gc.freeze()
         ctx.spawn(shell.pump_backend(), "backend-events")
         ctx.spawn(shell.prune_forever(), "retention")
         await shell.serve_logs()
@@ -626,4 +639,5 @@ async def body(ctx: ServiceContext) -> None:
 
 
 def main() -> None:
+    service.collect_young_less_often()
     service.run("launcher", load_config(), body, single_active=True)

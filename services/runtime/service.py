@@ -134,7 +134,7 @@ class RuleDesk:
 
 async def subscribe_rule_requests(bus: Bus) -> Subscription:
     subscription = await bus.nc.subscribe(RULES_SUBJECT, queue=RULES_QUEUE)
-    await bus.nc.flush()  # the server knows this replica answers before it says it is ready
+    await bus.round_trip()  # the server knows this replica answers before it says it is ready
     return subscription
 
 

@@ -262,7 +262,7 @@ class SchedulerShell:
                         "again: %s%s", cause, len(writes), len(events), error, named or "no decision", more)
             raise Transient(f"{len(writes)} entries and {len(events)} events of {cause} not all stored") from error
         for decision in decisions:
-            metrics.DECISIONS.labels(kind=_KIND[type(decision)]).inc()
+            _DECISIONS_BY_TYPE[type(decision)].inc()
         metrics.ENTRIES_WRITTEN.inc(len(writes))
 
     def _entries(self, jobs: Iterable[str]) -> dict[str, bytes | None]:
@@ -280,6 +280,9 @@ class SchedulerShell:
 
 
 _KIND = {Place: "place", Preempt: "preempt", Wait: "wait", Announce: "announce"}
+# The counter's child per decision type, looked up once: prometheus-client's `labels()`
+# takes a lock and builds a key at every call.
+_DECISIONS_BY_TYPE = {kind: metrics.DECISIONS.labels(kind=name) for kind, name in _KIND.items()}
 
 
 def _check_job_id(event: Event) -> None:
@@ -328,4 +331,5 @@ async def body(ctx: ServiceContext) -> None:
 
 
 def main() -> None:
+    service.collect_young_less_often()
     service.run("scheduler", load_config(), body, single_active=True)

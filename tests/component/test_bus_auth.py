@@ -39,7 +39,7 @@ class Client:
 
     async def refused(self, verb: str, subject: str) -> bool:
         """Whether the server refused `verb` ("publish" or "subscription") on `subject`."""
-        await self.bus.nc.flush()
+        await self.bus.round_trip()
         needle = f'permissions violation for {verb} to "{subject.lower()}"'
         for _ in range(40):
             if any(needle in r for r in self.refusals):
@@ -231,7 +231,7 @@ async def test_rpc_subjects_are_served_and_asked_by_their_owners_only(login):
         await msg.respond(b"log")
 
     await launcher.bus.nc.subscribe("pai.rpc.v1.logs", queue="launcher", cb=answer)
-    await launcher.bus.nc.flush()  # the server has the subscription before rest asks
+    await launcher.bus.round_trip()  # the server has the subscription before rest asks
     reply = await rest.bus.nc.request("pai.rpc.v1.logs", b"{}", timeout=5)
     assert reply.data == b"log"
     assert await monitor.try_publish("pai.rpc.v1.logs")  # only rest asks for logs
@@ -244,7 +244,7 @@ async def test_rpc_subjects_are_served_and_asked_by_their_owners_only(login):
 async def test_an_integrator_reads_events_and_cannot_publish_or_touch_kv(login, platform):
     integrator = await login("integrator")
     live = await integrator.bus.nc.subscribe(f"pai.v1.*.*.{VC}.>")
-    await integrator.bus.nc.flush()
+    await integrator.bus.round_trip()
     subject = event_subject(Kind.JOB_STATE)
     ack = await platform.js.publish(subject, b'{"live": true}')
     assert (await live.next_msg(timeout=5)).data == b'{"live": true}'

@@ -405,6 +405,29 @@ async def test_tasks_sharing_a_shim_are_stopped_and_reported_one_by_one(local: H
     assert (stop.platformReason, stop.signal) == ("Preempted", signal.SIGTERM)
 
 
+async def test_a_task_that_ends_beside_a_chatty_one_of_its_shim_is_reported_at_once(local: Harness):
+    # The chatty task's output wakes the shim all the time: the other's exit
+    # must still be noticed (the shim reaps on SIGCHLD, not on every wakeup).
+    chatty = launch("chatty", "while :; do echo output; done", index=0)
+    quiet = launch("chatty", "sleep 0.3", "exit 3", index=1)
+    fork_server = local.backend._server
+    assert fork_server is not None
+    fork_server.send_signal(signal.SIGSTOP)  # both in one batch: one shim
+    try:
+        await local.backend.start(chatty)
+        await local.backend.start(quiet)
+    finally:
+        fork_server.send_signal(signal.SIGCONT)
+
+    finished = await local.events.finished(quiet.key)
+
+    assert shim_pid(local.backend, chatty.key) == shim_pid(local.backend, quiet.key)
+    assert finished.exitCode == 3
+    assert not any(isinstance(e, TaskFinished) for e in local.events.of(chatty.key))
+    await local.backend.kill(chatty.key, grace_seconds=1, reason="Killed")
+    assert (await local.events.finished(chatty.key)).platformReason == "Killed"
+
+
 async def test_a_task_handed_to_a_fork_server_that_died_still_runs_once(local: Harness):
     task = launch("resent", "echo ran >> runs.txt")
     fork_server = local.backend._server

@@ -10,7 +10,7 @@ than fail; validation reports those shapes separately.
 from __future__ import annotations
 
 from libs.common.protocol.paths import DocPath
-from libs.common.protocol.render import PREREQUISITE_ROOTS, RenderContext, has_secret_references, render
+from libs.common.protocol.render import PREREQUISITE_ROOTS, TEMPLATE_START, RenderContext, has_secret_references, render
 
 
 def prerequisites_by_name(data: dict) -> dict[str, dict]:
@@ -75,8 +75,11 @@ def command_templates(data: dict, role_name: str) -> list[tuple[DocPath, str]]:
 
 def rendered_commands(data: dict, role_name: str) -> list[str]:
     """The shell lines of a role, secret references kept; the document must already be valid."""
+    templates = [template for _, template in command_templates(data, role_name)]
+    if not any(TEMPLATE_START in template for template in templates):
+        return templates  # the usual job: no template, no context to build
     context = role_context(data, data["taskRoles"][role_name])
-    return [render(template, context, keep_secrets=True) for _, template in command_templates(data, role_name)]
+    return [render(template, context, keep_secrets=True) for template in templates]
 
 
 def referenced_secrets(data: dict, commands: list[list[str]]) -> dict:

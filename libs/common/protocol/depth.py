@@ -18,6 +18,10 @@ from libs.common.protocol.limits import MAX_NESTING_DEPTH
 _YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _OPENING_EVENTS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
 _CLOSING_EVENTS = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+# How libyaml (PyYAML 6.0.4 on) refuses a text nesting past its own bound (1,000
+# levels, far above MAX_NESTING_DEPTH): its scanner looks ahead, so this can come
+# before the parser has handed over as many levels as the limit.
+_LIBYAML_TOO_DEEP = "exceeded maximum nesting depth"
 # A JSON string (escapes included) or one bracket: strings are skipped whole.
 _JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
@@ -52,7 +56,8 @@ def check_yaml_depth(text: str, limit: int = MAX_NESTING_DEPTH) -> None:
     """Raise NestingTooDeep when the YAML (or JSON) text nests deeper than `limit`.
 
     A syntax error stops the scan quietly: the loader meets the same error at
-    the same place, before it has nested any deeper than seen here.
+    the same place, before it has nested any deeper than seen here. Except
+    libyaml's own nesting bound, which is deeper than `limit`: that text is too deep.
     """
     depth = 0
     loader = _YamlLoader(text)
@@ -66,7 +71,10 @@ def check_yaml_depth(text: str, limit: int = MAX_NESTING_DEPTH) -> None:
                     raise NestingTooDeep(limit, mark.line + 1 if mark is not None else None)
             elif isinstance(event, _CLOSING_EVENTS):
                 depth -= 1
-    except yaml.YAMLError:
+    except yaml.YAMLError as error:
+        if _LIBYAML_TOO_DEEP in str(getattr(error, "problem", "") or ""):
+            mark = getattr(error, "problem_mark", None)
+            raise NestingTooDeep(limit, mark.line + 1 if mark is not None else None) from None
         return
     finally:
         loader.dispose()

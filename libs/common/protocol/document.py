@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import yaml
 
+from libs.common.protocol.blockyaml import NOT_SIMPLE, load_simple
 from libs.common.protocol.depth import NestingTooDeep, cannot_nest_deeper_than, check_json_depth, check_yaml_depth
 from libs.common.protocol.model import FieldError, ProtocolError
 from libs.common.protocol.paths import DocPath, format_path
@@ -104,9 +105,17 @@ def load_document(body: bytes | str, content_type: str | None) -> Document:
             lines, duplicates = None, []
             work_out_lines = lambda: _lines_or_nothing(text)[0]  # only a refusal asks
     else:
-        data, lines, duplicates, root = _load_yaml(text, may_expand=_may_expand(text))
-        if root is not None:
-            work_out_lines = lambda: _walk_lines(root)[0]  # only a refusal asks
+        # The common block-style job is read without PyYAML's composer (blockyaml.py);
+        # a text long enough to hold more values than the expansion bound goes to
+        # PyYAML, whose path refuses it.
+        data = load_simple(text) if 4 * len(text) < MAX_EXPANDED_NODES else NOT_SIMPLE
+        if type(data) is dict:
+            lines, duplicates = None, []  # blockyaml leaves repeated keys to PyYAML
+            work_out_lines = lambda: _lines_or_nothing(text)[0]  # only a refusal asks
+        else:
+            data, lines, duplicates, root = _load_yaml(text, may_expand=_may_expand(text))
+            if root is not None:
+                work_out_lines = lambda: _walk_lines(root)[0]  # only a refusal asks
     if duplicates:
         raise ProtocolError(duplicates)
     if data is None:

@@ -29,6 +29,8 @@ import re
 import msgspec
 
 TEMPLATE = re.compile(r"<%\s*(\$[^%]*?)\s*%>")
+# Every template starts so: a line without it renders as itself.
+TEMPLATE_START = "<%"
 REFERENCE = re.compile(r"^\$(?P<root>[A-Za-z_][A-Za-z0-9_]*)(?P<steps>(?:\.[A-Za-z0-9_-]+|\[\d+\])*)$")
 STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]")
 

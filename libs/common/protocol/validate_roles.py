@@ -23,7 +23,7 @@ from libs.common.protocol.limits import (
     MAX_TASKS_PER_JOB,
 )
 from libs.common.protocol.paths import DocPath
-from libs.common.protocol.render import TEMPLATE, RenderContext, UnknownReference, render, unresolved
+from libs.common.protocol.render import TEMPLATE, TEMPLATE_START, RenderContext, UnknownReference, render, unresolved
 
 ROLE_KEYS = frozenset({
     "instances", "completion", "taskRetryCount", "prerequisites", "dockerImage", "data", "output", "script",
@@ -176,9 +176,12 @@ def _check_prerequisite_choices(check: Checker, role: dict, path: DocPath, prere
 
 def _check_references(check: Checker, data: dict, name: str, role: dict) -> bool:
     """True when every template of the role's commands resolves."""
+    templates = [(where, line) for where, line in command_templates(data, name) if TEMPLATE_START in line]
+    if not templates:
+        return True  # the usual job: nothing to resolve, no context to build
     context = role_context(data, role)
     ok = True
-    for where, template in command_templates(data, name):
+    for where, template in templates:
         for problem in unresolved(template, context):
             check.error(where, "unknown_reference", problem)
             ok = False
@@ -188,14 +191,17 @@ def _check_references(check: Checker, data: dict, name: str, role: dict) -> bool
 def _check_commands_length(check: Checker, data: dict, name: str, role: dict, path: DocPath) -> None:
     """The role's commands as they will run, templates rendered, counted without rendering
     more than the limit: a small document can name a large parameter thousands of times."""
-    context = role_context(data, role)
+    context = None
     total = 0
     for _, line in command_templates(data, name):
         total += len(line)
-        for match in TEMPLATE.finditer(line):
-            total += _rendered_length(match.group(0), context) - len(match.group(0))
-            if total > MAX_COMMANDS_CHARS_PER_ROLE:
-                break
+        if TEMPLATE_START in line:  # the context is built only for a role whose commands use templates
+            if context is None:
+                context = role_context(data, role)
+            for match in TEMPLATE.finditer(line):
+                total += _rendered_length(match.group(0), context) - len(match.group(0))
+                if total > MAX_COMMANDS_CHARS_PER_ROLE:
+                    break
         if total > MAX_COMMANDS_CHARS_PER_ROLE:
             check.error(path, "maxLength",
                         f"a task role's commands, rendered and with its deployment's pre- and post-commands, "

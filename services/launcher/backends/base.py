@@ -12,6 +12,9 @@ Contracts:
   eventually, also when it ended while the launcher was down (reported after
   `recover()`), until `forget(key)` is called.
 - `kill` is safe to call for unknown or finished tasks.
+- Optionally, `event_batches(most)`: the same reports as `events()`, in lists of
+  every one already there (the shell takes them so; without it, the shell batches
+  `events()` itself).
 
 What a backend is told and what it reports (`TaskKey`, `TaskLaunch`, `TaskRunning`,
 `TaskFinished`) are the launcher core's types (`services.launcher.core.tasks`): the

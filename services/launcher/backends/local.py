@@ -76,6 +76,7 @@ import signal
 import socket
 import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -171,15 +172,16 @@ class TaskSpec(ShimSpec, frozen=True, kw_only=True, omit_defaults=True):
 
 class _Task:
     __slots__ = (
-        "key", "dir", "exit_path", "node", "image", "spec_line", "sent_generation", "sent_at",
+        "key", "path", "exit_path", "node", "image", "spec_line", "sent_generation", "sent_at",
         "claim", "running_reported", "finished",
     )
 
-    def __init__(self, key: TaskKey, task_dir: Path, node: str, image: str | None):
+    def __init__(self, key: TaskKey, task_path: str, node: str, image: str | None):
         self.key = key
-        self.dir = task_dir
-        # As a string: looked at once or twice per task (pathlib's `/` costs a microsecond or more each time).
-        self.exit_path = os.path.join(task_dir, EXIT)
+        # Strings on the per-task paths (start, the doorbell's reports): pathlib's
+        # `/` costs a microsecond or more each time; `dir` for the rarer ones.
+        self.path = task_path
+        self.exit_path = os.path.join(task_path, EXIT)
         self.node = node
         self.image = image
         self.spec_line: bytes | None = None  # kept until a shim claims the task
@@ -188,6 +190,10 @@ class _Task:
         self.claim: ShimRecord | None = None
         self.running_reported = False
         self.finished = asyncio.Event()
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.path)
 
 
 class LocalBackend:
@@ -216,6 +222,7 @@ class LocalBackend:
             raise ValueError(f"limits must be one of {LIMIT_CHOICES}, not {limits!r}")
         self.data_dir = Path(data_dir).resolve()
         self.tasks_dir = self.data_dir / TASKS_DIR
+        self._tasks_path = str(self.tasks_dir)
         # task_user None: tasks run as the launcher's user (tests, tools);
         # otherwise, when root, as users of their own (local_users).
         self.task_users = local_users.resolve(task_user)
@@ -239,7 +246,11 @@ class LocalBackend:
         self.limits_mode, self._cgroup_parent = _choose_limits(limits, cgroup_root, cgroup_parent)
         self._doorbell = doorbell_name(self.data_dir)
         self._tasks: dict[str, _Task] = {}
-        self._queue: asyncio.Queue[BackendEvent | None] = asyncio.Queue()
+        # Reports not taken yet (`event_batches`): a list and a wake-up rather than
+        # an asyncio.Queue, whose put and get cost a future and a task step per report.
+        self._reports: deque[BackendEvent] = deque()
+        self._reported = asyncio.Event()
+        self._reports_end = False
         self._base_env = _inherited_env()
         self._bell: socket.socket | None = None
         self._server: asyncio.subprocess.Process | None = None
@@ -273,11 +284,10 @@ class LocalBackend:
         slug = launch.key.slug
         if slug in self._tasks:
             return
-        task_dir = self.tasks_dir / slug
+        task_path = os.path.join(self._tasks_path, slug)
         node = launch.placement.node or self.node_names[0]
-        task = _Task(launch.key, task_dir, node, launch.dockerImageUri)
+        task = _Task(launch.key, task_path, node, launch.dockerImageUri)
         self._tasks[slug] = task
-        task_path = str(task_dir)
         if os.path.exists(task_path):
             return  # started before, perhaps by an earlier launcher: watch, never rerun
         identity = (self.task_users.uid_of(launch.key.job), self.task_users.gid) if self.task_users else (None, None)
@@ -362,6 +372,25 @@ class LocalBackend:
     def events(self) -> AsyncIterator[BackendEvent]:
         return self._event_stream()
 
+    async def event_batches(self, most: int) -> AsyncIterator[list[BackendEvent]]:
+        """The reports in lists: every one already there, up to `most`, else the next
+        one waited for; whatever arrives while a list is handled makes the next.
+        Ends once the backend is closed and every report is taken."""
+        reports = self._reports
+        while True:
+            if not reports:
+                if self._reports_end:
+                    return
+                self._reported.clear()
+                await self._reported.wait()
+                continue
+            if len(reports) <= most:
+                batch = list(reports)
+                reports.clear()
+            else:
+                batch = [reports.popleft() for _ in range(most)]
+            yield batch
+
     async def read_log(self, key: TaskKey, *, tail_bytes: int | None = None) -> bytes:
         task_dir = self.tasks_dir / key.slug
         if not task_dir.exists():
@@ -373,7 +402,7 @@ class LocalBackend:
     async def forget(self, key: TaskKey) -> None:
         slug = key.slug
         task = self._tasks.get(slug)
-        task_path = str(task.dir) if task is not None else os.path.join(self.tasks_dir, slug)
+        task_path = task.path if task is not None else os.path.join(self._tasks_path, slug)
         try:
             os.rename(os.path.join(task_path, EXIT), os.path.join(task_path, REPORTED))
         except FileNotFoundError:
@@ -413,7 +442,8 @@ class LocalBackend:
         if self._server is not None:
             self._write_outgoing()
             await _stop_fork_server(self._server)
-        self._queue.put_nowait(None)
+        self._reports_end = True
+        self._reported.set()
 
     # -- plumbing ------------------------------------------------------------
 
@@ -493,15 +523,20 @@ class LocalBackend:
             try:
                 if self._server is not None and self._server.returncode is not None:
                     await self._ensure_running()
+                # One look at each shim per sweep: under a burst one shim runs many tasks.
+                shims_alive: dict[tuple[int, int], bool] = {}
                 for task in list(self._tasks.values()):
                     if not task.finished.is_set():
-                        self._check(task)
+                        self._check(task, shims_alive=shims_alive)
             except Exception:  # noqa: BLE001 - a sweep must not die; the next one retries
                 log.exception("local backend sweep failed")
 
-    def _check(self, task: _Task, *, stop_reason: str | None = None) -> None:
+    def _check(
+        self, task: _Task, *, stop_reason: str | None = None, shims_alive: dict[tuple[int, int], bool] | None = None
+    ) -> None:
         """Look at a task's directory: report what changed, send it again, or
-        declare it lost (reason `stop_reason` if we were stopping it)."""
+        declare it lost (reason `stop_reason` if we were stopping it).
+        `shims_alive`: shims already looked at in this sweep."""
         if task.finished.is_set():
             return
         if os.path.exists(task.exit_path):
@@ -509,7 +544,7 @@ class LocalBackend:
                 return
         claim = task.claim or self._read_claim(task)
         if claim is None:
-            if not task.dir.exists():
+            if not os.path.exists(task.path):
                 if (
                     task.sent_generation != self._server_generation  # the server that had it is gone
                     or time.monotonic() - task.sent_at > RESEND_SECONDS  # or the shim it went to
@@ -522,13 +557,13 @@ class LocalBackend:
         if claim.cancelled:
             return  # the stop that cancelled it records the exit
         self._report_running(task, claim.detail)
-        if not _alive(claim):
+        if not _alive(claim, shims_alive):
             if os.path.exists(task.exit_path) and self._report_finished(task):
                 return  # it ended between our two looks
             self._declare_lost(task, stop_reason)
 
     def _read_claim(self, task: _Task) -> ShimRecord | None:
-        spec = read_record(task.dir / SPEC, ShimSpec)
+        spec = read_record(os.path.join(task.path, SPEC), ShimSpec)
         if spec is not None and spec.shim is not None:
             task.claim = spec.shim
             task.spec_line = None
@@ -546,7 +581,7 @@ class LocalBackend:
     def _cancel(self, task: _Task, reason: str) -> None:
         record = ShimRecord(shimPid=0, shimStartTicks=0, cancelled=True, claimedAt=self._clock())
         spec = TaskSpec(
-            taskDir=str(task.dir), key=task.key, slug=task.key.slug, node=task.node,
+            taskDir=task.path, key=task.key, slug=task.key.slug, node=task.node,
             commands=[], env={}, cpu=0, memoryMB=0, shim=record,
         )
         (task.dir / SPEC).write_bytes(encode(spec))
@@ -571,7 +606,7 @@ class LocalBackend:
                 log.warning("removing %s: its claimer died before writing %s", task_dir, SPEC)
                 shutil.rmtree(task_dir, ignore_errors=True)
             return None
-        task = _Task(spec.key, task_dir, spec.node, spec.dockerImageUri)
+        task = _Task(spec.key, str(task_dir), spec.node, spec.dockerImageUri)
         task.claim = spec.shim
         self._tasks[spec.key.slug] = task
         return task
@@ -583,7 +618,7 @@ class LocalBackend:
         task.running_reported = True
         if task.image:
             detail = f"{detail}; dockerImage {task.image} ignored by the local backend"
-        self._queue.put_nowait(TaskRunning(key=task.key, node=task.node, detail=detail, at=at or self._clock()))
+        self._report(TaskRunning(key=task.key, node=task.node, detail=detail, at=at or self._clock()))
 
     def _report_finished(self, task: _Task) -> bool:
         if task.finished.is_set():
@@ -594,13 +629,13 @@ class LocalBackend:
         if not task.running_reported and record.startedAt is not None:
             claim = task.claim or self._read_claim(task)
             self._report_running(task, claim.detail if claim else "", at=record.startedAt)
-        output = task.dir / OUTPUT_LOG
+        output = os.path.join(task.path, OUTPUT_LOG)
         tail = b""
         if record.outputBytes:
-            tail = read_log(output, cap_bytes=self.log_cap_bytes, tail_bytes=USER_LOG_TAIL_BYTES)
+            tail = read_log(Path(output), cap_bytes=self.log_cap_bytes, tail_bytes=USER_LOG_TAIL_BYTES)
         task.finished.set()
         task.spec_line = None
-        self._queue.put_nowait(
+        self._report(
             TaskFinished(
                 key=task.key,
                 exitCode=record.exitCode,
@@ -608,7 +643,7 @@ class LocalBackend:
                 platformReason=record.platformReason,
                 platformMessage=record.platformMessage,
                 userLogTail=tail.decode(errors="replace"),
-                logPath=str(output),
+                logPath=output,
                 memoryPeakMB=record.memoryPeakMB,
             )
         )
@@ -641,17 +676,23 @@ class LocalBackend:
         env[TASK_KEY_ENV] = slug
         return env
 
+    def _report(self, event: BackendEvent) -> None:
+        self._reports.append(event)
+        self._reported.set()
+
     async def _event_stream(self) -> AsyncIterator[BackendEvent]:
-        while True:
-            event = await self._queue.get()
-            if event is None:
-                self._queue.put_nowait(None)  # let any other reader end too
-                return
-            yield event
+        async for batch in self.event_batches(1):
+            yield batch[0]
 
 
-def _alive(claim: ShimRecord) -> bool:
-    return local_procs.is_alive(claim.shimPid, claim.shimStartTicks)
+def _alive(claim: ShimRecord, seen: dict[tuple[int, int], bool] | None = None) -> bool:
+    """Whether the claim's shim lives; `seen`: shims already looked at (and what was seen)."""
+    if seen is None:
+        return local_procs.is_alive(claim.shimPid, claim.shimStartTicks)
+    shim = (claim.shimPid, claim.shimStartTicks)
+    if shim not in seen:
+        seen[shim] = local_procs.is_alive(*shim)
+    return seen[shim]
 
 
 def _age(path: Path) -> float:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import stat
 import string
+import time
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import NamedTuple
@@ -202,13 +203,51 @@ def program_env(
     return {**env, "PWD": cwd, "SHLVL": "0", "_": program}
 
 
+# What a PATH lookup found: the first file named `word` in it and its stat, or
+# None (not there, or bash's to look up).
+_Found = tuple[str, os.stat_result] | None
+
+
+class PathLookups:
+    """A shim's recent PATH lookups, so that a burst of tasks running the same
+    program costs one walk of PATH (a stat per directory), not one per task.
+
+    A lookup is reused for LOOKUP_SECONDS: a program installed or removed in
+    PATH meanwhile is seen as late as if the task had started that much
+    earlier. (Removed: its exec fails and bash runs the command, which says
+    what bash says.) Whether the task's user may run it is judged again for
+    each task, from the stat kept."""
+
+    LOOKUP_SECONDS = 1.0
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._found: dict[tuple[str, str], tuple[float, _Found]] = {}
+
+    def find(self, word: str, path: str) -> _Found:
+        key = (word, path)
+        now = self._clock()
+        kept = self._found.get(key)
+        if kept is not None and now - kept[0] < self.LOOKUP_SECONDS:
+            return kept[1]
+        found = _look_up(word, path)
+        self._found[key] = (now, found)
+        return found
+
+
 def find_program(
-    word: str, path: str | None, work_dir: str, uid: int | None, gid: int | None
+    word: str,
+    path: str | None,
+    work_dir: str,
+    uid: int | None,
+    gid: int | None,
+    lookups: PathLookups | None = None,
 ) -> str | None:
     """The file bash would exec for `word` (looked up in `path` unless it holds a
     slash), when it surely is one the task's user may run; None: leave it to bash.
 
-    `uid`/`gid` None: the task runs as this process's user."""
+    `uid`/`gid` None: the task runs as this process's user. `lookups`: recent
+    PATH lookups to reuse (None: look now)."""
     if "/" in word:
         info = _stat(word if word.startswith("/") else os.path.join(work_dir, word))
         return (
@@ -218,6 +257,19 @@ def find_program(
         )
     if not path:
         return None  # bash would use its own default PATH
+    found = _look_up(word, path) if lookups is None else lookups.find(word, path)
+    if found is None:
+        return None
+    candidate, info = found
+    # The first file found decides: bash would skip one its user may not run
+    # and look further, which is bash's to do.
+    return candidate if _runnable(candidate, info, work_dir, uid, gid) else None
+
+
+def _look_up(word: str, path: str) -> _Found:
+    """The first file (not directory) named `word` in the directories of `path`;
+    None when there is none, or when one of the directories is relative or
+    spelled with a trailing slash (bash's to look up)."""
     for directory in path.split(":"):
         if not directory.startswith("/") or directory.endswith("/"):
             return None  # the working directory, or a name bash might spell otherwise
@@ -225,9 +277,7 @@ def find_program(
         info = _stat(candidate)
         if info is None or stat.S_ISDIR(info.st_mode):
             continue  # not there: bash looks further
-        # The first file found decides: bash would skip one its user may not run
-        # and look further, which is bash's to do.
-        return candidate if _runnable(candidate, info, work_dir, uid, gid) else None
+        return candidate, info
     return None
 
 
@@ -237,12 +287,14 @@ def plan(
     work_dir: str,
     uid: int | None,
     gid: int | None,
+    lookups: PathLookups | None = None,
 ) -> DirectRun | None:
-    """The direct run of a task, or None when bash must run it."""
+    """The direct run of a task, or None when bash must run it (`lookups`: see
+    find_program)."""
     argv = simple_argv(commands)
     if argv is None:
         return None
-    program = find_program(argv[0], env.get("PATH"), work_dir, uid, gid)
+    program = find_program(argv[0], env.get("PATH"), work_dir, uid, gid, lookups)
     if program is None:
         return None
     exported = program_env(env, physical_path(work_dir), program)
@@ -256,8 +308,11 @@ def plan(
 def physical_path(work_dir: str) -> str:
     """The working directory as getcwd() names it there (bash's PWD). A task's
     directory was just made by the shim, so only its parent can hold links."""
-    parent, name = os.path.split(work_dir)
-    return os.path.join(_real_parent(parent), name)
+    parent, _, name = work_dir.rpartition("/")
+    if not parent or not name:  # "/x", "x" or a trailing slash: as os.path sees it
+        parent, name = os.path.split(work_dir)
+        return os.path.join(_real_parent(parent), name)
+    return f"{_real_parent(parent)}/{name}"
 
 
 @lru_cache(maxsize=16)

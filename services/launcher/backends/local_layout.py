@@ -192,12 +192,16 @@ def read_record(path: Path | str, record_type: type[T]) -> T | None:
         return None
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def _tmp_name(path: Path | str, pid: int) -> str:
+    directory, slash, name = os.fspath(path).rpartition("/")
+    return f"{directory}{slash}.{name}.{pid}.tmp"
 
 
-def write_replacing(path: Path, data: bytes) -> None:
-    tmp = _tmp_name(path)
+def write_replacing(path: Path | str, data: bytes, *, pid: int | None = None) -> None:
+    """Replace `path` atomically with `data` (a file named after the writer's
+    `pid`, default ours, then a rename); a shim passes the pid it knows
+    (os.getpid() is a system call each time)."""
+    tmp = _tmp_name(path, os.getpid() if pid is None else pid)
     write_file(tmp, data)
     os.replace(tmp, path)
 
@@ -207,7 +211,7 @@ def write_replacing(path: Path, data: bytes) -> None:
 # them (and its fstat, isatty ioctl and lseek).
 
 
-def write_file(path: Path, data: bytes) -> None:
+def write_file(path: Path | str, data: bytes) -> None:
     """Create or truncate `path` (mode 0666 less the umask) holding `data`."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
     try:
@@ -229,10 +233,10 @@ def read_file(path: Path | str) -> bytes:
         os.close(fd)
 
 
-def claim_dir(task_dir: Path) -> bool:
+def claim_dir(task_dir: Path | str) -> bool:
     """Create the task directory; False if someone (shim or stop) already did."""
     try:
-        task_dir.mkdir()
+        os.mkdir(task_dir)
         return True
     except FileExistsError:
         return False

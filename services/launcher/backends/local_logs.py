@@ -17,13 +17,13 @@ from pathlib import Path
 DROPPED_NOTE = "[PAI: log capped at {cap} bytes; {dropped} earlier bytes were dropped]\n"
 
 
-def previous_segment(path: Path) -> Path:
-    return path.with_name(path.name + ".1")
+def previous_segment(path: Path | str) -> Path:
+    return Path(f"{path}.1")
 
 
-def dropped_note(path: Path) -> Path:
+def dropped_note(path: Path | str) -> Path:
     """Holds how many bytes the cap dropped; absent while nothing was."""
-    return path.with_name(path.name + ".dropped")
+    return Path(f"{path}.dropped")
 
 
 def dropped_bytes(path: Path) -> int:
@@ -39,14 +39,17 @@ DISK_FULL_PLATFORM_REASON = "LogDiskFull"  # the exit's platformReason
 DISK_FULL_NOTE = b"[pai: the rest of this log was dropped: no space left on device (ENOSPC) on the launcher's data disk]\n"
 
 
-def disk_full_marker(path: Path) -> Path:
-    return path.with_name(path.name + ".disk-full")
+def disk_full_marker(path: Path | str) -> Path:
+    return Path(f"{path}.disk-full")
 
 
 class CappedLog:
-    """Append-only file with rotation; created on first write (most tasks are quiet)."""
+    """Append-only file with rotation; created on first write (most tasks are quiet).
 
-    def __init__(self, path: Path, cap_bytes: int):
+    `path` may be a string: a shim makes two logs per task, and needs a Path
+    only when a log rotates or fills the disk."""
+
+    def __init__(self, path: Path | str, cap_bytes: int):
         self.path = path
         self.segment_bytes = max(1, cap_bytes // 2)
         self.dropped_bytes = 0
@@ -100,7 +103,7 @@ class CappedLog:
 
     def _drop_all(self) -> None:
         self.close()
-        for segment in (self.path, previous_segment(self.path)):
+        for segment in (Path(self.path), previous_segment(self.path)):
             try:
                 size = segment.stat().st_size
                 segment.unlink()

@@ -49,7 +49,7 @@ from __future__ import annotations
 import _posixsubprocess  # the C fork + exec behind subprocess.Popen; see _fork_exec_as
 import os
 import resource
-import selectors
+import select
 import shutil
 import signal
 import time
@@ -98,8 +98,6 @@ BASH = shutil.which("bash") or "/bin/bash"
 _READ_CHUNK = 65536
 # How often leftovers are looked for again while a task is being ended.
 _RESWEEP_SECONDS = 0.05
-# The selector's mark for the feed (the output pipes carry their fd, the wakeup pipe None).
-_FEED = "feed"
 # How long to wait for log pipes to close once no process of the task is left
 # (a descendant could have handed its pipe to a process outside the task).
 _DRAIN_SECONDS = 1.0
@@ -158,17 +156,20 @@ class _Limits:
 class _Run:
     """One task under a shim."""
 
-    def __init__(self, task_dir: Path, spec: ShimSpec, limits: _Limits, secret_commands: list[str] | None = None):
+    def __init__(self, task_dir: str, spec: ShimSpec, limits: _Limits, secret_commands: list[str] | None = None):
         self.dir = task_dir
         self.spec = spec
         self.limits = limits
         # The commands with secrets filled in (spec.commands keeps references).
         self.secret_commands = secret_commands
         self.marker = local_procs.marker_entry(TASK_KEY_ENV, spec.slug)
-        self.output = CappedLog(task_dir / OUTPUT_LOG, spec.logCapBytes)
-        self.errors = CappedLog(task_dir / STDERR_LOG, spec.logCapBytes)
+        # Paths as strings here and below: pathlib's parsing is a noticeable
+        # part of the shim's CPU per task.
+        self.output = CappedLog(f"{task_dir}/{OUTPUT_LOG}", spec.logCapBytes)
+        self.errors = CappedLog(f"{task_dir}/{STDERR_LOG}", spec.logCapBytes)
         self.output_bytes = 0
         self.pid = 0  # also its process group and session
+        self.pipe_fds: tuple[int, ...] = ()  # the read ends of its output pipes
         self.open_pipes = 0
         self.started_at = 0.0
         self.shim_peak_kb = 0  # our own peak RSS when it was spawned
@@ -190,21 +191,31 @@ class Shim:
         self.pid = os.getpid()
         self.ticks = local_procs.start_ticks(self.pid) or 0
         self.runs: dict[int, _Run] = {}  # by main pid
+        # The runs _advance must look at: reaped, or ordered to stop (a running
+        # task waits for its exit or an order, and is not looked at on every
+        # wakeup). By main pid, in the order they got there.
+        self.ending: dict[int, _Run] = {}
         self.pipes: dict[int, tuple[_Run, tuple[CappedLog, ...]]] = {}
-        self.selector = selectors.DefaultSelector()
+        self.lookups = local_direct.PathLookups()
+        # epoll itself, not the selectors module: a task registers two pipes,
+        # and selectors' bookkeeping around each call costs about as much as
+        # the call.
+        self.poller = select.epoll()
         self.orders_waiting = False
         self.stop_everything = False
+        self.children_changed = True  # a SIGCHLD came since the last _reap: reap again
         self.childless = False
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        self.selector.register(wake_r, selectors.EVENT_READ, None)
+        self.wakeup = wake_r
+        self.poller.register(wake_r, select.EPOLLIN)
         self.feed = feed
         self._feed_rest = b""  # a line not yet complete
         if feed is not None:
             os.set_blocking(feed, False)
-            self.selector.register(feed, selectors.EVENT_READ, _FEED)
+            self.poller.register(feed, select.EPOLLIN)
         for sig in _SHIM_SIGNALS:
             signal.signal(sig, self._on_signal)
         _catch_ignored_signals()
@@ -212,7 +223,9 @@ class Shim:
         local_procs.set_process_name("pai-shim")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        if signum == signal.SIGUSR1:
+        if signum == signal.SIGCHLD:
+            self.children_changed = True
+        elif signum == signal.SIGUSR1:
             self.orders_waiting = True
         elif signum == signal.SIGTERM:
             self.stop_everything = True
@@ -226,7 +239,7 @@ class Shim:
         and its commands with the secrets filled in (kept in memory only)."""
         spec_json, separator, secret_part = line.partition(SECRET_SEPARATOR)
         spec = decoder(ShimSpec).decode(spec_json)
-        task_dir = Path(spec.taskDir)
+        task_dir = spec.taskDir
         if spec.sentAt and time.time() - spec.sentAt > STALE_LINE_SECONDS:
             return  # a copy sent long ago: the task has been sent again since
         if not claim_dir(task_dir):
@@ -236,13 +249,14 @@ class Shim:
             record = ShimRecord(
                 shimPid=self.pid, shimStartTicks=self.ticks, detail=limits.detail, claimedAt=time.time()
             )
-            write_file(task_dir / SPEC, with_claim(spec_json, record))
-            _make_work_dir(Path(spec.work_dir), spec)
+            write_file(f"{task_dir}/{SPEC}", with_claim(spec_json, record))
+            _make_work_dir(spec.work_dir, spec)
             secret_commands = decoder(list[str]).decode(secret_part) if separator else None
             run = _Run(task_dir, spec, limits, secret_commands)
             self._spawn(run)
         except Exception as exc:  # noqa: BLE001 - recorded as the task's exit
-            (task_dir / "shim.error").write_text(traceback.format_exc())
+            with open(f"{task_dir}/shim.error", "w") as error:
+                error.write(traceback.format_exc())
             self._write_exit(
                 task_dir,
                 spec.slug,
@@ -280,11 +294,13 @@ class Shim:
         # what the kernel put in the task's peak from our pages.
         run.shim_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self.runs[run.pid] = run
+        self.childless = False
+        run.pipe_fds = (out_r, err_r)
         run.open_pipes = 2
         self.pipes[out_r] = (run, (run.output,))
         self.pipes[err_r] = (run, (run.output, run.errors))
-        self.selector.register(out_r, selectors.EVENT_READ, out_r)
-        self.selector.register(err_r, selectors.EVENT_READ, err_r)
+        self.poller.register(out_r, select.EPOLLIN)
+        self.poller.register(err_r, select.EPOLLIN)
 
     def _direct_run(self, run: _Run) -> local_direct.DirectRun | None:
         """The task's one simple command, to exec without bash (local_direct);
@@ -299,7 +315,7 @@ class Shim:
         # (_fork_exec_as); one spawned as our user has only its shell to set it.
         if run.limits.prelude and not (spec.uid is not None and run.limits.data_limit is not None):
             return None
-        return local_direct.plan(spec.commands, spec.env, spec.work_dir, spec.uid, spec.gid)
+        return local_direct.plan(spec.commands, spec.env, spec.work_dir, spec.uid, spec.gid, self.lookups)
 
     def _start_in_bash(self, run: _Run, out_w: int, err_w: int) -> None:
         script_fd = None
@@ -337,25 +353,26 @@ class Shim:
         """Watch the tasks, and take those the feed brings, until the feed is
         closed and the last task has ended."""
         while self.runs or self.feed is not None:
-            self._reap()
+            if self.children_changed:
+                self._reap()
             now = time.monotonic()
             if self.orders_waiting or self.stop_everything:
                 self._take_orders(now)
             deadlines = []
-            for run in list(self.runs.values()):
+            for run in list(self.ending.values()):
                 deadline = self._advance(run, now)
                 if deadline is not None:
                     deadlines.append(deadline)
             if not self.runs and self.feed is None:
                 break
-            timeout = max(0.0, min(deadlines) - now) if deadlines else None
-            for key, _ in self.selector.select(timeout):
-                if key.data is None:
-                    _drain(key.fd)
-                elif key.data is _FEED:
+            timeout = max(0.0, min(deadlines) - now) if deadlines else -1
+            for fd, _ in self.poller.poll(timeout):
+                if fd in self.pipes:
+                    self._read_output(fd)
+                elif fd == self.wakeup:
+                    _drain(fd)
+                elif fd == self.feed:
                     self._read_feed()
-                else:
-                    self._read_output(key.fd)
         self._end_strays()
 
     def _read_feed(self) -> None:
@@ -380,7 +397,7 @@ class Shim:
 
     def _close_feed(self) -> None:
         if self.feed is not None:
-            self.selector.unregister(self.feed)
+            self.poller.unregister(self.feed)
             os.close(self.feed)
             self.feed = None
             self._feed_rest = b""
@@ -397,11 +414,17 @@ class Shim:
 
     def _close_pipe(self, fd: int) -> None:
         run, _ = self.pipes.pop(fd)
-        self.selector.unregister(fd)
+        # Closing it takes it out of the epoll set (no unregister: a system call
+        # less per pipe): no other fd refers to its pipe by then, as every
+        # child that shared our fds has exec'd or been reaped when its spawn
+        # returned.
         os.close(fd)
         run.open_pipes -= 1
 
     def _reap(self) -> None:
+        # Cleared first: a SIGCHLD from here on sets it again, and the next
+        # turn of `serve` reaps again.
+        self.children_changed = False
         self.childless = False
         while True:
             try:
@@ -414,6 +437,7 @@ class Shim:
             run = self.runs.get(pid)
             if run is not None and run.status is None:
                 run.status, run.usage = status, usage
+                self.ending[pid] = run
 
     def _take_orders(self, now: float) -> None:
         stop_everything, self.stop_everything, self.orders_waiting = self.stop_everything, False, False
@@ -422,12 +446,13 @@ class Shim:
         for run in self.runs.values():
             if run.kill_reason is not None:
                 continue
-            order = read_record(run.dir / KILL, KillRequest)
+            order = read_record(f"{run.dir}/{KILL}", KillRequest)
             if order is None and stop_everything:
                 order = KillRequest(reason="Killed", graceSeconds=run.spec.graceSeconds)
             if order is not None:
                 run.kill_reason, run.kill_grace = order.reason, order.graceSeconds
                 run.kill_deadline = now + max(0.0, order.graceSeconds)
+                self.ending[run.pid] = run
                 self._signal(run, signal.SIGTERM, self._descendants_of(run))
 
     def _advance(self, run: _Run, now: float) -> float | None:
@@ -505,11 +530,14 @@ class Shim:
     # -- end -----------------------------------------------------------------
 
     def _finish(self, run: _Run) -> None:
-        for fd in [fd for fd, (owner, _) in self.pipes.items() if owner is run]:
-            self._close_pipe(fd)
+        for fd in run.pipe_fds:
+            # (a number closed at EOF may be another task's pipe by now)
+            if fd in self.pipes and self.pipes[fd][0] is run:
+                self._close_pipe(fd)
         run.output.close()
         run.errors.close()
         del self.runs[run.pid]
+        del self.ending[run.pid]
         self._write_exit(run.dir, run.spec.slug, self._exit_record(run))
         if run.limits.cgroup is not None:
             local_limits.remove_cgroup(run.limits.cgroup)
@@ -554,8 +582,8 @@ class Shim:
             cpuSeconds=round(usage.ru_utime + usage.ru_stime, 6) if usage else None,
         )
 
-    def _write_exit(self, task_dir: Path, slug: str, record: ExitRecord) -> None:
-        write_replacing(task_dir / EXIT, encode(record))
+    def _write_exit(self, task_dir: str, slug: str, record: ExitRecord) -> None:
+        write_replacing(f"{task_dir}/{EXIT}", encode(record), pid=self.pid)
         self.doorbell.ring(FINISHED_BELL + slug.encode())
 
     def _end_strays(self) -> None:
@@ -579,9 +607,9 @@ class Shim:
         self._reap()
 
 
-def _make_work_dir(work: Path, spec: ShimSpec) -> None:
+def _make_work_dir(work: str, spec: ShimSpec) -> None:
     """The task's working directory: 0700, its user's alone."""
-    work.mkdir(mode=PRIVATE_DIR_MODE)
+    os.mkdir(work, PRIVATE_DIR_MODE)
     if spec.uid is not None and spec.gid is not None:
         os.chown(work, spec.uid, spec.gid)
 
@@ -831,8 +859,8 @@ def _ignore(_signum: int, _frame: object) -> None:
 
 
 def _drain(fd: int) -> None:
+    """Read what woke us (a byte per signal); anything left wakes us again."""
     try:
-        while os.read(fd, 4096):
-            pass
+        os.read(fd, _READ_CHUNK)
     except BlockingIOError:
         pass

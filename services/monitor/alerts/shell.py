@@ -187,7 +187,7 @@ class AlertShell:
         log.info("alerts: %d rule(s), %d stored alert(s), %d job(s) restored",
                  len(self.core.rules.rules), len(alerts), len(self.core.jobs))
         requests = await bus.nc.subscribe(ALERTS_SUBJECT, queue=ALERTS_QUEUE)
-        await bus.nc.flush()
+        await bus.round_trip()  # requests made from here on find this replica
         self.ctx.spawn(self._serve(requests), "alert-requests")
         self.ctx.spawn(self._follow_rules(), "alert-rules")
         self.ctx.spawn(self._send_forever(), "alert-mail")

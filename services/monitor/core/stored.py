@@ -15,7 +15,7 @@ from libs.common.messages import JobState
 class StoredJob(msgspec.Struct, frozen=True, kw_only=True):
     job: str
     vc: str
-    state: JobState
+    state: JobState = JobState.WAITING  # the record leaves its defaults out
     attempt: int = 1
 
 

@@ -11,7 +11,7 @@ import pytest
 from nats.aio.client import Client
 from nats.protocol.parser import Parser
 
-from libs.common.bus_wire import WireParser, install, parse_headers, status_of
+from libs.common.bus_wire import WireParser, install, parse_headers, round_trip, status_of
 
 DELIVERY_HEADERS = b"NATS/1.0\r\nNats-Msg-Id: job~1/submitted\r\ntraceparent: 00-ab-cd-01\r\n\r\n"
 EVENT = b'{"kind":"job.submitted","id":"job~1/submitted","job":"job~1"}'
@@ -57,6 +57,9 @@ class RecordingClient:
         self.stats = {"in_msgs": 0, "in_bytes": 0}
         self._subs: dict = {}
         self._resp_sub_prefix = None
+        self._pending: list[bytes] = []
+        self._pending_data_size = 0
+        self._transport = None
 
     # The send side, not used here.
     _flush_queue = None
@@ -190,6 +193,29 @@ async def test_a_reset_parser_drops_what_it_held():
     parser.reset()  # what nats-py does on a reconnect
     await parser.parse(b"PONG\r\n")
     assert client.seen == [("pong",)]
+
+
+async def test_round_trip_sends_what_is_pending_before_its_ping():
+    """nats-py's flush() writes PING straight to the socket; a SUB still in the
+    pending buffer would reach the server after it."""
+    written: list[bytes] = []
+
+    class Transport:
+        def writelines(self, lines):
+            written.extend(lines)
+
+    class Connected(RecordingClient):
+        is_connected = True
+
+        async def flush(self, timeout):
+            written.append(b"PING\r\n")
+
+    client = Connected()
+    client._transport = Transport()
+    client._pending, client._pending_data_size = [b"SUB rules q 9\r\n"], 15
+    await round_trip(client)
+    assert written == [b"SUB rules q 9\r\n", b"PING\r\n"]
+    assert (client._pending, client._pending_data_size) == ([], 0)  # not written twice by the flusher
 
 
 def test_a_nats_py_whose_internals_changed_fails_at_connect_naming_its_version():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.launcher.backends.local_direct import (
+    PathLookups,
     find_program,
     plan,
     program_env,
@@ -262,6 +263,54 @@ def test_for_a_task_of_another_user_its_permission_bits_decide(
     os.chown(program, owner, group)
     expected = str(program) if runnable else None
     assert find_program("tool", str(tmp_path), str(tmp_path), 1000, 1000) == expected
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_shim_reuses_a_path_lookup_for_a_moment_then_looks_again(
+    bin_dirs: tuple[Path, Path], tmp_path: Path
+):
+    first, second = bin_dirs
+    make(second / "tool", 0o755)
+    clock = FakeClock()
+    lookups = PathLookups(clock)
+    path = f"{first}:{second}"
+    assert find_program("tool", path, str(tmp_path), None, None, lookups) == f"{second}/tool"
+    make(first / "tool", 0o755)  # installed earlier in PATH meanwhile
+    clock.now += PathLookups.LOOKUP_SECONDS / 2
+    assert find_program("tool", path, str(tmp_path), None, None, lookups) == f"{second}/tool"
+    assert find_program("tool", path, str(tmp_path), None, None) == f"{first}/tool"  # without: now
+    clock.now += PathLookups.LOOKUP_SECONDS
+    assert find_program("tool", path, str(tmp_path), None, None, lookups) == f"{first}/tool"
+
+
+def test_a_program_not_found_is_looked_for_again_after_a_moment(
+    bin_dirs: tuple[Path, Path], tmp_path: Path
+):
+    first, second = bin_dirs
+    clock = FakeClock()
+    lookups = PathLookups(clock)
+    path = f"{first}:{second}"
+    assert find_program("tool", path, str(tmp_path), None, None, lookups) is None
+    make(second / "tool", 0o755)
+    assert find_program("tool", path, str(tmp_path), None, None, lookups) is None
+    clock.now += PathLookups.LOOKUP_SECONDS
+    assert find_program("tool", path, str(tmp_path), None, None, lookups) == f"{second}/tool"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of other owners need root")
+def test_a_reused_lookup_still_asks_whether_each_tasks_user_may_run_it(tmp_path: Path):
+    program = make(tmp_path / "tool", 0o700)
+    os.chown(program, 1000, 1000)
+    lookups = PathLookups(FakeClock())
+    assert find_program("tool", str(tmp_path), str(tmp_path), 1000, 1000, lookups) == str(program)
+    assert find_program("tool", str(tmp_path), str(tmp_path), 1001, 1001, lookups) is None
 
 
 def test_a_path_with_a_slash_is_taken_as_written_from_the_working_directory(

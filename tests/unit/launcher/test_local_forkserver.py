@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-import selectors
+import select
 import time
 
 import pytest
@@ -33,11 +33,11 @@ class FeedReader:
 
     def __init__(self, fd: int):
         self.shim = Shim.__new__(Shim)
-        self.shim.selector = selectors.DefaultSelector()
+        self.shim.poller = select.epoll()
         self.shim.feed = fd
         self.shim._feed_rest = b""
         os.set_blocking(fd, False)
-        self.shim.selector.register(fd, selectors.EVENT_READ, "feed")
+        self.shim.poller.register(fd, select.EPOLLIN)
         self.taken: list[bytes] = []
         self.shim.take = self.taken.append  # type: ignore[method-assign]
 
@@ -45,7 +45,7 @@ class FeedReader:
         """Every line taken until EOF (the shim closes its end of the feed then)."""
         while self.shim.feed is not None:
             self.shim._read_feed()
-        self.shim.selector.close()
+        self.shim.poller.close()
         return self.taken
 
 

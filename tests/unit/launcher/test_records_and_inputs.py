@@ -19,6 +19,7 @@ from services.launcher.core import (
     from_message,
 )
 from services.launcher.core.tasks import TaskKey
+from services.monitor.core import decode_stored_job
 from tests.unit.launcher.builders import JOB, Driver, job_spec, published, role, started
 
 
@@ -34,7 +35,22 @@ def test_job_record_round_trips_through_the_kv_encoding() -> None:
     document = json.loads(data)
     assert document["job"] == "alice~train" and document["state"] == record.state.value
     assert document["history"][1]["from"] == "WAITING"  # OpenPAI-style field name, not from_
-    assert {"appExitCode", "appExitSpec", "attempts", "createdTime"} <= set(document)
+    assert {"attempts", "createdTime"} <= set(document)
+    # Fields at their defaults are left out (decoding fills them in): nothing ended the job yet.
+    assert record.appExitCode is None and not {"appExitCode", "appExitSpec", "completedTime"} & set(document)
+
+
+def test_a_waiting_job_s_document_leaves_its_state_out_and_readers_take_the_default() -> None:
+    driver = Driver(job_spec(role("worker", 1)))
+    driver.submit()
+    record = driver.record
+    assert record.state == JobState.WAITING
+
+    data = encode_job_record(record)
+
+    assert "state" not in json.loads(data)
+    assert decode_job_record(data).state == JobState.WAITING
+    assert decode_stored_job(data).state == JobState.WAITING  # the monitor's restore
 
 
 def test_a_minimal_document_decodes_with_defaults() -> None:
@@ -156,7 +172,7 @@ def test_placement_arriving_while_an_attempt_ends_is_covered_by_its_release() ->
     assert (released.attempt, released.requeue) == (1, False)
 
 
-def test_an_attempts_fields_at_their_defaults_are_left_out_and_the_jobs_own_are_kept() -> None:
+def test_fields_at_their_defaults_are_left_out_of_the_job_and_its_attempts() -> None:
     driver = Driver(job_spec(role("worker", 2)))
     driver.submit()
 
@@ -165,8 +181,8 @@ def test_an_attempts_fields_at_their_defaults_are_left_out_and_the_jobs_own_are_
     [attempt] = document["attempts"]
     assert attempt == {"attempt": 1, "createdTime": 1000.0, "tasks": attempt["tasks"]}
     assert "from" not in document["history"][0]
-    # Readers that decode only a few of the job's fields (the monitor) need its state.
-    assert document["state"] == "WAITING" and document["vc"] == "default"
+    assert not {"launchedTime", "completedTime", "appExitCode", "stopRequestedBy", "retries"} & set(document)
+    assert document["job"] == "alice~train" and document["vc"] == "default"  # no default: always there
     assert decode_job_record(encode_job_record(driver.record)) == driver.record
 
 
