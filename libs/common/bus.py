@@ -965,6 +965,15 @@ RESTORE_TIMEOUT_SECONDS = 60.0
 RESTORE_ENTRY_TIMEOUT_SECONDS = 5.0
 
 
+async def stored_when_watch_began(watcher: KeyValue.KeyWatcher) -> int:
+    """How many entries (deletes included) a new watch (not ignoring deletes)
+    delivers before the changes made after it began: its consumer's delivered
+    plus pending. nats-py's end-of-stored marker (None) is not to be trusted
+    for this; see `all_keys`."""
+    info = await watcher._sub.consumer_info()
+    return info.num_pending + info.delivered.consumer_seq
+
+
 async def all_keys(kv: KeyValue, prefix: str = "") -> list[str]:
     """The live keys of a bucket (only those starting with `prefix`, which ends in
     a dot, when given: the server filters them), every one of them.
@@ -978,8 +987,7 @@ async def all_keys(kv: KeyValue, prefix: str = "") -> list[str]:
     raises nats.errors.TimeoutError when they stop coming."""
     watcher = await kv.watch(f"{prefix}>" if prefix else ">", ignore_deletes=False, meta_only=True)
     try:
-        info = await watcher._sub.consumer_info()
-        expected = info.num_pending + info.delivered.consumer_seq
+        expected = await stored_when_watch_began(watcher)
         live: dict[str, bool] = {}
         seen = 0
         while seen < expected:
