@@ -1073,17 +1073,46 @@ async def get_json(kv: KeyValue, key: str, type_: type[Any]) -> tuple[Any, int] 
     return msgspec.json.decode(entry.value, type=type_), entry.revision or 0
 
 
-async def all_keys(kv: KeyValue) -> list[str]:
-    try:
-        return await kv.keys()
-    except nats.js.errors.NoKeysError:
-        return []
-
-
 # Restoring state: how long to wait for a store that is still coming back, and
 # how long one read of a bucket may pause between two entries.
 RESTORE_TIMEOUT_SECONDS = 60.0
 RESTORE_ENTRY_TIMEOUT_SECONDS = 5.0
+
+
+async def stored_when_watch_began(watcher: KeyValue.KeyWatcher) -> int:
+    """How many entries (deletes included) a new watch (not ignoring deletes)
+    delivers before the changes made after it began: its consumer's delivered
+    plus pending. nats-py's end-of-stored marker (None) is not to be trusted
+    for this; see `all_keys`."""
+    info = await watcher._sub.consumer_info()
+    return info.num_pending + info.delivered.consumer_seq
+
+
+async def all_keys(kv: KeyValue, prefix: str = "") -> list[str]:
+    """The live keys of a bucket (only those starting with `prefix`, which ends in
+    a dot, when given: the server filters them), every one of them.
+
+    Not nats-py's `KeyValue.keys()`: it ends its listing at a marker it decides
+    from consumer info, and when the server has already sent every entry but the
+    client has not read them yet, that marker comes first and the listing is
+    empty or short (a test that purged a bucket of 300 keys this way left them all). Here the
+    count comes from the consumer itself, delivered plus pending when the watch
+    began, and as many entries (deletes included) are read before the answer;
+    raises nats.errors.TimeoutError when they stop coming."""
+    watcher = await kv.watch(f"{prefix}>" if prefix else ">", ignore_deletes=False, meta_only=True)
+    try:
+        expected = await stored_when_watch_began(watcher)
+        live: dict[str, bool] = {}
+        seen = 0
+        while seen < expected:
+            entry = await watcher.updates(timeout=RESTORE_ENTRY_TIMEOUT_SECONDS)
+            if entry is None:  # nats-py's own end marker, which may come early
+                continue
+            seen += 1
+            live[entry.key] = entry.operation is None
+    finally:
+        await watcher.stop()
+    return [key for key, alive in live.items() if alive]
 
 
 async def load_all(kv: KeyValue, type_: type[Any], *, skip_undecodable: bool = False) -> dict[str, Any]:

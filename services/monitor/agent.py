@@ -28,7 +28,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 
-from libs.common.bus import load_all
+from libs.common.bus import load_all, stored_when_watch_began
 from libs.common.errors import Transient
 from libs.common.ids import EventId, JobId, NodeName
 from libs.common.messages import NodeCordonChanged, NodeStatus
@@ -124,19 +124,21 @@ class NodeHealthShell:
         self.ctx.spawn(self._tick_forever(), "node-health-tick")
         kv = await self.ctx.bus.kv(Bucket.NODES)
         watcher = await kv.watchall()
-        initial = True
+        # The stored values come first: they are as old as they are, and the
+        # restored records say what was decided from them.
+        stored = await stored_when_watch_began(watcher)
         try:
             while not self.ctx.stopping.is_set():
                 try:
                     entry = await watcher.updates(timeout=TICK_SECONDS)
                 except nats.errors.TimeoutError:
                     continue
-                if entry is None:
-                    # End of the stored values: they are as old as they are; the
-                    # restored records say what was decided from them.
-                    initial = False
+                if entry is None:  # nats-py's end-of-stored marker, which may come early
                     continue
-                if initial or not entry.value or entry.operation is not None:
+                if stored > 0:
+                    stored -= 1
+                    continue
+                if not entry.value or entry.operation is not None:
                     continue
                 try:
                     sample = decode_node_sample(entry.value)

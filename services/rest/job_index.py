@@ -285,7 +285,9 @@ class _Watch:
         except BaseException:
             await watch.stop()
             raise
-        if info.num_pending == 0 and watch.sub.delivered == 0:  # an empty bucket: nothing will say so
+        # An empty bucket: nothing will say so. What the server sent counts, not what
+        # was read yet (a message on its way would be applied after "initial").
+        if info.num_pending == 0 and info.delivered.consumer_seq == 0:
             watch.initial.set()
         return watch
 

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from libs.common.bus import Bus
+from libs.common.bus import Bus, stored_when_watch_began
 from libs.common.subjects import Bucket
 
 log = logging.getLogger("pai.rest.watched")
@@ -75,13 +75,12 @@ class WatchedValue(Generic[T]):
                 await asyncio.sleep(CHECK_SECONDS)
 
     async def _read(self, watcher: Any, bus: Bus, reconnects: int) -> None:
-        seen = False
+        if await stored_when_watch_began(watcher) == 0:  # the key has no value
+            self._apply(None)
+            self._bus, self._connection = bus, reconnects
         async for entry in watcher:
-            if entry is None:  # the end of what is stored: without an entry before it, the key has no value
-                if not seen:
-                    self._apply(None)
-            else:
-                deleted = entry.operation in ("DEL", "PURGE")
-                self._apply(None if deleted else entry.value)
-            seen = True
+            if entry is None:  # nats-py's end-of-stored marker: it may come before the value
+                continue
+            deleted = entry.operation in ("DEL", "PURGE")
+            self._apply(None if deleted else entry.value)
             self._bus, self._connection = bus, reconnects

@@ -270,6 +270,27 @@ async def test_restore_reads_every_live_entry_of_a_bucket(bus):
     assert len(loaded) == 299 and "restore-7" not in loaded and loaded["restore-299"] == {"n": 299}
 
 
+async def test_all_keys_lists_every_live_key_also_right_after_they_were_written(bus):
+    """nats-py's own KeyValue.keys() may end before the entries the server already
+    sent are read, and list none or some of them."""
+    from libs.common.bus import all_keys
+
+    kv = await bus.kv(Bucket.NODES)
+    for key in await all_keys(kv):
+        await kv.purge(key)
+    assert await all_keys(kv) == []
+    for n in range(200):
+        await kv.put(f"listed.{n}", b"{}")
+    await kv.put("other.1", b"{}")
+    await kv.delete("listed.7")
+    wanted = {f"listed.{n}" for n in range(200)} - {"listed.7"}
+    for _ in range(40):
+        assert set(await all_keys(kv, "listed.")) == wanted
+        assert set(await all_keys(kv)) == wanted | {"other.1"}
+    for key in await all_keys(kv):
+        await kv.purge(key)
+
+
 async def test_restore_from_another_services_bucket_leaves_out_a_value_that_does_not_decode(bus):
     """A bad value in a bucket some other service owns must not keep this one from
     starting; in its own bucket it fails the load (its state would be wrong)."""

@@ -23,7 +23,7 @@ import msgspec
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from libs.common.bus import Bus, get_json
+from libs.common.bus import Bus, all_keys, get_json
 from libs.common.errors import ConflictGroup, ConflictUser, NoGroup, NoToken, NoUser
 from libs.common.ids import NAME_PATTERN
 from libs.common.protocol.limits import MAX_USERNAME_LENGTH
@@ -131,18 +131,8 @@ async def delete_user(bus: Bus, name: str) -> None:
 
 
 async def _keys(kv: KeyValue, prefix: str) -> list[str]:
-    """The live keys under `prefix` (ending in a dot), filtered by the server: nats-py's
-    `keys(filters=...)` reads every key of the bucket and matches substrings."""
-    watcher = await kv.watch(f"{prefix}>", ignore_deletes=True, meta_only=True)
-    keys: list[str] = []
-    try:
-        async for entry in watcher:
-            if entry is None:  # the end of what is stored now
-                break
-            keys.append(entry.key)
-    finally:
-        await watcher.stop()
-    return keys
+    """The live keys under `prefix` (ending in a dot), filtered by the server."""
+    return await all_keys(kv, prefix)
 
 
 async def all_users(bus: Bus) -> list[User]:
