@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 import msgspec
 import nats
 import nats.errors
+import nats.js
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import api
@@ -124,7 +125,6 @@ class Bus:
 
     def __init__(self, nc: nats.NATS, name: str, *, user: str = ""):
         self.nc = nc
-        self.js = nc.jetstream()
         self.name = name
         self.user = user  # the NATS user (busauth.ACCESS); "" on a server without auth
         self._kv: dict[Bucket, KeyValue] = {}
@@ -132,6 +132,7 @@ class Bus:
         # with a nats-py whose internals it does not know.
         bus_wire.install(nc)
         self._store_acks = _StoreAcks(nc)
+        self.js = _JetStream(nc, self._store_acks)
 
     @classmethod
     async def connect(
@@ -293,28 +294,16 @@ class Bus:
         create whose answer was lost would be refused by its own retry."""
         await self.kv(bucket)  # the bucket must exist: a write to a missing one has no responder
         prefix = f"$KV.{bucket.value}."
-        answers = await self._send_together(
-            [(prefix + key, value, _CREATE_ONLY, f"creating {bucket.value}/{key}") for key, value in entries],
-            revisions=True)
+        answers = await self._store_acks.send(
+            [(prefix + key, value, _CREATE_ONLY) for key, value in entries], _revision_of, PUBLISH_ACK_SECONDS)
         return [_created(answer) for answer in answers]
 
-    async def _send_together(self, writes: list[tuple[str, bytes, dict[str, str] | None, str]], *,
-                             revisions: bool = False) -> list[object]:
+    async def _send_together(self, writes: list[tuple[str, bytes, dict[str, str] | None, str]]) -> list[object]:
         """JetStream publishes `(subject, data, headers, what)`, sent one after another
-        without waiting, their acks awaited together (`_StoreAcks`: one reply
-        subscription, one future and one timer for the whole batch). Per publish:
-        `_STORED` (its stream sequence with `revisions`), the exception that refused
-        it, or None when not answered within `PUBLISH_ACK_SECONDS`."""
-        pending = await self._store_acks.expect(len(writes), revisions=revisions)
-        try:
-            for position, ((subject, data, headers, _), reply) in enumerate(zip(writes, pending.replies)):
-                try:
-                    await self.nc.publish(subject, data, reply=reply, headers=headers)
-                except nats.errors.Error as exc:  # refused before it left (e.g. past the largest payload)
-                    pending.answer(position, exc)
-            return await pending.answered(PUBLISH_ACK_SECONDS)
-        finally:
-            self._store_acks.forget(pending)
+        without waiting, their acks awaited together (`_StoreAcks.send`). Per publish:
+        `_STORED`, the exception that refused it, or None when not answered within
+        `PUBLISH_ACK_SECONDS`."""
+        return await self._store_acks.send([write[:3] for write in writes], _store_outcome, PUBLISH_ACK_SECONDS)
 
     async def _retried(self, write: tuple[str, bytes, dict[str, str] | None, str], answer: object,
                        attempts: int) -> Exception | None:
@@ -493,8 +482,7 @@ class Bus:
                 except Exception as exc:
                     log.warning("a batch of %d events failed (%r); handling them one at a time", len(decoded), exc)
                 else:
-                    for msg, _ in decoded:
-                        await msg.ack()
+                    await bus_wire.ack_all(self.nc, [msg for msg, _ in decoded])
                     return
             for position, (msg, event) in enumerate(decoded):
                 try:
@@ -700,9 +688,8 @@ def _kept_in_progress(msgs: list[Received]) -> Iterator[None]:
 
 async def _keep_in_progress(msgs: list[Received]) -> None:
     while True:
-        for msg in msgs:
-            if not msg._ackd:  # nats-py marks a message once acked, nak'ed or terminated
-                await msg.in_progress()
+        if msgs:
+            await bus_wire.keep_in_progress(msgs[0]._nc, msgs)
         await asyncio.sleep(HEARTBEAT_SECONDS)
 
 
@@ -722,10 +709,15 @@ WRONG_LAST_SEQUENCE_CODES = frozenset({10071, 10164})
 
 
 class _PubAck(msgspec.Struct):
+    stream: str
     seq: int
+    domain: str | None = None
+    duplicate: bool | None = None
 
 
 _PUB_ACK = msgspec.json.Decoder(_PubAck)
+# What is kept of one request's answer (`_StoreAcks.send`), from its payload and raw headers.
+AnswerReader = Callable[[bytes, "bytes | None"], object]
 
 
 def _created(answer: object) -> int | Exception:
@@ -740,16 +732,18 @@ def _created(answer: object) -> int | Exception:
 
 
 class _PendingStores:
-    """The publishes of one `Bus._store_together` call, waiting for their acks:
-    one future and, while they wait, one timer for the whole batch."""
+    """Requests sent together (a batch of JetStream publishes, or one request),
+    waiting for their answers: one future and, while they wait, one timer for
+    them all."""
 
-    __slots__ = ("all_answered", "answers", "number", "replies", "revisions", "unanswered")
+    __slots__ = ("all_answered", "answers", "number", "read", "replies", "unanswered")
 
-    def __init__(self, number: int, prefix: str, count: int, revisions: bool = False):
+    def __init__(self, number: int, prefix: str, count: int, read: AnswerReader):
         self.number = number
-        self.revisions = revisions  # a stored publish's answer is its stream sequence, not _STORED
+        self.read = read  # what is kept of an answer
         self.replies = [f"{prefix}{number}.{position}" for position in range(count)]
-        # Per publish: None until answered, then _STORED or the exception that refused it.
+        # Per request: None until answered, then what `read` made of its answer
+        # (for a publish: _STORED, or the exception that refused it).
         self.answers: list[object] = [None] * count
         self.unanswered = count
         self.all_answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -771,32 +765,90 @@ class _PendingStores:
 
 
 class _StoreAcks:
-    """The acks of JetStream publishes, on one reply subscription per connection.
+    """The answers to the bus's requests (the acks of JetStream publishes, answers
+    of JetStream's API), on one reply subscription per connection.
 
-    Each publish of a batch gets the reply subject `<inbox>.<batch>.<position>`,
-    so an ack finds its batch and its place by its subject alone. nats-py's own
-    publishes pay per message what here is paid per batch: a future, a timer, a
-    random token (a system call) and a parsed PubAck object each. The acks are
-    read straight off the wire (`bus_wire.DirectSubscription`): no `Msg`, no
-    queue, no task step per ack."""
+    Each request of a batch gets the reply subject `<inbox>.<batch>.<position>`,
+    so an answer finds its batch and its place by its subject alone. nats-py's
+    own requests pay per request what here is paid per batch: a future, a timer,
+    a random token (a system call) and a NUID each, then a `Msg` and a parsed
+    PubAck object per answer. The answers are read straight off the wire
+    (`bus_wire.DirectSubscription`): no `Msg`, no queue, no task step."""
 
     def __init__(self, nc: nats.NATS):
         self._nc = nc
         self._prefix = b""
+        self._prefix_text = ""
         self._sub: DirectSubscription | None = None
         self._subscribing = asyncio.Lock()
         self._batches = 0
         self._waiting: dict[int, _PendingStores] = {}
 
-    async def expect(self, count: int, *, revisions: bool = False) -> _PendingStores:
+    async def send(self, requests: Sequence[tuple[str, bytes, dict[str, str] | None]], read: AnswerReader,
+                   timeout: float) -> list[object]:
+        """Send `(subject, data, headers)` requests one after another without
+        waiting, then await their answers together. Per request: what `read` made
+        of its answer, the nats-py error that kept it from leaving (e.g. past the
+        largest payload, a closed connection), or None when not answered within
+        `timeout`."""
+        pending = await self.expect(len(requests), read)
+        try:
+            nc = self._nc
+            if "publish" in vars(nc):
+                # A connection whose `publish` was replaced on the instance (the fault
+                # tests break writes there: tests/component/rest_replica.py) gets
+                # every request through it, as nats-py's own requests do.
+                for position, ((subject, data, headers), reply) in enumerate(zip(requests, pending.replies)):
+                    try:
+                        await nc.publish(subject, data, reply=reply, headers=headers)
+                    except nats.errors.Error as exc:
+                        pending.answer(position, exc)
+                return await pending.answered(timeout)
+            formatted: list[bytes] = []  # commands not yet sent, of the requests at `positions`
+            positions: list[int] = []
+            payload_bytes = 0
+            for position, ((subject, data, headers), reply) in enumerate(zip(requests, pending.replies)):
+                if len(data) > nc._max_payload:
+                    pending.answer(position, nats.errors.MaxPayloadError())
+                    continue
+                command = bus_wire.publish_command(subject, reply, headers, data)
+                if command is not None:
+                    formatted.append(command)
+                    positions.append(position)
+                    payload_bytes += len(data)
+                    continue
+                # One nats-py would refuse or rewrite: its own publish, in order.
+                await self._send(formatted, positions, payload_bytes, pending)
+                formatted, positions, payload_bytes = [], [], 0
+                try:
+                    await nc.publish(subject, data, reply=reply, headers=headers)
+                except nats.errors.Error as exc:
+                    pending.answer(position, exc)
+            await self._send(formatted, positions, payload_bytes, pending)
+            return await pending.answered(timeout)
+        finally:
+            self.forget(pending)
+
+    async def _send(self, commands: list[bytes], positions: list[int], payload_bytes: int,
+                    pending: _PendingStores) -> None:
+        if not commands:
+            return
+        try:
+            await bus_wire.send_commands(self._nc, b"".join(commands), len(commands), payload_bytes)
+        except nats.errors.Error as exc:  # not sent (a closed connection, no room to keep it while reconnecting)
+            for position in positions:
+                pending.answer(position, exc)
+
+    async def expect(self, count: int, read: AnswerReader) -> _PendingStores:
         if self._sub is None:
             async with self._subscribing:  # two first batches at once: one subscription
                 if self._sub is None:
                     inbox = self._nc.new_inbox()
-                    self._prefix = (inbox + ".").encode()
+                    self._prefix_text = inbox + "."
+                    self._prefix = self._prefix_text.encode()
                     self._sub = await DirectSubscription.open(self._nc, inbox + ".>", self._on_answer)
         self._batches += 1
-        pending = _PendingStores(self._batches, self._prefix.decode(), count, revisions)
+        pending = _PendingStores(self._batches, self._prefix_text, count, read)
         self._waiting[pending.number] = pending
         return pending
 
@@ -808,13 +860,10 @@ class _StoreAcks:
         number, _, position = subject[len(self._prefix):].partition(b".")
         pending = self._waiting.get(int(number))
         if pending is not None:
-            outcome = _store_outcome(data)
-            if outcome is _STORED and pending.revisions:
-                outcome = _PUB_ACK.decode(data).seq
-            pending.answer(int(position), outcome)
+            pending.answer(int(position), pending.read(data, headers))
 
 
-def _store_outcome(data: bytes) -> object:
+def _store_outcome(data: bytes, headers: bytes | None = None) -> object:
     """What a JetStream publish's answer (its payload) says: `_STORED`, or why it was not."""
     if not data:  # a status without a body: no stream listens on the subject
         return nats.js.errors.NoStreamResponseError()
@@ -825,6 +874,71 @@ def _store_outcome(data: bytes) -> object:
     except nats.js.errors.APIError as exc:
         return exc
     return nats.js.errors.APIError(description=data.decode(errors="replace"))
+
+
+def _revision_of(data: bytes, headers: bytes | None) -> object:
+    """A KV create's answer: its revision (the stream sequence) once stored."""
+    outcome = _store_outcome(data)
+    return _PUB_ACK.decode(data).seq if outcome is _STORED else outcome
+
+
+def _pub_ack_of(data: bytes, headers: bytes | None) -> object:
+    """A single publish's answer: nats-py's `PubAck` once stored."""
+    outcome = _store_outcome(data)
+    if outcome is not _STORED:
+        return outcome
+    ack = _PUB_ACK.decode(data)
+    return api.PubAck(stream=ack.stream, seq=ack.seq, domain=ack.domain, duplicate=ack.duplicate)
+
+
+class _ApiAnswer(NamedTuple):
+    """A JetStream API request's answer, decoded by the request (`_JetStream._api_request`)."""
+
+    data: bytes
+    no_responders: bool
+
+
+def _api_answer_of(data: bytes, headers: bytes | None) -> object:
+    return _ApiAnswer(data, bus_wire.status_of(data, headers) == 503)
+
+
+class _JetStream(nats.js.JetStreamContext):
+    """nats-py's JetStream context, whose single publishes (`Bus.publish`, every
+    KeyValue put, create, update and delete) and API requests (KV reads, stream
+    and consumer info) are answered on the bus's reply subscription (`_StoreAcks`)
+    instead of as nats-py requests: per request, no random token (a `getrandom`
+    system call), NUID, `wait_for` timer, `Msg` or headers dict. Raises what
+    nats-py's own raise: the JetStream error's class (`APIError.from_error`), so
+    `KeyValue.create`/`update` still tell a wrong last sequence; a NATS timeout;
+    `NoStreamResponseError` for a publish no stream listens to,
+    `ServiceUnavailableError` for an API request without a responder."""
+
+    def __init__(self, nc: nats.NATS, answers: _StoreAcks):
+        super().__init__(nc)
+        self._answers = answers
+
+    async def publish(self, subject: str, payload: bytes = b"", timeout: float | None = None,
+                      stream: str | None = None, headers: dict[str, Any] | None = None,
+                      msg_ttl: float | None = None) -> api.PubAck:
+        if stream is not None or msg_ttl is not None:  # forms PAI does not send: nats-py's own
+            return await super().publish(subject, payload, timeout=timeout, stream=stream, headers=headers,
+                                         msg_ttl=msg_ttl)
+        [answer] = await self._answers.send([(subject, payload, headers)], _pub_ack_of,
+                                            self._timeout if timeout is None else timeout)
+        if isinstance(answer, api.PubAck):
+            return answer
+        raise answer if isinstance(answer, Exception) else nats.errors.TimeoutError
+
+    async def _api_request(self, req_subject: str, req: bytes = b"", timeout: float = 5) -> dict[str, Any]:
+        [answer] = await self._answers.send([(req_subject, req, None)], _api_answer_of, timeout)
+        if not isinstance(answer, _ApiAnswer):
+            raise answer if isinstance(answer, Exception) else nats.errors.TimeoutError
+        if answer.no_responders:
+            raise nats.js.errors.ServiceUnavailableError
+        resp = msgspec.json.decode(answer.data)
+        if "error" in resp:
+            raise nats.js.errors.APIError.from_error(resp["error"])
+        return resp
 
 
 class _Puller:

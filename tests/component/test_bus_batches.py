@@ -12,7 +12,7 @@ import msgspec
 import nats.js.errors
 import pytest
 
-from libs.common import busauth
+from libs.common import bus_wire, busauth
 from libs.common.bus import Bus, get_json
 from libs.common.errors import Transient
 from libs.common.messages import StopRequested
@@ -288,16 +288,16 @@ async def test_publish_many_sends_again_by_itself_a_publish_whose_ack_never_come
     monkeypatch.setattr(bus_module, "PUBLISH_ACK_SECONDS", 0.5)
     events = [stop_event(n) for n in range(6)]
     lost = events[2].id
-    real_publish = bus.nc.publish
+    real_command = bus_wire.publish_command
     dropped: list[str] = []
 
-    async def losing_one(subject, payload=b"", reply="", headers=None):
+    def losing_one(subject, reply, headers, payload):
         if (headers or {}).get("Nats-Msg-Id") == lost and not dropped:
             dropped.append(subject)  # lost on the way: never stored, no ack, ever
-            return
-        await real_publish(subject, payload, reply=reply, headers=headers)
+            return b""
+        return real_command(subject, reply, headers, payload)
 
-    monkeypatch.setattr(bus.nc, "publish", losing_one)
+    monkeypatch.setattr(bus_wire, "publish_command", losing_one)
     await bus.publish_many(events)
     info = await bus.js.stream_info(STREAM)
     stored = [msgspec.json.decode((await bus.js.get_msg(STREAM, seq)).data, type=StopRequested).id

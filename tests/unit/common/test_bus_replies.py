@@ -5,15 +5,21 @@ answer, and a batch of publishes waiting for their answers."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
+from nats.js import api
 
 from libs.common.bus import (
     _STORED,
+    _api_answer_of,
+    _ApiAnswer,
     _delivery,
     _PendingStores,
+    _pub_ack_of,
+    _revision_of,
     _store_outcome,
     store_is_full,
 )
@@ -68,7 +74,7 @@ def test_an_answer_without_a_body_means_no_stream_listens():
 
 
 async def test_a_batch_waits_for_every_answer_and_gives_them_in_publish_order():
-    pending = _PendingStores(7, "_INBOX.abc.", 3)
+    pending = _PendingStores(7, "_INBOX.abc.", 3, _store_outcome)
     assert pending.replies == ["_INBOX.abc.7.0", "_INBOX.abc.7.1", "_INBOX.abc.7.2"]
     refused = nats.js.errors.BadRequestError()
     loop = asyncio.get_running_loop()
@@ -79,7 +85,52 @@ async def test_a_batch_waits_for_every_answer_and_gives_them_in_publish_order():
 
 
 async def test_a_batch_not_all_answered_in_time_says_which_were_not():
-    pending = _PendingStores(8, "_INBOX.abc.", 2)
+    pending = _PendingStores(8, "_INBOX.abc.", 2, _store_outcome)
     pending.answer(1, _STORED)
     pending.answer(1, nats.js.errors.BadRequestError())  # a second answer to the same publish changes nothing
     assert await pending.answered(0.05) == [None, _STORED]
+
+
+WRONG_LAST = b'{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"},"stream":"KV_pai_jobs","seq":0}'
+
+
+@pytest.mark.parametrize(
+    ("data", "pub_ack", "revision"),
+    [
+        pytest.param(b'{"stream":"KV_pai_jobs","seq":42}', api.PubAck(stream="KV_pai_jobs", seq=42), 42, id="stored"),
+        pytest.param(b'{"stream":"PAI_EVENTS","seq":7,"duplicate":true}',
+                     api.PubAck(stream="PAI_EVENTS", seq=7, duplicate=True), 7, id="duplicate"),
+        pytest.param(b'{"stream":"PAI_EVENTS","domain":"hub","seq":8}',
+                     api.PubAck(stream="PAI_EVENTS", seq=8, domain="hub"), 8, id="with-domain"),
+    ],
+)
+def test_a_single_publish_answer_is_the_pub_ack_nats_py_returns(data, pub_ack, revision):
+    assert _pub_ack_of(data, None) == pub_ack == api.PubAck.from_response(json.loads(data))
+    assert _revision_of(data, None) == revision
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        pytest.param(WRONG_LAST, nats.js.errors.BadRequestError, id="wrong-last-sequence"),
+        pytest.param(b"", nats.js.errors.NoStreamResponseError, id="no-stream"),
+    ],
+)
+def test_a_refused_single_publish_is_the_error_nats_py_raises(data, kind):
+    for read in (_pub_ack_of, _revision_of):
+        outcome = read(data, None)
+        assert type(outcome) is kind
+    if data:
+        assert _pub_ack_of(data, None).err_code == 10071  # what KeyValue.update turns into KeyWrongLastSequenceError
+
+
+@pytest.mark.parametrize(
+    ("data", "headers", "no_responders"),
+    [
+        pytest.param(b'{"type":"io.nats.jetstream.api.v1.stream_info_response"}', None, False, id="answer"),
+        pytest.param(b"", b"NATS/1.0 503\r\n\r\n", True, id="no-responders"),
+        pytest.param(b'{"error":{"code":404,"err_code":10059}}', None, False, id="error-answer"),
+    ],
+)
+def test_an_api_answer_keeps_its_payload_and_tells_no_responders(data, headers, no_responders):
+    assert _api_answer_of(data, headers) == _ApiAnswer(data, no_responders)

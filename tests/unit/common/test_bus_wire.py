@@ -61,6 +61,18 @@ class RecordingClient:
         self._pending_data_size = 0
         self._transport = None
 
+    # The send side, not used here.
+    _flush_queue = None
+    _pending_data_size = _max_pending_size = 0
+    _max_payload = 1024 * 1024
+    is_closed = is_connected = is_draining_pubs = False
+
+    async def _send_command(self, cmd, priority=False):
+        raise NotImplementedError
+
+    async def _flush_pending(self, force_flush=False):
+        raise NotImplementedError
+
     async def _init_request_sub(self):
         raise NotImplementedError
 
