@@ -1095,10 +1095,10 @@ async def all_keys(kv: KeyValue, prefix: str = "") -> list[str]:
     Not nats-py's `KeyValue.keys()`: it ends its listing at a marker it decides
     from consumer info, and when the server has already sent every entry but the
     client has not read them yet, that marker comes first and the listing is
-    empty or short (a test that purged a bucket of 300 keys this way left them all). Here the
-    count comes from the consumer itself, delivered plus pending when the watch
-    began, and as many entries (deletes included) are read before the answer;
-    raises nats.errors.TimeoutError when they stop coming."""
+    empty or short (a test that purged a bucket of 300 keys this way left them
+    all). Here the count comes from the consumer itself, delivered plus pending
+    when the watch began, and as many entries (deletes included) are read
+    before the answer; raises nats.errors.TimeoutError when they stop coming."""
     watcher = await kv.watch(f"{prefix}>" if prefix else ">", ignore_deletes=False, meta_only=True)
     try:
         expected = await stored_when_watch_began(watcher)
