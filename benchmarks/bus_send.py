@@ -4,7 +4,8 @@
 
 Starts a nats-server (PAI's users and permissions, store bootstrapped), then a
 client process of its own (`Bus`, as a service connects) that measures its own
-CPU time (user + system) per message over these phases:
+CPU time (user + system) per message over these phases (the harness:
+bus_client_cpu.py):
 
 - `publish_many`: `Bus.publish_many` of `messages` events in batches of 200
   (each publish sent and its PubAck received on the batch inbox);
@@ -22,58 +23,31 @@ CPU time (user + system) per message over these phases:
   `STREAM.MSG.GET`, and its answer);
 - `kv_write_many`: `Bus.kv_write_many` of those keys in batches of 200.
 
-nats-server runs in a process of its own, so the figures are the client's only;
-`nats_server_all_phases` is the server's CPU over the whole client run, per message.
-`--profile` runs the client under cProfile and prints where its time went.
-
-Prints JSON per run: client CPU microseconds per message, per phase.
+Prints JSON per run: client CPU microseconds per message, per phase, and
+nats-server's over all phases (`nats_server_all_phases`); `--profile` prints
+where the client's time went.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import cProfile
-import json
-import os
-import pstats
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.feeding import cpu_seconds
-from libs.common import busauth, telemetry
+from benchmarks.bus_client_cpu import Phases, main
 from libs.common.bus import Bus, get_json
-from libs.common.busauth import load_or_create_credentials
 from libs.common.ids import EventId, JobId, VcName
 from libs.common.messages import StopRequested
-from libs.common.natsserver import NatsServer
 from libs.common.subjects import Bucket, Durable, Kind
 
 BATCH = 200
 CONCURRENT = 100
 
 
-async def client(url: str, login: dict[str, str], messages: int, profile: bool) -> dict[str, float]:
-    telemetry.setup("bench-client", level="ERROR")  # as a service sets itself up: no spans exported
-    bus = await Bus.connect(url, name="bench-client", **login)
-    profiler = cProfile.Profile() if profile else None
-    figures: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def phase(name: str):
-        if profiler:
-            profiler.enable()
-        start = time.process_time()
-        yield
-        figures[name] = round((time.process_time() - start) / messages * 1e6, 1)
-        if profiler:
-            profiler.disable()
+async def send(bus: Bus, phases: Phases) -> None:
+    messages, phase = phases.messages, phases.phase
 
     def stops(prefix: str) -> list[StopRequested]:
         return [StopRequested(id=EventId(f"{prefix}/{n}/stop"), job=JobId(f"bench~{prefix}{n}"), vc=VcName("default"),
@@ -132,41 +106,7 @@ async def client(url: str, login: dict[str, str], messages: int, profile: bool) 
     with phase("kv_write_many"):
         for start in range(0, messages, BATCH):
             await bus.kv_write_many(Bucket.JOB_STATUS, {key: value for key in keys[start:start + BATCH]})
-    await bus.close()
-    if profiler:
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(35)
-    return figures
-
-
-def run_once(messages: int, profile: bool) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        with NatsServer(root / "store", auth=load_or_create_credentials(root / "creds.json")) as nats:
-            nats.bootstrap()
-            server_before = cpu_seconds(nats.proc.pid)
-            child = subprocess.run(
-                [sys.executable, __file__, "--child", nats.url, json.dumps(nats.login(busauth.PLATFORM)),
-                 "--messages", str(messages), *(["--profile"] if profile else [])],
-                stdout=subprocess.PIPE, check=True, env=os.environ)
-            figures = json.loads(child.stdout)
-            figures["nats_server_all_phases"] = round((cpu_seconds(nats.proc.pid) - server_before) / messages * 1e6, 1)
-            return figures
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--messages", type=int, default=3000)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--child", nargs=2, metavar=("URL", "LOGIN"))
-    args = parser.parse_args()
-    if args.child:
-        url, login = args.child
-        print(json.dumps(asyncio.run(client(url, json.loads(login), args.messages, args.profile))))
-        return
-    for _ in range(args.repeat):
-        print(json.dumps({"us_per_message": run_once(args.messages, args.profile)}), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(__file__, send, default_messages=3000)
