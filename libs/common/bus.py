@@ -799,10 +799,7 @@ class _StoreAcks:
                 # tests break writes there: tests/component/rest_replica.py) gets
                 # every request through it, as nats-py's own requests do.
                 for position, ((subject, data, headers), reply) in enumerate(zip(requests, pending.replies)):
-                    try:
-                        await nc.publish(subject, data, reply=reply, headers=headers)
-                    except nats.errors.Error as exc:
-                        pending.answer(position, exc)
+                    await self._publish(pending, position, subject, data, reply, headers)
                 return await pending.answered(timeout)
             formatted: list[bytes] = []  # commands not yet sent, of the requests at `positions`
             positions: list[int] = []
@@ -820,14 +817,19 @@ class _StoreAcks:
                 # One nats-py would refuse or rewrite: its own publish, in order.
                 await self._send(formatted, positions, payload_bytes, pending)
                 formatted, positions, payload_bytes = [], [], 0
-                try:
-                    await nc.publish(subject, data, reply=reply, headers=headers)
-                except nats.errors.Error as exc:
-                    pending.answer(position, exc)
+                await self._publish(pending, position, subject, data, reply, headers)
             await self._send(formatted, positions, payload_bytes, pending)
             return await pending.answered(timeout)
         finally:
             self.forget(pending)
+
+    async def _publish(self, pending: _PendingStores, position: int, subject: str, data: bytes, reply: str,
+                       headers: dict[str, str] | None) -> None:
+        """One request through nats-py's own `publish`; what it refuses is the answer."""
+        try:
+            await self._nc.publish(subject, data, reply=reply, headers=headers)
+        except nats.errors.Error as exc:
+            pending.answer(position, exc)
 
     async def _send(self, commands: list[bytes], positions: list[int], payload_bytes: int,
                     pending: _PendingStores) -> None:
