@@ -23,6 +23,7 @@ from libs.common.errors import NotFound
 from libs.common.messages import TaskPlacement
 from services.launcher.backends import local as local_backend
 from services.launcher.backends.local import LocalBackend
+from services.launcher.backends.local_doorbell import FINISHED_BELL, Doorbell
 from services.launcher.backends.local_logs import CappedLog, read_log
 from services.launcher.backends.local_shim import BASH
 from services.launcher.core.tasks import (
@@ -221,6 +222,25 @@ async def test_exit_code_and_signal_are_reported(
 
     assert (finished.exitCode, finished.signal) == (exit_code, signal_number)
     assert "never reached" not in finished.userLogTail
+
+
+async def test_a_malformed_finished_bell_neither_ends_a_task_early_nor_stops_the_backend(local: Harness):
+    """Anything on this machine can write to the abstract doorbell socket: a bell
+    saying a task finished, with a record that is cut short or none at all, is
+    checked against exit.json, which the task does not have yet."""
+    task = launch("bell-forged", "sleep 1.5", "exit 4")
+    await local.backend.start(task)
+    await local.events.running(task.key)
+    slug = task.key.slug.encode()
+    forger = Doorbell(local.backend._doorbell)
+    for forged in (b'\n{"exitCode": 0, "finishedAt"', b"", b"\n\xff\xfe"):
+        forger.ring(FINISHED_BELL + slug + forged)
+    await asyncio.sleep(0.1)
+    assert not [event for event in local.events.of(task.key) if isinstance(event, TaskFinished)]
+
+    finished = await local.events.finished(task.key)
+
+    assert finished.exitCode == 4
 
 
 async def test_the_log_tail_comes_with_the_exit_and_the_log_can_be_read(local: Harness):

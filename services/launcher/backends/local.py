@@ -118,6 +118,7 @@ from services.launcher.backends.local_layout import (
     ShimSpec,
     choose_work_root,
     claim_dir,
+    decode_record,
     encode,
     make_own_dir,
     read_record,
@@ -506,16 +507,16 @@ class LocalBackend:
                 message = self._bell.recv(65536)
             except (BlockingIOError, InterruptedError):
                 return
-            kind, body = message[:1], message[1:].decode(errors="replace")
-            slug, _, detail = body.partition("\n")
-            task = self._tasks.get(slug)
+            kind, body = message[:1], message[1:]
+            slug, _, detail = body.partition(b"\n")
+            task = self._tasks.get(slug.decode(errors="replace"))
             if task is None:
                 continue  # forgotten, or not yet recovered: recover() will see it
             if kind == RUNNING_BELL:
                 task.spec_line = None
-                self._report_running(task, detail)
+                self._report_running(task, detail.decode(errors="replace"))
             elif kind == FINISHED_BELL:
-                self._report_finished(task)
+                self._report_finished(task, told=detail)
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -620,10 +621,15 @@ class LocalBackend:
             detail = f"{detail}; dockerImage {task.image} ignored by the local backend"
         self._report(TaskRunning(key=task.key, node=task.node, detail=detail, at=at or self._clock()))
 
-    def _report_finished(self, task: _Task) -> bool:
+    def _report_finished(self, task: _Task, *, told: bytes = b"") -> bool:
+        """Report the task's end from its exit record: `told`, the record as its
+        shim's bell carried it, else exit.json (the bell rings only once that file is
+        written, so both hold the same record)."""
         if task.finished.is_set():
             return True
-        record = read_record(task.exit_path, ExitRecord)
+        record = decode_record(told, ExitRecord) if told else None
+        if record is None:
+            record = read_record(task.exit_path, ExitRecord)
         if record is None:
             return False
         if not task.running_reported and record.startedAt is not None:

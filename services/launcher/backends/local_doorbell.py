@@ -1,9 +1,11 @@
 """How shims tell the local backend that a task runs or ended, without waiting.
 
 One abstract unix datagram socket per data dir, bound by the backend; each
-message is one datagram: `R<slug>\\n<detail>` (the task runs) or `F<slug>`
-(its exit.json is written). A lost datagram only delays the news: the backend
-also sweeps the task directories, and reads them all when it recovers.
+message is one datagram: `R<slug>\\n<detail>` (the task runs) or
+`F<slug>\\n<exit record>` (its exit.json is written, and holds that record; a
+record longer than MAX_TOLD_RECORD_BYTES is left out: `F<slug>`). A lost
+datagram only delays the news: the backend also sweeps the task directories,
+and reads them all when it recovers.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from pathlib import Path
 
 RUNNING_BELL = b"R"
 FINISHED_BELL = b"F"
+# Well under a unix datagram's limit (the socket's send buffer, 200 KiB here);
+# an exit record is a few hundred bytes.
+MAX_TOLD_RECORD_BYTES = 16 * 1024
 
 
 def doorbell_name(data_dir: Path) -> str:

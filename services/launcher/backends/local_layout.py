@@ -186,6 +186,11 @@ def read_record(path: Path | str, record_type: type[T]) -> T | None:
         data = read_file(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    return decode_record(data, record_type)
+
+
+def decode_record(data: bytes, record_type: type[T]) -> T | None:
+    """The record `data` holds, or None when it is not a whole one."""
     try:
         return decoder(record_type).decode(data)
     except msgspec.DecodeError:

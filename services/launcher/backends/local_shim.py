@@ -59,6 +59,7 @@ from pathlib import Path
 from services.launcher.backends import local_direct, local_limits, local_procs
 from services.launcher.backends.local_doorbell import (
     FINISHED_BELL,
+    MAX_TOLD_RECORD_BYTES,
     RUNNING_BELL,
     Doorbell,
 )
@@ -583,8 +584,12 @@ class Shim:
         )
 
     def _write_exit(self, task_dir: str, slug: str, record: ExitRecord) -> None:
-        write_replacing(f"{task_dir}/{EXIT}", encode(record), pid=self.pid)
-        self.doorbell.ring(FINISHED_BELL + slug.encode())
+        data = encode(record)
+        write_replacing(f"{task_dir}/{EXIT}", data, pid=self.pid)
+        # The record rides on the bell, so the backend need not open the file it
+        # just heard of; one too long for a datagram is read from the file.
+        told = b"\n" + data if len(data) <= MAX_TOLD_RECORD_BYTES else b""
+        self.doorbell.ring(FINISHED_BELL + slug.encode() + told)
 
     def _end_strays(self) -> None:
         """Every task has ended; any descendant left (one that scrubbed its
