@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+
 from pathlib import Path
 
 import pytest
-import uvloop
 
 from libs.common.busauth import load_or_create_credentials
 from libs.common.natsserver import NatsServer
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
-
-# Every service runs on uvloop (libs/common/service.py); so do the tests that run
-# services, or parts of them, in this process.
-asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def shared_path(*parts: str) -> Path:

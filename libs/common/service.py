@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import msgspec
 import nats.errors
 import nats.js.errors
-import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
@@ -215,9 +214,7 @@ def run(
     """Entry point of `python -m services.<name>`."""
     telemetry.setup(name, level=config.log_level, otlp_endpoint=config.otlp_endpoint)
     try:
-        # uvloop: asyncio's API on libuv, its loop and transports in C. Every service
-        # spends most of its CPU in the loop and its socket writes (docs/throughput.md).
-        uvloop.run(_main(name, config, body, single_active, app_factory))
+        asyncio.run(_main(name, config, body, single_active, app_factory))
     except KeyboardInterrupt:
         pass
     except Exception:
