@@ -422,6 +422,10 @@ async def measure(platform: Platform, conn, result: dict, args, nats_monitor: in
 
 def run_config(config_name: str, args) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"pai-e2e-{config_name}-", dir=args.data_dir) as tmp:
+        # Passable by the tasks' users, as a platform's own data dir is: else the
+        # launcher puts their working directories outside it (local_layout's
+        # choose_work_root), on another filesystem than --data-dir and never removed.
+        os.chmod(tmp, 0o711)
         data = Path(tmp) / "pai"
         data.mkdir()
         overrides: dict[str, Any] = {}

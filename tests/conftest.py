@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 
 from pathlib import Path
 
@@ -13,6 +15,20 @@ from libs.common.natsserver import NatsServer
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _work_roots_removed_at_the_end():
+    """Run as root, the local backend puts tasks' working directories outside
+    pytest's temporary directories, which its users cannot pass (local_layout's
+    choose_work_root): in /tmp/pai-work-<id>. Those this session made go with it."""
+    def work_roots() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob("pai-work-*")) | set(Path("/tmp").glob("pai-work-*"))
+
+    before = work_roots()
+    yield
+    for root in work_roots() - before:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def shared_path(*parts: str) -> Path:

@@ -44,6 +44,9 @@ import msgspec
 
 TASKS_DIR = "tasks"
 WORK_ROOT = "work"
+# In the data dir: the name of its working directories' place outside it, when
+# they are moved there (choose_work_root).
+WORK_ROOT_ID = "work-root-id"
 SPEC = "spec.json"
 KILL = "kill.json"
 EXIT = "exit.json"
@@ -271,19 +274,47 @@ def choose_work_root(data_dir: Path, *, tasks_are_other_users: bool, temp_dirs: 
     relative paths there, but a program that makes them absolute first -- `python3
     script.py` does -- is refused its own files (EACCES). Then the working
     directories go in a directory of the platform's own under the first temporary
-    directory anyone can pass through, named after the data dir (so a restart finds
-    them again). With none of those, `<data_dir>/work` as before."""
+    directory anyone can pass through, named after the data dir (`data_dir_id`: a
+    restart finds them again). With none of those, `<data_dir>/work` as before."""
     default = data_dir / WORK_ROOT
     if not tasks_are_other_users or traversable_by_anyone(data_dir.parent):
         return default
-    import hashlib  # not at the top: see the module docstring
-    import tempfile
+    import tempfile  # not at the top: see the module docstring
 
-    name = "pai-work-" + hashlib.sha256(str(data_dir).encode()).hexdigest()[:16]
     for temp in temp_dirs if temp_dirs is not None else [Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp")]:
         if traversable_by_anyone(temp):
-            return temp / name
+            return temp / f"pai-work-{data_dir_id(data_dir)}"
     return default
+
+
+def data_dir_id(data_dir: Path) -> str:
+    """This data dir's name for things kept outside it: made once and kept in it
+    (WORK_ROOT_ID), so a restart finds them again, while a data dir removed and
+    made anew at the same path gets a name of its own -- else its first task of
+    an old name and attempt would find its working directory taken.
+
+    A data dir that tasks used before the name was kept goes on with the name
+    it had then: a digest of its path."""
+    import hashlib  # not at the top: see the module docstring
+    import secrets
+
+    path = data_dir / WORK_ROOT_ID
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    used_before = (data_dir / TASKS_DIR).exists()
+    made = hashlib.sha256(str(data_dir).encode()).hexdigest()[:16] if used_before else secrets.token_hex(8)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path, os.getpid())
+    write_file(tmp, made.encode())
+    try:
+        os.link(tmp, path)  # the first to make one wins; the others read it
+    except FileExistsError:
+        made = path.read_text().strip()
+    finally:
+        os.unlink(tmp)
+    return made
 
 
 def make_own_dir(path: Path, mode: int) -> None:

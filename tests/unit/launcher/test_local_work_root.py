@@ -4,6 +4,7 @@ the path absolute, could not open the task's own file)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -49,6 +50,29 @@ def test_the_work_root_leaves_a_data_dir_tasks_cannot_reach(tree, parent, other_
         assert choose_work_root(tree / parent / "other", tasks_are_other_users=True, temp_dirs=[tree / "temp"]) != root
     else:
         assert root == data / "work"
+
+
+def test_a_data_dir_made_anew_at_the_same_path_gets_a_work_root_of_its_own(tree):
+    data = tree / "barred" / "data"
+    first = choose_work_root(data, tasks_are_other_users=True, temp_dirs=[tree / "temp"])
+    make_own_dir(first, 0o711)
+    (first / "alice.job.1.worker.0.0").mkdir()  # a task's working directory, left behind
+    shutil.rmtree(data)
+
+    again = choose_work_root(data, tasks_are_other_users=True, temp_dirs=[tree / "temp"])
+
+    assert again != first and again.parent == first.parent
+    assert choose_work_root(data, tasks_are_other_users=True, temp_dirs=[tree / "temp"]) == again
+
+
+def test_a_data_dir_tasks_used_before_its_name_was_kept_keeps_its_old_work_root(tree):
+    data = tree / "barred" / "data"
+    (data / "tasks").mkdir(parents=True)
+    digest = hashlib.sha256(str(data).encode()).hexdigest()[:16]
+
+    root = choose_work_root(data, tasks_are_other_users=True, temp_dirs=[tree / "temp"])
+
+    assert root == tree / "temp" / f"pai-work-{digest}"
 
 
 def test_with_no_temporary_directory_anyone_can_pass_the_data_dir_is_kept(tree):
