@@ -29,6 +29,8 @@ from benchmarks.feeding import cpu_seconds
 from libs.common import busauth, telemetry
 from libs.common.bus import Bus
 from libs.common.busauth import load_or_create_credentials
+from libs.common.ids import EventId, JobId, VcName
+from libs.common.messages import StopRequested
 from libs.common.natsserver import NatsServer
 
 
@@ -49,6 +51,30 @@ class Phases:
         self.figures[name] = round((time.process_time() - start) / self.messages * 1e6, 1)
         if self.profiler:
             self.profiler.disable()
+
+
+def stop_events(messages: int, prefix: str) -> list[StopRequested]:
+    """`messages` distinct events to publish and consume (ids and jobs named with `prefix`)."""
+    return [StopRequested(id=EventId(f"{prefix}/{n}/stop"), job=JobId(f"bench~{prefix}{n}"), vc=VcName("default"),
+                          by="bench") for n in range(messages)]
+
+
+class Backlog:
+    """Handlers that count what a consumer hands them and set `stopping` once
+    `expected` events were handled: a consumer run over a backlog of known size."""
+
+    def __init__(self, expected: int):
+        self.expected = expected
+        self.handled = 0
+        self.stopping = asyncio.Event()
+
+    async def batch(self, events: list) -> None:
+        self.handled += len(events)
+        if self.handled >= self.expected:
+            self.stopping.set()
+
+    async def one(self, event) -> None:
+        await self.batch([event])
 
 
 # What a benchmark runs in the client: its phases, timed with `Phases.phase`.

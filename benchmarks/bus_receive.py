@@ -30,9 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bus_client_cpu import Phases, main
+from benchmarks.bus_client_cpu import Backlog, Phases, main, stop_events
 from libs.common.bus import Bus, apply_on_arrival
-from libs.common.ids import EventId, JobId, VcName
 from libs.common.messages import StopRequested
 from libs.common.subjects import Bucket, Durable, Kind
 
@@ -41,23 +40,15 @@ BATCH = 200
 
 async def receive(bus: Bus, phases: Phases) -> None:
     messages, phase = phases.messages, phases.phase
-    events = [StopRequested(id=EventId(f"bench/{n}/stop"), job=JobId(f"bench~j{n}"), vc=VcName("default"), by="bench")
-              for n in range(messages)]
+    events = stop_events(messages, "j")
     with phase("pubacks"):
         for start in range(0, messages, BATCH):
             await bus.publish_many(events[start:start + BATCH])
 
-    handled = 0
-    stopping = asyncio.Event()
-
-    async def count(batch) -> None:
-        nonlocal handled
-        handled += len(batch)
-        if handled >= messages:
-            stopping.set()
-
+    backlog = Backlog(messages)
     with phase("deliveries"):
-        await bus.consume_batches(Durable.MONITOR, [Kind.JOB_STOP_REQUESTED], [StopRequested], count, stopping=stopping)
+        await bus.consume_batches(Durable.MONITOR, [Kind.JOB_STOP_REQUESTED], [StopRequested], backlog.batch,
+                                  stopping=backlog.stopping)
 
     value = b'{"state": "RUNNING", "padding": "' + b"x" * 300 + b'"}'
     for start in range(0, messages, BATCH):

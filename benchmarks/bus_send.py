@@ -36,9 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bus_client_cpu import Phases, main
+from benchmarks.bus_client_cpu import Backlog, Phases, main, stop_events
 from libs.common.bus import Bus, get_json
-from libs.common.ids import EventId, JobId, VcName
 from libs.common.messages import StopRequested
 from libs.common.subjects import Bucket, Durable, Kind
 
@@ -49,29 +48,16 @@ CONCURRENT = 100
 async def send(bus: Bus, phases: Phases) -> None:
     messages, phase = phases.messages, phases.phase
 
-    def stops(prefix: str) -> list[StopRequested]:
-        return [StopRequested(id=EventId(f"{prefix}/{n}/stop"), job=JobId(f"bench~{prefix}{n}"), vc=VcName("default"),
-                              by="bench") for n in range(messages)]
-
     async def consume_backlog(durable: Durable, one_by_one: bool) -> None:
-        handled = 0
-        stopping = asyncio.Event()
-
-        async def count(batch) -> None:
-            nonlocal handled
-            handled += len(batch)
-            if handled >= messages:
-                stopping.set()
-
-        async def count_one(event) -> None:
-            await count([event])
-
+        backlog = Backlog(messages)
         if one_by_one:
-            await bus.consume(durable, [Kind.JOB_STOP_REQUESTED], [StopRequested], count_one, stopping=stopping)
+            await bus.consume(durable, [Kind.JOB_STOP_REQUESTED], [StopRequested], backlog.one,
+                              stopping=backlog.stopping)
         else:
-            await bus.consume_batches(durable, [Kind.JOB_STOP_REQUESTED], [StopRequested], count, stopping=stopping)
+            await bus.consume_batches(durable, [Kind.JOB_STOP_REQUESTED], [StopRequested], backlog.batch,
+                                      stopping=backlog.stopping)
 
-    events = stops("a")
+    events = stop_events(messages, "a")
     with phase("publish_many"):
         for start in range(0, messages, BATCH):
             await bus.publish_many(events[start:start + BATCH])
@@ -80,11 +66,11 @@ async def send(bus: Bus, phases: Phases) -> None:
     with phase("acks_one_by_one"):
         await consume_backlog(Durable.RUNTIME, one_by_one=True)
 
-    events = stops("p")
+    events = stop_events(messages, "p")
     with phase("publish"):
         for event in events:
             await bus.publish(event)
-    events = stops("q")
+    events = stop_events(messages, "q")
     with phase("publish_concurrent"):
         for start in range(0, messages, CONCURRENT):
             await asyncio.gather(*(bus.publish(event) for event in events[start:start + CONCURRENT]))
