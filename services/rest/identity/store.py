@@ -130,14 +130,9 @@ async def delete_user(bus: Bus, name: str) -> None:
     await revoke_all_tokens(bus, name)  # one issued meanwhile by a login in flight
 
 
-async def _keys(kv: KeyValue, prefix: str) -> list[str]:
-    """The live keys under `prefix` (ending in a dot), filtered by the server."""
-    return await all_keys(kv, prefix)
-
-
 async def all_users(bus: Bus) -> list[User]:
     kv = await _kv(bus)
-    keys = await _keys(kv, "user.")
+    keys = await all_keys(kv, "user.")
     got = await asyncio.gather(*(get_json(kv, key, User) for key in keys))
     return sorted((g[0] for g in got if g is not None), key=lambda u: u.username)
 
@@ -165,7 +160,7 @@ async def groups_named(bus: Bus, names: list[str] | tuple[str, ...]) -> dict[str
 
 async def all_groups(bus: Bus) -> list[Group]:
     kv = await _kv(bus)
-    keys = await _keys(kv, "group.")
+    keys = await all_keys(kv, "group.")
     got = await asyncio.gather(*(get_json(kv, key, Group) for key in keys))
     return sorted((g[0] for g in got if g is not None), key=lambda g: g.groupname)
 
@@ -265,7 +260,7 @@ async def lookup_token(bus: Bus, token: str, now: float) -> tuple[TokenRecord, s
 async def tokens_of(bus: Bus, user: str, now: float) -> list[tuple[str, TokenRecord]]:
     """(id, record) of each live token of `user`, newest first."""
     kv = await _kv(bus)
-    keys = await _keys(kv, f"token.{user}.")
+    keys = await all_keys(kv, f"token.{user}.")
     got = await asyncio.gather(*(get_json(kv, key, TokenRecord) for key in keys))
     live = [(token_id(key), g[0]) for key, g in zip(keys, got, strict=True) if g is not None and core.is_live(g[0], now)]
     return sorted(live, key=lambda item: item[1].createdAt, reverse=True)
@@ -276,7 +271,7 @@ async def revoke_token(bus: Bus, user: str, token_or_id: str) -> None:
     kv = await _kv(bus)
     key = token_key(token_or_id) if "." in token_or_id else None
     if key is None or not key.startswith(f"token.{user}."):
-        matches = [k for k in await _keys(kv, f"token.{user}.") if token_id(k) == token_or_id[:TOKEN_ID_LENGTH]
+        matches = [k for k in await all_keys(kv, f"token.{user}.") if token_id(k) == token_or_id[:TOKEN_ID_LENGTH]
                    and len(token_or_id) >= 8]
         if len(matches) != 1:
             raise NoToken(f"{user} has no token {token_or_id[:TOKEN_ID_LENGTH]!r}")
@@ -293,7 +288,7 @@ async def revoke_key(bus: Bus, key: str) -> None:
 async def revoke_login_tokens(bus: Bus, user: str, *, keep: str = "") -> int:
     """End `user`'s sign-ins (after a password change), but the one with key `keep`."""
     kv = await _kv(bus)
-    keys = [key for key in await _keys(kv, f"token.{user}.") if key != keep]
+    keys = [key for key in await all_keys(kv, f"token.{user}.") if key != keep]
     got = await asyncio.gather(*(get_json(kv, key, TokenRecord) for key in keys))
     logins = [key for key, g in zip(keys, got, strict=True) if g is not None and g[0].kind == TokenKind.LOGIN]
     await asyncio.gather(*(kv.delete(key) for key in logins))
@@ -302,6 +297,6 @@ async def revoke_login_tokens(bus: Bus, user: str, *, keep: str = "") -> int:
 
 async def revoke_all_tokens(bus: Bus, user: str) -> int:
     kv = await _kv(bus)
-    keys = await _keys(kv, f"token.{user}.")
+    keys = await all_keys(kv, f"token.{user}.")
     await asyncio.gather(*(kv.delete(key) for key in keys))
     return len(keys)
