@@ -488,21 +488,21 @@ class Received:
             raise nats.errors.MsgAlreadyAckdError(self)
 
     async def ack(self) -> None:
-        self._check_reply()
-        await send_commands(self._nc, ack_commands([self.reply]), 1, 0)
-        self._ackd = True
+        await self._settle(b"")
 
     async def nak(self, delay: float | None = None) -> None:
-        self._check_reply()
         payload = b"-NAK"
         if delay:
             payload += b" " + json.dumps({"delay": int(delay * 10**9)}).encode()
-        await send_commands(self._nc, ack_commands([self.reply], payload), 1, len(payload))
-        self._ackd = True
+        await self._settle(payload)
 
     async def term(self) -> None:
+        await self._settle(_TERM)
+
+    async def _settle(self, payload: bytes) -> None:
+        """Answer the delivery once and for all (ack, nak or term: `payload`)."""
         self._check_reply()
-        await send_commands(self._nc, ack_commands([self.reply], _TERM), 1, len(_TERM))
+        await send_commands(self._nc, ack_commands([self.reply], payload), 1, len(payload))
         self._ackd = True
 
     async def in_progress(self) -> None:
