@@ -15,12 +15,12 @@ figure that does not depend on what else runs on the machine; and
 `launcher_cpu_ms_per_task`, this process's part alone: the launcher's side
 of it, without the fork server, shims and tasks), the latency
 from `start()` to TaskRunning (in a burst of N this is mostly queueing), and
-from the task's exit (the shim's reap time, `finishedAt` in exit.json) to
+from the task's exit (the shim's reap time, `finishedAt` in its exit record) to
 TaskFinished reaching the consumer, p50 and p99. `one_at_a_time` starts tasks
 one after another on an idle backend, each after the previous ended: the
 latency a single job sees. Other load on the machine shows in the figures:
 `load_average` is printed too, and `cpu_bound_tasks_per_s` (cpus divided by
-CPU time per task) is the rate an otherwise idle machine would allow. Each task creates two directories and two files,
+CPU time per task) is the rate an otherwise idle machine would allow. Each task creates two directories and a file,
 so the filesystem of the data dir matters (`--dir`, default: the temp dir).
 
 As root, tasks run as the launcher runs them, under a uid per job with no
@@ -50,7 +50,7 @@ from libs.common.messages import JobState, TaskPlacement  # noqa: E402
 from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
 from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, TaskRunning  # noqa: E402
 from services.launcher.backends.local import LocalBackend  # noqa: E402
-from services.launcher.backends.local_layout import EXIT, REPORTED, ExitRecord, read_record  # noqa: E402
+from services.launcher.backends.local_layout import REPORTED, read_task_exit  # noqa: E402
 # Imported here, not in the measured run: the launcher's shell brings in the NATS client.
 from services.launcher.service import BATCH_MAX, backend_batches  # noqa: E402
 
@@ -95,8 +95,8 @@ class Timings:
         exit_to_recorded = []
         for key, seen in self.finished.items():
             task_dir = backend.tasks_dir / key.slug
-            # forget() renames exit.json once the launcher recorded the exit
-            record = read_record(task_dir / EXIT, ExitRecord) or read_record(task_dir / REPORTED, ExitRecord)
+            # forget() renames spec.json once the launcher recorded the exit
+            record = read_task_exit(str(task_dir)) or read_task_exit(str(task_dir), REPORTED)
             if record is not None and record.finishedAt:
                 exit_to_recorded.append(seen - record.finishedAt)
         to_running = [self.running[k] - self.started[k] for k in self.running if k in self.started]

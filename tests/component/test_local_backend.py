@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from libs.common.messages import TaskPlacement
 from services.launcher.backends import local as local_backend
 from services.launcher.backends.local import LocalBackend
 from services.launcher.backends.local_doorbell import FINISHED_BELL, Doorbell
+from services.launcher.backends.local_layout import LEGACY_EXIT, SPEC, ShimSpec, read_task_record
 from services.launcher.backends.local_logs import CappedLog, read_log
 from services.launcher.backends.local_shim import BASH
 from services.launcher.core.tasks import (
@@ -122,8 +122,9 @@ async def wait_until(condition: Callable[[], bool]) -> None:
 
 
 def shim_pid(backend: LocalBackend, key: TaskKey) -> int:
-    spec = json.loads((backend.tasks_dir / key.slug / "spec.json").read_text())
-    return spec["shim"]["shimPid"]
+    spec, _ = read_task_record(str(backend.tasks_dir / key.slug), ShimSpec)
+    assert spec is not None and spec.shim is not None
+    return spec.shim.shimPid
 
 
 class Harness:
@@ -227,7 +228,7 @@ async def test_exit_code_and_signal_are_reported(
 async def test_a_malformed_finished_bell_neither_ends_a_task_early_nor_stops_the_backend(local: Harness):
     """Anything on this machine can write to the abstract doorbell socket: a bell
     saying a task finished, with a record that is cut short or none at all, is
-    checked against exit.json, which the task does not have yet."""
+    checked against the exit recorded in its spec.json, which it does not have yet."""
     task = launch("bell-forged", "sleep 1.5", "exit 4")
     await local.backend.start(task)
     await local.events.running(task.key)
@@ -704,6 +705,28 @@ async def test_a_forgotten_task_is_not_reported_again_but_keeps_its_log(tmp_path
     assert task.key not in known
     assert second.events.of(task.key) == []
     assert log == b"kept\n"
+
+
+async def test_a_task_that_ended_under_the_previous_layout_is_reported_with_its_exit(tmp_path: Path):
+    """Shims of launchers before the exit was appended to spec.json wrote it to
+    exit.json, and shims outlive their launcher: a task that ended that way while
+    the launcher was being upgraded is reported with its real exit."""
+    first = await open_harness(tmp_path)
+    task = launch("old-layout", "echo from before", "exit 6")
+    await first.run(task)
+    await first.close()
+    task_dir = first.backend.tasks_dir / task.key.slug
+    spec_line, _, exit_line = (task_dir / SPEC).read_bytes().partition(b"\n")
+    (task_dir / SPEC).write_bytes(spec_line)
+    (task_dir / LEGACY_EXIT).write_bytes(exit_line.strip())
+
+    second = await open_harness(tmp_path)
+    try:
+        finished = await second.events.finished(task.key)
+    finally:
+        await second.close()
+
+    assert (finished.exitCode, finished.userLogTail) == (6, "from before\n")
 
 
 async def test_one_data_dir_serves_one_launcher(local: Harness):

@@ -108,8 +108,9 @@ async def test_a_secret_reaches_its_task_and_nothing_else(platform: Api):
     own_logs = {task_dirs[0] / "output.log", task_dirs[0] / "stderr.log"}
     assert SECRET.encode() in (task_dirs[0] / "output.log").read_bytes()  # the task's own output, as it printed it
     assert holding(data, SECRET.encode(), but=own_logs) == []
-    spec = (task_dirs[0] / "spec.json").read_text()
-    assert "<% $secrets.token %>" in spec and stat.S_IMODE((task_dirs[0] / "spec.json").stat().st_mode) == 0o600
+    # The task's record (spec.json, renamed reported.json once its exit is recorded).
+    record = next(task_dirs[0] / name for name in ("reported.json", "spec.json") if (task_dirs[0] / name).exists())
+    assert "<% $secrets.token %>" in record.read_text() and stat.S_IMODE(record.stat().st_mode) == 0o600
 
 
 async def test_a_job_without_secrets_stores_none(platform: Api):

@@ -54,7 +54,7 @@ How a task runs (local_layout: the files; local_forkserver, local_shim: the proc
 - Restart: shims do not depend on the launcher. `recover` re-adopts tasks
   whose shim lives (sending their TaskRunning again), reports tasks that ended
   meanwhile with their real exit, and reports a task whose shim died without
-  writing exit.json as platformReason "Lost" after killing what is left of it
+  recording its exit as platformReason "Lost" after killing what is left of it
   (nobody could report its exit otherwise). Until `forget`, a task is reported
   again after every restart. One launcher per data dir: a second one is refused.
 - Exit codes: a task killed by signal N exits 128+N with `signal` set; a task
@@ -97,7 +97,6 @@ from services.launcher.backends.local_doorbell import (
     doorbell_name,
 )
 from services.launcher.backends.local_layout import (
-    EXIT,
     KILL,
     LIMITS_CGROUP,
     LIMITS_NONE,
@@ -116,12 +115,14 @@ from services.launcher.backends.local_layout import (
     KillRequest,
     ShimRecord,
     ShimSpec,
+    append_exit,
     choose_work_root,
     claim_dir,
     decode_record,
     encode,
     make_own_dir,
-    read_record,
+    read_task_exit,
+    read_task_record,
     with_sent_at,
     write_replacing,
 )
@@ -173,7 +174,7 @@ class TaskSpec(ShimSpec, frozen=True, kw_only=True, omit_defaults=True):
 
 class _Task:
     __slots__ = (
-        "key", "path", "exit_path", "node", "image", "spec_line", "sent_generation", "sent_at",
+        "key", "path", "node", "image", "spec_line", "sent_generation", "sent_at",
         "claim", "running_reported", "finished",
     )
 
@@ -182,7 +183,6 @@ class _Task:
         # Strings on the per-task paths (start, the doorbell's reports): pathlib's
         # `/` costs a microsecond or more each time; `dir` for the rarer ones.
         self.path = task_path
-        self.exit_path = os.path.join(task_path, EXIT)
         self.node = node
         self.image = image
         self.spec_line: bytes | None = None  # kept until a shim claims the task
@@ -344,7 +344,7 @@ class LocalBackend:
             self._cancel(task, reason)  # no shim took it yet: it never starts
             return
         claim = await self._wait_for_claim(task)
-        if claim is None or task.finished.is_set() or (task_dir / EXIT).exists():
+        if claim is None or task.finished.is_set() or read_task_exit(task.path) is not None:
             self._check(task)
             return
         write_replacing(task_dir / KILL, encode(KillRequest(reason=reason, graceSeconds=grace_seconds)))
@@ -353,7 +353,7 @@ class LocalBackend:
         if _alive(claim):  # checked first: a reused pid must not get our signal
             local_procs.signal_each([claim.shimPid], signal.SIGUSR1)
         while not task.finished.is_set():
-            if (task_dir / EXIT).exists() or not _alive(claim):
+            if read_task_exit(task.path) is not None or not _alive(claim):
                 self._check(task, stop_reason=reason)
             elif loop.time() > deadline:
                 # The shim did not end the task in time: end its processes
@@ -405,9 +405,9 @@ class LocalBackend:
         task = self._tasks.get(slug)
         task_path = task.path if task is not None else os.path.join(self._tasks_path, slug)
         try:
-            os.rename(os.path.join(task_path, EXIT), os.path.join(task_path, REPORTED))
+            os.rename(os.path.join(task_path, SPEC), os.path.join(task_path, REPORTED))
         except FileNotFoundError:
-            if os.path.exists(task_path):  # forgotten before it ended: never report it
+            if os.path.exists(task_path):  # claimed, its spec not written: never report it
                 Path(task_path, REPORTED).touch()
         self._tasks.pop(slug, None)
 
@@ -538,11 +538,8 @@ class LocalBackend:
         """Look at a task's directory: report what changed, send it again, or
         declare it lost (reason `stop_reason` if we were stopping it).
         `shims_alive`: shims already looked at in this sweep."""
-        if task.finished.is_set():
+        if task.finished.is_set() or self._report_finished(task):
             return
-        if os.path.exists(task.exit_path):
-            if self._report_finished(task):
-                return
         claim = task.claim or self._read_claim(task)
         if claim is None:
             if not os.path.exists(task.path):
@@ -559,12 +556,12 @@ class LocalBackend:
             return  # the stop that cancelled it records the exit
         self._report_running(task, claim.detail)
         if not _alive(claim, shims_alive):
-            if os.path.exists(task.exit_path) and self._report_finished(task):
+            if self._report_finished(task):
                 return  # it ended between our two looks
             self._declare_lost(task, stop_reason)
 
     def _read_claim(self, task: _Task) -> ShimRecord | None:
-        spec = read_record(os.path.join(task.path, SPEC), ShimSpec)
+        spec, _ = read_task_record(task.path, ShimSpec)
         if spec is not None and spec.shim is not None:
             task.claim = spec.shim
             task.spec_line = None
@@ -600,7 +597,7 @@ class LocalBackend:
             )
 
     def _adopt(self, task_dir: Path) -> _Task | None:
-        spec = read_record(task_dir / SPEC, TaskSpec)
+        spec, _ = read_task_record(str(task_dir), TaskSpec)
         if spec is None:
             if _age(task_dir) > CLAIM_WRITE_SECONDS:
                 # Claimed by a shim or a stop that died before writing the spec: nothing ran.
@@ -623,13 +620,13 @@ class LocalBackend:
 
     def _report_finished(self, task: _Task, *, told: bytes = b"") -> bool:
         """Report the task's end from its exit record: `told`, the record as its
-        shim's bell carried it, else exit.json (the bell rings only once that file is
-        written, so both hold the same record)."""
+        shim's bell carried it, else the one in spec.json (the bell rings only once
+        the record is there, so both are the same). False: no exit recorded yet."""
         if task.finished.is_set():
             return True
         record = decode_record(told, ExitRecord) if told else None
         if record is None:
-            record = read_record(task.exit_path, ExitRecord)
+            record = read_task_exit(task.path)
         if record is None:
             return False
         if not task.running_reported and record.startedAt is not None:
@@ -664,7 +661,7 @@ class LocalBackend:
             platformMessage=message,
             finishedAt=self._clock(),
         )
-        write_replacing(Path(task.exit_path), encode(record))
+        append_exit(task.path, encode(record))
         self._report_finished(task)
 
     def _kill_orphans(self, task: _Task) -> None:

@@ -2,9 +2,9 @@
 
 One abstract unix datagram socket per data dir, bound by the backend; each
 message is one datagram: `R<slug>\\n<detail>` (the task runs) or
-`F<slug>\\n<exit record>` (its exit.json is written, and holds that record; a
-record longer than MAX_TOLD_RECORD_BYTES is left out: `F<slug>`). A lost
-datagram only delays the news: the backend also sweeps the task directories,
+`F<slug>\\n<exit record>` (its exit is recorded in its spec.json, and that is
+the record; one longer than MAX_TOLD_RECORD_BYTES is left out: `F<slug>`). A
+lost datagram only delays the news: the backend also sweeps the task directories,
 and reads them all when it recovers.
 """
 

@@ -3,19 +3,30 @@
 Each task attempt owns `<data_dir>/tasks/<key.slug>/`; the directory *is* the
 durable record, so a launcher that restarts learns everything from it:
 
-    spec.json      what to run, plus the identity of the shim running it; the
-                   directory is created (mkdir, which fails if it exists) by the
-                   shim that claims the task, or by a stop that cancels it first,
-                   and spec.json is written right after, so a task never starts
-                   twice
+    spec.json      what to run, the identity of the shim running it, and, once
+                   it ended, how (an exit record appended as a line of its own);
+                   the directory is created (mkdir, which fails if it exists) by
+                   the shim that claims the task, or by a stop that cancels it
+                   first, and spec.json is written right after, so a task never
+                   starts twice
     kill.json      a stop order (reason, grace) left for the shim
     output.log     stdout and stderr interleaved in arrival order (what `read_log` gives)
     stderr.log     stderr alone, so errors stay findable when stdout is chatty
     *.log.1        the previous segment of a capped log (see local_logs)
-    exit.json      how the task ended, replaced atomically (tmp + rename) by its one
-                   writer: the shim, or the backend once no shim can be alive
-    reported.json  exit.json, renamed once the launcher recorded the exit
+    reported.json  spec.json, renamed once the launcher recorded the exit
                    (`forget`; a rename costs far less than creating a file); logs stay
+
+spec.json is lines: the spec first (one JSON object, no line break inside), then
+each exit record written after a line break of its own (`append_exit`). A task
+has one exit writer at a time (its shim, or the backend once no shim can be
+alive), so there is one record; an append cut short by a crash leaves a line
+that does not decode, which readers skip, and the next writer's line break sets
+its record apart. The exit is appended rather than kept in a file of its own
+because creating a file costs many times what an append does (on ext4 without a
+journal, a creation soon after many deletions steps over each recently freed
+inode: half a millisecond), and a task already creates its two directories and
+spec.json. Launchers before this layout wrote the exit to `exit.json`
+(LEGACY_EXIT); a task left running by one is still read from there.
 
 The task's working directory (PAI_WORK_DIR) is apart, `<data_dir>/work/<key.slug>/`,
 so that a task, which may run as another user (local_users), can reach it and
@@ -25,7 +36,7 @@ each working directory 0700, owned by the task's user.
 
 No fsync: these records must survive a launcher crash, and a machine crash
 takes the tasks with it anyway. Every file operation counts (hundreds of tasks a
-second on a small machine), so a task costs two directories and two files.
+second on a small machine), so a quiet task costs two directories and one file.
 
 This module and the shim's import only the standard library and msgspec: shims
 are forks of a process that imported them, and a smaller process forks faster
@@ -49,8 +60,9 @@ WORK_ROOT = "work"
 WORK_ROOT_ID = "work-root-id"
 SPEC = "spec.json"
 KILL = "kill.json"
-EXIT = "exit.json"
 REPORTED = "reported.json"
+# Where shims of launchers before the exit was appended to spec.json wrote it.
+LEGACY_EXIT = "exit.json"
 OUTPUT_LOG = "output.log"
 STDERR_LOG = "stderr.log"
 
@@ -200,6 +212,49 @@ def decode_record(data: bytes, record_type: type[T]) -> T | None:
         return None
 
 
+def read_task_record(task_dir: str, spec_type: type[T]) -> tuple[T | None, ExitRecord | None]:
+    """The task's spec and its exit (read_task_exit), each None while not (yet)
+    recorded whole."""
+    spec_line, after = _read_task_file(task_dir)
+    spec = decode_record(spec_line, spec_type) if spec_line else None
+    return spec, _exit_in(task_dir, after)
+
+
+def read_task_exit(task_dir: str, file: str = SPEC) -> ExitRecord | None:
+    """The task's exit: the first whole record after the spec line; for a task
+    whose shim ran under an older launcher, the one in LEGACY_EXIT. `file`:
+    REPORTED to read it once the launcher recorded the exit."""
+    return _exit_in(task_dir, _read_task_file(task_dir, file)[1])
+
+
+def _read_task_file(task_dir: str, file: str = SPEC) -> tuple[bytes, bytes]:
+    """spec.json (or `file`) split into the spec line and what follows it."""
+    try:
+        data = read_file(f"{task_dir}/{file}")
+    except (FileNotFoundError, NotADirectoryError):
+        return b"", b""
+    spec_line, _, after = data.partition(b"\n")
+    return spec_line, after
+
+
+def _exit_in(task_dir: str, after_spec: bytes) -> ExitRecord | None:
+    for line in after_spec.split(b"\n"):
+        if line and (record := decode_record(line, ExitRecord)) is not None:
+            return record
+    return read_record(f"{task_dir}/{LEGACY_EXIT}", ExitRecord)
+
+
+def append_exit(task_dir: str, record: bytes) -> None:
+    """Record a task's exit: `record` (encoded, one line) appended to its spec.json
+    after a line break. A spec.json not written yet (its claimer died first) is
+    created holding an empty spec line and the exit."""
+    fd = os.open(f"{task_dir}/{SPEC}", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        _write_all(fd, b"\n" + record + b"\n")
+    finally:
+        os.close(fd)
+
+
 def _tmp_name(path: Path | str, pid: int) -> str:
     directory, slash, name = os.fspath(path).rpartition("/")
     return f"{directory}{slash}.{name}.{pid}.tmp"
@@ -223,11 +278,15 @@ def write_file(path: Path | str, data: bytes) -> None:
     """Create or truncate `path` (mode 0666 less the umask) holding `data`."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, data)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def read_file(path: Path | str) -> bytes:

@@ -7,8 +7,8 @@ another is forked). For each it claims the task directory (mkdir: a task never s
 starts `bash --noprofile --norc -e -c <commands>` in a new session (or, for
 one simple command, execs its program directly: local_direct), pipes its
 output into capped logs, obeys stop orders (SIGTERM to every process of the
-task, SIGKILL after the grace period), and when the task ends writes
-`exit.json` with the exit code, signal, CPU time and peak memory. When a task's
+task, SIGKILL after the grace period), and when the task ends appends its
+exit record (exit code, signal, CPU time, peak memory) to its spec.json. When a task's
 main process exits, whatever it left running is killed, as when a container's
 main process exits. The shim is a child subreaper, so even a grandchild that
 called setsid and lost its parent stays its descendant (and is told apart by
@@ -39,7 +39,7 @@ in spec.json, and not in the shell's argv, which any user may read in
 its memory or environment.
 
 A shim rings the backend's doorbell (local_doorbell) when a task runs and when
-its exit.json is written. SIGUSR1 means "a stop order waits" (the shim reads
+its exit is recorded. SIGUSR1 means "a stop order waits" (the shim reads
 the kill.json of its tasks); SIGTERM stops all its tasks, and it takes no more
 (a task sent meanwhile is sent again by the backend: local.RESEND_SECONDS).
 """
@@ -64,7 +64,6 @@ from services.launcher.backends.local_doorbell import (
     Doorbell,
 )
 from services.launcher.backends.local_layout import (
-    EXIT,
     KILL,
     LIMITS_CGROUP,
     LIMITS_RLIMIT,
@@ -80,13 +79,13 @@ from services.launcher.backends.local_layout import (
     KillRequest,
     ShimRecord,
     ShimSpec,
+    append_exit,
     claim_dir,
     decoder,
     encode,
     read_record,
     with_claim,
     write_file,
-    write_replacing,
 )
 from services.launcher.backends.local_logs import DISK_FULL_PLATFORM_REASON, CappedLog
 
@@ -585,7 +584,7 @@ class Shim:
 
     def _write_exit(self, task_dir: str, slug: str, record: ExitRecord) -> None:
         data = encode(record)
-        write_replacing(f"{task_dir}/{EXIT}", data, pid=self.pid)
+        append_exit(task_dir, data)
         # The record rides on the bell, so the backend need not open the file it
         # just heard of; one too long for a datagram is read from the file.
         told = b"\n" + data if len(data) <= MAX_TOLD_RECORD_BYTES else b""
