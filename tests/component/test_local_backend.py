@@ -23,7 +23,7 @@ from libs.common.messages import TaskPlacement
 from services.launcher.backends import local as local_backend
 from services.launcher.backends.local import LocalBackend
 from services.launcher.backends.local_doorbell import FINISHED_BELL, Doorbell
-from services.launcher.backends.local_layout import LEGACY_EXIT, SPEC, ShimSpec, read_task_record
+from services.launcher.backends.local_layout import LEGACY_EXIT, SPEC, ShimSpec, read_task_spec
 from services.launcher.backends.local_logs import CappedLog, read_log
 from services.launcher.backends.local_shim import BASH
 from services.launcher.core.tasks import (
@@ -122,7 +122,7 @@ async def wait_until(condition: Callable[[], bool]) -> None:
 
 
 def shim_pid(backend: LocalBackend, key: TaskKey) -> int:
-    spec, _ = read_task_record(str(backend.tasks_dir / key.slug), ShimSpec)
+    spec = read_task_spec(str(backend.tasks_dir / key.slug), ShimSpec)
     assert spec is not None and spec.shim is not None
     return spec.shim.shimPid
 

@@ -122,7 +122,7 @@ from services.launcher.backends.local_layout import (
     encode,
     make_own_dir,
     read_task_exit,
-    read_task_record,
+    read_task_spec,
     with_sent_at,
     write_replacing,
 )
@@ -561,7 +561,7 @@ class LocalBackend:
             self._declare_lost(task, stop_reason)
 
     def _read_claim(self, task: _Task) -> ShimRecord | None:
-        spec, _ = read_task_record(task.path, ShimSpec)
+        spec = read_task_spec(task.path, ShimSpec)
         if spec is not None and spec.shim is not None:
             task.claim = spec.shim
             task.spec_line = None
@@ -597,7 +597,7 @@ class LocalBackend:
             )
 
     def _adopt(self, task_dir: Path) -> _Task | None:
-        spec, _ = read_task_record(str(task_dir), TaskSpec)
+        spec = read_task_spec(str(task_dir), TaskSpec)
         if spec is None:
             if _age(task_dir) > CLAIM_WRITE_SECONDS:
                 # Claimed by a shim or a stop that died before writing the spec: nothing ran.

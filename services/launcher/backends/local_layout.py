@@ -212,19 +212,21 @@ def decode_record(data: bytes, record_type: type[T]) -> T | None:
         return None
 
 
-def read_task_record(task_dir: str, spec_type: type[T]) -> tuple[T | None, ExitRecord | None]:
-    """The task's spec and its exit (read_task_exit), each None while not (yet)
-    recorded whole."""
-    spec_line, after = _read_task_file(task_dir)
-    spec = decode_record(spec_line, spec_type) if spec_line else None
-    return spec, _exit_in(task_dir, after)
+def read_task_spec(task_dir: str, spec_type: type[T]) -> T | None:
+    """The task's spec (the first line of its spec.json), or None while it is
+    not (yet) written whole."""
+    spec_line = _read_task_file(task_dir)[0]
+    return decode_record(spec_line, spec_type) if spec_line else None
 
 
 def read_task_exit(task_dir: str, file: str = SPEC) -> ExitRecord | None:
     """The task's exit: the first whole record after the spec line; for a task
     whose shim ran under an older launcher, the one in LEGACY_EXIT. `file`:
     REPORTED to read it once the launcher recorded the exit."""
-    return _exit_in(task_dir, _read_task_file(task_dir, file)[1])
+    for line in _read_task_file(task_dir, file)[1].split(b"\n"):
+        if line and (record := decode_record(line, ExitRecord)) is not None:
+            return record
+    return read_record(f"{task_dir}/{LEGACY_EXIT}", ExitRecord)
 
 
 def _read_task_file(task_dir: str, file: str = SPEC) -> tuple[bytes, bytes]:
@@ -235,13 +237,6 @@ def _read_task_file(task_dir: str, file: str = SPEC) -> tuple[bytes, bytes]:
         return b"", b""
     spec_line, _, after = data.partition(b"\n")
     return spec_line, after
-
-
-def _exit_in(task_dir: str, after_spec: bytes) -> ExitRecord | None:
-    for line in after_spec.split(b"\n"):
-        if line and (record := decode_record(line, ExitRecord)) is not None:
-            return record
-    return read_record(f"{task_dir}/{LEGACY_EXIT}", ExitRecord)
 
 
 def append_exit(task_dir: str, record: bytes) -> None:

@@ -17,7 +17,7 @@ from services.launcher.backends.local_layout import (
     append_exit,
     encode,
     read_task_exit,
-    read_task_record,
+    read_task_spec,
     with_claim,
     write_file,
 )
@@ -62,16 +62,16 @@ def written(task_dir: Path, *steps: tuple[str, bytes]) -> str:
 def test_what_the_record_file_says(tmp_path: Path, steps, has_spec: bool, exit_code: int | None):
     task_dir = written(tmp_path / "task", *steps)
 
-    spec, record = read_task_record(task_dir, ShimSpec)
+    spec, record = read_task_spec(task_dir, ShimSpec), read_task_exit(task_dir)
 
     assert (spec is not None, record and record.exitCode) == (has_spec, exit_code)
-    assert read_task_exit(task_dir) == record
     if spec is not None:
         assert spec.shim == ShimRecord(shimPid=4242, shimStartTicks=17, detail="limits: none")
 
 
 def test_no_record_file_is_nothing_recorded(tmp_path: Path):
-    assert read_task_record(str(tmp_path / "never-claimed"), ShimSpec) == (None, None)
+    never_claimed = str(tmp_path / "never-claimed")
+    assert (read_task_spec(never_claimed, ShimSpec), read_task_exit(never_claimed)) == (None, None)
 
 
 def test_an_exit_left_in_the_previous_layouts_own_file_is_read(tmp_path: Path):
