@@ -33,10 +33,11 @@ rest's per-token rate limit is raised out of the way (one admin token submits
 everything).
 
 Where the data dir lies matters: each task creates three files and directories
-there (its directory, spec.json, its working directory). On an ext4 without a journal (this machine's root filesystem) a create
-steps over every inode deleted in the last one to six minutes, so a run soon
-after another (whose temporary data dir was just deleted) pays more per task
-than one on a quiet disk; `--data-dir /dev/shm` takes the disk out of the
+there (its directory, spec.json, its working directory). On an ext4 without a
+journal (this machine's root filesystem) a create steps over every inode
+deleted in the last one to six minutes, so a run soon after another (whose
+temporary data dir was just deleted) pays more per task than one on a quiet
+disk; `--data-dir /dev/shm` takes the disk out of the
 figures. Say which was used when quoting them.
 
 `--profile DIR` records every service with py-spy during the burst and writes,

@@ -20,8 +20,9 @@ TaskFinished reaching the consumer, p50 and p99. `one_at_a_time` starts tasks
 one after another on an idle backend, each after the previous ended: the
 latency a single job sees. Other load on the machine shows in the figures:
 `load_average` is printed too, and `cpu_bound_tasks_per_s` (cpus divided by
-CPU time per task) is the rate an otherwise idle machine would allow. Each task creates two directories and a file,
-so the filesystem of the data dir matters (`--dir`, default: the temp dir).
+CPU time per task) is the rate an otherwise idle machine would allow. Each
+task creates two directories and a file, so the filesystem of the data dir
+matters (`--dir`, default: the temp dir).
 
 As root, tasks run as the launcher runs them, under a uid per job with no
 groups (local_users; the shim forks and drops privileges for each), unless
