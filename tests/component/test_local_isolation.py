@@ -102,6 +102,30 @@ async def test_a_task_cannot_read_another_jobs_working_directory(isolated: Harne
     assert "Permission denied" in output(isolated, reader.key)
 
 
+async def test_a_bare_working_directory_passes_to_the_next_task_and_a_used_one_stays(isolated: Harness):
+    users = local_users.resolve("")
+    assert users is not None
+    quiet = launch("quiet", "true")
+    assert (await isolated.run(quiet)).exitCode == 0
+    left_bare = os.stat(isolated.work_dir(quiet.key))
+    # The next task gets that directory (the backend offers the latest one a
+    # shim reported ended), made its own: empty, 0700, its uid.
+    looker = launch("looker", "ls -A", "stat -c '%a %u' .", "echo seen > seen.txt")
+    finished = await isolated.run(looker)
+    assert finished.exitCode == 0, output(isolated, looker.key)
+    work = isolated.work_dir(looker.key)
+    assert os.stat(work).st_ino == left_bare.st_ino and not isolated.work_dir(quiet.key).exists()
+    assert output(isolated, looker.key) == f"700 {users.uid_of('alice~looker')}\n"
+    # The looker wrote a file: its directory is its own to keep, and the task
+    # after it gets a new one.
+    after = launch("after", "ls -A", "stat -c '%a %u' .")
+    assert (await isolated.run(after)).exitCode == 0
+    assert os.stat(isolated.work_dir(after.key)).st_ino != left_bare.st_ino
+    assert output(isolated, after.key) == f"700 {users.uid_of('alice~after')}\n"
+    assert (work / "seen.txt").read_text() == "seen\n"
+    assert (os.stat(work).st_uid, stat.S_IMODE(os.stat(work).st_mode)) == (users.uid_of("alice~looker"), 0o700)
+
+
 async def test_secret_commands_reach_the_task_through_memory_only(isolated: Harness, data_dir: Path):
     references = [
         'printf %s "<% $secrets.token %>" | sha256sum | cut -d" " -f1 > secret.sha256',

@@ -8,7 +8,8 @@ How a task runs (local_layout: the files; local_forkserver, local_shim: the proc
   the commands, joined by newlines, as `bash --noprofile --norc -e -c` in a new
   session: one command after another, stopping at the first that fails
   (bash's errexit rules, like a CI step), in its working directory
-  `<data_dir>/work/<slug>/`, stdin from /dev/null. Commands that are one
+  `<data_dir>/work/<slug>/` (new, or the bare one of a task that ended,
+  renamed: local_layout), stdin from /dev/null. Commands that are one
   simple command (`true`, `python3 train.py --epochs=3`: words only, no
   builtin, no shell syntax, no secrets) are exec'd by the shim itself, with
   the argv, environment, directory and bounds bash would have given them,
@@ -157,6 +158,9 @@ CLAIM_WRITE_SECONDS = 10.0
 # local_layout.STALE_LINE_SECONDS after it was sent is dropped, so that it
 # cannot find the task's directory pruned long after it ran).
 RESEND_SECONDS = 10.0
+# Ended tasks' working directories remembered to be offered to new tasks; a
+# burst's worth (those past it simply stay, as every used one does).
+ENDED_WORK_DIRS_KEPT = 1024
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
 _encoder = msgspec.json.Encoder()
 
@@ -231,6 +235,12 @@ class LocalBackend:
             log.info("tasks run as users of their own; started with %s", local_shim.SPAWN_AS)
         # Outside the data dir when a directory above it bars the tasks' users (local_layout).
         self.work_root = choose_work_root(self.data_dir, tasks_are_other_users=self.task_users is not None)
+        self._work_root_path = str(self.work_root)
+        # Working directories of tasks whose shims reported their end, newest
+        # last: each is offered to one task started next, which takes it over
+        # if it was left bare (local_shim._provide_work_dir). Only those a shim
+        # reported: it had ended every process of the task first.
+        self._ended_work_dirs: deque[str] = deque(maxlen=ENDED_WORK_DIRS_KEPT)
         # Traverse-only on the way to a task's working directory; the rest private.
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.tasks_dir.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
@@ -292,10 +302,11 @@ class LocalBackend:
         if os.path.exists(task_path):
             return  # started before, perhaps by an earlier launcher: watch, never rerun
         identity = (self.task_users.uid_of(launch.key.job), self.task_users.gid) if self.task_users else (None, None)
-        work_dir = os.path.join(self.work_root, slug)
+        work_dir = os.path.join(self._work_root_path, slug)
         spec = TaskSpec(
             taskDir=task_path,
             workDir=work_dir,
+            takeOverWorkDir=self._ended_work_dirs.pop() if self._ended_work_dirs else "",
             uid=identity[0],
             gid=identity[1],
             key=launch.key,
@@ -625,6 +636,8 @@ class LocalBackend:
         if task.finished.is_set():
             return True
         record = decode_record(told, ExitRecord) if told else None
+        if record is not None and record.startedAt is not None:
+            self._ended_work_dirs.append(os.path.join(self._work_root_path, task.key.slug))
         if record is None:
             record = read_task_exit(task.path)
         if record is None:

@@ -32,11 +32,16 @@ The task's working directory (PAI_WORK_DIR) is apart, `<data_dir>/work/<key.slug
 so that a task, which may run as another user (local_users), can reach it and
 nothing else: `tasks/` and everything in it are the platform's alone (0700 and
 0600: specs, logs, exit records), `work/` is traverse-only (0711: no listing) and
-each working directory 0700, owned by the task's user.
+each working directory 0700, owned by the task's user. A task's working
+directory is usually not new: the backend offers each task the one of a task
+that ended moments before, and the shim renames it over if that task left it
+bare (no entry, no extended attribute), made the new task's (local_shim's
+_provide_work_dir); one a task wrote to stays its own until retention.
 
 No fsync: these records must survive a launcher crash, and a machine crash
 takes the tasks with it anyway. Every file operation counts (hundreds of tasks a
-second on a small machine), so a quiet task costs two directories and one file.
+second on a small machine), so a quiet task creates one directory and one file
+(and its working directory, when none was there to take over).
 
 This module and the shim's import only the standard library and msgspec: shims
 are forks of a process that imported them, and a smaller process forks faster
@@ -115,6 +120,10 @@ class ShimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     taskDir: str
     slug: str
     workDir: str = ""  # "": `<taskDir>/work` (specs written before it was apart)
+    # The working directory of a task that ended, offered to this one: taken
+    # over (renamed) if the ended task left it bare, rather than a new one made
+    # (local_shim._provide_work_dir).
+    takeOverWorkDir: str = ""
     commands: list[str]
     env: dict[str, str]  # complete: inherited basics + launch env + PAI markers
     cpu: int
