@@ -47,6 +47,8 @@ the kill.json of its tasks); SIGTERM stops all its tasks, and it takes no more
 from __future__ import annotations
 
 import _posixsubprocess  # the C fork + exec behind subprocess.Popen; see _fork_exec_as
+import contextlib
+import errno
 import os
 import resource
 import select
@@ -651,16 +653,8 @@ def _take_over_work_dir(ended: str, work: str, spec: ShimSpec) -> bool:
         fd = -1
     if fd >= 0:
         try:
-            before = os.fstat(fd)
-            if spec.uid is not None and spec.gid is not None:
-                os.fchown(fd, spec.uid, spec.gid)
-            os.fchmod(fd, PRIVATE_DIR_MODE)
-            if _bare_dir(fd):
+            if _made_own_if_bare(fd, spec):
                 return True
-            os.fchown(fd, before.st_uid, before.st_gid)
-            os.fchmod(fd, stat.S_IMODE(before.st_mode))
-        except OSError:
-            pass
         finally:
             os.close(fd)
     try:
@@ -670,13 +664,41 @@ def _take_over_work_dir(ended: str, work: str, spec: ShimSpec) -> bool:
     return False
 
 
+def _made_own_if_bare(fd: int, spec: ShimSpec) -> bool:
+    """Make the directory open on `fd` the task's; True if it is bare then,
+    else it gets its owner and mode back."""
+    try:
+        before = os.fstat(fd)
+    except OSError:
+        return False
+    try:
+        if spec.uid is not None and spec.gid is not None:
+            os.fchown(fd, spec.uid, spec.gid)
+        os.fchmod(fd, PRIVATE_DIR_MODE)
+        if _bare_dir(fd):
+            return True
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        os.fchown(fd, before.st_uid, before.st_gid)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, stat.S_IMODE(before.st_mode))
+    return False
+
+
 def _bare_dir(fd: int) -> bool:
     """No entry, and no extended attribute (an ACL, or data) but a security
     module's label, which every file carries where one is in force."""
     with os.scandir(fd) as entries:
         if next(entries, None) is not None:
             return False
-    return all(name.startswith("security.") for name in os.listxattr(fd))
+    try:
+        names = os.listxattr(fd)
+    except OSError as exc:
+        if exc.errno == errno.EOPNOTSUPP:
+            return True  # a filesystem without extended attributes has none to leave
+        raise
+    return all(name.startswith("security.") for name in names)
 
 
 def _script_file(script: str) -> int:

@@ -144,3 +144,30 @@ def test_without_a_bare_directory_to_take_over_a_new_one_is_made(tmp_path: Path,
 
     assert stat.S_IMODE(os.stat(work).st_mode) == 0o700 and list(work.iterdir()) == []
     assert elsewhere.is_dir()  # a directory outside the work root is never moved
+
+
+@pytest.mark.parametrize(
+    ("failure", "taken_over"),
+    [(errno.EOPNOTSUPP, True), (errno.EIO, False)],
+    ids=["filesystem-without-extended-attributes", "attributes-unreadable"],
+)
+def test_extended_attributes_that_cannot_be_listed(tmp_path: Path, monkeypatch, failure: int, taken_over: bool):
+    # Where the filesystem keeps none, none can be left behind; where the look
+    # itself fails, the directory goes back to its task unchanged.
+    ended = ended_dir(tmp_path, nothing)
+    before = os.stat(ended)
+    work = tmp_path / "alice.next.0.main.0.0"
+
+    def unlistable(_target):
+        raise OSError(failure, os.strerror(failure))
+
+    monkeypatch.setattr(local_shim.os, "listxattr", unlistable)
+    local_shim._provide_work_dir(spec_for(work, offered=ended))
+
+    assert (os.stat(work).st_ino == before.st_ino) is taken_over
+    assert stat.S_IMODE(os.stat(work).st_mode) == 0o700
+    if not taken_over:
+        kept = os.stat(ended)
+        assert (kept.st_ino, kept.st_uid, kept.st_gid, kept.st_mode) == (
+            before.st_ino, before.st_uid, before.st_gid, before.st_mode
+        )
