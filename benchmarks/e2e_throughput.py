@@ -15,7 +15,9 @@ platform running on the machine, then for each configuration:
    first intake (createdTime) to the last completion (completedTime), submit->
    launch p50/p99, the CPU seconds each process used per job, NATS messages per
    job (nats-server's /varz), the event stream's messages per job and kind and
-   each bucket's writes per job, and the load average.
+   each bucket's writes per job, the load average, and how long a fixed Python
+   loop took just before (`python_loop_s_before`: the machine's speed, which
+   moves every figure with it; compare runs taken at different times by it).
 
 CPU per job comes from /proc/<pid>/stat before and after the burst: utime+stime
 of each service process, nats-server, and the launcher's fork server; the fork
@@ -72,7 +74,7 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector  # noqa: E402
 
 from benchmarks import e2e_profile, e2e_trace  # noqa: E402
 from benchmarks.jobs import trivial_job  # noqa: E402
-from benchmarks.stats import percentile  # noqa: E402
+from benchmarks.stats import percentile, python_loop_seconds  # noqa: E402
 from cli.up import SERVICES, Platform  # noqa: E402
 from libs.common import busauth, machine  # noqa: E402
 from libs.common.bus import Bus  # noqa: E402
@@ -359,6 +361,7 @@ async def measure(platform: Platform, conn, result: dict, args, nats_monitor: in
             processes = Processes(platform)  # after the idle jobs: the fork server is started by the first task
 
             prefix = "burst-"
+            loop_seconds = python_loop_seconds()
             load_before = os.getloadavg()
             cpu_before, varz_before = processes.snapshot(), varz(nats_monitor)
             seq_before = await stream_sequences(bus)
@@ -411,6 +414,9 @@ async def measure(platform: Platform, conn, result: dict, args, nats_monitor: in
                                    for name in seq_after if seq_after[name] != seq_before.get(name, 0)},
                 "events_per_job_by_kind": {k: round(v / done, 2) for k, v in
                                            (await events_per_kind(bus, prefix)).items()},
+                # The machine's speed just before the burst (stats.python_loop_seconds):
+                # compare runs taken at different times with it at hand.
+                "python_loop_s_before": loop_seconds,
                 "load_average_before": [round(x, 2) for x in load_before],
                 "load_average_after": [round(x, 2) for x in load_after],
             }

@@ -20,9 +20,12 @@ TaskFinished reaching the consumer, p50 and p99. `one_at_a_time` starts tasks
 one after another on an idle backend, each after the previous ended: the
 latency a single job sees. Other load on the machine shows in the figures:
 `load_average` is printed too, and `cpu_bound_tasks_per_s` (cpus divided by
-CPU time per task) is the rate an otherwise idle machine would allow. Each
-task creates two directories and a file, so the filesystem of the data dir
-matters (`--dir`, default: the temp dir).
+CPU time per task) is the rate an otherwise idle machine would allow, and
+`python_loop_s` the machine's speed when the run began (a fixed Python loop:
+compare runs taken at different times with it). Each task creates a
+directory and a file, and its working directory unless it takes over one an
+ended task left bare, so the filesystem of the data dir matters (`--dir`,
+default: the temp dir).
 
 As root, tasks run as the launcher runs them, under a uid per job with no
 groups (local_users; the shim forks and drops privileges for each), unless
@@ -46,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.stats import percentile  # noqa: E402
+from benchmarks.stats import percentile, python_loop_seconds  # noqa: E402
 from libs.common.messages import JobState, TaskPlacement  # noqa: E402
 from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
 from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, TaskRunning  # noqa: E402
@@ -292,6 +295,7 @@ def main() -> None:
         "benchmark": "launch_throughput",
         "cpus": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python_loop_s": python_loop_seconds(),  # the machine's speed now (stats.python_loop_seconds)
         "target_tasks_per_s": 500,
         "data_dir_parent": args.dir or tempfile.gettempdir(),
         # fork + setuid per task (as the launcher runs as root), or posix_spawn
