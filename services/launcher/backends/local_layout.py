@@ -24,8 +24,8 @@ that does not decode, which readers skip, and the next writer's line break sets
 its record apart. The exit is appended rather than kept in a file of its own
 because creating a file costs many times what an append does (on ext4 without a
 journal, a creation soon after many deletions steps over each recently freed
-inode: half a millisecond), and a task already creates its two directories and
-spec.json. Launchers before this layout wrote the exit to `exit.json`
+inode: half a millisecond), and a task already creates its directory and
+spec.json (and its working directory, when it takes over none). Launchers before this layout wrote the exit to `exit.json`
 (LEGACY_EXIT); a task left running by one is still read from there.
 
 The task's working directory (PAI_WORK_DIR) is apart, `<data_dir>/work/<key.slug>/`,
