@@ -17,7 +17,15 @@ platform running on the machine, then for each configuration:
    job (nats-server's /varz), the event stream's messages per job and kind and
    each bucket's writes per job, the load average, and how long a fixed Python
    loop took just before (`python_loop_s_before`: the machine's speed, which
-   moves every figure with it; compare runs taken at different times by it).
+   moves every figure with it; compare runs taken at different times by it);
+   and where a job's time went between its events (`stages`, e2e_stages.py: a
+   cell is held from its job's placement to its release, so on the 64 cells
+   that time bounds the jobs finished per second).
+
+The burst's clients are lean HTTP/1.1 clients on asyncio streams (`Submitter`):
+they share the machine's two cores with the platform, and aiohttp's client took
+0.20-0.27 ms of CPU per submission against their 0.08-0.10 (`client_cpu_ms_per_job`).
+`--client aiohttp` submits through aiohttp's client instead.
 
 CPU per job comes from /proc/<pid>/stat before and after the burst: utime+stime
 of each service process, nats-server, and the launcher's fork server; the fork
@@ -48,7 +56,8 @@ per configuration, each service's top functions by own time and its samples
 grouped by step (HTTP, validation, KV writes, publishes, acks, fetches, core, ...)
 to DIR/<config>.json and DIR/<config>.txt, plus the raw stacks.
 
-    python benchmarks/e2e_throughput.py [--jobs 1000] [--clients 16] [--config default|slots64|both]
+    python benchmarks/e2e_throughput.py [--jobs 1000] [--clients 16] [--client streams|aiohttp]
+                                        [--config default|slots64|both]
                                         [--idle-jobs 30] [--timeout 900] [--profile DIR] [--data-dir DIR]
 """
 
@@ -56,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -72,7 +82,7 @@ sys.path.insert(0, str(ROOT))
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector  # noqa: E402
 
-from benchmarks import e2e_profile, e2e_trace  # noqa: E402
+from benchmarks import e2e_profile, e2e_stages, e2e_trace  # noqa: E402
 from benchmarks.jobs import trivial_job  # noqa: E402
 from benchmarks.stats import percentile, python_loop_seconds  # noqa: E402
 from cli.up import SERVICES, Platform  # noqa: E402
@@ -258,6 +268,7 @@ class Api:
     def __init__(self, session: ClientSession, url: str, token: str):
         self.session = session
         self.url = url
+        self.token = token
         self.headers = {"Authorization": f"Bearer {token}"}
 
     async def submit(self, name: str) -> tuple[int, str]:
@@ -279,6 +290,62 @@ class Api:
         async with self.session.get(f"{self.url}/api/v2/jobs?keyword={prefix}&limit=10000",
                                     headers=self.headers) as resp:
             return await resp.json()
+
+
+class Submitter:
+    """One burst client's keep-alive HTTP/1.1 connection to rest, for submissions.
+
+    The burst's clients run on the cores the platform uses, and aiohttp's client
+    costs about a quarter of a millisecond of CPU per request: some 7% of all the
+    CPU a trivial job takes, taken from the platform while it is measured. This
+    client writes the request and reads the answer (status line, headers, body by
+    Content-Length or chunks) with asyncio streams, a request at a time on its
+    connection, as an aiohttp client with one connection does. `--client aiohttp`
+    measures with aiohttp's client instead."""
+
+    def __init__(self, url: str, token: str):
+        host_port = url.split("://", 1)[1].rstrip("/")
+        self.host, _, port = host_port.partition(":")
+        self.port = int(port or 80)
+        self.head = (f"POST /api/v2/jobs HTTP/1.1\r\nHost: {host_port}\r\nAuthorization: Bearer {token}\r\n"
+                     "Content-Type: text/yaml\r\nContent-Length: ").encode()
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def submit(self, name: str) -> tuple[int, str]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        body = trivial_job(name)
+        self.writer.write(self.head + str(len(body)).encode() + b"\r\n\r\n" + body)
+        status = int((await self.reader.readline()).split(b" ", 2)[1])
+        length, chunked, close = 0, False, False
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            field, _, value = line.partition(b":")
+            field, value = field.strip().lower(), value.strip().lower()
+            if field == b"content-length":
+                length = int(value)
+            elif field == b"transfer-encoding":
+                chunked = value == b"chunked"
+            elif field == b"connection":
+                close = value == b"close"
+        if chunked:
+            answer = b""
+            while size := int((await self.reader.readline()).split(b";")[0], 16):
+                answer += await self.reader.readexactly(size + 2)
+            await self.reader.readline()  # the last chunk's line break (no trailers)
+        else:
+            answer = await self.reader.readexactly(length)
+        if close:
+            await self.close()
+        return status, answer[:300].decode(errors="replace")
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(OSError):
+                await self.writer.wait_closed()
+        self.reader = self.writer = None
 
 
 def summary_ms(values: list[float]) -> dict[str, float | None]:
@@ -314,8 +381,9 @@ async def idle_phase(api: Api, bus: Bus, prefix: str, jobs: int, deadline: float
     return summary_ms(latencies), trace
 
 
-async def burst_phase(api: Api, prefix: str, jobs: int, clients: int, deadline: float) -> dict:
-    """`jobs` submitted by `clients` workers, then waited for until all SUCCEEDED (or the deadline)."""
+async def burst_phase(api: Api, prefix: str, jobs: int, clients: int, deadline: float, client: str) -> dict:
+    """`jobs` submitted by `clients` workers (each a `Submitter`, or aiohttp's client when `client`
+    is "aiohttp"), then waited for until all SUCCEEDED (or the deadline)."""
     queue: asyncio.Queue[str] = asyncio.Queue()
     for n in range(jobs):
         queue.put_nowait(f"{prefix}{n}")
@@ -323,12 +391,17 @@ async def burst_phase(api: Api, prefix: str, jobs: int, clients: int, deadline: 
     rejected: list[str] = []
 
     async def worker() -> None:
-        while not queue.empty():
-            name = queue.get_nowait()
-            status, body = await api.submit(name)
-            statuses[str(status)] = statuses.get(str(status), 0) + 1
-            if status >= 300 and len(rejected) < 5:
-                rejected.append(f"{name}: HTTP {status} {body}")
+        own = Submitter(api.url, api.token) if client == "streams" else api
+        try:
+            while not queue.empty():
+                name = queue.get_nowait()
+                status, body = await own.submit(name)
+                statuses[str(status)] = statuses.get(str(status), 0) + 1
+                if status >= 300 and len(rejected) < 5:
+                    rejected.append(f"{name}: HTTP {status} {body}")
+        finally:
+            if isinstance(own, Submitter):
+                await own.close()
 
     began = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(clients)))
@@ -368,7 +441,7 @@ async def measure(platform: Platform, conn, result: dict, args, nats_monitor: in
             client_cpu_before = time.process_time()
             profiler = e2e_profile.Profiler.start(processes.pids, profile_dir, config_name) if profile_dir else None
             try:
-                burst = await burst_phase(api, prefix, args.jobs, args.clients, deadline)
+                burst = await burst_phase(api, prefix, args.jobs, args.clients, deadline, args.client)
             finally:
                 if profiler is not None:
                     profiler.stop()
@@ -383,14 +456,16 @@ async def measure(platform: Platform, conn, result: dict, args, nats_monitor: in
             created = [r["createdTime"] for r in rows if r.get("createdTime")]
             completed = [r["completedTime"] for r in rows if r.get("state") == "SUCCEEDED" and r.get("completedTime")]
             launch = []
+            details: dict[str, dict] = {}
             for start in range(0, len(rows), 32):  # after the measured window: these GETs cost nothing counted
                 got = await asyncio.gather(*(api.job(r["name"]) for r in rows[start:start + 32]))
+                details.update((r["name"], g) for r, g in zip(rows[start:start + 32], got))
                 launch += [g["appLaunchedTime"] - g["createdTime"] for g in got
                            if g.get("appLaunchedTime") and g.get("createdTime")]
             span = (max(completed) - min(created)) / 1000 if completed and created else None
             submit_span = (max(created) - min(created)) / 1000 if len(created) > 1 else None
             result["burst"] = {
-                "jobs": args.jobs, "clients": args.clients, "accepted": burst["accepted"],
+                "jobs": args.jobs, "clients": args.clients, "client": args.client, "accepted": burst["accepted"],
                 "succeeded": burst["succeeded"], "timed_out": burst["timed_out"],
                 "http_statuses": burst["statuses"], "rejected_examples": burst["rejected_examples"],
                 "submissions_per_s_client": round(burst["accepted"] / burst["submit_seconds"], 1),
@@ -420,6 +495,7 @@ async def measure(platform: Platform, conn, result: dict, args, nats_monitor: in
                 "load_average_before": [round(x, 2) for x in load_before],
                 "load_average_after": [round(x, 2) for x in load_after],
             }
+            result["burst"]["stages"] = e2e_stages.stages(await e2e_stages.stored_times(bus.js, prefix), details)
             if profiler is not None:
                 result["profile"] = profiler.summarise()
     finally:
@@ -472,6 +548,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--client", choices=("streams", "aiohttp"), default="streams",
+                        help="the burst's HTTP client: a lean one on asyncio streams (Submitter), or aiohttp's")
     parser.add_argument("--config", choices=("default", "slots64", "both"), default="both")
     parser.add_argument("--idle-jobs", type=int, default=30)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration before giving up")
