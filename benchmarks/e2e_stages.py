@@ -1,16 +1,21 @@
 """Where a burst job's time goes between its events, for benchmarks/e2e_throughput.py.
 
 Reads every event the burst's jobs left in the event stream with the time
-JetStream stored it (one clock: nats-server's), and reports per stage the
-p50/p99 over the jobs:
+JetStream stored it (one clock: nats-server's), adds each job's launch and
+completion times from its status document (the same machine's clock), and
+reports per step the p50/p99 over the jobs:
 
 - `submitted_to_placed`: rest stored JobSubmitted -> the scheduler stored
   JobPlaced (the job's wait for a cell and the scheduler's reaction);
-- `placed_to_started`: -> the launcher stored TaskStarted (its reaction, the
-  shim's start);
-- `started_to_exited`: -> the launcher stored TaskExited (the task, its shim's
-  report, the launcher's reaction);
-- `exited_to_released`: -> the launcher stored JobReleased;
+- `placed_to_launched`: -> the shim saw the task running (the launcher's
+  transaction, the job's record written, the shim's start);
+- `launched_to_completed`: -> the launcher applied the task's end (the task,
+  its shim's report, the launcher's group commit);
+- `completed_to_released`: -> the launcher stored JobReleased (the record
+  written, then the events);
+- `placed_to_started`, `started_to_exited`, `exited_to_released`,
+  `placed_to_released`: the same span by stored events alone (a trivial task's
+  TaskStarted waits for its end, so the three are stored together);
 - `released_to_next_placed`: from a JobReleased to the first JobPlaced stored
   after it, while some job was waiting (the scheduler's reaction to a freed cell).
 

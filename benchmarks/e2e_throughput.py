@@ -318,7 +318,10 @@ class Submitter:
         assert self.reader is not None
         body = trivial_job(name)
         self.writer.write(self.head + str(len(body)).encode() + b"\r\n\r\n" + body)
-        status = int((await self.reader.readline()).split(b" ", 2)[1])
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError(f"rest closed the connection before answering the submission of {name}")
+        status = int(status_line.split(b" ", 2)[1])
         length, chunked, close = 0, False, False
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             field, _, value = line.partition(b":")
