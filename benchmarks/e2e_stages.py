@@ -77,11 +77,7 @@ def stages(times: dict[str, dict[str, float]], details: dict[str, dict] | None =
     saw the task running) and completion time (the launcher applied its end)
     split a placement's time further."""
     report: dict[str, dict[str, float | None]] = {}
-    for job, doc in (details or {}).items():
-        kinds = times.get(job)
-        if kinds is not None and doc.get("appLaunchedTime") and doc.get("completedTime"):
-            kinds["launched"] = doc["appLaunchedTime"] / 1000
-            kinds["completed"] = doc["completedTime"] / 1000
+    times = {job: {**kinds, **_launch_and_completion((details or {}).get(job, {}))} for job, kinds in times.items()}
     for name, start, end in STAGES:
         spans = [(kinds[end] - kinds[start]) * 1000 for kinds in times.values() if start in kinds and end in kinds]
         report[name] = _summary(spans)
@@ -98,6 +94,13 @@ def stages(times: dict[str, dict[str, float]], details: dict[str, dict] | None =
             reactions.append((placed[following] - released) * 1000)
     report["released_to_next_placed"] = _summary(reactions)
     return report
+
+
+def _launch_and_completion(doc: dict) -> dict[str, float]:
+    """A job status document's launch and completion times (s), when it has both."""
+    if doc.get("appLaunchedTime") and doc.get("completedTime"):
+        return {"launched": doc["appLaunchedTime"] / 1000, "completed": doc["completedTime"] / 1000}
+    return {}
 
 
 def _summary(spans: list[float]) -> dict[str, float | None]:
