@@ -54,7 +54,7 @@ from libs.common.messages import JobState, TaskPlacement  # noqa: E402
 from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
 from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, TaskRunning  # noqa: E402
 from services.launcher.backends.local import LocalBackend  # noqa: E402
-from services.launcher.backends.local_layout import REPORTED, read_task_exit  # noqa: E402
+from services.launcher.backends.local_layout import TaskFiles, read_task_exit  # noqa: E402
 # Imported here, not in the measured run: the launcher's shell brings in the NATS client.
 from services.launcher.service import BATCH_MAX, backend_batches  # noqa: E402
 
@@ -98,9 +98,7 @@ class Timings:
     def report(self, backend: LocalBackend, tasks: int, began: float, all_started: float, ended: float) -> dict:
         exit_to_recorded = []
         for key, seen in self.finished.items():
-            task_dir = backend.tasks_dir / key.slug
-            # forget() renames spec.json once the launcher recorded the exit
-            record = read_task_exit(str(task_dir)) or read_task_exit(str(task_dir), REPORTED)
+            record = read_task_exit(TaskFiles(str(backend.tasks_dir / key.slug)))
             if record is not None and record.finishedAt:
                 exit_to_recorded.append(seen - record.finishedAt)
         to_running = [self.running[k] - self.started[k] for k in self.running if k in self.started]

@@ -23,7 +23,16 @@ from libs.common.messages import TaskPlacement
 from services.launcher.backends import local as local_backend
 from services.launcher.backends.local import LocalBackend
 from services.launcher.backends.local_doorbell import FINISHED_BELL, Doorbell
-from services.launcher.backends.local_layout import LEGACY_EXIT, SPEC, ShimSpec, read_task_spec
+from services.launcher.backends.local_layout import (
+    LEGACY_EXIT,
+    LEGACY_REPORTED,
+    LEGACY_SPEC,
+    OUTPUT_LOG,
+    STDERR_LOG,
+    ShimSpec,
+    TaskFiles,
+    read_task_spec,
+)
 from services.launcher.backends.local_logs import CappedLog, read_log
 from services.launcher.backends.local_shim import BASH
 from services.launcher.core.tasks import (
@@ -121,8 +130,13 @@ async def wait_until(condition: Callable[[], bool]) -> None:
         await asyncio.sleep(0.02)
 
 
+def task_file(backend: LocalBackend, key: TaskKey, name: str) -> Path:
+    """The task's file `name` (OUTPUT_LOG, ...), beside its record."""
+    return Path(TaskFiles(str(backend.tasks_dir / key.slug)).beside(name))
+
+
 def shim_pid(backend: LocalBackend, key: TaskKey) -> int:
-    spec = read_task_spec(str(backend.tasks_dir / key.slug), ShimSpec)
+    spec = read_task_spec(TaskFiles(str(backend.tasks_dir / key.slug)), ShimSpec)
     assert spec is not None and spec.shim is not None
     return spec.shim.shimPid
 
@@ -228,7 +242,7 @@ async def test_exit_code_and_signal_are_reported(
 async def test_a_malformed_finished_bell_neither_ends_a_task_early_nor_stops_the_backend(local: Harness):
     """Anything on this machine can write to the abstract doorbell socket: a bell
     saying a task finished, with a record that is cut short or none at all, is
-    checked against the exit recorded in its spec.json, which it does not have yet."""
+    checked against the exit recorded in its record, which it does not have yet."""
     task = launch("bell-forged", "sleep 1.5", "exit 4")
     await local.backend.start(task)
     await local.events.running(task.key)
@@ -263,7 +277,7 @@ async def test_the_log_tail_comes_with_the_exit_and_the_log_can_be_read(local: H
     assert full.endswith(finished.userLogTail.encode())
     assert tail == b"Traceback: something broke\n"
     assert Path(finished.logPath).read_bytes() == full
-    assert (Path(finished.logPath).parent / "stderr.log").read_text() == "Traceback: something broke\n"
+    assert task_file(local.backend, task.key, STDERR_LOG).read_text() == "Traceback: something broke\n"
 
 
 async def test_a_capped_log_keeps_its_end(tmp_path: Path):
@@ -276,8 +290,8 @@ async def test_a_capped_log_keeps_its_end(tmp_path: Path):
     finally:
         await harness.close()
 
-    task_dir = harness.backend.tasks_dir / task.key.slug
-    on_disk = sum(path.stat().st_size for path in task_dir.glob("output.log*") if path.suffix != ".dropped")
+    logs = harness.backend.tasks_dir.glob(f"{task.key.slug}.{OUTPUT_LOG}*")
+    on_disk = sum(path.stat().st_size for path in logs if path.suffix != ".dropped")
     assert finished.exitCode == 0
     assert on_disk <= cap
     assert log.startswith(b"[PAI: log capped at 65536 bytes;")
@@ -707,26 +721,69 @@ async def test_a_forgotten_task_is_not_reported_again_but_keeps_its_log(tmp_path
     assert log == b"kept\n"
 
 
-async def test_a_task_that_ended_under_the_previous_layout_is_reported_with_its_exit(tmp_path: Path):
-    """Shims of launchers before the exit was appended to spec.json wrote it to
-    exit.json, and shims outlive their launcher: a task that ended that way while
-    the launcher was being upgraded is reported with its real exit."""
+def as_old_directory(record: Path, *, exit_in_own_file: bool = False, reported: bool = False) -> None:
+    """Turn a task's record and logs into the directory that launchers before
+    single-file records kept: spec.json (reported.json once reported), exit.json
+    before exits were appended, and the logs inside."""
+    spec_line, _, exit_line = record.read_bytes().partition(b"\n")
+    exit_line = exit_line.strip().split(b"\n")[0]
+    logs = {name: Path(f"{record}.{name}") for name in (OUTPUT_LOG, STDERR_LOG)}
+    record.unlink()
+    record.mkdir()
+    (record / (LEGACY_REPORTED if reported else LEGACY_SPEC)).write_bytes(
+        spec_line if exit_in_own_file else spec_line + b"\n" + exit_line + b"\n")
+    if exit_in_own_file:
+        (record / LEGACY_EXIT).write_bytes(exit_line)
+    for name, path in logs.items():
+        if path.exists():
+            path.rename(record / name)
+
+
+@pytest.mark.parametrize("exit_in_own_file", [False, True], ids=["exit-appended", "exit-json"])
+async def test_a_task_that_ended_under_a_previous_layout_is_reported_with_its_exit(tmp_path: Path,
+                                                                                   exit_in_own_file: bool):
+    """Launchers before single-file records kept a directory per task, and their
+    shims, which outlive them, wrote the exit into it (into exit.json before
+    exits were appended): a task that ended that way while the launcher was
+    being upgraded is reported with its real exit and log."""
     first = await open_harness(tmp_path)
     task = launch("old-layout", "echo from before", "exit 6")
     await first.run(task)
     await first.close()
-    task_dir = first.backend.tasks_dir / task.key.slug
-    spec_line, _, exit_line = (task_dir / SPEC).read_bytes().partition(b"\n")
-    (task_dir / SPEC).write_bytes(spec_line)
-    (task_dir / LEGACY_EXIT).write_bytes(exit_line.strip())
+    as_old_directory(first.backend.tasks_dir / task.key.slug, exit_in_own_file=exit_in_own_file)
 
     second = await open_harness(tmp_path)
     try:
         finished = await second.events.finished(task.key)
+        log = await second.backend.read_log(task.key)
+        await second.backend.forget(task.key)
     finally:
         await second.close()
 
-    assert (finished.exitCode, finished.userLogTail) == (6, "from before\n")
+    assert (finished.exitCode, finished.userLogTail, log) == (6, "from before\n", b"from before\n")
+    assert (first.backend.tasks_dir / task.key.slug / LEGACY_REPORTED).exists()
+
+
+async def test_a_task_reported_under_the_previous_layout_stays_reported_until_pruned(tmp_path: Path):
+    first = await open_harness(tmp_path)
+    task = launch("old-reported", "echo kept")
+    await first.run(task)
+    await first.close()
+    old_dir = first.backend.tasks_dir / task.key.slug
+    as_old_directory(old_dir, reported=True)
+
+    second = await open_harness(tmp_path)
+    try:
+        known = await second.backend.recover()
+        log = await second.backend.read_log(task.key)
+        await asyncio.sleep(0.3)
+        pruned = await second.backend.prune(task.key)
+    finally:
+        await second.close()
+
+    assert task.key not in known and second.events.of(task.key) == []
+    assert log == b"kept\n"
+    assert pruned and not old_dir.exists()
 
 
 async def test_one_data_dir_serves_one_launcher(local: Harness):

@@ -17,8 +17,9 @@ import pytest
 import pytest_asyncio
 
 from services.launcher.backends.local_direct import simple_argv
+from services.launcher.backends.local_layout import OUTPUT_LOG, TaskFiles
 from services.runtime.core import RuleEngine, default_rules
-from tests.component.test_local_backend import Harness, launch, open_harness
+from tests.component.test_local_backend import Harness, launch, open_harness, task_file
 from tests.unit.runtime.builders import task_exited
 
 USERS = [pytest.param(None, id="as-the-platforms-user")]
@@ -68,13 +69,13 @@ async def local(request: pytest.FixtureRequest, tmp_path: Path):
 def seen_by_the_user(harness: Harness, finished, slug: str) -> dict[str, object]:
     """What a user sees of a finished task, its task key (in paths and in bash's
     `pai-task-<key>: line 1:` prefix) made neutral."""
-    task_dir = harness.backend.tasks_dir / slug
+    files = TaskFiles(str(harness.backend.tasks_dir / slug))
 
     def neutral(text: str) -> str:
         return text.replace(slug, "<task>")
 
     def log(name: str) -> str | None:
-        path = task_dir / name
+        path = Path(files.beside(name))
         return (
             neutral(path.read_text()) if path.exists() else None
         )  # made on the first write
@@ -174,7 +175,7 @@ async def test_a_direct_run_gets_the_environment_directory_and_umask_bash_gives(
             task = launch(f"probe-{how}", command, env=env, index=index)
             finished = await local.run(task)
             assert finished.exitCode == 0, finished.userLogTail
-            text = (local.backend.tasks_dir / task.key.slug / "output.log").read_text()
+            text = task_file(local.backend, task.key, OUTPUT_LOG).read_text()
             lines = text.replace(task.key.slug, "<task>").splitlines()
             if how == "direct" and index == 0:
                 direct_env_tail = lines[-2:]

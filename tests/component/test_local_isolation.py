@@ -13,7 +13,8 @@ import pytest
 import pytest_asyncio
 
 from services.launcher.backends import local_users
-from tests.component.test_local_backend import Harness, launch, open_harness, read_pid
+from services.launcher.backends.local_layout import OUTPUT_LOG, STDERR_LOG
+from tests.component.test_local_backend import Harness, launch, open_harness, read_pid, task_file
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tasks change user only when the launcher runs as root")
 
@@ -43,7 +44,7 @@ async def isolated(data_dir: Path):
 
 
 def output(harness: Harness, key) -> str:
-    return (harness.backend.tasks_dir / key.slug / "output.log").read_text()
+    return task_file(harness.backend, key, OUTPUT_LOG).read_text()
 
 
 async def test_a_task_runs_as_its_jobs_own_uid_never_root(isolated: Harness):
@@ -145,13 +146,13 @@ async def test_secret_commands_reach_the_task_through_memory_only(isolated: Harn
     # ... not through its argv (readable by every user), nor an fd left open.
     assert SECRET not in (work / "cmdline.txt").read_text()
     assert sorted((work / "fds.txt").read_text().split(), key=int) == ["0", "1", "2"]
-    # spec.json keeps the references; no file but the task's own log holds the value.
-    spec = (isolated.backend.tasks_dir / task.key.slug / "spec.json").read_text()
+    # The record keeps the references; no file but the task's own log holds the value.
+    spec = (isolated.backend.tasks_dir / task.key.slug).read_text()
     assert "<% $secrets.token %>" in spec and SECRET not in spec
-    own_log = {isolated.backend.tasks_dir / task.key.slug / name for name in ("output.log", "stderr.log")}
+    own_log = {task_file(isolated.backend, task.key, name) for name in (OUTPUT_LOG, STDERR_LOG)}
     holding = [p for p in data_dir.rglob("*") if p.is_file() and p not in own_log and SECRET.encode() in p.read_bytes()]
     assert holding == []
-    assert stat.S_IMODE((isolated.backend.tasks_dir / task.key.slug / "output.log").stat().st_mode) == 0o600
+    assert stat.S_IMODE(task_file(isolated.backend, task.key, OUTPUT_LOG).stat().st_mode) == 0o600
 
 
 async def test_a_task_of_another_user_is_stopped_with_its_grace_and_readopted(isolated: Harness, data_dir: Path):

@@ -105,15 +105,15 @@ async def test_a_finished_jobs_files_go_after_the_retention_and_a_running_job_ke
         assert b"finished-output" in await launcher.shell._read_log(launcher.log_of(done))
         done_key = launcher.shell.core.job(done).current.tasks[0]
         slug = f"{ids.job_key(done)}"
-        task_dirs = [p for p in (tmp_path / "launcher" / "tasks").iterdir() if p.name.startswith(slug)]
+        task_files = [p for p in (tmp_path / "launcher" / "tasks").iterdir() if p.name.startswith(slug)]
         work_dirs = [p for p in (tmp_path / "launcher" / "work").iterdir() if p.name.startswith(slug)]
-        assert task_dirs and work_dirs and done_key.startRequested
+        assert len(task_files) >= 2 and work_dirs and done_key.startRequested  # its record and its log
 
         assert await launcher.shell.prune_once() == []  # younger than the retention
         await asyncio.sleep(RETENTION + 0.2)
         assert await launcher.shell.prune_once() == [done]
 
-        assert not any(p.exists() for p in task_dirs + work_dirs)
+        assert not any(p.exists() for p in task_files + work_dirs)
         # The record stays, saying when its files went; the log request says why there is none.
         stored, _ = await get_json(await launcher_bus.kv(Bucket.JOB_STATUS), ids.job_key(done), JobRecord)
         assert stored.state == JobState.SUCCEEDED and stored.logsPrunedAt is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from services.launcher.backends.local_layout import OUTPUT_LOG, STDERR_LOG, is_record_name
 from tests.integration.conftest import Api, job_yaml
 
 pytestmark = pytest.mark.integration
@@ -104,13 +105,13 @@ async def test_a_secret_reaches_its_task_and_nothing_else(platform: Api):
     assert holding(nats_dir, SECRET.encode()) == []
 
     # Every file of the data dir but the task's own log.
-    task_dirs = [path for path in (data / "launcher" / "tasks").iterdir() if path.name.startswith(f"admin.{name}.")]
-    own_logs = {task_dirs[0] / "output.log", task_dirs[0] / "stderr.log"}
-    assert SECRET.encode() in (task_dirs[0] / "output.log").read_bytes()  # the task's own output, as it printed it
+    tasks = data / "launcher" / "tasks"
+    records = [path for path in tasks.iterdir() if path.name.startswith(f"admin.{name}.") and is_record_name(path.name)]
+    own_logs = {Path(f"{records[0]}.{OUTPUT_LOG}"), Path(f"{records[0]}.{STDERR_LOG}")}
+    assert SECRET.encode() in Path(f"{records[0]}.{OUTPUT_LOG}").read_bytes()  # the task's own output, as it printed it
     assert holding(data, SECRET.encode(), but=own_logs) == []
-    # The task's record (spec.json, renamed reported.json once its exit is recorded).
-    record = next(task_dirs[0] / name for name in ("reported.json", "spec.json") if (task_dirs[0] / name).exists())
-    assert "<% $secrets.token %>" in record.read_text() and stat.S_IMODE(record.stat().st_mode) == 0o600
+    # The task's record keeps the references.
+    assert "<% $secrets.token %>" in records[0].read_text() and stat.S_IMODE(records[0].stat().st_mode) == 0o600
 
 
 async def test_a_job_without_secrets_stores_none(platform: Api):

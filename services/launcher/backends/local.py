@@ -3,8 +3,9 @@
 How a task runs (local_layout: the files; local_forkserver, local_shim: the processes):
 - `start` sends the task's spec to a fork server (our child), which forks a
   shim for it (or one for several, under a burst). The shim claims the task by
-  creating its directory (mkdir fails if it exists, so a key runs at most once,
-  also across launcher restarts, and a second `start` only watches), then runs
+  creating its record `<data_dir>/tasks/<slug>` (O_EXCL: it fails if it exists,
+  so a key runs at most once, also across launcher restarts, and a second
+  `start` only watches; local_layout), then runs
   the commands, joined by newlines, as `bash --noprofile --norc -e -c` in a new
   session: one command after another, stopping at the first that fails
   (bash's errexit rules, like a CI step), in its working directory
@@ -34,13 +35,13 @@ How a task runs (local_layout: the files; local_forkserver, local_shim: the proc
   `launch.env` (PAI_*, CUDA_VISIBLE_DEVICES), then PAI_WORK_DIR (the task's
   working directory) and PAI_TASK_KEY (the task's slug, which marks its
   processes).
-- Logs: `output.log` (stdout and stderr interleaved as they arrive) and
-  `stderr.log`, each capped at `log_cap_bytes` keeping the newest output
+- Logs: `<slug>.output.log` (stdout and stderr interleaved as they arrive) and
+  `<slug>.stderr.log`, beside the record, each capped at `log_cap_bytes` keeping the newest output
   (local_logs). TaskFinished carries the last 64 KiB of output.log.
 - Bounds: cgroup v2 where allowed, else RLIMIT_DATA, else none (local_limits);
   TaskRunning.detail says which ("limits: ..."). `dockerImageUri` is recorded
   and reported there as ignored.
-- Stop: `kill` leaves an order (reason, grace) in the directory and signals the
+- Stop: `kill` leaves an order (reason, grace) beside the record and signals the
   shim, which sends SIGTERM to every process of the task (its group, its
   cgroup, and the descendants that carry its marker, including those that
   called setsid), and SIGKILL to whatever is left after the grace period; the
@@ -104,9 +105,7 @@ from services.launcher.backends.local_layout import (
     LIMITS_RLIMIT,
     OUTPUT_LOG,
     PRIVATE_DIR_MODE,
-    REPORTED,
     SECRET_SEPARATOR,
-    SPEC,
     TASK_KEY_ENV,
     TASKS_DIR,
     TRAVERSE_ONLY_MODE,
@@ -116,15 +115,21 @@ from services.launcher.backends.local_layout import (
     KillRequest,
     ShimRecord,
     ShimSpec,
+    TaskFiles,
     append_exit,
     choose_work_root,
-    claim_dir,
+    claim,
     decode_record,
     encode,
+    is_record_name,
     make_own_dir,
+    mark_reported,
+    read_task,
     read_task_exit,
     read_task_spec,
+    remove_task_files,
     with_sent_at,
+    write_and_close,
     write_replacing,
 )
 from services.launcher.backends.local_logs import read_log
@@ -149,8 +154,8 @@ STOP_MARGIN_SECONDS = 5.0
 _STOP_POLL_SECONDS = 0.05
 # Starts between two turns of the event loop (`start`).
 STARTS_PER_YIELD = 8
-# A task directory still without its spec this long after it was created
-# belongs to a claimer that died in between.
+# A task record still without its spec this long after it was created belongs
+# to a claimer that died in between.
 CLAIM_WRITE_SECONDS = 10.0
 # A task sent to the fork server but claimed by no shim this long after is sent
 # again (a shim that died, or was stopped, before it read its feed; a second
@@ -166,7 +171,7 @@ _encoder = msgspec.json.Encoder()
 
 
 class TaskSpec(ShimSpec, frozen=True, kw_only=True, omit_defaults=True):
-    """spec.json as the backend writes it: the shim's part plus what recovery needs."""
+    """A task's spec as the backend writes it: the shim's part plus what recovery needs."""
 
     key: TaskKey
     node: str
@@ -178,15 +183,13 @@ class TaskSpec(ShimSpec, frozen=True, kw_only=True, omit_defaults=True):
 
 class _Task:
     __slots__ = (
-        "key", "path", "node", "image", "spec_line", "sent_generation", "sent_at",
+        "key", "files", "node", "image", "spec_line", "sent_generation", "sent_at",
         "claim", "running_reported", "finished",
     )
 
-    def __init__(self, key: TaskKey, task_path: str, node: str, image: str | None):
+    def __init__(self, key: TaskKey, files: TaskFiles, node: str, image: str | None):
         self.key = key
-        # Strings on the per-task paths (start, the doorbell's reports): pathlib's
-        # `/` costs a microsecond or more each time; `dir` for the rarer ones.
-        self.path = task_path
+        self.files = files
         self.node = node
         self.image = image
         self.spec_line: bytes | None = None  # kept until a shim claims the task
@@ -195,10 +198,6 @@ class _Task:
         self.claim: ShimRecord | None = None
         self.running_reported = False
         self.finished = asyncio.Event()
-
-    @property
-    def dir(self) -> Path:
-        return Path(self.path)
 
 
 class LocalBackend:
@@ -278,10 +277,9 @@ class LocalBackend:
         await self._ensure_running()
         known = []
         for entry in sorted(os.scandir(self.tasks_dir), key=lambda e: e.name):
-            task_dir = Path(entry.path)
-            if (task_dir / REPORTED).exists():
+            if not is_record_name(entry.name):
                 continue
-            task = self._tasks.get(entry.name) or self._adopt(task_dir)
+            task = self._tasks.get(entry.name) or self._adopt(TaskFiles(entry.path, in_dir=entry.is_dir()))
             if task is not None:
                 known.append(task.key)
                 self._check(task)
@@ -297,14 +295,15 @@ class LocalBackend:
             return
         task_path = os.path.join(self._tasks_path, slug)
         node = launch.placement.node or self.node_names[0]
-        task = _Task(launch.key, task_path, node, launch.dockerImageUri)
+        found = TaskFiles.found(task_path)
+        task = _Task(launch.key, found or TaskFiles(task_path), node, launch.dockerImageUri)
         self._tasks[slug] = task
-        if os.path.exists(task_path):
+        if found is not None:
             return  # started before, perhaps by an earlier launcher: watch, never rerun
         identity = (self.task_users.uid_of(launch.key.job), self.task_users.gid) if self.task_users else (None, None)
         work_dir = os.path.join(self._work_root_path, slug)
         spec = TaskSpec(
-            taskDir=task_path,
+            taskPath=task_path,
             workDir=work_dir,
             takeOverWorkDir=self._ended_work_dirs.pop() if self._ended_work_dirs else "",
             uid=identity[0],
@@ -342,29 +341,29 @@ class LocalBackend:
         await self._ensure_running()
         reason = reason or "Killed"
         task = self._tasks.get(key.slug)
-        task_dir = self.tasks_dir / key.slug
         if task is None:
-            if not (task_dir / SPEC).exists() or (task_dir / REPORTED).exists():
-                return  # unknown, or finished and recorded
-            task = self._adopt(task_dir)
+            files = TaskFiles.found(os.path.join(self._tasks_path, key.slug))
+            # Unknown, finished and recorded, or claimed but not written: nothing runs.
+            task = self._adopt(files, quietly=True) if files is not None else None
             if task is None:
                 return
         if task.finished.is_set():
             return
-        if claim_dir(task_dir):
-            self._cancel(task, reason)  # no shim took it yet: it never starts
+        claimed = claim(task.files.path)
+        if claimed is not None:
+            self._cancel(task, reason, claimed)  # no shim took it yet: it never starts
             return
-        claim = await self._wait_for_claim(task)
-        if claim is None or task.finished.is_set() or read_task_exit(task.path) is not None:
+        claim_record = await self._wait_for_claim(task)
+        if claim_record is None or task.finished.is_set() or read_task_exit(task.files) is not None:
             self._check(task)
             return
-        write_replacing(task_dir / KILL, encode(KillRequest(reason=reason, graceSeconds=grace_seconds)))
+        write_replacing(task.files.beside(KILL), encode(KillRequest(reason=reason, graceSeconds=grace_seconds)))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_seconds + STOP_MARGIN_SECONDS
-        if _alive(claim):  # checked first: a reused pid must not get our signal
-            local_procs.signal_each([claim.shimPid], signal.SIGUSR1)
+        if _alive(claim_record):  # checked first: a reused pid must not get our signal
+            local_procs.signal_each([claim_record.shimPid], signal.SIGUSR1)
         while not task.finished.is_set():
-            if read_task_exit(task.path) is not None or not _alive(claim):
+            if read_task_exit(task.files) is not None or not _alive(claim_record):
                 self._check(task, stop_reason=reason)
             elif loop.time() > deadline:
                 # The shim did not end the task in time: end its processes
@@ -374,7 +373,7 @@ class LocalBackend:
                 try:
                     await asyncio.wait_for(task.finished.wait(), STOP_MARGIN_SECONDS)
                 except TimeoutError:
-                    log.error("shim %d did not record the stop of %s", claim.shimPid, key.slug)
+                    log.error("shim %d did not record the stop of %s", claim_record.shimPid, key.slug)
                 return
             try:
                 await asyncio.wait_for(task.finished.wait(), _STOP_POLL_SECONDS)
@@ -404,37 +403,34 @@ class LocalBackend:
             yield batch
 
     async def read_log(self, key: TaskKey, *, tail_bytes: int | None = None) -> bytes:
-        task_dir = self.tasks_dir / key.slug
-        if not task_dir.exists():
+        files = TaskFiles.found(os.path.join(self._tasks_path, key.slug))
+        if files is None:
             raise NotFound(f"no local task {key.slug}")
         return await asyncio.to_thread(
-            read_log, task_dir / OUTPUT_LOG, cap_bytes=self.log_cap_bytes, tail_bytes=tail_bytes
+            read_log, Path(files.beside(OUTPUT_LOG)), cap_bytes=self.log_cap_bytes, tail_bytes=tail_bytes
         )
 
     async def forget(self, key: TaskKey) -> None:
         slug = key.slug
         task = self._tasks.get(slug)
-        task_path = task.path if task is not None else os.path.join(self._tasks_path, slug)
-        try:
-            os.rename(os.path.join(task_path, SPEC), os.path.join(task_path, REPORTED))
-        except FileNotFoundError:
-            if os.path.exists(task_path):  # claimed, its spec not written: never report it
-                Path(task_path, REPORTED).touch()
+        files = task.files if task is not None else TaskFiles.found(os.path.join(self._tasks_path, slug))
+        if files is not None:
+            mark_reported(files)
         self._tasks.pop(slug, None)
 
     async def prune(self, key: TaskKey) -> bool:
-        """Remove a finished task attempt's directory (logs, exit record) and its
-        working directory (retention). A task whose exit is not recorded is left
-        alone, whatever the caller thinks. True when something was removed."""
-        task_dir = self.tasks_dir / key.slug
-        if key.slug in self._tasks or (task_dir.exists() and not (task_dir / REPORTED).exists()):
+        """Remove a finished task attempt's record, logs and working directory
+        (retention). A task whose exit is not recorded is left alone, whatever the
+        caller thinks. True when something was removed."""
+        files = TaskFiles.found(os.path.join(self._tasks_path, key.slug))
+        if key.slug in self._tasks or (files is not None and not read_task(files).reported):
             log.warning("not pruning %s: its exit is not recorded", key.slug)
             return False
-        removed = False
-        for path in (task_dir, self.work_root / key.slug):
-            if path.exists():
-                await asyncio.to_thread(shutil.rmtree, path, True)
-                removed = True
+        removed = files is not None and await asyncio.to_thread(remove_task_files, files)
+        work_dir = self.work_root / key.slug
+        if work_dir.exists():
+            await asyncio.to_thread(shutil.rmtree, work_dir, True)
+            removed = True
         return removed
 
     async def close(self) -> None:
@@ -553,13 +549,13 @@ class LocalBackend:
             return
         claim = task.claim or self._read_claim(task)
         if claim is None:
-            if not os.path.exists(task.path):
+            if not os.path.exists(task.files.path):
                 if (
                     task.sent_generation != self._server_generation  # the server that had it is gone
                     or time.monotonic() - task.sent_at > RESEND_SECONDS  # or the shim it went to
                 ):
                     self._send(task)  # claims dedupe
-            elif _age(task.dir) > CLAIM_WRITE_SECONDS:
+            elif _age(task.files.path) > CLAIM_WRITE_SECONDS:
                 # Claimed, but its spec never written: the claimer died at once.
                 self._declare_lost(task, stop_reason)
             return
@@ -572,14 +568,14 @@ class LocalBackend:
             self._declare_lost(task, stop_reason)
 
     def _read_claim(self, task: _Task) -> ShimRecord | None:
-        spec = read_task_spec(task.path, ShimSpec)
+        spec = read_task_spec(task.files, ShimSpec)
         if spec is not None and spec.shim is not None:
             task.claim = spec.shim
             task.spec_line = None
         return task.claim
 
     async def _wait_for_claim(self, task: _Task) -> ShimRecord | None:
-        """The claim of a directory a shim just created (its spec comes right after)."""
+        """The claim of a record a shim just created (its spec comes right after)."""
         for _ in range(int(CLAIM_WRITE_SECONDS / _STOP_POLL_SECONDS)):
             claim = task.claim or self._read_claim(task)
             if claim is not None or task.finished.is_set():
@@ -587,13 +583,14 @@ class LocalBackend:
             await asyncio.sleep(_STOP_POLL_SECONDS)
         return None
 
-    def _cancel(self, task: _Task, reason: str) -> None:
+    def _cancel(self, task: _Task, reason: str, claimed: int) -> None:
+        """Record a task this stop claimed (`claimed`: its record, open) as never started."""
         record = ShimRecord(shimPid=0, shimStartTicks=0, cancelled=True, claimedAt=self._clock())
         spec = TaskSpec(
-            taskDir=task.path, key=task.key, slug=task.key.slug, node=task.node,
+            taskPath=task.files.path, key=task.key, slug=task.key.slug, node=task.node,
             commands=[], env={}, cpu=0, memoryMB=0, shim=record,
         )
-        (task.dir / SPEC).write_bytes(encode(spec))
+        write_and_close(claimed, encode(spec))
         task.claim = record
         task.spec_line = None
         self._record_exit(task, reason, "stopped before it started")
@@ -607,15 +604,21 @@ class LocalBackend:
                 task, "Lost", "the task's shim died before recording its exit; its processes were killed"
             )
 
-    def _adopt(self, task_dir: Path) -> _Task | None:
-        spec = read_task_spec(str(task_dir), TaskSpec)
-        if spec is None:
-            if _age(task_dir) > CLAIM_WRITE_SECONDS:
-                # Claimed by a shim or a stop that died before writing the spec: nothing ran.
-                log.warning("removing %s: its claimer died before writing %s", task_dir, SPEC)
-                shutil.rmtree(task_dir, ignore_errors=True)
+    def _adopt(self, files: TaskFiles, *, quietly: bool = False) -> _Task | None:
+        """Watch a task found on disk; None when there is nothing to watch: its end
+        is recorded and reported, or its spec is not written. A record claimed by
+        a shim or a stop that died before writing the spec (nothing ran) is
+        removed once that is sure, unless `quietly`."""
+        found = read_task(files)
+        if found.reported:
             return None
-        task = _Task(spec.key, str(task_dir), spec.node, spec.dockerImageUri)
+        spec = decode_record(found.spec_line, TaskSpec) if found.spec_line else None
+        if spec is None:
+            if not quietly and _age(files.path) > CLAIM_WRITE_SECONDS:
+                log.warning("removing %s: its claimer died before writing its spec", files.path)
+                remove_task_files(files)
+            return None
+        task = _Task(spec.key, files, spec.node, spec.dockerImageUri)
         task.claim = spec.shim
         self._tasks[spec.key.slug] = task
         return task
@@ -631,7 +634,7 @@ class LocalBackend:
 
     def _report_finished(self, task: _Task, *, told: bytes = b"") -> bool:
         """Report the task's end from its exit record: `told`, the record as its
-        shim's bell carried it, else the one in spec.json (the bell rings only once
+        shim's bell carried it, else the one in its record (the bell rings only once
         the record is there, so both are the same). False: no exit recorded yet."""
         if task.finished.is_set():
             return True
@@ -639,13 +642,13 @@ class LocalBackend:
         if record is not None and record.startedAt is not None:
             self._ended_work_dirs.append(os.path.join(self._work_root_path, task.key.slug))
         if record is None:
-            record = read_task_exit(task.path)
+            record = read_task_exit(task.files)
         if record is None:
             return False
         if not task.running_reported and record.startedAt is not None:
             claim = task.claim or self._read_claim(task)
             self._report_running(task, claim.detail if claim else "", at=record.startedAt)
-        output = os.path.join(task.path, OUTPUT_LOG)
+        output = task.files.beside(OUTPUT_LOG)
         tail = b""
         if record.outputBytes:
             tail = read_log(Path(output), cap_bytes=self.log_cap_bytes, tail_bytes=USER_LOG_TAIL_BYTES)
@@ -674,7 +677,7 @@ class LocalBackend:
             platformMessage=message,
             finishedAt=self._clock(),
         )
-        append_exit(task.path, encode(record))
+        append_exit(task.files, encode(record))
         self._report_finished(task)
 
     def _kill_orphans(self, task: _Task) -> None:
@@ -711,9 +714,9 @@ def _alive(claim: ShimRecord, seen: dict[tuple[int, int], bool] | None = None) -
     return seen[shim]
 
 
-def _age(path: Path) -> float:
+def _age(path: str) -> float:
     try:
-        return time.time() - path.stat().st_mtime
+        return time.time() - os.stat(path).st_mtime
     except FileNotFoundError:
         return 0.0
 

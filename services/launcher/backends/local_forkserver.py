@@ -85,7 +85,7 @@ def _warm_up() -> None:
     for record_type in (ShimSpec, KillRequest, ShimRecord, ExitRecord):
         decoder(record_type)
     encode(ExitRecord(exitCode=0))
-    sample = ShimSpec(taskDir="/", slug="", commands=[], env={}, cpu=0, memoryMB=0)
+    sample = ShimSpec(taskPath="/", slug="", commands=[], env={}, cpu=0, memoryMB=0)
     decoder(ShimSpec).decode(with_claim(encode(sample), ShimRecord(shimPid=0, shimStartTicks=0)))
 
 

@@ -1,32 +1,46 @@
 """The on-disk record of one local task, shared by the local backend and its shims.
 
-Each task attempt owns `<data_dir>/tasks/<key.slug>/`; the directory *is* the
-durable record, so a launcher that restarts learns everything from it:
+Each task attempt owns the file `<data_dir>/tasks/<key.slug>`, its record, and
+the files beside it named `<slug>.<name>` (a slug ends with the attempt's
+number and holds no other name's dots, so no such name is another task's
+record). The record *is* the durable state, so a launcher that restarts learns
+everything from it:
 
-    spec.json      what to run, the identity of the shim running it, and, once
-                   it ended, how (an exit record appended as a line of its own);
-                   the directory is created (mkdir, which fails if it exists) by
-                   the shim that claims the task, or by a stop that cancels it
-                   first, and spec.json is written right after, so a task never
-                   starts twice
-    kill.json      a stop order (reason, grace) left for the shim
-    output.log     stdout and stderr interleaved in arrival order (what `read_log` gives)
-    stderr.log     stderr alone, so errors stay findable when stdout is chatty
-    *.log.1        the previous segment of a capped log (see local_logs)
-    reported.json  spec.json, renamed once the launcher recorded the exit
-                   (`forget`; a rename costs far less than creating a file); logs stay
+    <slug>             what to run, the identity of the shim running it, and, once
+                       it ended, how (an exit record appended as a line of its own),
+                       and, once the launcher recorded that end, REPORTED_LINE; the
+                       file is created (O_EXCL: it fails if the name exists) by the
+                       shim that claims the task, or by a stop that cancels it first,
+                       which writes the spec through the same descriptor, so a task
+                       never starts twice
+    <slug>.kill.json   a stop order (reason, grace) left for the shim
+    <slug>.output.log  stdout and stderr interleaved in arrival order (what `read_log` gives)
+    <slug>.stderr.log  stderr alone, so errors stay findable when stdout is chatty
+    <slug>.*.log.1     the previous segment of a capped log (see local_logs)
+    <slug>.shim.error  the shim's traceback, for a task it could not start
 
-spec.json is lines: the spec first (one JSON object, no line break inside), then
-each exit record written after a line break of its own (`append_exit`). A task
-has one exit writer at a time (its shim, or the backend once no shim can be
-alive), so there is one record; an append cut short by a crash leaves a line
-that does not decode, which readers skip, and the next writer's line break sets
-its record apart. The exit is appended rather than kept in a file of its own
-because creating a file costs many times what an append does (on ext4 without a
-journal, a creation soon after many deletions steps over each recently freed
-inode: half a millisecond), and a task already creates its directory and
-spec.json (and its working directory, when it takes over none). Launchers before this layout wrote the exit to `exit.json`
-(LEGACY_EXIT); a task left running by one is still read from there.
+The record is lines: the spec first (one JSON object, no line break inside), then
+each line appended after a line break of its own (`append_exit`,
+`mark_reported`). A task has one exit writer at a time (its shim, or the backend
+once no shim can be alive), so there is one exit record; an append cut short by
+a crash leaves a line that does not decode, which readers skip, and the next
+writer's line break sets its line apart.
+
+Why one file: creating an inode is the costly part of a record. On ext4 without
+a journal (this kind of machine's root filesystem) each creation steps over
+every inode freed in the last one to six minutes, so on a platform that prunes
+as fast as it starts tasks, each costs up to a millisecond; the exit and the
+reported mark are appended for the same reason, rather than kept in files of
+their own. A quiet task creates its record and nothing else (and its working
+directory, when it takes over none).
+
+Launchers before this layout kept each task in a directory `tasks/<slug>/`
+(spec.json, renamed reported.json once reported; kill.json, the logs and, before
+exits were appended, exit.json inside it). `TaskFiles.found` tells the two
+apart; a task such a launcher left is read, stopped, reported and pruned where
+it is. The same name fences both: a directory's `mkdir` and a file's `O_EXCL`
+each fail while the other's entry exists, so an old shim and a new one never
+both claim a task.
 
 The task's working directory (PAI_WORK_DIR) is apart, `<data_dir>/work/<key.slug>/`,
 so that a task, which may run as another user (local_users), can reach it and
@@ -39,9 +53,7 @@ bare (no entry, no extended attribute), made the new task's (local_shim's
 _provide_work_dir); one a task wrote to stays its own until retention.
 
 No fsync: these records must survive a launcher crash, and a machine crash
-takes the tasks with it anyway. Every file operation counts (hundreds of tasks a
-second on a small machine), so a quiet task creates one directory and one file
-(and its working directory, when none was there to take over).
+takes the tasks with it anyway.
 
 This module and the shim's import only the standard library and msgspec: shims
 are forks of a process that imported them, and a smaller process forks faster
@@ -58,18 +70,28 @@ from typing import TypeVar
 
 import msgspec
 
+from services.launcher.backends.local_logs import LOG_FILE_SUFFIXES
+
 TASKS_DIR = "tasks"
 WORK_ROOT = "work"
 # In the data dir: the name of its working directories' place outside it, when
 # they are moved there (choose_work_root).
 WORK_ROOT_ID = "work-root-id"
-SPEC = "spec.json"
+# Files beside a task's record, as `<slug>.<name>` (module doc).
 KILL = "kill.json"
-REPORTED = "reported.json"
-# Where shims of launchers before the exit was appended to spec.json wrote it.
-LEGACY_EXIT = "exit.json"
 OUTPUT_LOG = "output.log"
 STDERR_LOG = "stderr.log"
+SHIM_ERROR = "shim.error"
+SIDE_FILES = (KILL, SHIM_ERROR, *(log + suffix for log in (OUTPUT_LOG, STDERR_LOG) for suffix in LOG_FILE_SUFFIXES))
+_SIDE_SUFFIXES = tuple("." + name for name in SIDE_FILES)
+# The last line of a record the launcher has reported (`mark_reported`).
+REPORTED_LINE = b'{"reported":true}'
+# A task directory of a launcher before records were single files: the record
+# in it, that record once reported, and where shims before exits were appended
+# wrote the exit.
+LEGACY_SPEC = "spec.json"
+LEGACY_REPORTED = "reported.json"
+LEGACY_EXIT = "exit.json"
 
 # Every process of a task carries this variable: it tells which task a process
 # that started its own session belongs to (local_procs).
@@ -117,9 +139,11 @@ class ShimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     backend's JSON (`with_claim`), which must not carry a `shim` of its own.
     """
 
-    taskDir: str
+    # `tasks/<slug>`: the task's record (module doc); named taskDir on the wire,
+    # as in the records of launchers that kept a directory there.
+    taskPath: str = msgspec.field(name="taskDir")
     slug: str
-    workDir: str = ""  # "": `<taskDir>/work` (specs written before it was apart)
+    workDir: str = ""  # "": `<taskPath>/work` (specs written before it was apart)
     # The working directory of a task that ended, offered to this one: taken
     # over (renamed) if the ended task left it bare, rather than a new one made
     # (local_shim._provide_work_dir).
@@ -146,7 +170,7 @@ class ShimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     @property
     def work_dir(self) -> str:
-        return self.workDir or os.path.join(self.taskDir, "work")
+        return self.workDir or os.path.join(self.taskPath, "work")
 
 
 def with_claim(spec_json: bytes, record: ShimRecord) -> bytes:
@@ -221,40 +245,157 @@ def decode_record(data: bytes, record_type: type[T]) -> T | None:
         return None
 
 
-def read_task_spec(task_dir: str, spec_type: type[T]) -> T | None:
-    """The task's spec (the first line of its spec.json), or None while it is
-    not (yet) written whole."""
-    spec_line = _read_task_file(task_dir)[0]
+class TaskFiles:
+    """Where one task attempt's files are: its record `tasks/<slug>` and the files
+    beside it, or (`in_dir`) the directory of a launcher before records were
+    single files (module doc)."""
+
+    __slots__ = ("in_dir", "path")
+
+    def __init__(self, path: str, *, in_dir: bool = False):
+        self.path = path  # `tasks/<slug>`, a file or (in_dir) a directory
+        self.in_dir = in_dir
+
+    @classmethod
+    def found(cls, path: str) -> TaskFiles | None:
+        """The task's files as they are on disk; None when there is nothing at `path`."""
+        try:
+            return cls(path, in_dir=stat.S_ISDIR(os.stat(path).st_mode))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    @property
+    def record(self) -> str:
+        return f"{self.path}/{LEGACY_SPEC}" if self.in_dir else self.path
+
+    def beside(self, name: str) -> str:
+        """The path of the task's file `name` (KILL, OUTPUT_LOG, ...)."""
+        return f"{self.path}/{name}" if self.in_dir else f"{self.path}.{name}"
+
+
+def is_record_name(name: str) -> bool:
+    """Whether an entry of `tasks/` is a task's record (or old directory), not a
+    file beside one or a temporary file."""
+    return not name.startswith(".") and not name.endswith(_SIDE_SUFFIXES)
+
+
+def claim(path: str) -> int | None:
+    """Create the task's record at `path`, returning a descriptor to write its spec
+    through (`write_and_close`); None if someone (a shim or a stop) already
+    claimed the task, in this layout or the one before."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o666)
+    except FileExistsError:
+        return None
+
+
+def write_and_close(fd: int, data: bytes) -> None:
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+class TaskRead(msgspec.Struct, frozen=True):
+    """What a task's record says, from one read."""
+
+    spec_line: bytes  # b"": not (yet) written
+    exit: ExitRecord | None
+    reported: bool
+
+
+def read_task(files: TaskFiles) -> TaskRead:
+    """The task's record: its spec line, its exit (the first whole exit record after
+    the spec line; for a task whose shim ran under an older launcher, the one in
+    LEGACY_EXIT) and whether the launcher recorded that end."""
+    data, reported = _read_record(files)
+    spec_line, _, after = data.partition(b"\n")
+    exit_record = None
+    for line in after.split(b"\n"):
+        if line == REPORTED_LINE:
+            reported = True
+        elif line and exit_record is None:
+            exit_record = decode_record(line, ExitRecord)
+    if exit_record is None and files.in_dir:
+        exit_record = read_record(f"{files.path}/{LEGACY_EXIT}", ExitRecord)
+    return TaskRead(spec_line, exit_record, reported)
+
+
+def _read_record(files: TaskFiles) -> tuple[bytes, bool]:
+    """The record's bytes (b"" when there is none), and whether an old directory
+    says it was reported (its spec.json renamed)."""
+    try:
+        return read_file(files.record), False
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        pass
+    if files.in_dir:
+        try:
+            return read_file(f"{files.path}/{LEGACY_REPORTED}"), True
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+    return b"", False
+
+
+def read_task_spec(files: TaskFiles, spec_type: type[T]) -> T | None:
+    """The task's spec (the first line of its record), or None while it is not
+    (yet) written whole."""
+    spec_line = _read_record(files)[0].partition(b"\n")[0]
     return decode_record(spec_line, spec_type) if spec_line else None
 
 
-def read_task_exit(task_dir: str, file: str = SPEC) -> ExitRecord | None:
-    """The task's exit: the first whole record after the spec line; for a task
-    whose shim ran under an older launcher, the one in LEGACY_EXIT. `file`:
-    REPORTED to read it once the launcher recorded the exit."""
-    for line in _read_task_file(task_dir, file)[1].split(b"\n"):
-        if line and (record := decode_record(line, ExitRecord)) is not None:
-            return record
-    return read_record(f"{task_dir}/{LEGACY_EXIT}", ExitRecord)
+def read_task_exit(files: TaskFiles) -> ExitRecord | None:
+    """The task's exit, or None while none is recorded (`read_task`)."""
+    return read_task(files).exit
 
 
-def _read_task_file(task_dir: str, file: str = SPEC) -> tuple[bytes, bytes]:
-    """spec.json (or `file`) split into the spec line and what follows it."""
-    try:
-        data = read_file(f"{task_dir}/{file}")
-    except (FileNotFoundError, NotADirectoryError):
-        return b"", b""
-    spec_line, _, after = data.partition(b"\n")
-    return spec_line, after
-
-
-def append_exit(task_dir: str, record: bytes) -> None:
-    """Record a task's exit: `record` (encoded, one line) appended to its spec.json
-    after a line break. A spec.json not written yet (its claimer died first) is
+def append_exit(files: TaskFiles, record: bytes) -> None:
+    """Record a task's exit: `record` (encoded, one line) appended to its record
+    after a line break. A record not written yet (its claimer died first) is
     created holding an empty spec line and the exit."""
-    fd = os.open(f"{task_dir}/{SPEC}", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    _append_line(files.record, record, create=True)
+
+
+def mark_reported(files: TaskFiles) -> None:
+    """Say in the task's record that the launcher recorded its end: a restarted
+    launcher does not report it again, and retention may remove it. A record
+    claimed but never written is marked too (it never ran). The name stays
+    taken: a copy of the task's start sent long ago cannot claim it again."""
+    if files.in_dir:
+        try:
+            os.rename(files.record, f"{files.path}/{LEGACY_REPORTED}")
+        except FileNotFoundError:
+            if os.path.isdir(files.path):  # claimed, its spec not written: never report it
+                write_file(f"{files.path}/{LEGACY_REPORTED}", b"")
+        return
     try:
-        _write_all(fd, b"\n" + record + b"\n")
+        _append_line(files.record, REPORTED_LINE, create=False)
+    except FileNotFoundError:
+        pass  # never claimed: nothing to report
+
+
+def remove_task_files(files: TaskFiles) -> bool:
+    """Remove the task's record and every file beside it (retention). True when
+    something was there."""
+    if files.in_dir:
+        import shutil  # not at the top: see the module docstring
+
+        shutil.rmtree(files.path, ignore_errors=True)
+        return True
+    removed = False
+    for path in (files.path, *(files.beside(name) for name in SIDE_FILES)):
+        try:
+            os.unlink(path)
+            removed = True
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _append_line(path: str, line: bytes, *, create: bool) -> None:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    fd = os.open(path, flags, 0o666)
+    try:
+        write_all(fd, b"\n" + line + b"\n")
     finally:
         os.close(fd)
 
@@ -282,12 +423,12 @@ def write_file(path: Path | str, data: bytes) -> None:
     """Create or truncate `path` (mode 0666 less the umask) holding `data`."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
     try:
-        _write_all(fd, data)
+        write_all(fd, data)
     finally:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -302,15 +443,6 @@ def read_file(path: Path | str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def claim_dir(task_dir: Path | str) -> bool:
-    """Create the task directory; False if someone (shim or stop) already did."""
-    try:
-        os.mkdir(task_dir)
-        return True
-    except FileExistsError:
-        return False
 
 
 # --- where working directories live ----------------------------------------------------------

@@ -17,13 +17,21 @@ from pathlib import Path
 DROPPED_NOTE = "[PAI: log capped at {cap} bytes; {dropped} earlier bytes were dropped]\n"
 
 
+# The files of one log: the log itself and those named after it (below); retention
+# removes them all (local_layout.remove_task_files).
+SEGMENT_SUFFIX = ".1"
+DROPPED_SUFFIX = ".dropped"
+DISK_FULL_SUFFIX = ".disk-full"
+LOG_FILE_SUFFIXES = ("", SEGMENT_SUFFIX, DROPPED_SUFFIX, DISK_FULL_SUFFIX)
+
+
 def previous_segment(path: Path | str) -> Path:
-    return Path(f"{path}.1")
+    return Path(f"{path}{SEGMENT_SUFFIX}")
 
 
 def dropped_note(path: Path | str) -> Path:
     """Holds how many bytes the cap dropped; absent while nothing was."""
-    return Path(f"{path}.dropped")
+    return Path(f"{path}{DROPPED_SUFFIX}")
 
 
 def dropped_bytes(path: Path) -> int:
@@ -40,7 +48,7 @@ DISK_FULL_NOTE = b"[pai: the rest of this log was dropped: no space left on devi
 
 
 def disk_full_marker(path: Path | str) -> Path:
-    return Path(f"{path}.disk-full")
+    return Path(f"{path}{DISK_FULL_SUFFIX}")
 
 
 class CappedLog:

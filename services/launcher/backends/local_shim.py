@@ -3,12 +3,13 @@
 A shim (forked by local_forkserver) takes a batch of task specs, usually one,
 and then more from its feed (a pipe from the fork server) until the fork
 server closes it (local_forkserver: a shim takes tasks for a while, then
-another is forked). For each it claims the task directory (mkdir: a task never starts twice),
+another is forked). For each it claims the task's record (created with O_EXCL: a task never
+starts twice; local_layout),
 starts `bash --noprofile --norc -e -c <commands>` in a new session (or, for
 one simple command, execs its program directly: local_direct), pipes its
 output into capped logs, obeys stop orders (SIGTERM to every process of the
 task, SIGKILL after the grace period), and when the task ends appends its
-exit record (exit code, signal, CPU time, peak memory) to its spec.json. When a task's
+exit record (exit code, signal, CPU time, peak memory) to its record. When a task's
 main process exits, whatever it left running is killed, as when a container's
 main process exits. The shim is a child subreaper, so even a grandchild that
 called setsid and lost its parent stays its descendant (and is told apart by
@@ -40,7 +41,7 @@ its memory or environment.
 
 A shim rings the backend's doorbell (local_doorbell) when a task runs and when
 its exit is recorded. SIGUSR1 means "a stop order waits" (the shim reads
-the kill.json of its tasks); SIGTERM stops all its tasks, and it takes no more
+the kill orders of its tasks); SIGTERM stops all its tasks, and it takes no more
 (a task sent meanwhile is sent again by the backend: local.RESEND_SECONDS).
 """
 
@@ -73,7 +74,7 @@ from services.launcher.backends.local_layout import (
     OUTPUT_LOG,
     PRIVATE_DIR_MODE,
     SECRET_SEPARATOR,
-    SPEC,
+    SHIM_ERROR,
     STALE_LINE_SECONDS,
     STDERR_LOG,
     TASK_KEY_ENV,
@@ -82,13 +83,14 @@ from services.launcher.backends.local_layout import (
     KillRequest,
     ShimRecord,
     ShimSpec,
+    TaskFiles,
     append_exit,
-    claim_dir,
+    claim,
     decoder,
     encode,
     read_record,
     with_claim,
-    write_file,
+    write_all,
 )
 from services.launcher.backends.local_logs import DISK_FULL_PLATFORM_REASON, CappedLog
 
@@ -159,8 +161,8 @@ class _Limits:
 class _Run:
     """One task under a shim."""
 
-    def __init__(self, task_dir: str, spec: ShimSpec, limits: _Limits, secret_commands: list[str] | None = None):
-        self.dir = task_dir
+    def __init__(self, files: TaskFiles, spec: ShimSpec, limits: _Limits, secret_commands: list[str] | None = None):
+        self.files = files
         self.spec = spec
         self.limits = limits
         # The commands with secrets filled in (spec.commands keeps references).
@@ -168,8 +170,8 @@ class _Run:
         self.marker = local_procs.marker_entry(TASK_KEY_ENV, spec.slug)
         # Paths as strings here and below: pathlib's parsing is a noticeable
         # part of the shim's CPU per task.
-        self.output = CappedLog(f"{task_dir}/{OUTPUT_LOG}", spec.logCapBytes)
-        self.errors = CappedLog(f"{task_dir}/{STDERR_LOG}", spec.logCapBytes)
+        self.output = CappedLog(files.beside(OUTPUT_LOG), spec.logCapBytes)
+        self.errors = CappedLog(files.beside(STDERR_LOG), spec.logCapBytes)
         self.output_bytes = 0
         self.pid = 0  # also its process group and session
         self.pipe_fds: tuple[int, ...] = ()  # the read ends of its output pipes
@@ -242,26 +244,30 @@ class Shim:
         and its commands with the secrets filled in (kept in memory only)."""
         spec_json, separator, secret_part = line.partition(SECRET_SEPARATOR)
         spec = decoder(ShimSpec).decode(spec_json)
-        task_dir = spec.taskDir
         if spec.sentAt and time.time() - spec.sentAt > STALE_LINE_SECONDS:
             return  # a copy sent long ago: the task has been sent again since
-        if not claim_dir(task_dir):
+        claimed = claim(spec.taskPath)
+        if claimed is None:
             return
+        files = TaskFiles(spec.taskPath)
         try:
-            limits = _Limits(spec)
-            record = ShimRecord(
-                shimPid=self.pid, shimStartTicks=self.ticks, detail=limits.detail, claimedAt=time.time()
-            )
-            write_file(f"{task_dir}/{SPEC}", with_claim(spec_json, record))
+            try:
+                limits = _Limits(spec)  # may make the task's cgroup: only once the task is ours
+                record = ShimRecord(
+                    shimPid=self.pid, shimStartTicks=self.ticks, detail=limits.detail, claimedAt=time.time()
+                )
+                write_all(claimed, with_claim(spec_json, record))
+            finally:
+                os.close(claimed)
             _provide_work_dir(spec)
             secret_commands = decoder(list[str]).decode(secret_part) if separator else None
-            run = _Run(task_dir, spec, limits, secret_commands)
+            run = _Run(files, spec, limits, secret_commands)
             self._spawn(run)
         except Exception as exc:  # noqa: BLE001 - recorded as the task's exit
-            with open(f"{task_dir}/shim.error", "w") as error:
+            with open(files.beside(SHIM_ERROR), "w") as error:
                 error.write(traceback.format_exc())
             self._write_exit(
-                task_dir,
+                files,
                 spec.slug,
                 ExitRecord(
                     exitCode=UNKNOWN_EXIT_CODE,
@@ -449,7 +455,7 @@ class Shim:
         for run in self.runs.values():
             if run.kill_reason is not None:
                 continue
-            order = read_record(f"{run.dir}/{KILL}", KillRequest)
+            order = read_record(run.files.beside(KILL), KillRequest)
             if order is None and stop_everything:
                 order = KillRequest(reason="Killed", graceSeconds=run.spec.graceSeconds)
             if order is not None:
@@ -541,7 +547,7 @@ class Shim:
         run.errors.close()
         del self.runs[run.pid]
         del self.ending[run.pid]
-        self._write_exit(run.dir, run.spec.slug, self._exit_record(run))
+        self._write_exit(run.files, run.spec.slug, self._exit_record(run))
         if run.limits.cgroup is not None:
             local_limits.remove_cgroup(run.limits.cgroup)
 
@@ -585,9 +591,9 @@ class Shim:
             cpuSeconds=round(usage.ru_utime + usage.ru_stime, 6) if usage else None,
         )
 
-    def _write_exit(self, task_dir: str, slug: str, record: ExitRecord) -> None:
+    def _write_exit(self, files: TaskFiles, slug: str, record: ExitRecord) -> None:
         data = encode(record)
-        append_exit(task_dir, data)
+        append_exit(files, data)
         # The record rides on the bell, so the backend need not open the file it
         # just heard of; one too long for a datagram is read from the file.
         told = b"\n" + data if len(data) <= MAX_TOLD_RECORD_BYTES else b""

@@ -117,8 +117,8 @@ def test_a_spec_reader_waits_no_longer_than_asked(feed):
 
 def test_a_copy_of_a_task_sent_long_ago_is_not_taken(tmp_path):
     # The backend sent the task again meanwhile; this copy, had it been taken,
-    # could run the task a second time once the first run's directory is pruned.
-    spec = ShimSpec(taskDir=str(tmp_path / "task"), slug="stale", commands=["true"], env={}, cpu=0, memoryMB=0)
+    # could run the task a second time once the first run's record is pruned.
+    spec = ShimSpec(taskPath=str(tmp_path / "task"), slug="stale", commands=["true"], env={}, cpu=0, memoryMB=0)
     shim = Shim.__new__(Shim)  # nothing of it is used before the claim
     shim.take(with_sent_at(encode(spec), time.time() - STALE_LINE_SECONDS - 1))
     assert not (tmp_path / "task").exists()

@@ -24,7 +24,7 @@ NEW_OWNER = (0x70000002, 65534) if AS_ROOT else (None, None)
 
 def spec_for(work: Path, offered: Path | str = "") -> ShimSpec:
     return ShimSpec(
-        taskDir="/unused", slug=work.name, workDir=str(work), takeOverWorkDir=str(offered),
+        taskPath="/unused", slug=work.name, workDir=str(work), takeOverWorkDir=str(offered),
         commands=["true"], env={}, cpu=1, memoryMB=0, uid=NEW_OWNER[0], gid=NEW_OWNER[1],
     )
 
