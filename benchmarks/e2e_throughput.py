@@ -42,9 +42,9 @@ Configurations (`--config`, both by default):
 rest's per-token rate limit is raised out of the way (one admin token submits
 everything).
 
-Where the data dir lies matters: each task creates two or three files and
-directories there (its directory, spec.json, and its working directory unless
-it takes over the bare one of a task that ended). On an ext4 without a
+Where the data dir lies matters: each task creates one or two files and
+directories there (its record, and its working directory unless it takes over
+the bare one of a task that ended). On an ext4 without a
 journal (this machine's root filesystem) a create steps over every inode
 deleted in the last one to six minutes, so a run soon after another (whose
 temporary data dir was just deleted) pays more per task than one on a quiet
