@@ -36,8 +36,9 @@ How a task runs (local_layout: the files; local_forkserver, local_shim: the proc
   working directory) and PAI_TASK_KEY (the task's slug, which marks its
   processes).
 - Logs: `<slug>.output.log` (stdout and stderr interleaved as they arrive) and
-  `<slug>.stderr.log`, beside the record, each capped at `log_cap_bytes` keeping the newest output
-  (local_logs). TaskFinished carries the last 64 KiB of output.log.
+  `<slug>.stderr.log`, beside the record, each capped at `log_cap_bytes`
+  keeping the newest output (local_logs). TaskFinished carries the last 64 KiB
+  of the output log.
 - Bounds: cgroup v2 where allowed, else RLIMIT_DATA, else none (local_limits);
   TaskRunning.detail says which ("limits: ..."). `dockerImageUri` is recorded
   and reported there as ignored.
