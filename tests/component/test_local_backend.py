@@ -727,7 +727,7 @@ def as_old_directory(record: Path, *, exit_in_own_file: bool = False, reported: 
     before exits were appended, and the logs inside."""
     spec_line, _, exit_line = record.read_bytes().partition(b"\n")
     exit_line = exit_line.strip().split(b"\n")[0]
-    logs = {name: Path(f"{record}.{name}") for name in (OUTPUT_LOG, STDERR_LOG)}
+    logs = {name: Path(TaskFiles(str(record)).beside(name)) for name in (OUTPUT_LOG, STDERR_LOG)}
     record.unlink()
     record.mkdir()
     (record / (LEGACY_REPORTED if reported else LEGACY_SPEC)).write_bytes(

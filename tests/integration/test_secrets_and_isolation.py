@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.launcher.backends.local_layout import OUTPUT_LOG, STDERR_LOG, is_record_name
+from services.launcher.backends.local_layout import OUTPUT_LOG, STDERR_LOG, TaskFiles, is_record_name
 from tests.integration.conftest import Api, job_yaml
 
 pytestmark = pytest.mark.integration
@@ -107,8 +107,9 @@ async def test_a_secret_reaches_its_task_and_nothing_else(platform: Api):
     # Every file of the data dir but the task's own log.
     tasks = data / "launcher" / "tasks"
     records = [path for path in tasks.iterdir() if path.name.startswith(f"admin.{name}.") and is_record_name(path.name)]
-    own_logs = {Path(f"{records[0]}.{OUTPUT_LOG}"), Path(f"{records[0]}.{STDERR_LOG}")}
-    assert SECRET.encode() in Path(f"{records[0]}.{OUTPUT_LOG}").read_bytes()  # the task's own output, as it printed it
+    files = TaskFiles(str(records[0]))
+    own_logs = {Path(files.beside(OUTPUT_LOG)), Path(files.beside(STDERR_LOG))}
+    assert SECRET.encode() in Path(files.beside(OUTPUT_LOG)).read_bytes()  # the task's own output, as it printed it
     assert holding(data, SECRET.encode(), but=own_logs) == []
     # The task's record keeps the references.
     assert "<% $secrets.token %>" in records[0].read_text() and stat.S_IMODE(records[0].stat().st_mode) == 0o600

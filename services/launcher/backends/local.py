@@ -343,7 +343,7 @@ class LocalBackend:
         reason = reason or "Killed"
         task = self._tasks.get(key.slug)
         if task is None:
-            files = TaskFiles.found(os.path.join(self._tasks_path, key.slug))
+            files = self._files_on_disk(key.slug)
             # Unknown, finished and recorded, or claimed but not written: nothing runs.
             task = self._adopt(files, quietly=True) if files is not None else None
             if task is None:
@@ -404,7 +404,7 @@ class LocalBackend:
             yield batch
 
     async def read_log(self, key: TaskKey, *, tail_bytes: int | None = None) -> bytes:
-        files = TaskFiles.found(os.path.join(self._tasks_path, key.slug))
+        files = self._files_on_disk(key.slug)
         if files is None:
             raise NotFound(f"no local task {key.slug}")
         return await asyncio.to_thread(
@@ -414,7 +414,7 @@ class LocalBackend:
     async def forget(self, key: TaskKey) -> None:
         slug = key.slug
         task = self._tasks.get(slug)
-        files = task.files if task is not None else TaskFiles.found(os.path.join(self._tasks_path, slug))
+        files = task.files if task is not None else self._files_on_disk(slug)
         if files is not None:
             mark_reported(files)
         self._tasks.pop(slug, None)
@@ -423,7 +423,7 @@ class LocalBackend:
         """Remove a finished task attempt's record, logs and working directory
         (retention). A task whose exit is not recorded is left alone, whatever the
         caller thinks. True when something was removed."""
-        files = TaskFiles.found(os.path.join(self._tasks_path, key.slug))
+        files = self._files_on_disk(key.slug)
         if key.slug in self._tasks or (files is not None and not read_task(files).reported):
             log.warning("not pruning %s: its exit is not recorded", key.slug)
             return False
@@ -567,6 +567,10 @@ class LocalBackend:
             if self._report_finished(task):
                 return  # it ended between our two looks
             self._declare_lost(task, stop_reason)
+
+    def _files_on_disk(self, slug: str) -> TaskFiles | None:
+        """The files of the task attempt `slug` as they are on disk, in either layout."""
+        return TaskFiles.found(os.path.join(self._tasks_path, slug))
 
     def _read_claim(self, task: _Task) -> ShimRecord | None:
         spec = read_task_spec(task.files, ShimSpec)
