@@ -48,8 +48,9 @@ the bare one of a task that ended). On an ext4 without a
 journal (this machine's root filesystem) a create steps over every inode
 deleted in the last one to six minutes, so a run soon after another (whose
 temporary data dir was just deleted) pays more per task than one on a quiet
-disk; `--data-dir /dev/shm` takes the disk out of the
-figures. Say which was used when quoting them.
+disk; a journaled ext4 (the usual kind) or `--data-dir /dev/shm` does not
+pay it. The report names the filesystem (`data_dir_filesystem`: its type and,
+for ext4, whether it has a journal); say which was used when quoting figures.
 
 `--profile DIR` records every service with py-spy during the burst and writes,
 per configuration, each service's top functions by own time and its samples
@@ -84,7 +85,7 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector  # noqa: E402
 
 from benchmarks import e2e_profile, e2e_stages, e2e_trace  # noqa: E402
 from benchmarks.jobs import trivial_job  # noqa: E402
-from benchmarks.stats import percentile, python_loop_seconds  # noqa: E402
+from benchmarks.stats import filesystem_of, percentile, python_loop_seconds  # noqa: E402
 from cli.up import SERVICES, Platform  # noqa: E402
 from libs.common import busauth, machine  # noqa: E402
 from libs.common.bus import Bus  # noqa: E402
@@ -564,6 +565,7 @@ def main() -> None:
     configs = ("default", "slots64") if args.config == "both" else (args.config,)
     report = {"benchmark": "e2e_throughput", "commit": git_commit(), "cpus": os.cpu_count(),
               "data_dir_parent": args.data_dir or tempfile.gettempdir(),
+              "data_dir_filesystem": filesystem_of(args.data_dir or tempfile.gettempdir()),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "configs": []}
     for name in configs:
         report["configs"].append(run_config(name, args))

@@ -49,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.stats import percentile, python_loop_seconds  # noqa: E402
+from benchmarks.stats import filesystem_of, percentile, python_loop_seconds  # noqa: E402
 from libs.common.messages import JobState, TaskPlacement  # noqa: E402
 from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
 from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, TaskRunning  # noqa: E402
@@ -296,6 +296,7 @@ def main() -> None:
         "python_loop_s": python_loop_seconds(),  # the machine's speed now (stats.python_loop_seconds)
         "target_tasks_per_s": 500,
         "data_dir_parent": args.dir or tempfile.gettempdir(),
+        "data_dir_filesystem": filesystem_of(args.dir or tempfile.gettempdir()),  # (stats.filesystem_of)
         # fork + setuid per task (as the launcher runs as root), or posix_spawn
         "tasks_run_as": "uid per job" if TASK_USER is not None and os.geteuid() == 0 else "launcher's user",
         "limits_asked": args.limits,

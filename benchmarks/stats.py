@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -26,3 +27,40 @@ def python_loop_seconds(iterations: int = 5_000_000, tries: int = 3) -> float:
             total += number
         best = min(best, time.process_time() - started)
     return round(best, 3)
+
+
+def filesystem_of(path: str) -> dict[str, object]:
+    """The filesystem `path` lies on, as /proc/self/mountinfo tells it: its mount
+    point, type and source, and for ext3/ext4 whether it has a journal.
+
+    The throughput benchmarks quote it beside their figures: a task creates
+    files in the data dir, and an ext4 without a journal (this project's test
+    machines' root filesystem) steps over every inode deleted there in the last
+    minutes on each creation, which a journaled ext4 or tmpfs never does
+    (docs/throughput.md)."""
+    real = os.path.realpath(path)
+    device = os.stat(real).st_dev
+    wanted = f"{os.major(device)}:{os.minor(device)}"
+    found: dict[str, object] = {"path": real}
+    with open("/proc/self/mountinfo") as mounts:
+        for line in mounts:
+            fields = line.split()
+            # id parent major:minor root mount-point options [optional...] - type source super-options
+            if fields[2] != wanted or not _within(real, fields[4]):
+                continue
+            rest = fields[fields.index("-") + 1 :]
+            if len(str(found.get("mount_point", ""))) <= len(fields[4]):
+                found.update(mount_point=fields[4], type=rest[0], source=rest[1])
+    if found.get("type") in ("ext3", "ext4"):
+        # jbd2 names a journal after the kernel's name of the device (dm-0, not /dev/mapper/...).
+        kernel_name = f"/sys/dev/block/{wanted}"
+        name = os.path.basename(os.path.realpath(kernel_name) if os.path.exists(kernel_name) else str(found["source"]))
+        journals = os.listdir("/proc/fs/jbd2") if os.path.isdir("/proc/fs/jbd2") else []
+        found["journal"] = any(entry.startswith(f"{name}-") for entry in journals)
+    return found
+
+
+def _within(path: str, mount_point: str) -> bool:
+    """Whether `path` is `mount_point` or below it, by whole components."""
+    top = mount_point.rstrip("/")
+    return not top or path == top or path.startswith(top + "/")
