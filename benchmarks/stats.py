@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 
@@ -34,8 +35,8 @@ def filesystem_of(path: str) -> dict[str, object]:
     point, type and source, and for ext3/ext4 whether it has a journal.
 
     The throughput benchmarks quote it beside their figures: a task creates
-    files in the data dir, and an ext4 without a journal (this project's test
-    machines' root filesystem) steps over every inode deleted there in the last
+    files in the data dir, and an ext4 without a journal (the root filesystem of
+    the machines PAI is developed on) steps over every inode deleted there in the last
     minutes on each creation, which a journaled ext4 or tmpfs never does
     (docs/throughput.md)."""
     real = os.path.realpath(path)
@@ -46,11 +47,12 @@ def filesystem_of(path: str) -> dict[str, object]:
         for line in mounts:
             fields = line.split()
             # id parent major:minor root mount-point options [optional...] - type source super-options
-            if fields[2] != wanted or not _within(real, fields[4]):
+            mount_point = _unescape(fields[4])
+            if fields[2] != wanted or not _within(real, mount_point):
                 continue
             rest = fields[fields.index("-") + 1 :]
-            if len(str(found.get("mount_point", ""))) <= len(fields[4]):
-                found.update(mount_point=fields[4], type=rest[0], source=rest[1])
+            if len(str(found.get("mount_point", ""))) <= len(mount_point):
+                found.update(mount_point=mount_point, type=rest[0], source=_unescape(rest[1]))
     if found.get("type") in ("ext3", "ext4"):
         # jbd2 names a journal after the kernel's name of the device (dm-0, not /dev/mapper/...).
         kernel_name = f"/sys/dev/block/{wanted}"
@@ -64,3 +66,9 @@ def _within(path: str, mount_point: str) -> bool:
     """Whether `path` is `mount_point` or below it, by whole components."""
     top = mount_point.rstrip("/")
     return not top or path == top or path.startswith(top + "/")
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field as the path it names: the kernel writes a space, tab,
+    newline or backslash in it as a three-digit octal escape (\\040)."""
+    return re.sub(r"\\([0-7]{3})", lambda escape: chr(int(escape.group(1), 8)), field)

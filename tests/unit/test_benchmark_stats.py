@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from benchmarks.stats import _within, filesystem_of
+from benchmarks.stats import _unescape, _within, filesystem_of
 
 
 @pytest.mark.parametrize(
@@ -22,6 +22,18 @@ from benchmarks.stats import _within, filesystem_of
 )
 def test_a_path_is_within_a_mount_point_by_whole_components(path, mount_point, within):
     assert _within(path, mount_point) is within
+
+
+@pytest.mark.parametrize(
+    ("field", "path"),
+    [
+        ("/mnt/data", "/mnt/data"),
+        (r"/mnt/my\040disk", "/mnt/my disk"),
+        (r"/mnt/a\011b\134c", "/mnt/a\tb\\c"),
+    ],
+)
+def test_a_mountinfo_field_is_read_back_as_the_path_it_escapes(field, path):
+    assert _unescape(field) == path
 
 
 def test_tmpfs_is_named_and_says_nothing_of_a_journal():
