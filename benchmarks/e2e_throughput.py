@@ -563,9 +563,9 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     configs = ("default", "slots64") if args.config == "both" else (args.config,)
+    data_dir_parent = args.data_dir or tempfile.gettempdir()
     report = {"benchmark": "e2e_throughput", "commit": git_commit(), "cpus": os.cpu_count(),
-              "data_dir_parent": args.data_dir or tempfile.gettempdir(),
-              "data_dir_filesystem": filesystem_of(args.data_dir or tempfile.gettempdir()),
+              "data_dir_parent": data_dir_parent, "data_dir_filesystem": filesystem_of(data_dir_parent),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "configs": []}
     for name in configs:
         report["configs"].append(run_config(name, args))

@@ -22,10 +22,10 @@ latency a single job sees. Other load on the machine shows in the figures:
 `load_average` is printed too, and `cpu_bound_tasks_per_s` (cpus divided by
 CPU time per task) is the rate an otherwise idle machine would allow, and
 `python_loop_s` the machine's speed when the run began (a fixed Python loop:
-compare runs taken at different times with it). Each task creates a
-directory and a file, and its working directory unless it takes over one an
-ended task left bare, so the filesystem of the data dir matters (`--dir`,
-default: the temp dir).
+compare runs taken at different times with it). Each task creates its record
+(one file), and its working directory unless it takes over one an ended task
+left bare, so the filesystem of the data dir matters (`--dir`, default: the
+temp dir; `data_dir_filesystem` names it).
 
 As root, tasks run as the launcher runs them, under a uid per job with no
 groups (local_users; the shim forks and drops privileges for each), unless
@@ -289,14 +289,15 @@ def main() -> None:
     global TASK_USER, LIMITS
     LIMITS = args.limits
     TASK_USER = None if args.task_user == "none" else args.task_user
+    data_dir_parent = args.dir or tempfile.gettempdir()
     results: dict = {
         "benchmark": "launch_throughput",
         "cpus": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "python_loop_s": python_loop_seconds(),  # the machine's speed now (stats.python_loop_seconds)
         "target_tasks_per_s": 500,
-        "data_dir_parent": args.dir or tempfile.gettempdir(),
-        "data_dir_filesystem": filesystem_of(args.dir or tempfile.gettempdir()),  # (stats.filesystem_of)
+        "data_dir_parent": data_dir_parent,
+        "data_dir_filesystem": filesystem_of(data_dir_parent),
         # fork + setuid per task (as the launcher runs as root), or posix_spawn
         "tasks_run_as": "uid per job" if TASK_USER is not None and os.geteuid() == 0 else "launcher's user",
         "limits_asked": args.limits,

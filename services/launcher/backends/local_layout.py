@@ -290,6 +290,7 @@ def claim(path: str) -> int | None:
 
 
 def write_and_close(fd: int, data: bytes) -> None:
+    """Write all of `data` through `fd`, then close it (also when the write fails)."""
     try:
         write_all(fd, data)
     finally:
@@ -393,11 +394,7 @@ def remove_task_files(files: TaskFiles) -> bool:
 
 def _append_line(path: str, line: bytes, *, create: bool) -> None:
     flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-    fd = os.open(path, flags, 0o666)
-    try:
-        write_all(fd, b"\n" + line + b"\n")
-    finally:
-        os.close(fd)
+    write_and_close(os.open(path, flags, 0o666), b"\n" + line + b"\n")
 
 
 def _tmp_name(path: Path | str, pid: int) -> str:
@@ -421,11 +418,7 @@ def write_replacing(path: Path | str, data: bytes, *, pid: int | None = None) ->
 
 def write_file(path: Path | str, data: bytes) -> None:
     """Create or truncate `path` (mode 0666 less the umask) holding `data`."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-    try:
-        write_all(fd, data)
-    finally:
-        os.close(fd)
+    write_and_close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666), data)
 
 
 def write_all(fd: int, data: bytes) -> None:
