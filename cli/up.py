@@ -28,6 +28,7 @@ from cli.client import Connection, connection_file
 from libs.common import sealing
 from libs.common.config import Config
 from libs.common.busauth import BusCredentials, load_or_create_credentials
+from libs.common.jetstream_limits import store_settings
 from libs.common.natsserver import NatsServer
 
 SERVICES = ("rest", "scheduler", "launcher", "runtime", "monitor")
@@ -60,15 +61,7 @@ class Platform:
         # After the credentials (which make the data dir 0700): the data dir
         # ends traverse-only, everything in it private (see secure_data_dir).
         self.config = secure_data_dir(self.config, self.data, print_fn=self.print)
-        self.nats = NatsServer(
-            self.data / "nats",
-            port=port,
-            host=self.config.host,
-            log_file=self.logs / "nats.log",
-            auth=self.nats_credentials,
-            config_file=self.data / "nats-server.conf",
-        ).start()
-        self.nats.bootstrap()  # the stream and buckets, which no service may create
+        self.start_store(port)
         self.data.chmod(0o711)  # writing the server config made it 0700: tasks pass through to their work dirs
         for name in SERVICES:
             self._spawn(name)
@@ -80,6 +73,20 @@ class Platform:
         path.write_bytes(msgspec.json.encode(conn))
         path.chmod(0o600)
         return conn
+
+    def start_store(self, port: int) -> None:
+        """nats-server, then the stream and buckets (which no service may create) with
+        the configuration's store settings (`nats_*`: sizes, age, replicas), so a
+        changed `nats_bucket_max_bytes` reaches a new or an existing store."""
+        self.nats = NatsServer(
+            self.data / "nats",
+            port=port,
+            host=self.config.host,
+            log_file=self.logs / "nats.log",
+            auth=self.nats_credentials,
+            config_file=self.data / "nats-server.conf",
+        ).start()
+        self.nats.bootstrap(store_settings(self.config))
 
     def _env(self, name: str) -> dict[str, str]:
         env = dict(os.environ)
