@@ -85,6 +85,20 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # this many at once, refilled at this many per second; past it 429.
     rest_rate_limit_burst: int = 200
     rest_rate_limit_per_second: float = 100.0
+    # rest: per-user quotas, so that no user fills the shared store for everyone
+    # (docs/api.md "Quotas"; services/rest/quotas.py). Past a stored-jobs or token
+    # limit 507, past the submissions in flight 429, each naming the limit. 0: no limit.
+    # Jobs a user keeps stored (unfinished and finished: `pai delete` frees them).
+    rest_user_max_jobs: int = 10_000
+    # Bytes of a user's job records (spec, raw config with `extras`): 1/8 of the
+    # job bucket's 1 GiB, so one user alone cannot fill it.
+    rest_user_max_job_bytes: int = 128 * 1024 * 1024
+    # Live tokens per user: past it a sign-in ends the user's oldest sign-in,
+    # a new application token is refused.
+    rest_user_max_tokens: int = 1000
+    # Submissions of one user being taken at once by one rest process.
+    rest_user_max_submissions_in_flight: int = 32
+
 
     # --- the one-node cluster of a laptop (no cluster_file; README "Quick start") ---
     # CPUs of this machine to offer (`pai up --cpus N`); 0: every CPU detected.

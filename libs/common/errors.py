@@ -37,6 +37,7 @@ CODES: dict[str, int] = {
     "RequestEntityTooLarge": 413,
     "UnsupportedMediaType": 415,
     "TooManyRequestsError": 429,
+    "QuotaExceededError": 507,  # a per-user quota of stored jobs, their bytes or tokens (rest_user_max_*)
     "InternalError": 500,
     "ServiceUnavailable": 503,  # NATS away: retry after a moment
 }
@@ -127,6 +128,20 @@ class TooLarge(PaiError):
 
 class TooManyRequests(PaiError):
     code, status = _code("TooManyRequestsError")
+
+
+class QuotaExceeded(PaiError):
+    """A per-user limit: `details` names it (`limit`), its `value`, what is `used`
+    and what to do (`remedy`); 507 for stored things, 429 for things in flight."""
+
+    code, status = _code("QuotaExceededError")
+
+    def __init__(self, message: str, *, limit: str, value: int, used: int, remedy: str, status: int = 507):
+        super().__init__(f"{message}; {remedy}",
+                         details={"limit": limit, "value": value, "used": used, "remedy": remedy})
+        self.status = status
+        if status == 429:
+            self.code = "TooManyRequestsError"
 
 
 class Transient(PaiError):

@@ -45,7 +45,7 @@ from services.rest import auth, events, fallback, intake, metrics, nodes, rateli
 from services.rest.identity import core as identity_core
 from services.rest.identity import routes as identity_routes
 from services.rest import alerts as alert_routes
-from services.rest import jobs_api, portal_routes
+from services.rest import jobs_api, portal_routes, quotas
 from services.rest.records import SubmittedJob
 from services.rest.request import CTX, USER, ctx_of, read_body, read_json_object
 
@@ -180,6 +180,11 @@ async def create_app(ctx: ServiceContext) -> web.Application:
 
 
 async def submit_job(request: web.Request) -> web.Response:
+    async with quotas.submitting(request, request[USER].username):  # 429 past the user's submissions in flight
+        return await _take_job(request)
+
+
+async def _take_job(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     user = request[USER]
     body = await read_body(request, limit=MAX_BODY_BYTES, what="the job body (1 MiB at most)")
@@ -201,6 +206,9 @@ async def submit_job(request: web.Request) -> web.Response:
         warnings=parsed.warnings,
         submittedAt=time.time(),
     )
+    # 507 past the user's stored-jobs quotas, before anything is stored (services/rest/quotas.py).
+    await quotas.check_submission(request, request.app.get(jobs_api.INDEX), user.username,
+                                  len(msgspec.json.encode(record)))
     if parsed.secrets:  # sealed for the launcher alone, stored before the record names the job
         kv, key = await ctx.bus.kv(Bucket.JOBS), ids.job_key(jid)
         await job_secrets.store(await ctx.bus.kv(Bucket.SECRETS), ctx.config.secrets_public_key_file, key,

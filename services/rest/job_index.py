@@ -133,6 +133,8 @@ class JobIndex:
         self._status: dict[str, StatusBrief] = {}
         self._schedule: dict[str, ScheduleBrief] = {}
         self.ready = False
+        # Per user: (jobs stored, bytes of their records), for the per-user quotas (services/rest/quotas.py).
+        self.usage: dict[str, tuple[int, int]] = {}
         self._generation = 0
         # Bumped at every change; what `memo` computed for an older version is computed again.
         self.version = 0
@@ -159,6 +161,8 @@ class JobIndex:
     def put_submission(self, key: str, stored: bytes) -> None:
         """The submission of `key` as stored in pai_jobs (raises msgspec.DecodeError when unreadable)."""
         brief = _SUBMISSION.decode(stored)
+        self._count(self.jobs.get(key), -1)
+        self._count_bytes(brief.user, 1, len(stored))
         self.jobs[key] = IndexedJob(brief=brief, stored=stored, status=self._status.get(key),
                                     schedule=self._schedule.get(key))
         if brief.published:
@@ -175,8 +179,21 @@ class JobIndex:
 
     def delete_submission(self, key: str) -> None:
         self.unpublished.discard(key)
-        if self.jobs.pop(key, None) is not None:
+        job = self.jobs.pop(key, None)
+        if job is not None:
+            self._count(job, -1)
             self.version += 1
+
+    def _count(self, job: IndexedJob | None, sign: int) -> None:
+        if job is not None:
+            self._count_bytes(job.brief.user, sign, sign * len(job.stored))
+
+    def _count_bytes(self, user: str, jobs: int, size: int) -> None:
+        count, total = self.usage.get(user, (0, 0))
+        if count + jobs <= 0:
+            self.usage.pop(user, None)
+        else:
+            self.usage[user] = (count + jobs, total + size)
 
     def _put_side(self, key: str, value, store: dict, field: str) -> None:
         if value is None:
@@ -218,6 +235,7 @@ class JobIndex:
 
     def _reset(self) -> None:
         self.jobs.clear()
+        self.usage.clear()
         self.unpublished.clear()
         self._status.clear()
         self._schedule.clear()

@@ -34,7 +34,7 @@ from libs.common.records import JobRecord
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
-from services.rest import capacity, intake, views
+from services.rest import capacity, intake, quotas, views
 from services.rest.job_index import JobIndex, SubmissionBrief
 from services.rest.records import SubmittedJob
 from services.rest.request import USER, bad_field, ctx_of, read_json_object
@@ -728,6 +728,7 @@ def setup(app: web.Application, ctx: ServiceContext) -> None:
     from services.rest import openapi  # the document lists these routes; imported here to avoid a cycle
 
     app.add_routes(ROUTES)
+    quotas.setup(app)
     app.add_routes(openapi.routes)  # public: auth.PUBLIC_PATHS
     index = JobIndex()
     app[INDEX] = index

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from libs.common.errors import IncorrectPassword, NoGroup, NoToken, TooManyRequests
 from libs.common.service import ServiceContext
+from services.rest import quotas
 from services.rest.identity import core, store
 from services.rest.identity.core import Action, Principal
 from services.rest.records import (
@@ -58,6 +59,7 @@ def user_view(user: User, groups: dict[str, Group]) -> dict[str, Any]:
         "grouplist": list(user.grouplist),
         "admin": principal.admin,
         "virtualCluster": list(principal.virtualClusters),
+        "priorityClasses": list(principal.priorityClasses),  # PAI's: the job priority classes they may use
         "extension": user.extension,
         "hasPassword": bool(user.passwordHash),
         "createdTime": _ms(user.createdAt) if user.createdAt else None,
@@ -107,6 +109,10 @@ async def login(request: web.Request) -> web.Response:
         raise IncorrectPassword(LOGIN_FAILED)
     user = got[0]
     LOGIN_THROTTLE.succeeded(name)
+    # Past the token quota a sign-in ends the user's oldest one (it is never locked out by its own sign-ins).
+    held = await store.room_for_one_more_token(ctx.bus, user.username, ctx.config.rest_user_max_tokens, time.time(),
+                                               end_sign_ins=True)
+    quotas.check_tokens(ctx.config, user.username, held)
     token = await store.issue_token(ctx.bus, user.username, TokenKind.LOGIN, expires_at=expires, description="login")
     groups = await store.groups_named(ctx.bus, user.grouplist)
     return web.json_response({"token": token, "user": user.username, "admin": core.resolve(user, groups).admin,
@@ -133,6 +139,9 @@ async def create_token(request: web.Request) -> web.Response:
         raise core.bad_field("description", "maxLength", "a token's description is at most 256 characters")
     now = time.time()
     expires = core.token_expiry(TokenKind.APPLICATION, now, policy(ctx), body.expiration)
+    held = await store.room_for_one_more_token(ctx.bus, caller.username, ctx.config.rest_user_max_tokens, now,
+                                               end_sign_ins=False)
+    quotas.check_tokens(ctx.config, caller.username, held)
     token = await store.issue_token(ctx.bus, caller.username, TokenKind.APPLICATION, expires_at=expires,
                                     description=body.description, now=now)
     return web.json_response({"token": token, "id": store.token_id(store.token_key(token) or ""),
@@ -296,6 +305,7 @@ async def create_group(request: web.Request) -> web.Response:
     example = '{"groupname": "vision", "extension": {"acls": {"virtualClusters": ["vc1"]}}}'
     new: NewGroup = await _body(request, NewGroup, example, "the new group")
     core.check_groupname(new.groupname)
+    core.check_group_acls(new.extension.acls)
     group = Group(groupname=new.groupname, description=new.description[:1024], externalName=new.externalName[:256],
                   extension=new.extension)
     await store.create_group(ctx_of(request).bus, group)
@@ -308,6 +318,8 @@ async def change_group(request: web.Request) -> web.Response:
     change: GroupChange = await _body(request, GroupChange, '{"extension": {"acls": {"virtualClusters": ["vc1"]}}}',
                                       "the change")
     core.check_group_change(name, acls=change.extension.acls if change.extension else None)
+    if change.extension is not None:
+        core.check_group_acls(change.extension.acls)
 
     def apply(group: Group) -> Group:
         return msgspec.structs.replace(

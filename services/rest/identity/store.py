@@ -232,6 +232,29 @@ async def issue_token(bus: Bus, user: str, kind: TokenKind, *, expires_at: float
     return token
 
 
+async def room_for_one_more_token(bus: Bus, user: str, limit: int, now: float, *, end_sign_ins: bool) -> int:
+    """Before `user` gets a token: when they hold `limit` or more, drop their expired
+    ones and, with `end_sign_ins`, end their oldest sign-ins (login tokens) to make
+    room. Returns how many live tokens they hold then (the quota's `used`)."""
+    if not limit:
+        return 0
+    kv = await _kv(bus)
+    keys = await all_keys(kv, f"token.{user}.")
+    if len(keys) < limit:
+        return len(keys)
+    got = await asyncio.gather(*(get_json(kv, key, TokenRecord) for key in keys))
+    live = [(key, g[0]) for key, g in zip(keys, got, strict=True) if g is not None and core.is_live(g[0], now)]
+    expired = [key for key, g in zip(keys, got, strict=True) if g is not None and not core.is_live(g[0], now)]
+    await asyncio.gather(*(kv.delete(key) for key in expired))
+    excess = len(live) - limit + 1
+    if excess <= 0 or not end_sign_ins:
+        return len(live)
+    sign_ins = sorted((record.createdAt, key) for key, record in live if record.kind == TokenKind.LOGIN)
+    ended = [key for _, key in sign_ins[:excess]]
+    await asyncio.gather(*(kv.delete(key) for key in ended))
+    return len(live) - len(ended)
+
+
 async def lookup_token(bus: Bus, token: str, now: float) -> tuple[TokenRecord, str] | None:
     """The live token record and its key; None when unknown, revoked or expired."""
     key = token_key(token)
