@@ -99,7 +99,6 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Submissions of one user being taken at once by one rest process.
     rest_user_max_submissions_in_flight: int = 32
 
-
     # --- the one-node cluster of a laptop (no cluster_file; README "Quick start") ---
     # CPUs of this machine to offer (`pai up --cpus N`); 0: every CPU detected.
     local_cpus: int = 0
@@ -114,6 +113,19 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     rest_token_max_seconds: float = 366 * 86400.0
     # rest: seconds between heartbeat comments on GET /api/v2/events (SSE).
     rest_events_heartbeat_seconds: float = 15.0
+    # --- every service's HTTP server, rest's API above all (docs/api.md "Abuse") ---
+    # A request's header must arrive whole this long after the connection opened or
+    # the previous answer was sent, or the connection is closed (slow-loris).
+    http_header_timeout_seconds: float = 15.0
+    # A request's body must arrive whole this long after its header: past it 408.
+    http_body_timeout_seconds: float = 60.0
+    # A connection idle this long between requests (keep-alive) is closed.
+    http_keepalive_seconds: float = 75.0
+    # Open connections at most, in all and from one peer address (behind a proxy the
+    # proxy is one peer: raise the second); past them a new one gets 503 and is closed.
+    # The total is kept under the process's file limit, which the service raises to its hard limit.
+    http_max_connections: int = 8192
+    http_max_connections_per_peer: int = 1024
     # --- the NATS store (docs/deploy.md; libs/common/jetstream_limits.py) ---
     # nats_url may list several servers of one NATS cluster, comma-separated
     # ("nats://a:4222,nats://b:4222"): a client moves to another when its own goes.

@@ -26,7 +26,7 @@ import nats.js.errors
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from libs.common import telemetry
+from libs.common import http_server, telemetry
 from libs.common.bus import Bus
 from libs.common.config import Config
 from libs.common.subjects import Bucket
@@ -213,6 +213,7 @@ def run(
 ) -> None:
     """Entry point of `python -m services.<name>`."""
     telemetry.setup(name, level=config.log_level, otlp_endpoint=config.otlp_endpoint)
+    http_server.limit_log_rates()  # what a flood of bad clients makes asyncio and aiohttp log
     try:
         asyncio.run(_main(name, config, body, single_active, app_factory))
     except KeyboardInterrupt:
@@ -233,10 +234,8 @@ async def _main(name, config, body, single_active, app_factory) -> None:
     else:
         app = web.Application()
         app.add_routes(health_routes(lambda: ctx))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port_of(name), reuse_address=True)
-    await site.start()
+    # Timeouts and connection caps against slow or idle clients (libs/common/http_server.py).
+    runner, _ = await http_server.serve(app, config.host, config.port_of(name), http_server.Limits.of(config))
     log.info("%s serving on %s:%s", name, config.host, config.port_of(name))
     ctx.spawn(exit_when_bus_closed(ctx), "bus-watch")
     try:

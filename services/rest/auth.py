@@ -18,6 +18,7 @@ from aiohttp import web
 
 from libs.common.bus import Bus
 from libs.common.errors import ConflictUser, Unauthorized
+from libs.common.protocol.encodable import encodable
 from services.rest.identity import cache, core, store
 from services.rest.records import TokenKind, User
 from services.rest.request import USER, ctx_of
@@ -100,6 +101,9 @@ async def call_as_caller(request: web.Request, handler):
     if is_public(request.path):
         return await handler(request)
     header = request.headers.get("Authorization", "")
+    if not encodable(header):  # aiohttp keeps bytes that are not UTF-8 as surrogates
+        raise Unauthorized("the Authorization header is not valid UTF-8: send 'Authorization: Bearer <token>' "
+                           "with the token as PAI gave it")
     scheme, _, token = header.partition(" ")
     token = token.strip()
     if not token or scheme.lower() != "bearer":

@@ -48,7 +48,7 @@ import nats.js.errors
 
 from libs.common import ids
 from libs.common.bus import store_is_full
-from libs.common.errors import Transient
+from libs.common.errors import BadInput, Transient
 from libs.common.jetstream_limits import store_settings
 from libs.common.messages import JobSubmitted, subject_of
 from libs.common.service import ServiceContext
@@ -102,12 +102,17 @@ def sweep_plan(index: JobIndex, published_here: Container[str], now: float, *,
 
 
 class _Submission:
-    """One request's job record, and its answer once its writes are answered."""
+    """One request's job record, encoded, and its answer once its writes are answered."""
 
-    __slots__ = ("answer", "record")
+    __slots__ = ("answer", "record", "value")
 
     def __init__(self, record: SubmittedJob):
         self.record = record
+        # Encoded here, in the request's own call: a record that cannot be encoded fails
+        # its own request, never the batch it would have joined. Its event too (the
+        # bus encodes it again in the batch, where it must not fail).
+        self.value = _encoder.encode(record)
+        _encoder.encode(submitted_event(record))
         self.answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
     def succeed(self, published: bool) -> None:
@@ -143,7 +148,10 @@ class Intake:
         when the record could not be stored (a timeout: it may be), or when the store
         refused the event for want of room (the record is then taken back, so the
         same submission may be sent again)."""
-        submission = _Submission(record)
+        try:
+            submission = _Submission(record)
+        except (UnicodeEncodeError, msgspec.EncodeError) as exc:  # validation refuses this first (protocol/encodable.py)
+            raise BadInput(f"the job cannot be stored: {exc}") from None
         self._gathered.append(submission)
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write_gathered())
@@ -158,8 +166,7 @@ class Intake:
                 try:
                     await self._write_batch(batch)
                 except Exception as exc:  # noqa: BLE001 - each waiting request answers with it
-                    for submission in batch:
-                        submission.fail(exc)
+                    await self._write_alone(batch, exc)
         finally:
             # Cancelled (rest stopping): no submission is left waiting for an answer that never comes.
             for submission in [*batch, *self._gathered]:
@@ -168,10 +175,30 @@ class Intake:
             self._gathered = []
             self._writer = None
 
+    async def _write_alone(self, batch: list[_Submission], exc: Exception) -> None:
+        """A batch failed as a whole: each submission not yet answered is written on its
+        own, so that one request's failure (whatever it is) fails that request alone.
+        A record the batch stored before failing is recognised as its own (`_write_batch`)."""
+        waiting = [s for s in batch if not s.answer.done()]
+        if len(batch) == 1:
+            for submission in waiting:
+                submission.fail(exc)
+            return
+        log.warning("a batch of %d submissions failed (%r); writing each of the %d unanswered alone",
+                    len(batch), exc, len(waiting))
+
+        async def alone(submission: _Submission) -> None:
+            try:
+                await self._write_batch([submission])
+            except Exception as own:  # noqa: BLE001 - its request answers with it
+                submission.fail(own)
+
+        await asyncio.gather(*(alone(s) for s in waiting))
+
     async def _write_batch(self, batch: list[_Submission]) -> None:
         bus = self.ctx.bus
         keys = [ids.job_key(s.record.job) for s in batch]
-        values = [_encoder.encode(s.record) for s in batch]
+        values = [s.value for s in batch]
         revisions = await bus.kv_create_each(Bucket.JOBS, list(zip(keys, values)))
         existing = [i for i, revision in enumerate(revisions) if isinstance(revision, nats.js.errors.KeyWrongLastSequenceError)]
         if existing:
@@ -181,6 +208,16 @@ class Intake:
             again = await asyncio.gather(*(kv.create(keys[i], values[i]) for i in existing), return_exceptions=True)
             for i, revision in zip(existing, again):
                 revisions[i] = revision
+            # A record written by a batch that then failed, now written again alone: the
+            # stored record is this very submission (same bytes, to its submission time), not a 409.
+            for i in existing:
+                if isinstance(revisions[i], nats.js.errors.KeyWrongLastSequenceError):
+                    try:
+                        entry = await kv.get(keys[i])
+                    except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                        continue
+                    if entry.value == values[i] and entry.revision is not None:
+                        revisions[i] = entry.revision
         created: list[tuple[_Submission, str, int]] = []
         for submission, key, value, revision in zip(batch, keys, values, revisions):
             if isinstance(revision, BaseException):

@@ -114,8 +114,12 @@ async def index_page(request: web.Request) -> web.StreamResponse:
 
 async def static_file(request: web.Request) -> web.StreamResponse:
     wanted = request.match_info["path"]
-    path = (STATIC_DIR / wanted).resolve()
-    if not path.is_relative_to(STATIC_DIR) or not path.is_file():
+    try:
+        path = (STATIC_DIR / wanted).resolve()
+        found = path.is_relative_to(STATIC_DIR) and path.is_file()
+    except (OSError, ValueError):  # a name over the file system's 255 bytes, a NUL byte, bytes not UTF-8
+        found = False
+    if not found:
         raise NotFound(f"the portal has no file {wanted[:120]!r}")
     return _file_response(request, path)
 

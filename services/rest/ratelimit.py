@@ -60,7 +60,8 @@ class TokenBuckets:
 def _caller(request: web.Request) -> str:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and token.strip():
-        return "token:" + hashlib.sha256(token.strip().encode()).hexdigest()
+        # surrogateescape: aiohttp keeps a header's bytes that are not UTF-8 that way (auth refuses them later)
+        return "token:" + hashlib.sha256(token.strip().encode("utf-8", "surrogateescape")).hexdigest()
     return f"peer:{request.remote}"
 
 

@@ -3,14 +3,19 @@ authenticated user, and a body no bigger and no deeper than the route allows."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
 
-from libs.common.errors import BadInput, TooLarge
+from libs.common.errors import BadInput, RequestTimeout, TooLarge
 from libs.common.protocol.depth import NestingTooDeep, check_json_depth
+from libs.common.protocol.encodable import MESSAGE as UNENCODABLE_MESSAGE
+from libs.common.protocol.encodable import RULE as UNENCODABLE_RULE
+from libs.common.protocol.encodable import unencodable_paths
+from libs.common.protocol.paths import format_path
 from libs.common.protocol.limits import MAX_ADMIN_BODY_BYTES
 from libs.common.service import ServiceContext
 from services.rest.identity.core import Principal
@@ -37,11 +42,19 @@ async def read_body(request: web.Request, *, limit: int, what: str) -> bytes:
                        details={"limit": limit})
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge(f"{what} exceeds the limit of {limit} bytes", details={"limit": limit})
-        chunks.append(chunk)
+    # A body trickled in (or never sent after its header) must not hold the
+    # request, its connection and its memory for ever.
+    seconds = ctx_of(request).config.http_body_timeout_seconds
+    try:
+        async with asyncio.timeout(seconds if seconds > 0 else None):
+            async for chunk in request.content.iter_any():
+                size += len(chunk)
+                if size > limit:
+                    raise TooLarge(f"{what} exceeds the limit of {limit} bytes", details={"limit": limit})
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(f"{what} did not arrive within {seconds:g} seconds ({size} bytes came); "
+                             "send it whole (http_body_timeout_seconds)", details={"limit": seconds}) from None
     return b"".join(chunks)
 
 
@@ -58,6 +71,9 @@ async def read_json_object(request: web.Request, *, what: str, example: str) -> 
         raise bad_field("$", "json", f"{what} must be JSON like {example}") from None
     if not isinstance(data, dict):
         raise bad_field("$", "type", f"{what} must be a JSON object like {example}")
+    unencodable = unencodable_paths(data, most=1)
+    if unencodable:  # "\ud800" is valid JSON, but no text that can be stored or sent on
+        raise bad_field(format_path(unencodable[0]), UNENCODABLE_RULE, UNENCODABLE_MESSAGE)
     return data
 
 

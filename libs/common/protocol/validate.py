@@ -11,6 +11,9 @@ from collections.abc import Callable
 
 from libs.common.ids import NAME_PATTERN
 from libs.common.protocol.checks import Checker, Ignored
+from libs.common.protocol.encodable import MESSAGE as UNENCODABLE_MESSAGE
+from libs.common.protocol.encodable import RULE as UNENCODABLE_RULE
+from libs.common.protocol.encodable import unencodable_paths
 from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_JOB_RETRY_COUNT, MAX_NAME_LENGTH
 from libs.common.protocol.model import FieldError
 from libs.common.protocol.paths import DocPath
@@ -38,6 +41,12 @@ DEFAULTS_KEYS = frozenset({"virtualCluster", "deployment"})
 
 def validate_document(data: dict, line_of: Callable[[DocPath], int | None]) -> tuple[list[FieldError], list[Ignored]]:
     check = Checker(line_of)
+    unencodable = unencodable_paths(data)
+    if unencodable:
+        # Refused alone: the other checks would quote these strings back in their messages.
+        for path in unencodable:
+            check.error(path, UNENCODABLE_RULE, UNENCODABLE_MESSAGE)
+        return check.errors, []
     check.known_keys(data, (), TOP_LEVEL_KEYS)
     _check_header(check, data)
     for section in ("parameters", "secrets"):
