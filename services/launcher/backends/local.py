@@ -94,10 +94,13 @@ from services.launcher.backends import (
     local_users,
 )
 from services.launcher.backends.local_doorbell import (
+    CREDENTIALS_SPACE,
     FINISHED_BELL,
     RUNNING_BELL,
     doorbell_address,
     doorbell_name,
+    listen_with_credentials,
+    sender_of,
 )
 from services.launcher.backends.local_layout import (
     KILL,
@@ -135,6 +138,7 @@ from services.launcher.backends.local_layout import (
 )
 from services.launcher.backends.local_logs import read_log
 from services.launcher.backends.local_shim import BASH
+from services.launcher import metrics
 from services.launcher.core.tasks import (
     BackendEvent,
     TaskFinished,
@@ -164,6 +168,9 @@ CLAIM_WRITE_SECONDS = 10.0
 # local_layout.STALE_LINE_SECONDS after it was sent is dropped, so that it
 # cannot find the task's directory pruned long after it ran).
 RESEND_SECONDS = 10.0
+# At most one log line per this many seconds about doorbell datagrams dropped
+# because no shim sent them (their count is a metric).
+FORGED_BELL_LOG_SECONDS = 60.0
 # Ended tasks' working directories remembered to be offered to new tasks; a
 # burst's worth (those past it simply stay, as every used one does).
 ENDED_WORK_DIRS_KEPT = 1024
@@ -233,6 +240,12 @@ class LocalBackend:
         self.task_users = local_users.resolve(task_user)
         if self.task_users is not None:
             log.info("tasks run as users of their own; started with %s", local_shim.SPAWN_AS)
+        else:
+            log.warning(
+                "tasks run as the launcher's own user (uid %d): their reports to it cannot be told from "
+                "their shims' (the doorbell's sender check needs tasks under other uids: run PAI as root "
+                "with task_user set)", os.getuid(),
+            )
         # Outside the data dir when a directory above it bars the tasks' users (local_layout).
         self.work_root = choose_work_root(self.data_dir, tasks_are_other_users=self.task_users is not None)
         self._work_root_path = str(self.work_root)
@@ -264,6 +277,11 @@ class LocalBackend:
         self._reports_end = False
         self._base_env = _inherited_env()
         self._bell: socket.socket | None = None
+        # Whom the doorbell believes: shims are forks of our fork server and keep
+        # our real uid (what SCM_CREDENTIALS carries when a sender claims none).
+        self._shim_uid = os.getuid()
+        self._forged_unlogged = 0
+        self._forged_logged_at = -FORGED_BELL_LOG_SECONDS
         self._server: asyncio.subprocess.Process | None = None
         self._server_generation = 0
         self._sweeper: asyncio.Task[None] | None = None
@@ -462,6 +480,7 @@ class LocalBackend:
         if self._bell is None:
             bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             try:
+                listen_with_credentials(bell)  # before bind: no datagram comes without its sender
                 bell.bind(doorbell_address(self._doorbell))
             except OSError as exc:
                 bell.close()
@@ -509,12 +528,18 @@ class LocalBackend:
             pass  # the sweep restarts the server and sends again
 
     def _on_bell(self) -> None:
+        """Reports from shims; any other sender's are dropped (local_doorbell: who rang)."""
         assert self._bell is not None
+        receive, shim_uid = self._bell.recvmsg, self._shim_uid
         while True:
             try:
-                message = self._bell.recv(65536)
+                message, ancillary, _flags, _address = receive(65536, CREDENTIALS_SPACE)
             except (BlockingIOError, InterruptedError):
                 return
+            sender = sender_of(ancillary)
+            if sender is None or sender[1] != shim_uid:
+                self._drop_forged(message, sender)
+                continue
             kind, body = message[:1], message[1:]
             slug, _, detail = body.partition(b"\n")
             task = self._tasks.get(slug.decode(errors="replace"))
@@ -525,6 +550,22 @@ class LocalBackend:
                 self._report_running(task, detail.decode(errors="replace"))
             elif kind == FINISHED_BELL:
                 self._report_finished(task, told=detail)
+
+    def _drop_forged(self, message: bytes, sender: tuple[int, int] | None) -> None:
+        """A datagram no shim sent (a task's, or one without credentials): counted,
+        and logged at most once a FORGED_BELL_LOG_SECONDS (a task may send many)."""
+        metrics.FORGED_BELLS.inc()
+        self._forged_unlogged += 1
+        now = time.monotonic()
+        if now - self._forged_logged_at < FORGED_BELL_LOG_SECONDS:
+            return
+        pid, uid = sender if sender is not None else (-1, -1)
+        log.warning(
+            "dropped %d doorbell datagram(s) not sent by a shim; the last from pid %d, uid %d, naming %r",
+            self._forged_unlogged, pid, uid, message[1:].partition(b"\n")[0][:200].decode(errors="replace"),
+        )
+        self._forged_unlogged = 0
+        self._forged_logged_at = now
 
     async def _sweep_forever(self) -> None:
         while True:

@@ -6,6 +6,22 @@ message is one datagram: `R<slug>\\n<detail>` (the task runs) or
 the record; one longer than MAX_TOLD_RECORD_BYTES is left out: `F<slug>`). A
 lost datagram only delays the news: the backend also sweeps the task directories,
 and reads them all when it recovers.
+
+Who rang: an abstract name is reachable by every process of the machine, tasks
+included (they can read it in /proc/net/unix). So the backend turns on
+SO_PASSCRED, and the kernel attaches to each datagram its sender's credentials
+(SCM_CREDENTIALS: the sender's pid, real uid and gid; a sender may claim other
+ones only with CAP_SYS_ADMIN/CAP_SETUID over the receiver's user namespace, and
+a task in a user namespace of its own can only name the uid it is mapped from).
+Shims run as the launcher's own user (root when tasks change user), tasks as
+job uids: a datagram whose sender uid is not the launcher's is dropped
+(`sender_uid`, local.py's `_on_bell`). One that passes came from a process of
+the platform's user, which could as well write the task's record; so its
+payload is worth what the record is worth (the shim sends the very bytes it
+appended there), and the backend takes the exit from it without reading the
+file. When tasks run as the platform's own user (it is not root, or
+`task_user` is unset), the check cannot tell a shim from a task: the backend
+says so when it starts (README, security).
 """
 
 from __future__ import annotations
@@ -19,6 +35,25 @@ FINISHED_BELL = b"F"
 # Well under a unix datagram's limit (the socket's send buffer, 200 KiB here);
 # an exit record is a few hundred bytes.
 MAX_TOLD_RECORD_BYTES = 16 * 1024
+
+
+# struct ucred: pid_t pid, uid_t uid, gid_t gid.
+_UCRED = struct.Struct("iII")
+CREDENTIALS_SPACE = socket.CMSG_SPACE(_UCRED.size)
+
+
+def listen_with_credentials(bell: socket.socket) -> None:
+    """Have the kernel attach its sender's credentials to every datagram `bell` receives."""
+    bell.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+
+
+def sender_of(ancillary: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:
+    """(pid, uid) of a datagram's sender from its `recvmsg` ancillary data; None if none came."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
+            pid, uid, _gid = _UCRED.unpack_from(data)
+            return pid, uid
+    return None
 
 
 def doorbell_name(data_dir: Path) -> str:
