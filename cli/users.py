@@ -111,11 +111,11 @@ def cmd_groups_list(args: argparse.Namespace) -> int:
     if args.json:
         _print(args, groups)
         return 0
-    table = Table("group", "admin", "virtual clusters", "description")
+    table = Table("group", "admin", "virtual clusters", "priority classes", "description")
     for g in groups:
         acls = g["extension"]["acls"]
         table.add_row(g["groupname"], "yes" if acls["admin"] else "", ", ".join(acls["virtualClusters"]),
-                      g["description"])
+                      ", ".join(acls.get("priorityClasses", [])), g["description"])
     console.print(table)
     return 0
 
@@ -127,8 +127,13 @@ def cmd_groups_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _acls(args: argparse.Namespace) -> dict[str, Any]:
-    return {"admin": bool(args.admin), "virtualClusters": [v for v in (args.vcs or "").split(",") if v]}
+def _acls(args: argparse.Namespace, priority_classes: list[str] | None = None) -> dict[str, Any]:
+    acls: dict[str, Any] = {"admin": bool(args.admin), "virtualClusters": [v for v in (args.vcs or "").split(",") if v]}
+    if args.priority_classes is not None:
+        acls["priorityClasses"] = [c for c in args.priority_classes.split(",") if c]
+    elif priority_classes is not None:
+        acls["priorityClasses"] = priority_classes
+    return acls
 
 
 def cmd_groups_add(args: argparse.Namespace) -> int:
@@ -138,7 +143,11 @@ def cmd_groups_add(args: argparse.Namespace) -> int:
 
 
 def cmd_groups_set(args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"extension": {"acls": _acls(args)}}
+    kept = None
+    if args.priority_classes is None:  # not given: the group keeps the classes it grants
+        group = _call(args, "GET", f"/api/v2/groups/{args.groupname}")
+        kept = group["extension"]["acls"].get("priorityClasses", [])
+    body: dict[str, Any] = {"extension": {"acls": _acls(args, kept)}}
     if args.description is not None:
         body["description"] = args.description
     _print(args, _call(args, "PUT", f"/api/v2/groups/{args.groupname}", body))
@@ -223,6 +232,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("groupname")
         p.add_argument("--vcs", help="comma-separated virtual clusters its members may submit to")
         p.add_argument("--admin", action="store_true", help="its members are admins")
+        p.add_argument("--priority-classes", dest="priority_classes",
+                       help="comma-separated job priority classes its members may use beyond test and oppo "
+                            "(prod, crit); `set` without it keeps the group's")
         p.add_argument("--description")
         p.set_defaults(func=func)
     gdel = g.add_parser("delete", help="delete a group with no members")

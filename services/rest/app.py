@@ -44,6 +44,7 @@ from libs.common.subjects import Bucket
 from services.rest import auth, events, fallback, intake, metrics, nodes, ratelimit, rules, views
 from services.rest.identity import core as identity_core
 from services.rest.identity import routes as identity_routes
+from services.rest.identity import store as identity_store
 from services.rest import alerts as alert_routes
 from services.rest import jobs_api, portal_routes, quotas
 from services.rest.records import SubmittedJob
@@ -194,6 +195,8 @@ async def _take_job(request: web.Request) -> web.Response:
         await jobs_api.check_against_cluster(request, lambda view: (
             _check_virtual_cluster(view, user, spec.virtualCluster), jobs_api.check_fits(spec, view)))
     jid = ids.job_id(user.username, spec.name)
+    if not identity_core.may_use_priority_class(user, spec.priorityClass):  # crit/prod: granted per group
+        raise identity_core.priority_class_refused(user, spec.priorityClass, await identity_store.all_groups(ctx.bus))
     if portal_routes.wants_dry_run(request):  # validated as a submission is; nothing stored or published
         return portal_routes.dry_run_answer(jid, parsed)
     record = SubmittedJob(

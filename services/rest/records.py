@@ -55,6 +55,9 @@ class GroupAcls(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     admin: bool = False
     virtualClusters: list[str] = []
     storageConfigs: list[str] = []  # OpenPAI's; kept, not used
+    # PAI's: the job priority classes (crit, prod, ...) its members may use beyond the open ones
+    # (services/rest/identity/core.py: OPEN_PRIORITY_CLASSES).
+    priorityClasses: list[str] = []
 
 
 class GroupExtension(msgspec.Struct, frozen=True, kw_only=True):

@@ -4,6 +4,11 @@ names and token lifetimes are acceptable. No I/O; the clock is passed in.
 OpenPAI's model: a user belongs to groups; a group's `extension.acls` says whether
 its members are admins and which virtual clusters they may submit to. The built-in
 `default` group grants the `default` VC, the built-in `admin` group admin rights.
+
+Priority classes (PAI's addition, `extension.acls.priorityClasses`): everyone may use
+the open classes (`test`, the default, and `oppo`, which only borrows idle cells and is
+preempted first); `prod` and `crit` preempt other jobs of their VC, so only members of a
+group that lists them (and admins) may submit with them.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import msgspec
 from libs.common.errors import BadInput, Forbidden, ForbiddenKey
 from libs.common.ids import NAME_PATTERN
 from libs.common.protocol.limits import MAX_EMAIL_LENGTH, MAX_USERNAME_LENGTH
+from libs.common.protocol.model import PRIORITY_CLASSES
 from services.rest.records import Group, GroupAcls, GroupExtension, TokenKind, TokenRecord, User
 
 ADMIN_GROUP = "admin"
@@ -32,6 +38,8 @@ MAX_GROUP_NAME_LENGTH = 64
 MAX_GROUPS_PER_USER = 64
 MIN_PASSWORD_LENGTH = 8
 MAX_PASSWORD_LENGTH = 256  # argon2 hashes anything, but a megabyte password is an attack
+# Classes no group needs to grant: they preempt nobody's guaranteed work (see the module's docstring).
+OPEN_PRIORITY_CLASSES = ("test", "oppo")
 
 
 class Principal(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,6 +52,8 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     email: str = ""
     tokenKey: str = ""  # the KV key of the token used (logout revokes it)
     hasPassword: bool = False
+    # The priority classes they may submit with (admins: all); a default for principals cached before.
+    priorityClasses: tuple[str, ...] = OPEN_PRIORITY_CLASSES
 
 
 def resolve(user: User, groups: dict[str, Group], *, token_key: str = "") -> Principal:
@@ -53,13 +63,40 @@ def resolve(user: User, groups: dict[str, Group], *, token_key: str = "") -> Pri
     mine = [known[name] for name in user.grouplist if name in known]
     admin = user.admin or any(group.extension.acls.admin for group in mine)
     vcs = sorted({vc for group in mine for vc in group.extension.acls.virtualClusters})
+    granted = {*OPEN_PRIORITY_CLASSES, *(c for group in mine for c in group.extension.acls.priorityClasses)}
+    classes = tuple(c for c in PRIORITY_CLASSES if admin or c in granted)  # highest first
     return Principal(username=user.username, admin=admin, virtualClusters=tuple(vcs),
                      grouplist=tuple(user.grouplist), email=user.email, tokenKey=token_key,
-                     hasPassword=bool(user.passwordHash))
+                     hasPassword=bool(user.passwordHash), priorityClasses=classes)
 
 
 def may_submit_to(caller: Principal, vc: str) -> bool:
     return caller.admin or vc in caller.virtualClusters
+
+
+def may_use_priority_class(caller: Principal, priority_class: str) -> bool:
+    return caller.admin or priority_class in caller.priorityClasses
+
+
+def priority_class_refused(caller: Principal, priority_class: str, groups: list[Group]) -> Forbidden:
+    """The refusal of a submission with a class the caller was not granted: which groups grant it, what to do."""
+    granting = sorted(g.groupname for g in groups if priority_class in g.extension.acls.priorityClasses)
+    where = (f"groups that grant it: {', '.join(granting)}; ask an admin to add you to one of them"
+             if granting else f"no group grants it yet; an admin grants it with "
+                              f"`pai groups set <group> --priority-classes {priority_class}`")
+    path = "extras.hivedScheduler.jobPriorityClass"
+    message = (f"user {caller.username} may not use priority class {priority_class!r} ({path}): their groups "
+               f"({', '.join(caller.grouplist) or 'none'}) grant {', '.join(caller.priorityClasses)}; {where}, "
+               f"or submit with one of {', '.join(caller.priorityClasses)}")
+    return Forbidden(message, details={"errors": [{"path": path, "rule": "priority_class_not_granted",
+                                                   "message": message, "grantedBy": granting}]})
+
+
+def check_group_acls(acls: GroupAcls, path: str = "extension.acls") -> None:
+    for i, name in enumerate(acls.priorityClasses):
+        if name not in PRIORITY_CLASSES:
+            raise bad_field(f"{path}.priorityClasses[{i}]", "enum",
+                            f"{name[:32]!r} is not a priority class; one of {', '.join(PRIORITY_CLASSES)}")
 
 
 # --- who may do what ----------------------------------------------------------------------

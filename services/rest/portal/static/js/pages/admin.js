@@ -50,10 +50,11 @@ export async function render(main) {
 
   async function loadGroups() {
     const groups = await get("/api/v2/groups");
-    clear(groupsBox, h("div", { class: "table-wrap" }, table(["group", "description", "admin", "virtual clusters"], groups.map((g) => {
+    clear(groupsBox, h("div", { class: "table-wrap" }, table(["group", "description", "admin", "virtual clusters", "priority classes (beyond test, oppo)"], groups.map((g) => {
       const acls = (g.extension && g.extension.acls) || {};
       return h("tr", {}, h("th", { scope: "row" }, g.groupname), h("td", {}, g.description || ""),
-        h("td", {}, acls.admin ? "yes" : "no"), h("td", {}, (acls.virtualClusters || []).join(", ")));
+        h("td", {}, acls.admin ? "yes" : "no"), h("td", {}, (acls.virtualClusters || []).join(", ")),
+        h("td", {}, acls.admin ? "all" : (acls.priorityClasses || []).join(", ")));
     }), { id: "groups" })));
   }
 
