@@ -86,6 +86,8 @@ class PrincipalCache:
         kind, _, rest = bucket_key.partition(".")
         if kind == "token":
             self._entries.pop(bucket_key, None)
+        elif kind == "name":
+            pass  # the claim of a user name (store.name_key) changes nobody's rights
         elif kind == "user":
             for key in [k for k, e in self._entries.items() if e.principal.username == rest]:
                 del self._entries[key]

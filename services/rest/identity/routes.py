@@ -100,7 +100,7 @@ async def login(request: web.Request) -> web.Response:
     wait = LOGIN_THROTTLE.retry_after(name, time.monotonic())
     if wait > 0:
         raise TooManyRequests(f"too many failed sign-ins as {name}; try again in {wait:.0f} s")
-    got = await store.get_user(ctx.bus, body.username)
+    got = await store.find_user(ctx.bus, body.username)  # `Alice` signs in as alice too
     password = body.password[: core.MAX_PASSWORD_LENGTH + 1]
     if got is None:
         await store.spend_password_check(password)  # as slow as a wrong password: names are not probed
@@ -201,10 +201,30 @@ async def create_user(request: web.Request) -> web.Response:
     user = User(username=new.username, email=new.email, grouplist=grouplist, extension=new.extension,
                 passwordHash=await store.hash_password(new.password) if new.password else "", createdAt=time.time())
     await store.create_user(ctx.bus, user)
-    token = await store.issue_token(ctx.bus, new.username, TokenKind.APPLICATION,
-                                    expires_at=core.token_expiry(TokenKind.APPLICATION, time.time(), policy(ctx)),
-                                    description="made with the user")
+    try:
+        token = await store.issue_token(ctx.bus, new.username, TokenKind.APPLICATION,
+                                        expires_at=core.token_expiry(TokenKind.APPLICATION, time.time(), policy(ctx)),
+                                        description="made with the user")
+    except Exception as exc:
+        # The user is stored, its token is not: take the user back so that a 507 (or
+        # 503) says the truth, "nothing was stored"; where that fails too, say what is.
+        if await _taken_back(ctx, new.username):
+            raise
+        return web.json_response({"username": new.username, "token": None, **await _user_view(ctx, user),
+                                  "warnings": [f"the user {new.username} was created, but its first token could "
+                                               f"not be stored ({type(exc).__name__}): sign in with its password, "
+                                               "or create a token (POST /api/v2/tokens) once the store has room"]},
+                                 status=201)
     return web.json_response({"username": new.username, "token": token, **await _user_view(ctx, user)}, status=201)
+
+
+async def _taken_back(ctx: ServiceContext, name: str) -> bool:
+    """Delete the user `name` just created; whether it is gone."""
+    try:
+        await store.delete_user(ctx.bus, name)
+        return True
+    except Exception:  # noqa: BLE001 - a full store may refuse the delete as well
+        return await store.get_user(ctx.bus, name) is None
 
 
 async def change_user(request: web.Request) -> web.Response:

@@ -107,11 +107,93 @@ async def _change_record(bus: Bus, key: str, read: Callable[[], Awaitable[tuple[
     raise busy()
 
 
-async def create_user(bus: Bus, user: User) -> None:
+def name_key(name: str) -> str:
+    """The claim of a user name whatever its case: `Alice` and `alice` are one name."""
+    return f"name.{name.lower()}"
+
+
+class _Claim(msgspec.Struct, frozen=True):
+    username: str
+    at: float
+
+
+# A claim whose user does not exist is a creation in flight this young, else one
+# that failed (or a user since deleted) and is free to take.
+CLAIM_IN_FLIGHT_SECONDS = 30.0
+
+
+def _taken(existing: str, wanted: str) -> ConflictUser:
+    if existing == wanted:
+        return ConflictUser(f"user {wanted} already exists")
+    return ConflictUser(f"user {existing} already exists; user names are unique whatever their case, "
+                        f"so {wanted} cannot be created", details={"existing": existing})
+
+
+async def _claim_name(kv: KeyValue, name: str) -> None:
+    """Take `name` (any case) for a user about to be created, atomically: of two
+    creations of `Alice` and `alice` at once, one gets a 409."""
+    key, value = name_key(name), msgspec.json.encode(_Claim(username=name, at=time.time()))
     try:
-        await (await _kv(bus)).create(user_key(user.username), msgspec.json.encode(user))
+        await kv.create(key, value)
+        return
     except nats.js.errors.KeyWrongLastSequenceError:
-        raise ConflictUser(f"user {user.username} already exists") from None
+        pass
+    got = await get_json(kv, key, _Claim)
+    if got is None:  # released meanwhile: take it as new
+        try:
+            await kv.create(key, value)
+            return
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise ConflictUser(f"the user name {name} is being taken by another request; try again") from None
+    claim, revision = got
+    if claim.username != name and (await get_json(kv, user_key(claim.username), User) is not None
+                                   or time.time() - claim.at < CLAIM_IN_FLIGHT_SECONDS):
+        raise _taken(claim.username, name)
+    try:
+        await kv.update(key, value, last=revision)
+    except nats.js.errors.KeyWrongLastSequenceError:
+        raise ConflictUser(f"the user name {name} is being taken by another request; try again") from None
+
+
+async def _release_name(kv: KeyValue, name: str) -> None:
+    got = await get_json(kv, name_key(name), _Claim)
+    if got is not None and got[0].username == name:
+        await kv.delete(name_key(name), last=got[1])
+
+
+async def create_user(bus: Bus, user: User) -> None:
+    """Store a new user. Names are unique whatever their case (a 409 names the user
+    who has it); refused for want of room, nothing of the user is left that counts
+    (a claim of its name may stay, taken by the next creation of that name)."""
+    kv = await _kv(bus)
+    name = user.username
+    # Users stored before names were claimed have no claim: found by their keys (creating a user is rare).
+    for key in await all_keys(kv, "user."):
+        existing = key[len("user."):]
+        if existing.lower() == name.lower():
+            raise _taken(existing, name)
+    await _claim_name(kv, name)
+    try:
+        await kv.create(user_key(name), msgspec.json.encode(user))
+    except nats.js.errors.KeyWrongLastSequenceError:
+        raise ConflictUser(f"user {name} already exists") from None
+    except BaseException:
+        try:
+            await _release_name(kv, name)
+        except Exception:  # noqa: BLE001 - a full store refuses this too; the claim is taken over later
+            pass
+        raise
+
+
+async def find_user(bus: Bus, name: str) -> tuple[User, int] | None:
+    """The user named `name` exactly, else the one whose name differs only in case."""
+    got = await get_user(bus, name)
+    if got is not None or len(name) > MAX_USERNAME_LENGTH or not NAME_PATTERN.match(name):
+        return got
+    claim = await get_json(await _kv(bus), name_key(name), _Claim)
+    if claim is None or claim[0].username == name:
+        return None
+    return await get_user(bus, claim[0].username)
 
 
 async def change_user(bus: Bus, name: str, change: Callable[[User], User]) -> User:
@@ -128,6 +210,7 @@ async def delete_user(bus: Bus, name: str) -> None:
     except nats.js.errors.KeyWrongLastSequenceError:
         raise ConflictUser(f"user {name} was changed while being deleted; try again") from None
     await revoke_all_tokens(bus, name)  # one issued meanwhile by a login in flight
+    await _release_name(await _kv(bus), name)
 
 
 async def all_users(bus: Bus) -> list[User]:
