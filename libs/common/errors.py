@@ -34,7 +34,7 @@ CODES: dict[str, int] = {
     "ConflictGroupError": 409,
     "ConflictRuleError": 409,
     "PreconditionFailed": 412,  # a rules change based on a rule set changed since
-    "RequestTimeout": 408,  # the request's body did not arrive in time (rest_body_timeout_seconds)
+    "RequestTimeout": 408,  # the request's body did not arrive in time (http_body_timeout_seconds)
     "RequestEntityTooLarge": 413,
     "UnsupportedMediaType": 415,
     "TooManyRequestsError": 429,

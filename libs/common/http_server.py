@@ -232,9 +232,11 @@ class RateLimitedLog(logging.Filter):
 FLOODABLE_LOGGERS = ("asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.access", "pai.rest", "pai.http")
 
 
-def limit_log_rates(burst: int = 10, window: float = 60.0) -> None:
+def limit_log_rates(burst: int = 10, window: float = 60.0) -> RateLimitedLog:
+    """Rate-limit the FLOODABLE_LOGGERS (once per process); the filter they share."""
     limiter = RateLimitedLog(burst, window)
     for name in FLOODABLE_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, RateLimitedLog) for f in logger.filters):
             logger.addFilter(limiter)
+    return limiter

@@ -50,9 +50,10 @@ from libs.common import ids, job_secrets, service
 from libs.common.bus import BATCH_MAX, load_all
 from libs.common.config import Config, load_config
 from libs.common.errors import NotFound, PaiError, Transient
-from libs.common.logs import LOG_SUBJECT, MAX_REPLY_BYTES, LogReply, LogRequest
+from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest
 from libs.common.messages import (
     EventDeadLettered,
+    JobDeleted,
     JobPlaced,
     JobSubmitted,
     NodeCondition,
@@ -84,6 +85,7 @@ from services.launcher.core import (
 from services.launcher.core.held import HeldRunning, job_of
 from services.launcher.core.retention import due_for_pruning, task_keys
 from services.launcher.core.tasks import TaskFinished, TaskKey
+from services.launcher.log_snapshots import LogSnapshots, chunk_of
 
 log = logging.getLogger("pai.launcher")
 
@@ -102,9 +104,10 @@ COMMIT_DELAY_SECONDS = 0.01
 
 CONSUMED_KINDS = [
     Kind.JOB_SUBMITTED, Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_STOP_REQUESTED, Kind.TASK_VERDICT,
-    Kind.EVENT_DEAD_LETTERED, Kind.NODE_STATUS,
+    Kind.EVENT_DEAD_LETTERED, Kind.NODE_STATUS, Kind.JOB_DELETED,
 ]
-CONSUMED_TYPES = (JobSubmitted, JobPlaced, PreemptRequested, StopRequested, TaskVerdict, EventDeadLettered, NodeStatus)
+CONSUMED_TYPES = (JobSubmitted, JobPlaced, PreemptRequested, StopRequested, TaskVerdict, EventDeadLettered, NodeStatus,
+                  JobDeleted)
 
 
 def make_backend(config: Config) -> Backend:
@@ -182,6 +185,11 @@ class LauncherShell:
         first, so it ends every task placed on a lost node up to that point."""
         pending: list = []
         for message in messages:
+            if isinstance(message, JobDeleted):
+                await self._apply(*pending)
+                pending = []
+                await self._delete_job(message)
+                continue
             if isinstance(message, NodeStatus):
                 await self._apply(*pending)
                 pending = []
@@ -192,6 +200,28 @@ class LauncherShell:
             if event is not None:
                 pending.append(event)
         await self._apply(*pending)
+
+    async def _delete_job(self, event: JobDeleted) -> None:
+        """A finished job deleted: its task files and logs, then its record (pai_job_status).
+        Idempotent: a redelivery, or one after a crash midway, finds what is left and removes it."""
+        record = self.core.job(event.job)
+        if record is None:
+            return
+        if not record.state.is_final:  # rest deletes only finished jobs; a job never leaves a final state
+            log.warning("%s deleted while %s: kept", event.job, record.state.value, extra={"job": event.job})
+            return
+        if abs(record.createdTime - event.submittedAt) > 1e-3:
+            return  # a later job of the same name
+        prune = getattr(self.backend, "prune", None)
+        if prune is not None:  # the local backend's files; Kubernetes keeps none of its own
+            for key in task_keys(record):
+                await prune(key)
+            release = getattr(self.backend, "release_job", None)
+            if release is not None:
+                release(event.job)
+        await (await self.ctx.bus.kv(Bucket.JOB_STATUS)).delete(ids.job_key(event.job))
+        self.core.forget(event.job)
+        log.info("deleted %s (by %s): its record, task files and logs", event.job, event.by, extra={"job": event.job})
 
     async def pump_backend(self) -> None:
         """Backend events, every one already reported at once through the core.
@@ -490,17 +520,25 @@ class LauncherShell:
         for record in due:
             for key in task_keys(record):
                 await prune(key)
+            release_job = getattr(self.backend, "release_job", None)
+            if release_job is not None:  # the job's uid may go to another job (local backend)
+                release_job(record.job)
             await self._apply(LogsPruned(job=record.job, at=time.time()))
             log.info("removed the task files and logs of %s (finished %.0fs ago)", record.job,
                      time.time() - (record.completedTime or 0.0), extra={"job": record.job})
         return [record.job for record in due]
 
     async def serve_logs(self) -> None:
+        snapshots = LogSnapshots()  # a long log's chunks are cut from one read (services/launcher/log_snapshots.py)
+
         async def answer(msg) -> None:
             try:
                 req = msgspec.json.decode(msg.data, type=LogRequest)
-                data = await self._read_log(req)
-                reply = LogReply(found=True, data=data[-MAX_REPLY_BYTES:])
+                data = snapshots.usable(req, time.monotonic())
+                if data is None:
+                    data = await self._read_log(req)
+                    snapshots.keep(req, data, time.monotonic())
+                reply = LogReply(found=True, data=chunk_of(data, req), size=len(data))
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 reply = LogReply(found=False, error=f"bad log request: {exc}")
             except PaiError as exc:
@@ -537,7 +575,7 @@ class LauncherShell:
             data = _without_secret_start(scrub_bytes(data, values), values)
             if req.tailBytes is not None:
                 data = data[-req.tailBytes :] if req.tailBytes else b""
-        return data[req.offset :] if req.offset else data
+        return data  # the caller cuts the chunk asked for (offset, length)
 
     async def close(self) -> None:
         for task in (self._committer, self._held_timer):

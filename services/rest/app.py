@@ -32,7 +32,7 @@ from libs.common.errors import (
     PaiError,
     Transient,
 )
-from libs.common.logs import LogRequest, request_log
+from libs.common.logs import LogRequest, read_log_chunks
 from libs.common.messages import StopRequested
 from libs.common.protocol import MAX_BODY_BYTES, parse_job, protocol_error_body
 from libs.common.protocol.locate import errors_located
@@ -47,6 +47,7 @@ from services.rest.identity import routes as identity_routes
 from services.rest.identity import store as identity_store
 from services.rest import alerts as alert_routes
 from services.rest import jobs_api, portal_routes, quotas
+from services.rest.log_stream import log_response
 from services.rest.records import SubmittedJob
 from services.rest.request import CTX, USER, ctx_of, read_body, read_json_object
 
@@ -194,9 +195,9 @@ async def _take_job(request: web.Request) -> web.Response:
     with errors_located(body, request.content_type):  # refusals against the cluster point at their line too
         await jobs_api.check_against_cluster(request, lambda view: (
             _check_virtual_cluster(view, user, spec.virtualCluster), jobs_api.check_fits(spec, view)))
-    jid = ids.job_id(user.username, spec.name)
     if not identity_core.may_use_priority_class(user, spec.priorityClass):  # crit/prod: granted per group
         raise identity_core.priority_class_refused(user, spec.priorityClass, await identity_store.all_groups(ctx.bus))
+    jid = ids.job_id(user.username, spec.name)
     if portal_routes.wants_dry_run(request):  # validated as a submission is; nothing stored or published
         return portal_routes.dry_run_answer(jid, parsed)
     record = SubmittedJob(
@@ -311,7 +312,7 @@ async def get_job_logs(request: web.Request) -> web.StreamResponse:
         raise BadInput("taskIndex, attempt and tailBytes must be integers") from None
     req = LogRequest(job=jid, attempt=attempt, role=role, index=index, tailBytes=tail)
     if q.get("follow", "").lower() not in ("1", "true", "yes"):
-        return web.Response(body=await request_log(ctx.bus, req), content_type="text/plain")
+        return await log_response(request, ctx.bus, req)  # in chunks under NATS's message limit, streamed
     return await _follow_log(request, ctx, req)
 
 
@@ -324,12 +325,11 @@ async def _follow_log(request: web.Request, ctx: ServiceContext, req: LogRequest
         got = await get_json(await ctx.bus.kv(Bucket.JOB_STATUS), key, JobRecord)
         final = got is not None and got[0].state.is_final
         try:
-            chunk = await request_log(ctx.bus, msgspec.structs.replace(req, tailBytes=None, offset=shown))
+            async for chunk in read_log_chunks(ctx.bus, msgspec.structs.replace(req, tailBytes=None, offset=shown)):
+                await response.write(chunk)
+                shown += len(chunk)
         except NotFound:
-            chunk = b""  # not started yet
-        if chunk:
-            await response.write(chunk)
-            shown += len(chunk)
+            pass  # not started yet
         if final:
             break
         await asyncio.sleep(FOLLOW_POLL_SECONDS)

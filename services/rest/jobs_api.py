@@ -26,7 +26,7 @@ from aiohttp import web
 from libs.common import ids
 from libs.common.bus import all_keys, get_json
 from libs.common.errors import BadInput, Forbidden, NotFound, NoVirtualCluster, Transient
-from libs.common.logs import LogRequest, request_log
+from libs.common.logs import LogRequest
 from libs.common.messages import JobState
 from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_USERNAME_LENGTH
 from libs.common.protocol.model import JobSpec
@@ -37,6 +37,7 @@ from libs.common.subjects import Bucket
 from services.rest import capacity, intake, quotas, views
 from services.rest.job_index import JobIndex, SubmissionBrief
 from services.rest.records import SubmittedJob
+from services.rest.log_stream import log_response
 from services.rest.request import USER, bad_field, ctx_of, read_json_object
 from services.rest.watched import WatchedValue
 
@@ -286,7 +287,7 @@ async def get_task(request: web.Request) -> web.Response:
     return json_response(task | {"taskRoleName": request.match_info["role"]})
 
 
-async def get_task_log(request: web.Request) -> web.Response:
+async def get_task_log(request: web.Request) -> web.StreamResponse:
     ctx = ctx_of(request)
     jid = job_param(request)
     sub, rec, _ = await read_job(request, jid)
@@ -295,9 +296,8 @@ async def get_task_log(request: web.Request) -> web.Response:
     _task_of(sub, rec, attempt, role, index)  # 404 naming what does not exist
     tail_bytes = _optional_count(request, "tailBytes")
     task_attempt = _optional_count(request, "taskAttempt")
-    body = await request_log(ctx.bus, LogRequest(job=jid, attempt=attempt, role=role, index=index, tailBytes=tail_bytes,
-                                                 taskAttempt=task_attempt))
-    return web.Response(body=body, content_type="text/plain")
+    return await log_response(request, ctx.bus, LogRequest(job=jid, attempt=attempt, role=role, index=index,
+                                                           tailBytes=tail_bytes, taskAttempt=task_attempt))
 
 
 def _optional_count(request: web.Request, name: str) -> int | None:
