@@ -91,6 +91,7 @@ from services.launcher.backends import (
     local_limits,
     local_procs,
     local_shim,
+    local_uids,
     local_users,
 )
 from services.launcher.backends.local_doorbell import (
@@ -171,6 +172,8 @@ RESEND_SECONDS = 10.0
 # At most one log line per this many seconds about doorbell datagrams dropped
 # because no shim sent them (their count is a metric).
 FORGED_BELL_LOG_SECONDS = 60.0
+# How often, at most, /proc is read for the processes of jobs whose uids wait for release.
+UID_RELEASE_SECONDS = 10.0
 # Ended tasks' working directories remembered to be offered to new tasks; a
 # burst's worth (those past it simply stay, as every used one does).
 ENDED_WORK_DIRS_KEPT = 1024
@@ -260,6 +263,12 @@ class LocalBackend:
         make_own_dir(self.work_root, TRAVERSE_ONLY_MODE)
         for path, mode in ((self.data_dir, TRAVERSE_ONLY_MODE), (self.tasks_dir, PRIVATE_DIR_MODE)):
             os.chmod(path, mode)
+        # Each job's uid, allocated and recorded (local_uids); None: tasks run as we do.
+        self.uids = local_uids.open_registry(self.data_dir, self.tasks_dir) if self.task_users is not None else None
+        # Jobs whose files retention removed: their uids go back once no process runs under them.
+        self._uids_to_release: set[str] = set()
+        self._prune_refused: set[str] = set()  # jobs with a task attempt prune left in place
+        self._uids_checked_at = -UID_RELEASE_SECONDS
         # Every declared node maps onto this machine; placements name any of them.
         self.node_names = list(node_names or [socket.gethostname()])
         self.log_cap_bytes = log_cap_bytes
@@ -319,7 +328,9 @@ class LocalBackend:
         self._tasks[slug] = task
         if found is not None:
             return  # started before, perhaps by an earlier launcher: watch, never rerun
-        identity = (self.task_users.uid_of(launch.key.job), self.task_users.gid) if self.task_users else (None, None)
+        identity = (None, None)
+        if self.task_users is not None and self.uids is not None:
+            identity = (self.uids.uid_of(launch.key.job), self.task_users.gid)
         work_dir = os.path.join(self._work_root_path, slug)
         spec = TaskSpec(
             taskPath=task_path,
@@ -444,6 +455,7 @@ class LocalBackend:
         files = self._files_on_disk(key.slug)
         if key.slug in self._tasks or (files is not None and not read_task(files).reported):
             log.warning("not pruning %s: its exit is not recorded", key.slug)
+            self._prune_refused.add(key.job)
             return False
         removed = files is not None and await asyncio.to_thread(remove_task_files, files)
         work_dir = self.work_root / key.slug
@@ -451,6 +463,28 @@ class LocalBackend:
             await asyncio.to_thread(shutil.rmtree, work_dir, True)
             removed = True
         return removed
+
+    def release_job(self, job: str) -> None:
+        """Retention removed the files of every task attempt of `job`: its uid goes
+        back to the registry once no process runs under it (the sweep looks, for
+        every such job at once); kept for good if prune left a task attempt of it.
+        A crash before then leaves the uid allocated: never reused, the safe way."""
+        if job in self._prune_refused:
+            self._prune_refused.discard(job)
+            log.warning("keeping the uid of %s: a task attempt of it was not pruned", job)
+        elif self.uids is not None and self.uids.get(job) is not None:
+            self._uids_to_release.add(job)
+
+    async def _release_uids(self) -> None:
+        assert self.uids is not None
+        self._uids_checked_at = time.monotonic()
+        jobs = {job: uid for job in list(self._uids_to_release) if (uid := self.uids.get(job)) is not None}
+        busy = await asyncio.to_thread(local_uids.processes_of, set(jobs.values()))
+        for job, uid in jobs.items():
+            if uid not in busy:
+                self.uids.release(job)
+                self._uids_to_release.discard(job)
+        self._uids_to_release.difference_update(job for job in list(self._uids_to_release) if self.uids.get(job) is None)
 
     async def close(self) -> None:
         """Stop watching; running tasks carry on (a later `recover` re-adopts them)."""
@@ -466,6 +500,8 @@ class LocalBackend:
         if self._bell is not None:
             asyncio.get_running_loop().remove_reader(self._bell.fileno())
             self._bell.close()
+        if self.uids is not None:
+            self.uids.close()
         if self._server is not None:
             self._write_outgoing()
             await _stop_fork_server(self._server)
@@ -578,6 +614,8 @@ class LocalBackend:
                 for task in list(self._tasks.values()):
                     if not task.finished.is_set():
                         self._check(task, shims_alive=shims_alive)
+                if self._uids_to_release and time.monotonic() - self._uids_checked_at >= UID_RELEASE_SECONDS:
+                    await self._release_uids()
             except Exception:  # noqa: BLE001 - a sweep must not die; the next one retries
                 log.exception("local backend sweep failed")
 

@@ -1,42 +1,33 @@
 """Who local tasks run as.
 
 A task must not act as the platform: when PAI runs as root, no task does.
-Each job runs under its own uid, `JOB_UID_BASE + (sha256(job id) mod
-JOB_UID_COUNT)`, with the primary group of the configured task user (`task_user`;
-`pai up` creates `pai-task` when it is missing, else `nobody` is used), and no
-other group. A uid of its own means a job's files (its working directories are
-0700) are out of every other job's reach; a numeric uid needs no passwd entry.
-The range, 0x70000000 to 0x7FFFFFFF (1879048192 to 2147483647), lies above
-the ranges systemd hands out (to 0x6FFFFFFF), below 2^31 (which some tools
-read as signed), and is reserved for PAI on a machine that runs it. Two jobs
-may draw the same uid, and could then read each other's working directories
-(kept after a job ends): for 1,000 jobs, about one chance in 500.
+Each job runs under a uid of its own, allocated by the launcher and recorded
+(local_uids: never derived from the job id or anything else a user chooses,
+never shared by two jobs while either's files or processes remain), with the
+primary group of the configured task user (`task_user`; `pai up` creates
+`pai-task` when it is missing, else `nobody` is used), and no other group. A
+uid of its own means a job's files (its working directories are 0700) are out
+of every other job's reach; a numeric uid needs no passwd entry.
 
 When PAI does not run as root it cannot switch users: tasks run as the
 platform's own user, and the data directory's modes are then no barrier to
-them (README: run PAI as root, or as a user of its own, to isolate tasks).
+them, nor can the launcher tell its shims' reports from theirs (README: run
+PAI as root, or as a user of its own, to isolate tasks).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pwd
 
 import msgspec
 
-JOB_UID_BASE = 0x70000000
-JOB_UID_COUNT = 1 << 28
 DEFAULT_TASK_USER = "nobody"
 
 
 class TaskUsers(msgspec.Struct, frozen=True, kw_only=True):
     name: str  # the task user whose group tasks get (USER/LOGNAME of tasks)
     gid: int
-
-    def uid_of(self, job: str) -> int:
-        digest = hashlib.sha256(job.encode()).digest()
-        return JOB_UID_BASE + int.from_bytes(digest[:8], "big") % JOB_UID_COUNT
 
 
 def resolve(task_user: str | None) -> TaskUsers | None:
