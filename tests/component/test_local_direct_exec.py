@@ -31,7 +31,8 @@ if os.geteuid() == 0:
 def programs() -> Iterator[Path]:
     """Programs anyone may run (pytest's own temporary directories are root's
     alone), outside every task's working directory."""
-    bin_dir = Path(tempfile.mkdtemp(prefix="pai-direct-"))
+    # Not under /tmp: a task that runs as a user of its own has a /tmp of its own.
+    bin_dir = Path(tempfile.mkdtemp(prefix="pai-direct-", dir="/var/tmp"))
     bin_dir.chmod(0o755)
     files = {
         "talks": ("#!/bin/sh\necho to-stdout\necho to-stderr >&2\n", 0o755),

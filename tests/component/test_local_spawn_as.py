@@ -40,9 +40,11 @@ def work(tmp_path: Path) -> Path:
 
 def spawn(program: str, args: list[str], work: Path, **kwargs) -> str:
     """Start `program` as UID:GID as the shim does; its stdout (it must succeed)."""
+    cgroup = kwargs.pop("cgroup", None)
     code, stdout, stderr = spawn_collected(
         [program, *args], {"PATH": "/usr/bin:/bin"}, work,
-        kwargs.pop("script_fd", None), UID, GID, kwargs.pop("cgroup", None), program, **kwargs,
+        kwargs.pop("script_fd", None), UID, GID, [str(cgroup / "cgroup.procs")] if cgroup else None, program,
+        **kwargs,
     )
     assert code == 0, stderr
     return stdout

@@ -12,14 +12,23 @@
 
    The child, in this order: its own session; stdin, stdout, stderr and the
    script (on SCRIPT_FD, 3, as posix_spawn gives it) in place; every other fd
-   closed; the working directory; the umask; the cgroup joined while still
-   root; no supplementary group; the gid, then the uid, in all three slots
+   closed; where asked, a mount namespace of its own (below); the working
+   directory; the umask; the cgroups joined while still root; no supplementary group; the gid, then the uid, in all three slots
    (real, effective, saved); RLIMIT_DATA, soft and hard, last (the child's own
    steps must not meet it); every handled signal and the given ones back to
    default; no signal blocked; exec. A step that fails is recorded, with its
    errno, in memory the parent shares (vfork lends the child the parent's
    memory until the exec), and the child exits 127; the parent reaps it and
    raises OSError.
+
+   The mount namespace (local_namespaces): unshare(CLONE_NEWNS); every mount
+   made private (nothing mounted here reaches the machine's namespace); a
+   fresh proc on /proc with the given options (hidepid=2: other users'
+   processes are not there); a tmpfs on /dev/shm and one on /tmp. A working
+   directory under /tmp (`keep`) is opened before /tmp is covered, and bound
+   back at its own path inside the new /tmp, its parents made there first
+   (`keep_dirs`). The tmpfs mounts and what they hold go away when the
+   namespace's last process exits.
 */
 
 #define PY_SSIZE_T_CLEAN
@@ -29,6 +38,8 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -36,6 +47,8 @@
 #include <unistd.h>
 
 #define SCRIPT_FD 3
+#define MAX_CGROUPS 4
+#define MAX_KEEP_DIRS 64
 
 /* What failed in the child: written by the child, read by the parent once
    vfork returns (the child has exec'd or exited by then). */
@@ -54,8 +67,15 @@ struct child_plan {
     uid_t uid;
     gid_t gid;
     mode_t umask;
-    const char *cgroup_procs;  /* NULL: none */
+    const char *cgroup_procs[MAX_CGROUPS];  /* NULL-terminated */
     char pid_text[24];         /* filled in by the child for cgroup_procs */
+    int private_mounts;
+    const char *proc_options;
+    const char *shm_options;
+    const char *tmp_options;
+    const char *keep;          /* NULL: none */
+    const char *keep_dirs[MAX_KEEP_DIRS];  /* NULL-terminated */
+    char keep_source[40];      /* "/proc/self/fd/N", by the child */
     int has_data_limit;
     rlim_t data_limit;
     const sigset_t *reset;     /* dispositions set back to default */
@@ -106,6 +126,35 @@ static void format_pid(char *out, long pid)
     *out = '\0';
 }
 
+/* The mount namespace steps (see the top of this file). */
+static void enter_private_mounts(struct child_plan *plan, volatile struct failure *failure)
+{
+    const unsigned long flags = MS_NOSUID | MS_NODEV;
+    if (unshare(CLONE_NEWNS) < 0)
+        fail(failure, "unshare mount namespace");
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        fail(failure, "make mounts private");
+    if (mount("proc", "/proc", "proc", flags | MS_NOEXEC, plan->proc_options) < 0)
+        fail(failure, "mount /proc");
+    if (mount("tmpfs", "/dev/shm", "tmpfs", flags, plan->shm_options) < 0)
+        fail(failure, "mount /dev/shm");
+    int keep = -1;
+    if (plan->keep != NULL && (keep = open(plan->keep, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+        fail(failure, "open the working directory");
+    if (mount("tmpfs", "/tmp", "tmpfs", flags, plan->tmp_options) < 0)
+        fail(failure, "mount /tmp");
+    if (keep >= 0) {
+        for (int i = 0; plan->keep_dirs[i] != NULL; i++)
+            if (mkdir(plan->keep_dirs[i], 0711) < 0 && errno != EEXIST)
+                fail(failure, "mkdir in /tmp");
+        memcpy(plan->keep_source, "/proc/self/fd/", 14);
+        format_pid(plan->keep_source + 14, keep);
+        if (mount(plan->keep_source, plan->keep, NULL, MS_BIND, NULL) < 0)
+            fail(failure, "bind the working directory");
+        close(keep);
+    }
+}
+
 /* The vfork child. Never returns: it runs on the parent's stack, whose frames
    the parent still needs. Only raw system calls and async-signal-safe
    functions from here on; no malloc, no Python. */
@@ -131,17 +180,20 @@ child_exec(struct child_plan *plan, volatile struct failure *failure)
         for (int fd = first_closed; fd < plan->max_fd; fd++)
             close(fd);
     }
+    if (plan->private_mounts)
+        enter_private_mounts(plan, failure);
     if (chdir(plan->cwd) < 0)
         fail(failure, "chdir");
     umask(plan->umask);
-    if (plan->cgroup_procs != NULL) {
+    if (plan->cgroup_procs[0] != NULL)
+        format_pid(plan->pid_text, (long)syscall(SYS_getpid));
+    for (int i = 0; plan->cgroup_procs[i] != NULL; i++) {
         /* While still root: a process that has dropped to the task's uid may
            no longer move itself. Its own pid, which cgroup v1 and v2 both
            take (glibc no longer caches getpid: this asks the kernel). */
-        int procs = open(plan->cgroup_procs, O_WRONLY | O_CLOEXEC);
+        int procs = open(plan->cgroup_procs[i], O_WRONLY | O_CLOEXEC);
         if (procs < 0)
             fail(failure, "open cgroup.procs");
-        format_pid(plan->pid_text, (long)syscall(SYS_getpid));
         if (write_all(procs, plan->pid_text, strlen(plan->pid_text)) < 0)
             fail(failure, "join cgroup");
         close(procs);
@@ -238,24 +290,27 @@ static const char *kept_path(PyObject *path, PyObject *keep)
 
 PyDoc_STRVAR(spawn_as_doc,
 "spawn_as(program, argv, env, cwd, stdin, stdout, stderr, script_fd, uid, gid,\n"
-"         umask, cgroup_procs, data_limit, reset_signals) -> pid\n\n"
+"         umask, cgroup_procs, data_limit, reset_signals, mounts=None) -> pid\n\n"
 "Start `program` as uid:gid with no supplementary group, in a session of its\n"
 "own, with vfork + exec. `env`: 'NAME=value' strings. `script_fd` (-1: none)\n"
 "reaches the program as fd 3; every other fd but its stdio is closed.\n"
-"`cgroup_procs` (None: none): a cgroup.procs file the child joins while still\n"
-"root. `data_limit` (None: none): its RLIMIT_DATA, soft and hard.\n"
+"`cgroup_procs`: cgroup.procs files the child joins while still root (at most\n"
+"4). `data_limit` (None: none): its RLIMIT_DATA, soft and hard.\n"
 "`reset_signals`: signals set back to default even when ignored (a handled\n"
 "one always is). Raises OSError naming the step that failed; the failed child\n"
-"has been reaped.");
+"has been reaped.\n"
+"`mounts` (None: none): (proc_options, shm_options, tmp_options, keep,\n"
+"keep_dirs): a mount namespace of the child's own (see the source).");
 
 static PyObject *spawn_as(PyObject *module, PyObject *args)
 {
     PyObject *program_obj, *argv_obj, *env_obj, *cwd_obj, *cgroup_obj, *limit_obj, *reset_obj;
+    PyObject *mounts_obj = Py_None;
     int stdin_fd, stdout_fd, stderr_fd, script_fd, mask;
     unsigned int uid, gid;
-    if (!PyArg_ParseTuple(args, "OOOOiiiiIIiOOO:spawn_as", &program_obj, &argv_obj, &env_obj, &cwd_obj,
+    if (!PyArg_ParseTuple(args, "OOOOiiiiIIiOOO|O:spawn_as", &program_obj, &argv_obj, &env_obj, &cwd_obj,
                           &stdin_fd, &stdout_fd, &stderr_fd, &script_fd, &uid, &gid, &mask,
-                          &cgroup_obj, &limit_obj, &reset_obj))
+                          &cgroup_obj, &limit_obj, &reset_obj, &mounts_obj))
         return NULL;
 
     struct child_plan plan;
@@ -270,8 +325,52 @@ static PyObject *spawn_as(PyObject *module, PyObject *args)
         goto done;
     if ((plan.cwd = kept_path(cwd_obj, keep)) == NULL)
         goto done;
-    if (cgroup_obj != Py_None && (plan.cgroup_procs = kept_path(cgroup_obj, keep)) == NULL)
-        goto done;
+    if (cgroup_obj != Py_None) {
+        PyObject *files = PySequence_Fast(cgroup_obj, "cgroup_procs");
+        if (files == NULL)
+            goto done;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(files);
+        if (n >= MAX_CGROUPS) {
+            Py_DECREF(files);
+            PyErr_SetString(PyExc_ValueError, "too many cgroup.procs files");
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            if ((plan.cgroup_procs[i] = kept_path(PySequence_Fast_GET_ITEM(files, i), keep)) == NULL) {
+                Py_DECREF(files);
+                goto done;
+            }
+        Py_DECREF(files);
+    }
+    if (mounts_obj != Py_None) {
+        PyObject *proc_o, *shm_o, *tmp_o, *keep_o, *dirs_o;
+        if (!PyArg_ParseTuple(mounts_obj, "OOOOO:mounts", &proc_o, &shm_o, &tmp_o, &keep_o, &dirs_o))
+            goto done;
+        plan.private_mounts = 1;
+        if ((plan.proc_options = kept_path(proc_o, keep)) == NULL
+            || (plan.shm_options = kept_path(shm_o, keep)) == NULL
+            || (plan.tmp_options = kept_path(tmp_o, keep)) == NULL)
+            goto done;
+        if (keep_o != Py_None) {
+            if ((plan.keep = kept_path(keep_o, keep)) == NULL)
+                goto done;
+            PyObject *dirs = PySequence_Fast(dirs_o, "keep_dirs");
+            if (dirs == NULL)
+                goto done;
+            Py_ssize_t n = PySequence_Fast_GET_SIZE(dirs);
+            if (n >= MAX_KEEP_DIRS) {
+                Py_DECREF(dirs);
+                PyErr_SetString(PyExc_ValueError, "working directory too deep under /tmp");
+                goto done;
+            }
+            for (Py_ssize_t i = 0; i < n; i++)
+                if ((plan.keep_dirs[i] = kept_path(PySequence_Fast_GET_ITEM(dirs, i), keep)) == NULL) {
+                    Py_DECREF(dirs);
+                    goto done;
+                }
+            Py_DECREF(dirs);
+        }
+    }
     if ((argv = string_array(argv_obj, keep, "argv")) == NULL)
         goto done;
     if ((envp = string_array(env_obj, keep, "env")) == NULL)
@@ -381,7 +480,10 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__spawn_as(void)
 {
     PyObject *created = PyModule_Create(&module);
-    if (created != NULL && PyModule_AddIntConstant(created, "SCRIPT_FD", SCRIPT_FD) < 0) {
+    /* MOUNTS: this build takes cgroup_procs as a list and the mounts argument
+       (local_shim refuses an older build left in place). */
+    if (created != NULL && (PyModule_AddIntConstant(created, "SCRIPT_FD", SCRIPT_FD) < 0
+                            || PyModule_AddIntConstant(created, "MOUNTS", 1) < 0)) {
         Py_DECREF(created);
         return NULL;
     }

@@ -89,6 +89,7 @@ from libs.common.errors import NotFound
 from services.launcher.backends import (
     local_forkserver,
     local_limits,
+    local_namespaces,
     local_procs,
     local_shim,
     local_uids,
@@ -104,8 +105,11 @@ from services.launcher.backends.local_doorbell import (
     sender_of,
 )
 from services.launcher.backends.local_layout import (
+    DEFAULT_PIDS_MAX,
+    DEFAULT_WORK_DIR_MB,
     KILL,
     LIMITS_CGROUP,
+    LIMITS_CGROUP_V1,
     LIMITS_NONE,
     LIMITS_RLIMIT,
     OUTPUT_LOG,
@@ -230,9 +234,13 @@ class LocalBackend:
         clock: Callable[[], float] = time.time,
         task_user: str | None = None,
         shim_feed_seconds: float = local_forkserver.SHIM_FEED_SECONDS,
+        pids_max: int = DEFAULT_PIDS_MAX,
+        work_dir_mb: int = DEFAULT_WORK_DIR_MB,
     ):
         """`shim_feed_seconds`: how long a shim is sent more tasks after it was
-        forked (local_forkserver; 0: a shim per batch of tasks waiting together)."""
+        forked (local_forkserver; 0: a shim per batch of tasks waiting together).
+        `pids_max`: processes and threads per task (cgroup pids.max);
+        `work_dir_mb`: the bound on a task's working directory (local_limits)."""
         if limits not in LIMIT_CHOICES:
             raise ValueError(f"limits must be one of {LIMIT_CHOICES}, not {limits!r}")
         self.data_dir = Path(data_dir).resolve()
@@ -276,7 +284,15 @@ class LocalBackend:
         self.sweep_interval_seconds = sweep_interval_seconds
         self.shim_feed_seconds = shim_feed_seconds
         self._clock = clock
-        self.limits_mode, self._cgroup_parent = _choose_limits(limits, cgroup_root, cgroup_parent)
+        self.limits_mode, self._cgroup_parent, self._cgroup_parents_v1 = _choose_limits(
+            limits, cgroup_root, cgroup_parent, local_limits.v1_parent_name(self.data_dir)
+        )
+        self.pids_max = pids_max
+        self.work_dir_mb = work_dir_mb
+        # A mount namespace per task (local_namespaces): for tasks under uids of their own.
+        self.private_mounts = self.task_users is not None and local_namespaces.probe() is None
+        self._dead_cgroups = False  # a task was declared lost: its cgroups wait for removal
+        _warn_if_unisolated(self.limits_mode, self.task_users is not None, self.private_mounts)
         self._doorbell = doorbell_name(self.data_dir)
         self._tasks: dict[str, _Task] = {}
         # Reports not taken yet (`event_batches`): a list and a wake-up rather than
@@ -311,6 +327,7 @@ class LocalBackend:
             if task is not None:
                 known.append(task.key)
                 self._check(task)
+        self._remove_dead_cgroups()
         return known
 
     async def start(self, launch: TaskLaunch, *, secret_commands: list[str] | None = None) -> None:
@@ -349,6 +366,10 @@ class LocalBackend:
             ports=launch.ports,
             limits=self.limits_mode,
             cgroupParent=str(self._cgroup_parent or ""),
+            cgroupParents=self._cgroup_parents_v1,
+            pidsMax=self.pids_max,
+            privateMounts=self.private_mounts,
+            workDirMB=self.work_dir_mb,
             graceSeconds=self.grace_seconds,
             logCapBytes=self.log_cap_bytes,
             dockerImageUri=launch.dockerImageUri,
@@ -616,6 +637,8 @@ class LocalBackend:
                         self._check(task, shims_alive=shims_alive)
                 if self._uids_to_release and time.monotonic() - self._uids_checked_at >= UID_RELEASE_SECONDS:
                     await self._release_uids()
+                if self._dead_cgroups:
+                    self._remove_dead_cgroups()
             except Exception:  # noqa: BLE001 - a sweep must not die; the next one retries
                 log.exception("local backend sweep failed")
 
@@ -768,7 +791,32 @@ class LocalBackend:
         """End what is left of a task without its shim: its cgroup, and marked processes."""
         if self._cgroup_parent is not None:
             local_limits.kill_cgroup(self._cgroup_parent / task.key.slug, signal.SIGKILL)
+        if self._cgroup_parents_v1:
+            cgroup = local_limits.TaskCgroup(1, [f"{parent}/{task.key.slug}" for parent in self._cgroup_parents_v1])
+            cgroup.kill(signal.SIGKILL)
         local_procs.sweep_marked(task.key.slug, TASK_KEY_ENV)
+        self._dead_cgroups = True  # removed by the next sweep, once its processes are gone
+
+    def _remove_dead_cgroups(self) -> None:
+        """Remove the v1 cgroups of tasks whose shim is gone (after a crash):
+        those of a task that is known and ended, or whose record says it ended
+        or is not there; a live task's (re-adopted, or just claimed by a shim
+        of the last launcher) are kept. One with processes left is killed
+        first and removed by a later call (the kernel refuses it until then)."""
+        self._dead_cgroups = False
+        if not self._cgroup_parents_v1:
+            return
+        for slug, cgroup in local_limits.leftover_cgroups([Path(p) for p in self._cgroup_parents_v1]).items():
+            task = self._tasks.get(slug)
+            if task is not None:
+                if not task.finished.is_set():
+                    continue
+            else:
+                files = self._files_on_disk(slug)
+                if files is not None and read_task_exit(files) is None:
+                    continue
+            cgroup.kill(signal.SIGKILL)
+            cgroup.remove()
 
     def _task_env(self, launch: TaskLaunch, work_dir: str, slug: str) -> dict[str, str]:
         env = dict(self._base_env)
@@ -813,18 +861,41 @@ def _inherited_env() -> dict[str, str]:
     return env
 
 
-def _choose_limits(limits: str, cgroup_root: Path, cgroup_parent: Path | None) -> tuple[str, Path | None]:
+def _choose_limits(
+    limits: str, cgroup_root: Path, cgroup_parent: Path | None, v1_name: str
+) -> tuple[str, Path | None, list[str]]:
+    """The limits mode, the cgroup v2 parent, the cgroup v1 parents: v2 where we
+    may, else v1 (memory, cpu, pids), else rlimits."""
     if limits in (LIMITS_RLIMIT, LIMITS_NONE):
-        return limits, None
+        return limits, None, []
     parent = local_limits.prepare_cgroup_parent(cgroup_root, cgroup_parent)
     if parent is not None:
-        return LIMITS_CGROUP, parent
+        return LIMITS_CGROUP, parent, []
+    parents = None if cgroup_parent is not None else local_limits.prepare_v1_parents(v1_name, cgroup_root)
+    if parents is not None:
+        return LIMITS_CGROUP_V1, None, [str(p) for p in parents]
     if limits == LIMITS_CGROUP:
         raise RuntimeError(
-            f"cgroup v2 limits were asked for, but no cgroup with cpu and memory controllers "
-            f"can be made under {cgroup_parent or cgroup_root}"
+            f"cgroup limits were asked for, but no cgroup v2 with cpu and memory controllers nor cgroup v1 "
+            f"memory, cpu and pids hierarchies where we may make cgroups are under {cgroup_parent or cgroup_root}"
         )
-    return LIMITS_RLIMIT, None
+    return LIMITS_RLIMIT, None, []
+
+
+def _warn_if_unisolated(limits_mode: str, other_users: bool, private_mounts: bool) -> None:
+    """Say plainly at start what tasks are not kept from (also in each TaskRunning.detail)."""
+    if limits_mode not in (LIMITS_CGROUP, LIMITS_CGROUP_V1):
+        log.warning(
+            "no cgroups for tasks (limits: %s): a task's memory is bounded per process at best, its cpu "
+            "and process count not at all; run the launcher as root on a machine with cgroup v2 or the "
+            "cgroup v1 memory, cpu and pids hierarchies", limits_mode,
+        )
+    if not private_mounts:
+        why = local_namespaces.probe() if other_users else "tasks run as the launcher's own user"
+        log.warning(
+            "tasks get no mount namespace of their own (%s): they can see each other's processes in /proc "
+            "and share /dev/shm and /tmp", why,
+        )
 
 
 def _fork_server_env() -> dict[str, str]:

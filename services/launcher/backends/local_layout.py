@@ -102,9 +102,18 @@ WORK_DIR_ENV = "PAI_WORK_DIR"
 # its shim died); the reason says which.
 UNKNOWN_EXIT_CODE = -1
 
-LIMITS_CGROUP = "cgroup"
+LIMITS_CGROUP = "cgroup"  # cgroup v2
+LIMITS_CGROUP_V1 = "cgroup1"  # cgroup v1: memory, cpu and pids hierarchies
 LIMITS_RLIMIT = "rlimit"
 LIMITS_NONE = "none"
+# At most this many processes and threads per task (cgroup pids.max), unless
+# the backend is given another cap: a fork bomb ends there, not at pid_max.
+DEFAULT_PIDS_MAX = 4096
+# Each task's private /dev/shm and /tmp (tmpfs in its own mount namespace) hold
+# at most its memoryMB each; what they hold is charged to its memory cgroup, so
+# together with everything else the task uses they stay within memoryMB.
+# Its working directory holds at most DEFAULT_WORK_DIR_MB (local_limits: how).
+DEFAULT_WORK_DIR_MB = 10 * 1024
 
 # A task line sent to the fork server is its spec JSON, then, for a task whose
 # commands use secrets, this byte and the JSON list of its commands with the
@@ -154,6 +163,13 @@ class ShimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     memoryMB: int
     limits: str = LIMITS_NONE  # the mode asked for; the shim reports what it got
     cgroupParent: str = ""
+    # cgroup v1: the parents of the task's cgroups, memory, cpu and pids in this order.
+    cgroupParents: list[str] = []
+    pidsMax: int = 0  # 0: DEFAULT_PIDS_MAX
+    # Whether the task gets a mount namespace of its own (its /proc hidepid=2,
+    # private /dev/shm and /tmp): the backend found the kernel allows it.
+    privateMounts: bool = False
+    workDirMB: int = 0  # the bound on its working directory's size; 0: none
     graceSeconds: float = 10.0
     logCapBytes: int = 64 * 1024 * 1024
     # Who the task runs as (the shim drops to it; see local_users); None: the

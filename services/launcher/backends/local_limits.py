@@ -1,4 +1,4 @@
-"""CPU and memory bounds for a local task: cgroup v2 where allowed, else rlimits.
+"""CPU, memory and process bounds for a local task: cgroups where allowed, else rlimits.
 
 - cgroup v2 (when the cgroup2 filesystem is mounted and we may enable the cpu
   and memory controllers under our own cgroup, or under a delegated parent an
@@ -6,6 +6,20 @@
   `memory.max` (its memoryMB, the whole task together), no swap, and
   `memory.oom.group` so an OOM kill takes the whole task, like a container.
   The cgroup also lists every process of the task, however it detached.
+- cgroup v1 (machines that mount only the v1 hierarchies), as root: a cgroup per
+  task in each of the memory, cpu and pids hierarchies, under a parent of
+  this data dir's own (`pai-<data dir id>`) below the launcher's own cgroup
+  there. memory: `memory.limit_in_bytes` = memoryMB for the whole task, with
+  what the kernel charges to it (anonymous memory, page cache, tmpfs and so
+  the task's /dev/shm and /tmp, kernel memory), and `memory.memsw.limit_in_bytes`
+  the same where swap is accounted (no swap); the kernel's OOM killer then
+  kills a process of the task (`memory.oom_control`'s oom_kill counts it),
+  and the shim ends the rest (OOMKilled). cpu: `cpu.cfs_quota_us` = cpus x
+  `cpu.cfs_period_us`, so `cpu: 1` gets one CPU in all however many processes
+  it runs. pids: `pids.max` (the backend's cap, DEFAULT_PIDS_MAX). The task's
+  child joins all three (cgroup.procs) while still root, before its exec
+  (_spawn_as), so nothing of the task ever runs outside them. Peak memory is
+  `memory.max_usage_in_bytes`.
 - rlimit otherwise: RLIMIT_DATA = memoryMB for each process of the task. Not
   RLIMIT_AS: that counts address space merely reserved (CUDA, the JVM, Go and
   glibc thread arenas reserve far more than they use) and breaks such programs.
@@ -25,10 +39,12 @@ import shlex
 import signal
 from pathlib import Path
 
-from services.launcher.backends.local_layout import LIMITS_CGROUP, LIMITS_RLIMIT
+from services.launcher.backends.local_layout import LIMITS_CGROUP, LIMITS_CGROUP_V1, LIMITS_RLIMIT
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _CONTROLLERS = ("cpu", "memory")
+# cgroup v1: the hierarchies a task joins, in the order of ShimSpec.cgroupParents.
+V1_CONTROLLERS = ("memory", "cpu", "pids")
 _CPU_PERIOD_US = 100_000
 MIB = 1024 * 1024
 
@@ -83,9 +99,14 @@ def prepare_cgroup_parent(
         return None
 
 
-def describe(mode: str, cpu: int, memory_mb: int) -> str:
+def describe(mode: str, cpu: int, memory_mb: int, pids_max: int = 0) -> str:
     if mode == LIMITS_CGROUP:
         return f"limits: cgroup v2 (cpu.max {cpu} cpu, memory.max {memory_mb} MiB, whole task)"
+    if mode == LIMITS_CGROUP_V1:
+        return (
+            f"limits: cgroup v1 (cpu.cfs_quota_us {cpu} cpu, memory.limit_in_bytes {memory_mb} MiB, "
+            f"pids.max {pids_max}, whole task)"
+        )
     if mode == LIMITS_RLIMIT:
         return f"limits: rlimit (RLIMIT_DATA {memory_mb} MiB per process; cpu not bounded)"
     return "limits: none"
@@ -106,7 +127,7 @@ def create_task_cgroup(parent: Path, slug: str, cpu: int, memory_mb: int) -> Pat
     return cgroup
 
 
-def prelude(mode: str, cgroup: Path | None, memory_mb: int) -> str:
+def prelude(mode: str, procs_files: list[str] | None, memory_mb: int) -> str:
     """Shell lines the task runs before its commands, to enter its bounds.
 
     The task is spawned (vfork + exec, far cheaper than fork from Python), so
@@ -114,8 +135,8 @@ def prelude(mode: str, cgroup: Path | None, memory_mb: int) -> str:
     bounds first, before it can start anything. `ulimit -d` sets the soft and
     hard limit, so the commands cannot raise it again.
     """
-    if mode == LIMITS_CGROUP and cgroup is not None:
-        return f"echo $$ > {shlex.quote(str(cgroup / 'cgroup.procs'))}\n"
+    if mode in (LIMITS_CGROUP, LIMITS_CGROUP_V1) and procs_files:
+        return "".join(f"echo $$ > {shlex.quote(procs)}\n" for procs in procs_files)
     if mode == LIMITS_RLIMIT and memory_mb > 0:
         return f"ulimit -d {memory_mb * 1024}\n"
     return ""
@@ -168,3 +189,181 @@ def remove_cgroup(cgroup: Path) -> None:
         cgroup.rmdir()
     except OSError:
         pass
+
+
+# -- cgroup v1 ---------------------------------------------------------------------
+
+
+def _v1_mounts(cgroup_root: Path) -> dict[str, Path]:
+    """controller -> where its v1 hierarchy is mounted, under `cgroup_root`
+    (a hierarchy may carry several: `cpu,cpuacct`)."""
+    found: dict[str, Path] = {}
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return found
+    root = str(cgroup_root).rstrip("/") + "/"
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4 or fields[2] != "cgroup":
+            continue
+        mount_point = fields[1].replace("\\040", " ")
+        if not mount_point.startswith(root):
+            continue
+        for option in fields[3].split(","):
+            if option in V1_CONTROLLERS:
+                found.setdefault(option, Path(mount_point))
+    return found
+
+
+def _own_v1_paths() -> dict[str, str]:
+    """controller -> this process's cgroup in its v1 hierarchy (relative)."""
+    paths: dict[str, str] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return paths
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            if controller in V1_CONTROLLERS:
+                paths[controller] = path.lstrip("/")
+    return paths
+
+
+def v1_parent_name(data_dir: Path) -> str:
+    """The name of this data dir's parent cgroups (v1): launchers of other data
+    dirs on the machine keep their tasks' cgroups apart."""
+    import hashlib
+
+    return "pai-" + hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
+
+
+def prepare_v1_parents(name: str, cgroup_root: Path = CGROUP_ROOT) -> list[Path] | None:
+    """The parents of tasks' v1 cgroups, memory, cpu and pids (V1_CONTROLLERS),
+    made as `<own cgroup>/<name>` in each hierarchy; None when a hierarchy is
+    missing or we may not make cgroups there (not root)."""
+    mounts = _v1_mounts(cgroup_root)
+    own = _own_v1_paths()
+    if any(controller not in mounts for controller in V1_CONTROLLERS):
+        return None
+    parents = [mounts[c] / own.get(c, "") / name for c in V1_CONTROLLERS]
+    try:
+        for parent in parents:
+            parent.mkdir(exist_ok=True)
+            # Probe: a cgroup may be made and removed here.
+            (parent / ".probe").mkdir(exist_ok=True)
+            (parent / ".probe").rmdir()
+    except OSError:
+        return None
+    return parents
+
+
+class TaskCgroup:
+    """The cgroups of one task: v2, one directory; v1, one per hierarchy
+    (memory, cpu, pids: V1_CONTROLLERS)."""
+
+    __slots__ = ("version", "dirs")
+
+    def __init__(self, version: int, dirs: list[str]):
+        self.version = version
+        self.dirs = dirs
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [f"{d}/cgroup.procs" for d in self.dirs]
+
+    def pids(self) -> list[int]:
+        # Every process of the task is in each hierarchy: the first one lists them all.
+        return cgroup_pids(Path(self.dirs[0]))
+
+    def kill(self, sig: int) -> None:
+        if self.version == 2:
+            kill_cgroup(Path(self.dirs[0]), sig)
+            return
+        # v1 has no cgroup.kill: each process listed, again on every sweep of
+        # the shim until none is left (pids.max bounds how many a fork race makes).
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def oom_killed(self) -> bool:
+        if self.version == 2:
+            return oom_killed(Path(self.dirs[0]))
+        return (_read_key(Path(self.dirs[0]) / "memory.oom_control", "oom_kill") or 0) > 0
+
+    def peak_memory_mb(self) -> int | None:
+        if self.version == 2:
+            return peak_memory_mb(Path(self.dirs[0]))
+        try:
+            return -(-int(Path(self.dirs[0], "memory.max_usage_in_bytes").read_text()) // MIB)
+        except (OSError, ValueError):
+            return None
+
+    def remove(self) -> bool:
+        """Remove them (each must hold no process); True when none is left."""
+        left = False
+        for d in self.dirs:
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left = True
+        return not left
+
+
+def create_task_cgroups_v1(
+    parents: list[str], slug: str, cpu: int, memory_mb: int, pids_max: int
+) -> TaskCgroup:
+    """A task's cgroup in each v1 hierarchy, its bounds set; what was made is
+    removed again if a step fails."""
+    made: list[str] = []
+    try:
+        for parent in parents:
+            path = f"{parent}/{slug}"
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                pass  # the shim that claimed the task before died here: its bounds are set again
+            made.append(path)
+        memory, cpu_dir, pids = made
+        if memory_mb > 0:
+            _write(f"{memory}/memory.limit_in_bytes", str(memory_mb * MIB))
+            try:  # no swap: the bound is on memory and swap together
+                _write(f"{memory}/memory.memsw.limit_in_bytes", str(memory_mb * MIB))
+            except OSError:
+                pass  # swap not accounted (swapaccount=0): nothing to bound there
+        if cpu > 0:
+            _write(f"{cpu_dir}/cpu.cfs_period_us", str(_CPU_PERIOD_US))
+            _write(f"{cpu_dir}/cpu.cfs_quota_us", str(cpu * _CPU_PERIOD_US))
+        if pids_max > 0:
+            _write(f"{pids}/pids.max", str(pids_max))
+    except OSError:
+        TaskCgroup(1, made).remove()
+        raise
+    return TaskCgroup(1, made)
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def leftover_cgroups(parents: list[Path]) -> dict[str, TaskCgroup]:
+    """Task cgroups (v1) found under `parents`, by slug."""
+    found: dict[str, list[str]] = {}
+    for parent in parents:
+        try:
+            entries = list(os.scandir(parent))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
+                found.setdefault(entry.name, []).append(entry.path)
+    return {slug: TaskCgroup(1, dirs) for slug, dirs in found.items()}

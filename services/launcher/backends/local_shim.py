@@ -60,7 +60,7 @@ import time
 import traceback
 from pathlib import Path
 
-from services.launcher.backends import local_direct, local_limits, local_procs
+from services.launcher.backends import local_direct, local_limits, local_namespaces, local_procs
 from services.launcher.backends.local_doorbell import (
     FINISHED_BELL,
     MAX_TOLD_RECORD_BYTES,
@@ -68,8 +68,10 @@ from services.launcher.backends.local_doorbell import (
     Doorbell,
 )
 from services.launcher.backends.local_layout import (
+    DEFAULT_PIDS_MAX,
     KILL,
     LIMITS_CGROUP,
+    LIMITS_CGROUP_V1,
     LIMITS_RLIMIT,
     OUTPUT_LOG,
     PRIVATE_DIR_MODE,
@@ -98,6 +100,8 @@ try:  # built from _spawn_as.c when a compiler was there at install (setup.py)
     from services.launcher.backends import _spawn_as
 except ImportError:
     _spawn_as = None
+if _spawn_as is not None and not hasattr(_spawn_as, "MOUNTS"):
+    _spawn_as = None  # a build of an older _spawn_as.c left in place: its arguments differ
 
 BASH = shutil.which("bash") or "/bin/bash"
 _READ_CHUNK = 65536
@@ -140,22 +144,46 @@ class _Limits:
 
     def __init__(self, spec: ShimSpec):
         self.mode = spec.limits
-        self.cgroup: Path | None = None
+        self.cgroup: local_limits.TaskCgroup | None = None
         # A task that changes user joins its cgroup before it does (it could
         # not move itself afterwards); the others do it in their prelude.
         self.join_in_child = spec.uid is not None
+        self.pids_max = spec.pidsMax or DEFAULT_PIDS_MAX
+        fell_back = ""
         if self.mode == LIMITS_CGROUP:
             try:
-                self.cgroup = local_limits.create_task_cgroup(
-                    Path(spec.cgroupParent), spec.slug, spec.cpu, spec.memoryMB
+                made = local_limits.create_task_cgroup(Path(spec.cgroupParent), spec.slug, spec.cpu, spec.memoryMB)
+                self.cgroup = local_limits.TaskCgroup(2, [str(made)])
+            except OSError as exc:
+                self.mode, fell_back = LIMITS_RLIMIT, f" (its cgroup could not be made: {exc.strerror})"
+        elif self.mode == LIMITS_CGROUP_V1:
+            try:
+                self.cgroup = local_limits.create_task_cgroups_v1(
+                    spec.cgroupParents, spec.slug, spec.cpu, spec.memoryMB, self.pids_max
                 )
-            except OSError:
-                self.mode = LIMITS_RLIMIT
-        self.detail = local_limits.describe(self.mode, spec.cpu, spec.memoryMB)
-        self.prelude = local_limits.prelude(self.mode, None if self.join_in_child else self.cgroup, spec.memoryMB)
+            except (OSError, ValueError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) else str(exc)
+                self.mode, fell_back = LIMITS_RLIMIT, f" (its cgroups could not be made: {why})"
+        self.detail = local_limits.describe(self.mode, spec.cpu, spec.memoryMB, self.pids_max) + fell_back
+        procs = self.cgroup.procs_files if self.cgroup is not None else None
+        self.prelude = local_limits.prelude(self.mode, None if self.join_in_child else procs, spec.memoryMB)
+        # The cgroup.procs files the child joins while still root.
+        self.join = procs if self.join_in_child else None
         # RLIMIT_DATA as the prelude's `ulimit -d` sets it (soft and hard), for a
         # task that changes user and so can set it in the child instead.
         self.data_limit = spec.memoryMB * local_limits.MIB if self.mode == LIMITS_RLIMIT and spec.memoryMB > 0 else None
+        # A mount namespace of its own (local_namespaces): only for a task that
+        # changes user (one that runs as the shim's user, root, could undo it).
+        self.mounts = (
+            local_namespaces.plan(spec.work_dir, spec.uid, spec.gid if spec.gid is not None else spec.uid, spec.memoryMB)
+            if spec.privateMounts and spec.uid is not None
+            else None
+        )
+        if self.mounts is not None:
+            self.detail += "; " + local_namespaces.describe(True, None)
+        else:
+            why_not = "it runs as the launcher's own user" if spec.uid is None else "none on this machine"
+            self.detail += "; " + local_namespaces.describe(False, why_not)
 
 
 class _Run:
@@ -351,8 +379,8 @@ class Shim:
         if spec.uid is not None and spec.gid is not None:
             data_limit = None if in_shell else run.limits.data_limit
             return _fork_exec_as(
-                argv, env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.cgroup, program,
-                data_limit=data_limit,
+                argv, env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.join, program,
+                data_limit=data_limit, mounts=run.limits.mounts,
             )
         return _posix_spawn(argv, env, spec.work_dir, out_w, err_w, script_fd, program)
 
@@ -516,11 +544,7 @@ class Shim:
         except (ProcessLookupError, PermissionError):
             pass
         if run.limits.cgroup is not None:
-            found.extend(
-                pid
-                for pid in local_limits.cgroup_pids(run.limits.cgroup)
-                if local_procs.start_ticks(pid) is not None
-            )
+            found.extend(pid for pid in run.limits.cgroup.pids() if local_procs.start_ticks(pid) is not None)
         return found
 
     def _descendants_of(self, run: _Run) -> list[int]:
@@ -533,7 +557,7 @@ class Shim:
     def _signal(self, run: _Run, sig: int, pids: list[int]) -> None:
         local_procs.signal_group(run.pid, sig)
         if run.limits.cgroup is not None:
-            local_limits.kill_cgroup(run.limits.cgroup, sig)
+            run.limits.cgroup.kill(sig)
         local_procs.signal_each((pid for pid in pids if pid > 0), sig)
 
     # -- end -----------------------------------------------------------------
@@ -549,7 +573,7 @@ class Shim:
         del self.ending[run.pid]
         self._write_exit(run.files, run.spec.slug, self._exit_record(run))
         if run.limits.cgroup is not None:
-            local_limits.remove_cgroup(run.limits.cgroup)
+            run.limits.cgroup.remove()
 
     def _exit_record(self, run: _Run) -> ExitRecord:
         status = run.status or 0
@@ -558,7 +582,7 @@ class Shim:
         exit_code = 128 + signal_number if signal_number else os.waitstatus_to_exitcode(status)
         cgroup = run.limits.cgroup
         usage = run.usage
-        peak = local_limits.peak_memory_mb(cgroup) if cgroup else None
+        peak = cgroup.peak_memory_mb() if cgroup else None
         if peak is None and usage is not None and usage.ru_maxrss > run.shim_peak_kb:
             # The largest single process. The kernel counts the spawning shim's
             # pages at exec, so a task that stayed smaller than the shim has no
@@ -572,9 +596,9 @@ class Shim:
                 if run.escalated
                 else "stopped: SIGTERM"
             )
-        elif cgroup is not None and local_limits.oom_killed(cgroup):
+        elif cgroup is not None and cgroup.oom_killed():
             reason = "OOMKilled"
-            message = f"memory.max {run.spec.memoryMB} MiB exceeded"
+            message = f"out of memory: the task's memory limit of {run.spec.memoryMB} MiB was exceeded"
         elif run.output.disk_full or run.errors.disk_full:
             reason = DISK_FULL_PLATFORM_REASON
             message = "the task's log was cut short: no space left on device on the launcher's data disk"
@@ -763,16 +787,18 @@ def _fork_exec_as(
     script_fd: int | None,
     uid: int,
     gid: int,
-    cgroup: Path | None,
+    cgroup_procs: list[str] | None,
     program: str = BASH,
     *,
     data_limit: int | None = None,
+    mounts: local_namespaces.MountPlan | None = None,
 ) -> int:
     """Start `program` as `uid`:`gid` with no other group, in the task's bounds.
 
     The child: new session, stdin /dev/null, stdout and stderr the log pipes,
     the script (if any) on _script_fd_in_task, every other fd closed, the
-    working directory, the umask, the cgroup joined (while still root),
+    working directory, the mount namespace of its own (`mounts`:
+    local_namespaces), the umask, the cgroups joined (while still root),
     setgroups([]), gid, uid, then `data_limit` as its RLIMIT_DATA (soft and
     hard, as `ulimit -d` sets it: a program exec'd without bash), signals a
     task must not find ignored at default, exec. With _spawn_as (vfork) when
@@ -782,14 +808,14 @@ def _fork_exec_as(
     (the task's LaunchFailed, or bash's turn for a program exec'd directly),
     as posix_spawn would; the failed child has been reaped."""
     if _spawn_as is not None:
-        procs = str(cgroup / "cgroup.procs") if cgroup is not None else None
         return _spawn_as.spawn_as(
             program, argv, [f"{name}={value}" for name, value in env.items()], work_dir,
             _dev_null(), out_w, err_w, -1 if script_fd is None else script_fd,
-            uid, gid, TASK_UMASK, procs, data_limit, _SIGNALS_RESET_FOR_TASK,
+            uid, gid, TASK_UMASK, cgroup_procs, data_limit, _SIGNALS_RESET_FOR_TASK, mounts,
         )
     return _subprocess_fork_exec_as(
-        argv, env, work_dir, out_w, err_w, script_fd, uid, gid, cgroup, program, data_limit=data_limit
+        argv, env, work_dir, out_w, err_w, script_fd, uid, gid, cgroup_procs, program,
+        data_limit=data_limit, mounts=mounts,
     )
 
 
@@ -809,28 +835,31 @@ def _subprocess_fork_exec_as(
     script_fd: int | None,
     uid: int,
     gid: int,
-    cgroup: Path | None,
+    cgroup_procs: list[str] | None,
     program: str = BASH,
     *,
     data_limit: int | None = None,
+    mounts: local_namespaces.MountPlan | None = None,
 ) -> int:
     """_fork_exec_as without _spawn_as: subprocess's C child
     (_posixsubprocess.fork_exec), a real fork. It resets only SIGPIPE and
     SIGXFSZ (the shim catches every other signal a task must not find ignored:
     _catch_ignored_signals), and runs its only Python step (preexec_fn) after
-    setuid: a task that joins a cgroup, which must happen while still root,
-    or gets a data limit, drops its groups and uid in that Python step
-    instead, after the join. A failure comes back through a close-on-exec
-    pipe."""
+    setuid: a task that joins a cgroup or enters a mount namespace, which
+    must happen while still root, or gets a data limit, drops its groups and
+    uid in that Python step instead, after those. A failure comes back
+    through a close-on-exec pipe."""
     report_r, report_w = os.pipe()
     keep = sorted({report_w} | ({script_fd} if script_fd is not None else set()))
     preexec = None
-    in_python = cgroup is not None or data_limit is not None
+    in_python = bool(cgroup_procs) or data_limit is not None or mounts is not None
     if in_python:
-        procs = str(cgroup / "cgroup.procs") if cgroup is not None else None
 
         def preexec() -> None:
-            if procs is not None:
+            if mounts is not None:
+                local_namespaces.enter(mounts)
+                os.chdir(work_dir)  # the directory at its path in the new namespace
+            for procs in cgroup_procs or ():
                 with open(procs, "w") as joined:
                     joined.write(str(os.getpid()))
             os.setgroups([])

@@ -42,7 +42,8 @@ def run(script: str, work: Path, *, script_fd: int | None = None, cgroup: Path |
     """Start `script` as the task user the way the shim does; its exit status, stdout, stderr."""
     argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, "pai-task-test"]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "SHELL": BASH}
-    return spawn_collected(argv, env, work, script_fd, UID, GID, cgroup)
+    procs = [str(cgroup / "cgroup.procs")] if cgroup is not None else None
+    return spawn_collected(argv, env, work, script_fd, UID, GID, procs)
 
 
 def test_the_task_runs_as_its_user_with_no_group_in_a_session_of_its_own(work: Path):

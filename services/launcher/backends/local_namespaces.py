@@ -1,0 +1,145 @@
+"""A mount namespace of its own for each task that runs as another user.
+
+What a task sees there (made by its child while still root, before it drops
+to the task's uid and execs: _spawn_as, or `enter` where that is not built):
+- /proc: a fresh proc mounted with `hidepid=2`, so the processes of other
+  users (other jobs, the platform) are not there: no other tenant's command
+  line, environment or status can be read. (A PID namespace would hide them
+  too, but its first process ignores SIGTERM unless it handles it, which
+  would break the graceful stop.)
+- /dev/shm and /tmp: tmpfs of the task's own, owned by its uid, mode 1777,
+  each at most its memoryMB (and what they hold is charged to its memory
+  cgroup). No other task sees them, and they go away with the task's last
+  process: nothing is left behind, world-readable or not.
+- Everything else as the machine has it. Mounts are made private first, so
+  nothing mounted here reaches the machine's namespace.
+
+A working directory under /tmp (a data dir under /tmp, or the work root
+local_layout.choose_work_root puts under the temp dir) would be covered by
+the task's /tmp: it is bound back at its own path there.
+
+`probe` tells, once per process, whether this machine allows it (root, a
+kernel with mount namespaces and a proc that takes hidepid); the backend says
+plainly when it does not (local.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from typing import NamedTuple
+
+CLONE_NEWNS = 0x00020000
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+PROC_OPTIONS = "hidepid=2"
+TMP = "/tmp"
+# A task's /dev/shm and /tmp when it has no memoryMB (specs of older launchers).
+DEFAULT_TMPFS_MB = 1024
+
+
+class MountPlan(NamedTuple):
+    """What _spawn_as's `mounts` argument takes (see _spawn_as.c)."""
+
+    proc_options: str
+    shm_options: str
+    tmp_options: str
+    keep: str | None  # a working directory under /tmp, bound back in the task's /tmp
+    keep_dirs: list[str]  # its parents, made first in the task's /tmp
+
+
+def plan(work_dir: str, uid: int, gid: int, memory_mb: int) -> MountPlan:
+    size = memory_mb if memory_mb > 0 else DEFAULT_TMPFS_MB
+    tmpfs = f"size={size}m,mode=1777,uid={uid},gid={gid}"
+    keep = None
+    keep_dirs: list[str] = []
+    if work_dir.startswith(TMP + "/"):
+        keep = work_dir
+        parts = work_dir[len(TMP) + 1 :].split("/")
+        keep_dirs = [f"{TMP}/{'/'.join(parts[: i + 1])}" for i in range(len(parts))]
+    return MountPlan(PROC_OPTIONS, tmpfs, tmpfs, keep, keep_dirs)
+
+
+def describe(private: bool, why_not: str | None) -> str:
+    if private:
+        return "isolation: own mount namespace (/proc hidepid=2, private /dev/shm and /tmp)"
+    return f"isolation: none ({why_not or 'not asked for'}: other tasks' processes, /dev/shm and /tmp are visible)"
+
+
+_libc = None
+
+
+def _c() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+    return _libc
+
+
+def _check(result: int, step: str) -> None:
+    if result < 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"{os.strerror(number)} ({step})")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None, step: str) -> None:
+    encode = lambda text: None if text is None else text.encode()  # noqa: E731
+    _check(_c().mount(encode(source), encode(target), encode(fstype), flags, encode(data)), step)
+
+
+def enter(mounts: MountPlan) -> None:
+    """The steps of _spawn_as.c's enter_private_mounts, in Python: for a child
+    forked without _spawn_as, still root. Leaves the child in `keep` if given."""
+    libc = _c()
+    _check(libc.unshare(CLONE_NEWNS), "unshare mount namespace")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE, None, "make mounts private")
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, mounts.proc_options, "mount /proc")
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, mounts.shm_options, "mount /dev/shm")
+    keep = os.open(mounts.keep, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if mounts.keep else -1
+    _mount("tmpfs", TMP, "tmpfs", MS_NOSUID | MS_NODEV, mounts.tmp_options, "mount /tmp")
+    if keep >= 0:
+        for path in mounts.keep_dirs:
+            try:
+                os.mkdir(path, 0o711)
+            except FileExistsError:
+                pass
+        _mount(f"/proc/self/fd/{keep}", mounts.keep, None, MS_BIND, None, "bind the working directory")
+        os.close(keep)
+        os.chdir(mounts.keep)
+
+
+_PROBE = """
+import sys
+from services.launcher.backends import local_namespaces as n
+n.enter(n.plan("/tmp", 65534, 65534, 16))
+"""
+_probed: dict[str, str | None] = {}
+
+
+def probe() -> str | None:
+    """None when tasks can get a mount namespace of their own here, else why
+    not (in words). Asked once per process: a child tries the steps."""
+    if "result" in _probed:
+        return _probed["result"]
+    if os.geteuid() != 0:
+        why: str | None = "the launcher is not root"
+    else:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=30,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            )
+            lines = (done.stderr or "").strip().splitlines()
+            why = None if done.returncode == 0 else f"the kernel refused it: {lines[-1] if lines else done.returncode}"
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = f"the check failed: {exc}"
+    _probed["result"] = why
+    return why
+
