@@ -29,7 +29,7 @@ class JobRecord:
         "placed", "pending_groups", "state", "history", "victims", "reserved", "reason_key",
         "restored", "never", "skus", "skus_set", "held_skus", "gang_deadline", "shape", "bucket", "seen_epoch", "behind", "fresh", "failed_epoch", "blocking", "reason_text",
         "submitted_at", "sent", "wait_given", "reason_given", "reason_given_at", "placed_at", "preemptions",
-        "borrowed", "order", "due",
+        "borrowed", "order", "due", "fair", "fair_demand",
     )
 
     def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float, submitted_at: float | None = None):
@@ -85,11 +85,15 @@ class JobRecord:
         # Place in the queue among jobs of equal priority: arrival (seq), unless the core queues a preempted
         # opportunistic job again at the back (SchedulerCore's requeue_at_back).
         self.order = seq
+        # Fair share among the users of its VC (fairness.py): its user's dominant share of the VC once
+        # their jobs ahead of it are placed, set by the core while it is queued (0: opportunistic, or off).
+        self.fair = 0
+        self.fair_demand: dict[str, int] = {}  # the leaf cells per sku its tag's successors counted for it
 
     @property
-    def key(self) -> tuple[int, int]:
-        """Queue order: higher priority first, then arrival (see `order`)."""
-        return (-self.priority, self.order)
+    def key(self) -> tuple[int, int, int]:
+        """Queue order: higher priority first, then the smaller fair share (`fair`), then arrival (`order`)."""
+        return (-self.priority, self.fair, self.order)
 
     @property
     def preempting(self) -> bool:

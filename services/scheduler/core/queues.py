@@ -28,7 +28,7 @@ Lane = str | None
 Pair = tuple[Lane, str | None]
 
 
-def _key(record: JobRecord) -> tuple[int, int]:
+def _key(record: JobRecord) -> tuple[int, int, int]:
     return record.key
 
 
@@ -86,6 +86,25 @@ class Queues:
             self.fresh.get((lane, sku), {}).pop(record, None)
         self.not_due(record)
         return True
+
+    def reorder(self, record: JobRecord, fair: int) -> None:
+        """Give a queued job a new fair tag (fairness.py): it moves in every list it is in, keeping its notes."""
+        lane = self.lane_of(record)
+        pairs = [(lane, sku) for sku in self._skus_of(record)]
+        due = record.due
+        lists = [self.lanes.get(lane)]
+        for pair in pairs:
+            lists.append(self.by_sku.get(pair))
+            lists.append(self.buckets.get(pair, {}).get(record.bucket))
+            if due:
+                lists.append(self.due.get(pair, {}).get(record.bucket))
+        found = [queue for queue in lists if _remove(queue, record)]
+        record.fair = fair
+        for queue in found:
+            _insert(queue, record)
+        # Its place changed: its lists are looked at again. A job noted waiting behind an aged gang keeps
+        # the note (it still waits, the gang's placement looks at it again), even where it moved ahead.
+        self.dirty.update(pairs)
 
     def promote_due(self, now: float, may_age) -> None:
         """Queued gangs whose deadline has passed (and that `may_age`) join `due`."""

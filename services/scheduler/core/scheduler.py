@@ -9,7 +9,9 @@ Contract for callers:
 
 Policy:
 - Queue order is priority (higher first), then arrival, in one lane per VC for
-  guaranteed jobs and one lane for opportunistic jobs. Each pass walks the lanes
+  guaranteed jobs and one lane for opportunistic jobs; in a VC's lane, within a
+  priority, the user with the smallest dominant share of the VC goes first
+  (`fair_share`, default on; fairness.py), then arrival. Each pass walks the lanes
   whose cells changed and tries the waiting jobs in order, so a gang that does not
   fit does not block smaller jobs behind it. Jobs asking for the same thing share a
   bucket (queues.py): a pass looks only at bucket heads, in queue order, and leaves a
@@ -76,6 +78,7 @@ from services.scheduler.core.cells import Cell
 from services.scheduler.core.decisions import Announce, Decision, Place, Preempt, Wait
 from services.scheduler.core.demand import GroupDemand, TaskDemand, leaf_cells_for
 from services.scheduler.core.eligibility import candidate_skus, never_fits
+from services.scheduler.core.fairness import FairShare
 from services.scheduler.core.events import (
     Cancel,
     NodeHealth,
@@ -152,7 +155,7 @@ class SchedulerCore:
                  compaction_cost_limit: float | None = COMPACTION_COST_LIMIT_GPU_H,
                  adaptive_reserve: tuple[float, float, int] | None = ADAPTIVE_RESERVE,
                  reserve_after_waiting_s: float | None = RESERVE_AFTER_WAITING_S,
-                 announce_wait_after_s: float = ANNOUNCE_WAIT_AFTER_S):
+                 announce_wait_after_s: float = ANNOUNCE_WAIT_AFTER_S, fair_share: bool = True):
         # Compaction gives way to binding when it would throw away more than this many GPU-hours (see
         # _costly_compaction); None: compaction always comes first.
         self._compaction_limit = compaction_cost_limit
@@ -201,6 +204,10 @@ class SchedulerCore:
         self._state.bind_anywhere = bind_anywhere
         self._jobs: dict[str, JobRecord] = {}  # every attempt that waits or holds cells
         self._queues = Queues(list(self._state.vcs))  # attempts with tasks still to place
+        # Within a priority of a VC's lane, the user holding the smallest share of the VC first (fairness.py);
+        # None: arrival order.
+        self._fair = FairShare({name: dict(vc.sku_guaranteed) for name, vc in self._state.vcs.items()},
+                               self._fair_demand, self._queues.reorder) if fair_share else None
         self._sku_lanes: dict[str, list[str]] = {}  # sku -> VCs that have cells of it
         for name, vc in self._state.vcs.items():
             for sku in vc.skus:
@@ -300,6 +307,13 @@ class SchedulerCore:
 
     def validate_state(self) -> None:
         check_invariants(self._state, self._jobs, self._queues)
+        if self._fair is not None and not self._fair.pending_refresh:
+            queued = [record for queue in self._queues.lanes.values() for record in queue]
+            expected = self._fair.expected_tags(queued, self._jobs.values())
+            for record in queued:
+                if record.fair != expected.get(record, 0):
+                    raise AssertionError(f"{record} has fair tag {record.fair}, its user's share says "
+                                         f"{expected.get(record, 0)}")
 
     # --- events ------------------------------------------------------------------------------
 
@@ -324,10 +338,31 @@ class SchedulerCore:
 
     def _enqueue(self, record: JobRecord) -> None:
         record.bucket = self._bucket_of(record)
+        if self._fair is not None:
+            self._fair.queued(record)
         self._queues.add(record)
 
     def _dequeue(self, record: JobRecord) -> None:
-        self._queues.remove(record)
+        if self._queues.remove(record) and self._fair is not None:
+            self._fair.dequeued(record)
+
+    def _fair_demand(self, record: JobRecord) -> dict[str, int]:
+        """Leaf cells per sku the attempt's unplaced tasks ask for, each group on the sku of its VC where
+        they weigh least (fair tags: fairness.py); nothing for a job that can never be placed."""
+        vc = self._state.vcs.get(record.vc)
+        if vc is None or record.never is not None:
+            return {}
+        fair = self._fair
+        demand: dict[str, int] = {}
+        for group in record.pending_groups:
+            tasks = [task for task in group.tasks if (task.role, task.index) not in record.placed]
+            options = [(fair.share(record.vc, {sku: cells}), sku, cells) for sku in candidate_skus(
+                self._state, record, vc, group) if vc.sku_guaranteed.get(sku, 0) > 0
+                for cells in (self._cells_for(tasks, sku),)]
+            if tasks and options:
+                _, sku, cells = min(options)
+                demand[sku] = demand.get(sku, 0) + cells
+        return demand
 
     def _submit(self, event: Submit) -> None:
         existing = self._jobs.get(event.job)
@@ -384,6 +419,8 @@ class SchedulerCore:
 
     def _note_holding(self, record: JobRecord) -> None:
         self._holding.setdefault(record.vc, {})[record] = None
+        if self._fair is not None:
+            self._fair.holding(record)
         if record.opportunistic:
             self._note_opportunistic(record)
         record.held_skus = frozenset(leaves[0].sku for leaves in record.placed.values())
@@ -398,6 +435,8 @@ class SchedulerCore:
                 units.append(leaf.unit)
         record.placed = {}
         self._holding.get(record.vc, {}).pop(record, None)
+        if self._fair is not None:
+            self._fair.released(record)
         self._oppo_by_age.pop(record, None)
         self._drop_reservations(record)
         for unit in dict.fromkeys(units):
@@ -458,6 +497,14 @@ class SchedulerCore:
     # --- scheduling pass --------------------------------------------------------------------
 
     def _schedule(self) -> list[Decision]:
+        if self._fair is not None:
+            self._fair.refresh()  # what the events changed: the pass walks current fair tags
+        decisions = self._walk()
+        if self._fair is not None:
+            self._fair.refresh()  # what the pass changed: positions and reasons read until the next one
+        return decisions
+
+    def _walk(self) -> list[Decision]:
         decisions: list[Decision] = []
         state = self._state
         queues = self._queues
