@@ -267,6 +267,9 @@ REJECTIONS = [
      "taskRoles.worker.resourcePerInstance.cpu", "minimum"),
     ("negative-memory", job(**{"taskRoles.worker.resourcePerInstance.memoryMB": -512}),
      "taskRoles.worker.resourcePerInstance.memoryMB", "minimum"),
+    # 0 would read as "no memory limit": refused, naming the field.
+    ("zero-memory", job(**{"taskRoles.worker.resourcePerInstance.memoryMB": 0}),
+     "taskRoles.worker.resourcePerInstance.memoryMB", "minimum"),
     ("misspelt-resource", job(**{"taskRoles.worker.resourcePerInstance.gpus": 1}),
      "taskRoles.worker.resourcePerInstance.gpus", "unknown_key"),
     ("negative-port-count", job(**{"taskRoles.worker.resourcePerInstance.ports": {"http": -1}}),

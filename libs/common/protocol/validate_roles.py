@@ -128,7 +128,9 @@ def _check_resources(check: Checker, resources: object, path: DocPath) -> None:
     check.known_keys(resources, path, RESOURCE_KEYS)
     for key, (maximum, limit) in RESOURCE_MAXIMA.items():
         if key in resources:
-            check.integer(resources[key], (*path, key), minimum=0, maximum=maximum, limit=limit)
+            # memoryMB 0 is refused, not read as "no limit": every task's memory is bounded.
+            check.integer(resources[key], (*path, key), minimum=1 if key == "memoryMB" else 0, maximum=maximum,
+                          limit=limit)
     if "ports" in resources and check.mapping(resources["ports"], (*path, "ports")):
         total = 0
         for label, count in resources["ports"].items():
