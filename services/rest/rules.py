@@ -21,7 +21,11 @@ from aiohttp import web
 
 from libs.common.errors import Forbidden
 from libs.common.protocol.depth import NestingTooDeep, check_yaml_depth
+from libs.common.protocol.encodable import MESSAGE as UNENCODABLE_MESSAGE
+from libs.common.protocol.encodable import RULE as UNENCODABLE_RULE
+from libs.common.protocol.encodable import unencodable_paths
 from libs.common.protocol.limits import MAX_ADMIN_BODY_BYTES
+from libs.common.protocol.paths import format_path
 from libs.common.rules_rpc import (
     NoSuchRule,
     RuleAction,
@@ -121,6 +125,9 @@ async def _read_rule(request: web.Request) -> tuple[dict, dict[str, int]]:
         raise bad_field("", "yaml", f"the body is not valid YAML or JSON: {error}") from None
     except (ValueError, RecursionError) as error:  # not UTF-8; an integer of thousands of digits
         raise bad_field("", "yaml", f"the body is not a rule PAI can read: {str(error).split(';')[0][:120]}") from None
+    unencodable = unencodable_paths(data, most=1)
+    if unencodable:  # "\ud800" in JSON or in YAML's double quotes: no text that can travel to the runtime
+        raise bad_field(format_path(unencodable[0]), UNENCODABLE_RULE, UNENCODABLE_MESSAGE)
     if _is_rule_file(data):
         entries = data["spec"]
         if len(entries) != 1:

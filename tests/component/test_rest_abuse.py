@@ -125,6 +125,11 @@ async def test_bytes_that_made_rest_fail_get_a_4xx_naming_the_cause(nats_server,
         status, body = await rest.call("PUT", "/api/v2/users/me", token=token,
                                        body=b'{"password": "\\ud800longenough1", "oldPassword": "x"}')
         assert status == 400 and body["details"]["errors"][0]["path"] == "password", body
+        # ... and in a failure rule (YAML's double quotes spell it in PyYAML).
+        admin = await auth.create_user(rest.ctx.bus, f"ada{RUN}", admin=True)
+        status, body = await rest.call("POST", "/api/v2/rules", token=admin, content_type="text/yaml",
+                                       body=b'code: 4242\nphrase: "bad \\udc80"\npattern: {exitCode: 42}\n')
+        assert status == 400 and body["details"]["errors"][0]["path"] == "phrase", body
         # A portal path longer than a file name may be.
         status, body = await rest.call("GET", "/portal/" + "a" * 300)
         assert status == 404, body
