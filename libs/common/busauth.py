@@ -65,7 +65,8 @@ class Access(msgspec.Struct, frozen=True, kw_only=True):
 
 ACCESS: dict[str, Access] = {
     "rest": Access(
-        publishes=(Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.NODE_CORDON),
+        publishes=(Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.NODE_CORDON, Kind.JOB_DELETED),
+        durable=Durable.REST,  # job.deleted: its own records of a deleted job (services/rest/deletion.py)
         writes=(Bucket.JOBS, Bucket.USERS, Bucket.SECRETS),
         # Not SECRETS: sealed for the launcher, rest only stores them.
         # NODES, NODE_HEALTH: the node list of `GET /api/v2/cluster/nodes`.

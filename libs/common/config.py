@@ -136,6 +136,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Overrides of jetstream_limits' table; 0 keeps the table's value.
     nats_events_max_bytes: int = 0
     nats_events_max_age_seconds: float = 0.0
+    # How long a retried event is recognised by its id; also how long a deleted job's
+    # name waits before it is used again (a new job's events must not pass for the old one's).
+    nats_events_duplicate_window_seconds: float = 0.0
     nats_bucket_max_bytes: int = 0  # every bucket alike
     nats_max_message_bytes: int = 0  # the event stream and every bucket but the lease
 

@@ -121,6 +121,8 @@ def store_settings(config: Config) -> StoreSettings:
         events = msgspec.structs.replace(events, max_age_seconds=config.nats_events_max_age_seconds)
     if config.nats_max_message_bytes:
         events = msgspec.structs.replace(events, max_message_bytes=config.nats_max_message_bytes)
+    if config.nats_events_duplicate_window_seconds:
+        events = msgspec.structs.replace(events, duplicate_window_seconds=config.nats_events_duplicate_window_seconds)
     buckets = {}
     for bucket in Bucket:
         limits = BUCKETS.get(bucket, OTHER_BUCKET)

@@ -106,6 +106,22 @@ class StopRequested(Event, kw_only=True, frozen=True, tag=Kind.JOB_STOP_REQUESTE
     by: str
 
 
+class JobDeleted(Event, kw_only=True, frozen=True, tag=Kind.JOB_DELETED.value):
+    """A finished job was deleted by its owner or an admin (`by`): each service removes
+    its records of it -- rest pai_jobs and pai_secrets, the launcher pai_job_status and
+    the task files, the scheduler pai_schedule. `submittedAt` is the deleted job's
+    submission time, which tells it from a later job of the same name; the id is
+    `<job>/deleted/<submittedAt>`."""
+
+    vc: VcName
+    by: str
+    submittedAt: float
+
+
+def job_deleted_id(job: str, submitted_at: float) -> str:
+    return f"{job}/deleted/{submitted_at!r}"
+
+
 # --- scheduler --------------------------------------------------------------
 
 
@@ -280,6 +296,7 @@ class EventDeadLettered(Event, kw_only=True, frozen=True, tag=Kind.EVENT_DEAD_LE
 AnyEvent = Union[
     JobSubmitted,
     StopRequested,
+    JobDeleted,
     JobPlaced,
     JobWaiting,
     PreemptRequested,

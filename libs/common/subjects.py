@@ -31,6 +31,8 @@ class Kind(StrEnum):
     JOB_PREEMPT = "job.preempt"
     JOB_STATE = "job.state"
     JOB_RELEASED = "job.released"
+    # A finished job's owner or an admin deleted it (rest); each service removes its records of it.
+    JOB_DELETED = "job.deleted"
     TASK_STARTED = "task.started"
     TASK_EXITED = "task.exited"
     TASK_VERDICT = "task.verdict"
@@ -99,3 +101,4 @@ class Durable(StrEnum):
     LAUNCHER = "launcher"
     RUNTIME = "runtime"
     MONITOR = "monitor"
+    REST = "rest"  # job.deleted: rest's own records of a deleted job

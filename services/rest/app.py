@@ -46,7 +46,7 @@ from services.rest.identity import core as identity_core
 from services.rest.identity import routes as identity_routes
 from services.rest.identity import store as identity_store
 from services.rest import alerts as alert_routes
-from services.rest import jobs_api, portal_routes, quotas
+from services.rest import deletion, jobs_api, portal_routes, quotas
 from services.rest.log_stream import log_response
 from services.rest.records import SubmittedJob
 from services.rest.request import CTX, USER, ctx_of, read_body, read_json_object
@@ -210,6 +210,9 @@ async def _take_job(request: web.Request) -> web.Response:
         warnings=parsed.warnings,
         submittedAt=time.time(),
     )
+    refused = deletion.name_reuse_refusal(ctx, request.app.get(jobs_api.INDEX), jid, record.submittedAt)
+    if refused is not None:  # the name of a job deleted within the event stream's duplicate window
+        raise refused
     # 507 past the user's stored-jobs quotas, before anything is stored (services/rest/quotas.py).
     await quotas.check_submission(request, request.app.get(jobs_api.INDEX), user.username,
                                   len(msgspec.json.encode(record)))

@@ -135,6 +135,9 @@ class JobIndex:
         self.ready = False
         # Per user: (jobs stored, bytes of their records), for the per-user quotas (services/rest/quotas.py).
         self.usage: dict[str, tuple[int, int]] = {}
+        # Keys of jobs deleted (their records purged: services/rest/deletion.py) -> when, for the
+        # wait before their name is used again. Submissions taken back are deletes, not purges.
+        self.purged: dict[str, float] = {}
         self._generation = 0
         # Bumped at every change; what `memo` computed for an older version is computed again.
         self.version = 0
@@ -161,6 +164,7 @@ class JobIndex:
     def put_submission(self, key: str, stored: bytes) -> None:
         """The submission of `key` as stored in pai_jobs (raises msgspec.DecodeError when unreadable)."""
         brief = _SUBMISSION.decode(stored)
+        self.purged.pop(key, None)
         self._count(self.jobs.get(key), -1)
         self._count_bytes(brief.user, 1, len(stored))
         self.jobs[key] = IndexedJob(brief=brief, stored=stored, status=self._status.get(key),
@@ -236,6 +240,7 @@ class JobIndex:
     def _reset(self) -> None:
         self.jobs.clear()
         self.usage.clear()
+        self.purged.clear()
         self.unpublished.clear()
         self._status.clear()
         self._schedule.clear()
@@ -262,7 +267,9 @@ class JobIndex:
         try:
             for bucket, apply in ((Bucket.JOBS, submissions), (Bucket.JOB_STATUS, statuses),
                                   (Bucket.SCHEDULE, schedules)):
-                watches.append(await _Watch.start(bus, bucket, apply, lambda: self._generation == generation))
+                on_purge = self.purged.__setitem__ if bucket is Bucket.JOBS else None
+                watches.append(await _Watch.start(bus, bucket, apply, lambda: self._generation == generation,
+                                                  on_purge=on_purge))
         except BaseException:
             for watch in watches:  # those started before one failed are not the caller's to stop
                 await watch.stop()
@@ -282,8 +289,10 @@ class _Watch:
     (its own records back, the launcher's statuses, the scheduler's entries).
     """
 
-    def __init__(self, prefix: str, apply: Callable[[str, bytes | None], None], current: Callable[[], bool]):
+    def __init__(self, prefix: str, apply: Callable[[str, bytes | None], None], current: Callable[[], bool],
+                 on_purge: Callable[[str, float], None] | None = None):
         self.prefix = prefix
+        self.on_purge = on_purge
         self.apply = apply
         self.current = current
         self.initial = asyncio.Event()
@@ -291,8 +300,8 @@ class _Watch:
         self.sub = None
 
     @classmethod
-    async def start(cls, bus: Bus, bucket: Bucket, apply, current) -> _Watch:
-        watch = cls(f"{KV_SUBJECT_PREFIX}{bucket.value}.", apply, current)
+    async def start(cls, bus: Bus, bucket: Bucket, apply, current, on_purge=None) -> _Watch:
+        watch = cls(f"{KV_SUBJECT_PREFIX}{bucket.value}.", apply, current, on_purge)
         watch.sub = await bus.js.subscribe(
             f"{watch.prefix}>", stream=f"KV_{bucket.value}", ordered_consumer=True,
             deliver_policy=nats.js.api.DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=WATCH_INACTIVE_SECONDS)
@@ -319,6 +328,8 @@ class _Watch:
             operation = headers.get(KV_OPERATION_HEADER)
             if operation is not None:
                 deleted = deleted or operation in KV_DELETIONS
+                if operation == "PURGE" and self.on_purge is not None:
+                    self.on_purge(msg.subject[len(self.prefix):], msg.metadata.timestamp.timestamp())
             elif KV_MARKER_HEADER in headers:  # a marker the server placed (nats-server 2.11+)
                 reason = headers[KV_MARKER_HEADER]
                 if reason not in KV_MARKER_DELETIONS:

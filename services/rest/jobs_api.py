@@ -25,7 +25,7 @@ from aiohttp import web
 
 from libs.common import ids
 from libs.common.bus import all_keys, get_json
-from libs.common.errors import BadInput, Forbidden, NotFound, NoVirtualCluster, Transient
+from libs.common.errors import BadInput, Conflict, Forbidden, NotFound, NoVirtualCluster, Transient
 from libs.common.logs import LogRequest
 from libs.common.messages import JobState
 from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_USERNAME_LENGTH
@@ -34,7 +34,7 @@ from libs.common.records import JobRecord
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
-from services.rest import capacity, intake, quotas, views
+from services.rest import capacity, deletion, intake, quotas, views
 from services.rest.job_index import JobIndex, SubmissionBrief
 from services.rest.records import SubmittedJob
 from services.rest.log_stream import log_response
@@ -376,6 +376,29 @@ async def delete_tag(request: web.Request) -> web.Response:
     return await _change_tags(request, _remove_tag)
 
 
+# --- deleting a finished job (services/rest/deletion.py) ------------------------------
+
+
+async def delete_job(request: web.Request) -> web.Response:
+    """DELETE /api/v2/jobs/{job}: a finished job's records, logs and files, by its owner or an admin."""
+    ctx = ctx_of(request)
+    jid = job_param(request)
+    sub, _, rec, _ = await load_job(ctx, jid)
+    require_owner_or_admin(request, sub, "delete")
+    if rec is None or not rec.state.is_final:
+        state = rec.state.value if rec is not None else JobState.WAITING.value
+        raise Conflict(f"job {jid} is {state}: only a finished job (SUCCEEDED, FAILED or STOPPED) can be deleted; "
+                       f"stop it first (pai stop {jid}, or PUT /api/v2/jobs/{jid}/executionType "
+                       '{"value": "STOP"}), then delete it', details={"state": state})
+    await ctx.bus.publish(deletion.deleted_event(sub, request[USER].username))
+    await deletion.remove_records(ctx, jid, sub.submittedAt)  # at once; the event makes every owner do its part
+    index = request.app.get(INDEX)
+    if index is not None:
+        index.delete_submission(ids.job_key(jid))  # gone from this replica's list before the answer
+        index.purged[ids.job_key(jid)] = time.time()  # and its name held (the watch brings the purge's own time)
+    return json_response(Message(message=f"deleted {jid}: its records, logs and files are being removed"))
+
+
 # --- events ---------------------------------------------------------------------------
 
 
@@ -713,6 +736,7 @@ ROUTES = [
     web.get("/api/v2/jobs/{job}/job-attempts/{attempt}", get_job_attempt),
     web.get("/api/v2/jobs/{job}/job-attempts/{attempt}/tasks/{role}/{index}", get_task),
     web.get("/api/v2/jobs/{job}/job-attempts/{attempt}/tasks/{role}/{index}/logs", get_task_log),
+    web.delete("/api/v2/jobs/{job}", delete_job),
     web.put("/api/v2/jobs/{job}/tag", put_tag),
     web.delete("/api/v2/jobs/{job}/tag", delete_tag),
     web.get("/api/v2/jobs/{job}/events", get_job_events),
@@ -741,7 +765,8 @@ def setup(app: web.Application, ctx: ServiceContext) -> None:
         tasks = [asyncio.ensure_future(index.run(ctx.bus, stopping)),
                  asyncio.ensure_future(view.run(ctx.bus, stopping)),
                  # Records whose JobSubmitted may not be out, found through the index.
-                 asyncio.ensure_future(submissions.run_sweep(stopping))]
+                 asyncio.ensure_future(submissions.run_sweep(stopping)),
+                 asyncio.ensure_future(deletion.consume(ctx, stopping))]
         yield
         stopping.set()
         for task in tasks:

@@ -40,6 +40,7 @@ from libs.common.config import Config, load_config
 from libs.common.errors import BadInput, Transient
 from libs.common.messages import (
     Event,
+    JobDeleted,
     JobPlaced,
     JobReleased,
     JobSubmitted,
@@ -94,8 +95,8 @@ REFRESH_MIN_AGE_SECONDS = 5.0
 NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
 # A failed batch names this many of its decisions in the log.
 LOGGED_DECISIONS = 10
-CONSUMED = (JobSubmitted, StopRequested, JobReleased, NodeStatus)
-CONSUMED_KINDS = [Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.JOB_RELEASED, Kind.NODE_STATUS]
+CONSUMED = (JobSubmitted, StopRequested, JobReleased, NodeStatus, JobDeleted)
+CONSUMED_KINDS = [Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.JOB_RELEASED, Kind.NODE_STATUS, Kind.JOB_DELETED]
 
 
 def cluster_config(config: Config) -> ClusterConfig:
@@ -178,6 +179,9 @@ class SchedulerShell:
                     inputs.append(Release(job=event.job, attempt=attempt, requeue=requeue))
                 case StopRequested():
                     inputs.append(Cancel(job=event.job))
+                case JobDeleted():
+                    await self._forget_deleted(event)
+                    continue
                 case NodeStatus(node=node, healthy=healthy, reason=reason):
                     if node in self._nodes:  # a node of another cluster, or one removed: nothing of ours
                         inputs.append(NodeHealth(node=node, healthy=healthy, reason=reason))
@@ -193,6 +197,17 @@ class SchedulerShell:
             decisions = self.core.handle(*inputs)
             self._view_dirty = True
             await self._carry_out(decisions, jobs=causes, cause=events[-1].id, causes=causes)
+
+    async def _forget_deleted(self, event: JobDeleted) -> None:
+        """A finished job deleted: its entry in pai_schedule goes. A job the core still
+        holds is left to its Release (which removes the entry), or is a later job of
+        the same name. Idempotent."""
+        async with self.lock:
+            if self.core.knows(event.job):
+                return
+            key = ids.job_key(event.job)
+            await (await self.ctx.bus.kv(Bucket.SCHEDULE)).delete(key)
+            self._stored.discard(key)
 
     async def tick_forever(self) -> None:
         while not self.ctx.stopping.is_set():

@@ -172,6 +172,8 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     ("POST", "/api/v2/jobs"): (SIGNED_IN, _new_job, 202),
     ("GET", "/api/v2/jobs"): (SIGNED_IN, fixed("/api/v2/jobs"), 200),
     ("GET", "/api/v2/jobs/{job}"): (SIGNED_IN, fixed(f"/api/v2/jobs/{JOB}"), 200),
+    # The job is not finished here (no launcher): those allowed get the 409 that says so, nothing is deleted.
+    ("DELETE", "/api/v2/jobs/{job}"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}"), 409),
     ("GET", "/api/v2/jobs/{job}/config"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/config"), 200),
     ("GET", "/api/v2/jobs/{job}/job-attempts"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/job-attempts"), 200),
     ("GET", "/api/v2/jobs/{job}/logs"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/logs"), 200),

@@ -154,6 +154,11 @@ class LauncherCore:
         self._jobs[record.job] = record
         self._ports.update(record)
 
+    def forget(self, job_id: str) -> None:
+        """A finished job deleted (JobDeleted): its record is gone from the bucket and from here."""
+        if self._jobs.pop(job_id, None) is not None:
+            self._ports.remove(job_id)
+
     def job(self, job_id: str) -> JobRecord | None:
         return self._jobs.get(job_id)
 

@@ -27,11 +27,12 @@ ERROR_TEXT = {
     403: "signed in, but not allowed this",
     404: "no such job, attempt, task, VC or route",
     405: "method not allowed",
-    409: "already exists",
+    409: "already exists, or not in a state that allows it (the message says which)",
     412: "changed since the revision given in If-Match",
     413: "body over its limit",
     415: "unsupported media type",
-    429: "over the per-token rate limit (see Retry-After)",
+    429: "over the per-token rate limit (see Retry-After), or the user's submissions in flight (details.limit)",
+    507: "the store is full, or a per-user quota is reached: details name the limit, its value and what to do",
     503: "the message bus (NATS) is away; retry after Retry-After seconds",
 }
 

@@ -197,6 +197,11 @@ PATHS: dict[str, Any] = {
     "/api/v2/jobs/{job}": {
         "get": operation("A job's status, tasks and why it waits", tags=_JOBS, fails=(404,), params=[_JOB],
                          ok={"200": {"description": "the job", "content": json_content(ref("JobDetail"))}}),
+        "delete": operation("Delete a finished job: its records, logs and files (owner and admins); PAI's addition",
+                            tags=_JOBS, fails=(403, 404, 409), params=[_JOB],
+                            description="409 while the job is not finished (stop it first). Its name can be used "
+                                        "again once the event stream's duplicate window (10 minutes) has passed.",
+                            ok={"200": {"description": "deleted", "content": json_content(ref("Message"))}}),
     },
     "/api/v2/jobs/{job}/config": {
         "get": operation("The job as submitted, secrets masked (owner and admins)", tags=_JOBS, fails=(403, 404),
