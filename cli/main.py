@@ -214,6 +214,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    answer = asyncio.run(_client(args).request("DELETE", f"/api/v2/jobs/{args.job}"))
+    console.print(answer["message"])
+    return 0
+
+
 def cmd_vcs(args: argparse.Namespace) -> int:
     vcs = asyncio.run(_client(args).request("GET", "/api/v2/virtual-clusters"))
     if args.json:
@@ -272,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("stop", help="stop a job")
     sp.add_argument("job")
     sp.set_defaults(func=cmd_stop)
+
+    dl = sub.add_parser("delete", help="delete a finished job: its records, logs and files (frees your job quota)")
+    dl.add_argument("job", help="user~name")
+    dl.set_defaults(func=cmd_delete)
 
     vc = sub.add_parser("vcs", help="virtual clusters: quota, use and queue")
     vc.add_argument("--json", action="store_true")
