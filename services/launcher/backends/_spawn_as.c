@@ -14,7 +14,7 @@
    script (on SCRIPT_FD, 3, as posix_spawn gives it) in place; every other fd
    closed; where asked, a mount namespace of its own (below); the working
    directory; the umask; the cgroups joined while still root; no supplementary group; the gid, then the uid, in all three slots
-   (real, effective, saved); RLIMIT_DATA, soft and hard, last (the child's own
+   (real, effective, saved); RLIMIT_FSIZE and RLIMIT_DATA, soft and hard, last (the child's own
    steps must not meet it); every handled signal and the given ones back to
    default; no signal blocked; exec. A step that fails is recorded, with its
    errno, in memory the parent shares (vfork lends the child the parent's
@@ -78,6 +78,8 @@ struct child_plan {
     char keep_source[40];      /* "/proc/self/fd/N", by the child */
     int has_data_limit;
     rlim_t data_limit;
+    int has_fsize_limit;
+    rlim_t fsize_limit;
     const sigset_t *reset;     /* dispositions set back to default */
     int max_fd;                /* for closing fds without close_range */
 };
@@ -204,6 +206,11 @@ child_exec(struct child_plan *plan, volatile struct failure *failure)
         fail(failure, "setresgid");
     if (syscall(SYS_setresuid, plan->uid, plan->uid, plan->uid) < 0)
         fail(failure, "setresuid");
+    if (plan->has_fsize_limit) {
+        struct rlimit limit = {plan->fsize_limit, plan->fsize_limit};
+        if (setrlimit(RLIMIT_FSIZE, &limit) < 0)
+            fail(failure, "setrlimit RLIMIT_FSIZE");
+    }
     if (plan->has_data_limit) {
         struct rlimit limit = {plan->data_limit, plan->data_limit};
         if (setrlimit(RLIMIT_DATA, &limit) < 0)
@@ -290,7 +297,8 @@ static const char *kept_path(PyObject *path, PyObject *keep)
 
 PyDoc_STRVAR(spawn_as_doc,
 "spawn_as(program, argv, env, cwd, stdin, stdout, stderr, script_fd, uid, gid,\n"
-"         umask, cgroup_procs, data_limit, reset_signals, mounts=None) -> pid\n\n"
+"         umask, cgroup_procs, data_limit, reset_signals, mounts=None,\n"
+"         fsize_limit=None) -> pid\n\n"
 "Start `program` as uid:gid with no supplementary group, in a session of its\n"
 "own, with vfork + exec. `env`: 'NAME=value' strings. `script_fd` (-1: none)\n"
 "reaches the program as fd 3; every other fd but its stdio is closed.\n"
@@ -300,17 +308,18 @@ PyDoc_STRVAR(spawn_as_doc,
 "one always is). Raises OSError naming the step that failed; the failed child\n"
 "has been reaped.\n"
 "`mounts` (None: none): (proc_options, shm_options, tmp_options, keep,\n"
-"keep_dirs): a mount namespace of the child's own (see the source).");
+"keep_dirs): a mount namespace of the child's own (see the source).\n"
+"`fsize_limit` (None: none): its RLIMIT_FSIZE, soft and hard.");
 
 static PyObject *spawn_as(PyObject *module, PyObject *args)
 {
     PyObject *program_obj, *argv_obj, *env_obj, *cwd_obj, *cgroup_obj, *limit_obj, *reset_obj;
-    PyObject *mounts_obj = Py_None;
+    PyObject *mounts_obj = Py_None, *fsize_obj = Py_None;
     int stdin_fd, stdout_fd, stderr_fd, script_fd, mask;
     unsigned int uid, gid;
-    if (!PyArg_ParseTuple(args, "OOOOiiiiIIiOOO|O:spawn_as", &program_obj, &argv_obj, &env_obj, &cwd_obj,
+    if (!PyArg_ParseTuple(args, "OOOOiiiiIIiOOO|OO:spawn_as", &program_obj, &argv_obj, &env_obj, &cwd_obj,
                           &stdin_fd, &stdout_fd, &stderr_fd, &script_fd, &uid, &gid, &mask,
-                          &cgroup_obj, &limit_obj, &reset_obj, &mounts_obj))
+                          &cgroup_obj, &limit_obj, &reset_obj, &mounts_obj, &fsize_obj))
         return NULL;
 
     struct child_plan plan;
@@ -381,6 +390,13 @@ static PyObject *spawn_as(PyObject *module, PyObject *args)
             goto done;
         plan.has_data_limit = 1;
         plan.data_limit = (rlim_t)limit;
+    }
+    if (fsize_obj != Py_None) {
+        unsigned long long limit = PyLong_AsUnsignedLongLong(fsize_obj);
+        if (limit == (unsigned long long)-1 && PyErr_Occurred())
+            goto done;
+        plan.has_fsize_limit = 1;
+        plan.fsize_limit = (rlim_t)limit;
     }
     sigset_t reset;
     sigemptyset(&reset);

@@ -29,6 +29,15 @@
   limits seconds used, not a share).
 - none: nothing enforced.
 
+The working directory's size: this kernel has no disk quota (CONFIG_QUOTA is
+off: ext4 refuses `usrquota`), and a filesystem per task (a loop-mounted
+image) costs far more than a trivial task. So, the best bound at hand: every
+task gets RLIMIT_FSIZE = its bound (no file it writes anywhere grows past it:
+SIGXFSZ, or EFBIG where the program ignores that), and its shim adds up the
+directory's disk use every WORK_DIR_LOOK_SECONDS and ends the task when it
+passes the bound. Between two looks a task may write more than its bound by
+what it writes in that time. Either way its exit says WorkDirQuotaExceeded.
+
 Which one is in force is reported in TaskRunning.detail ("limits: ...").
 """
 
@@ -47,6 +56,16 @@ _CONTROLLERS = ("cpu", "memory")
 V1_CONTROLLERS = ("memory", "cpu", "pids")
 _CPU_PERIOD_US = 100_000
 MIB = 1024 * 1024
+# Platform reasons of a task the shim ended for a bound it passed.
+OOM_REASON = "OOMKilled"
+WORK_DIR_FULL_REASON = "WorkDirQuotaExceeded"
+# How often a shim looks at its running tasks' cgroups (v1: an OOM kill ends
+# the whole task) and their working directories' size (a walk: less often).
+WATCH_SECONDS = 0.5
+WORK_DIR_LOOK_SECONDS = 2.0
+# A look at a working directory stops after this many entries (a task that
+# makes millions of files is not walked whole every few seconds).
+WORK_DIR_LOOK_ENTRIES = 200_000
 
 
 def own_cgroup(cgroup_root: Path = CGROUP_ROOT) -> Path | None:
@@ -367,3 +386,34 @@ def leftover_cgroups(parents: list[Path]) -> dict[str, TaskCgroup]:
             if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
                 found.setdefault(entry.name, []).append(entry.path)
     return {slug: TaskCgroup(1, dirs) for slug, dirs in found.items()}
+
+
+def disk_usage(path: str, stop_at: int) -> int:
+    """Bytes on disk under `path` (allocated blocks, links not followed, one
+    filesystem), stopping once `stop_at` is reached or WORK_DIR_LOOK_ENTRIES
+    entries were seen."""
+    total = 0
+    seen = 0
+    pending = [path]
+    try:
+        device = os.lstat(path).st_dev
+    except OSError:
+        return 0
+    while pending and total < stop_at and seen < WORK_DIR_LOOK_ENTRIES:
+        try:
+            entries = os.scandir(pending.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                seen += 1
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if info.st_dev != device:
+                    continue
+                total += info.st_blocks * 512
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+    return total

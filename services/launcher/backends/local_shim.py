@@ -172,6 +172,10 @@ class _Limits:
         # RLIMIT_DATA as the prelude's `ulimit -d` sets it (soft and hard), for a
         # task that changes user and so can set it in the child instead.
         self.data_limit = spec.memoryMB * local_limits.MIB if self.mode == LIMITS_RLIMIT and spec.memoryMB > 0 else None
+        # The bound on its working directory (the local_limits docstring says how it holds).
+        self.work_dir_bytes = spec.workDirMB * local_limits.MIB if spec.workDirMB > 0 else None
+        if self.work_dir_bytes is not None:
+            self.detail += f", work dir {spec.workDirMB} MiB"
         # A mount namespace of its own (local_namespaces): only for a task that
         # changes user (one that runs as the shim's user, root, could undo it).
         self.mounts = (
@@ -209,6 +213,7 @@ class _Run:
         self.status: int | None = None
         self.usage: resource.struct_rusage | None = None
         self.kill_reason: str | None = None
+        self.kill_message = ""  # set when the shim itself ended it (a bound it passed)
         self.kill_grace = 0.0
         self.kill_deadline: float | None = None
         self.escalated = False
@@ -236,6 +241,11 @@ class Shim:
         self.poller = select.epoll()
         self.orders_waiting = False
         self.stop_everything = False
+        # When running tasks are next looked at for bounds the kernel does not
+        # enforce whole (_watch); the first look comes a period after the
+        # shim's first task started, so a quick task is never looked at.
+        self.next_watch = time.monotonic() + local_limits.WATCH_SECONDS
+        self.next_disk_look = time.monotonic() + local_limits.WORK_DIR_LOOK_SECONDS
         self.children_changed = True  # a SIGCHLD came since the last _reap: reap again
         self.childless = False
         wake_r, wake_w = os.pipe()
@@ -380,7 +390,7 @@ class Shim:
             data_limit = None if in_shell else run.limits.data_limit
             return _fork_exec_as(
                 argv, env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.join, program,
-                data_limit=data_limit, mounts=run.limits.mounts,
+                data_limit=data_limit, mounts=run.limits.mounts, fsize_limit=run.limits.work_dir_bytes,
             )
         return _posix_spawn(argv, env, spec.work_dir, out_w, err_w, script_fd, program)
 
@@ -396,6 +406,10 @@ class Shim:
             if self.orders_waiting or self.stop_everything:
                 self._take_orders(now)
             deadlines = []
+            if self.runs:
+                if now >= self.next_watch:
+                    self._watch(now)
+                deadlines.append(self.next_watch)
             for run in list(self.ending.values()):
                 deadline = self._advance(run, now)
                 if deadline is not None:
@@ -524,6 +538,33 @@ class Shim:
         self._finish(run)
         return None
 
+    def _watch(self, now: float) -> None:
+        """Every WATCH_SECONDS: a task whose cgroup v1 saw an OOM kill is ended
+        whole (v1 kills one process; v2's memory.oom.group does this itself);
+        every WORK_DIR_LOOK_SECONDS: a task whose working directory holds more
+        than its bound is ended (local_limits.work_dir_bytes)."""
+        self.next_watch = now + local_limits.WATCH_SECONDS
+        look_at_disks = now >= self.next_disk_look
+        if look_at_disks:
+            self.next_disk_look = now + local_limits.WORK_DIR_LOOK_SECONDS
+        for run in list(self.runs.values()):
+            if run.kill_reason is not None or run.status is not None:
+                continue
+            cgroup = run.limits.cgroup
+            if cgroup is not None and cgroup.version == 1 and cgroup.oom_killed():
+                self._end_for(run, now, local_limits.OOM_REASON, _oom_message(run))
+            elif look_at_disks and run.limits.work_dir_bytes is not None:
+                used = local_limits.disk_usage(run.spec.work_dir, run.limits.work_dir_bytes)
+                if used >= run.limits.work_dir_bytes:
+                    self._end_for(run, now, local_limits.WORK_DIR_FULL_REASON, _work_dir_message(run))
+
+    def _end_for(self, run: _Run, now: float, reason: str, message: str) -> None:
+        """End a task at once (SIGKILL to all of it) for a bound it passed."""
+        run.kill_reason, run.kill_message, run.kill_grace = reason, message, 0.0
+        run.kill_deadline = now
+        self.ending[run.pid] = run
+        self._signal(run, signal.SIGKILL, self._descendants_of(run))
+
     def _leftovers(self, run: _Run) -> list[int]:
         """Live processes of a task whose main process has exited.
 
@@ -591,14 +632,20 @@ class Shim:
         reason, message = "", ""
         if run.kill_reason is not None:
             reason = run.kill_reason
-            message = (
+            message = run.kill_message or (
                 f"stopped: SIGTERM, then SIGKILL after {run.kill_grace:g}s"
                 if run.escalated
                 else "stopped: SIGTERM"
             )
         elif cgroup is not None and cgroup.oom_killed():
-            reason = "OOMKilled"
-            message = f"out of memory: the task's memory limit of {run.spec.memoryMB} MiB was exceeded"
+            reason, message = local_limits.OOM_REASON, _oom_message(run)
+        elif exit_code != 0 and run.limits.work_dir_bytes is not None and (
+            signal_number == signal.SIGXFSZ
+            or local_limits.disk_usage(run.spec.work_dir, run.limits.work_dir_bytes) >= run.limits.work_dir_bytes
+        ):
+            # A failed task that reached its bound (a file stopped at RLIMIT_FSIZE:
+            # SIGXFSZ, or EFBIG where the program ignores it) is told as that.
+            reason, message = local_limits.WORK_DIR_FULL_REASON, _work_dir_message(run)
         elif run.output.disk_full or run.errors.disk_full:
             reason = DISK_FULL_PLATFORM_REASON
             message = "the task's log was cut short: no space left on device on the launcher's data disk"
@@ -642,6 +689,17 @@ class Shim:
             time.sleep(_RESWEEP_SECONDS)
             self._reap()
         self._reap()
+
+
+def _oom_message(run: _Run) -> str:
+    return f"out of memory: the task's memory limit of {run.spec.memoryMB} MiB was exceeded"
+
+
+def _work_dir_message(run: _Run) -> str:
+    return (
+        f"disk quota exceeded: the task's working directory reached its bound of {run.spec.workDirMB} MiB "
+        "(no file grows past it, and the task is ended when all of them together pass it)"
+    )
 
 
 def _provide_work_dir(spec: ShimSpec) -> None:
@@ -792,6 +850,7 @@ def _fork_exec_as(
     *,
     data_limit: int | None = None,
     mounts: local_namespaces.MountPlan | None = None,
+    fsize_limit: int | None = None,
 ) -> int:
     """Start `program` as `uid`:`gid` with no other group, in the task's bounds.
 
@@ -799,7 +858,8 @@ def _fork_exec_as(
     the script (if any) on _script_fd_in_task, every other fd closed, the
     working directory, the mount namespace of its own (`mounts`:
     local_namespaces), the umask, the cgroups joined (while still root),
-    setgroups([]), gid, uid, then `data_limit` as its RLIMIT_DATA (soft and
+    setgroups([]), gid, uid, then `fsize_limit` as its RLIMIT_FSIZE (the bound
+    on its working directory: no file grows past it) and `data_limit` as its RLIMIT_DATA (soft and
     hard, as `ulimit -d` sets it: a program exec'd without bash), signals a
     task must not find ignored at default, exec. With _spawn_as (vfork) when
     it was built, else with subprocess's fork.
@@ -811,11 +871,11 @@ def _fork_exec_as(
         return _spawn_as.spawn_as(
             program, argv, [f"{name}={value}" for name, value in env.items()], work_dir,
             _dev_null(), out_w, err_w, -1 if script_fd is None else script_fd,
-            uid, gid, TASK_UMASK, cgroup_procs, data_limit, _SIGNALS_RESET_FOR_TASK, mounts,
+            uid, gid, TASK_UMASK, cgroup_procs, data_limit, _SIGNALS_RESET_FOR_TASK, mounts, fsize_limit,
         )
     return _subprocess_fork_exec_as(
         argv, env, work_dir, out_w, err_w, script_fd, uid, gid, cgroup_procs, program,
-        data_limit=data_limit, mounts=mounts,
+        data_limit=data_limit, mounts=mounts, fsize_limit=fsize_limit,
     )
 
 
@@ -840,6 +900,7 @@ def _subprocess_fork_exec_as(
     *,
     data_limit: int | None = None,
     mounts: local_namespaces.MountPlan | None = None,
+    fsize_limit: int | None = None,
 ) -> int:
     """_fork_exec_as without _spawn_as: subprocess's C child
     (_posixsubprocess.fork_exec), a real fork. It resets only SIGPIPE and
@@ -852,7 +913,7 @@ def _subprocess_fork_exec_as(
     report_r, report_w = os.pipe()
     keep = sorted({report_w} | ({script_fd} if script_fd is not None else set()))
     preexec = None
-    in_python = bool(cgroup_procs) or data_limit is not None or mounts is not None
+    in_python = bool(cgroup_procs) or data_limit is not None or mounts is not None or fsize_limit is not None
     if in_python:
 
         def preexec() -> None:
@@ -865,6 +926,8 @@ def _subprocess_fork_exec_as(
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
+            if fsize_limit is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
             if data_limit is not None:  # last: the child's own steps must not meet it
                 resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
 
