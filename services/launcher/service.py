@@ -76,6 +76,7 @@ from services.launcher.core import (
     KillTask,
     LauncherCore,
     LogsPruned,
+    PortsBusy,
     Publish,
     SaveJob,
     StartTask,
@@ -460,11 +461,14 @@ class LauncherShell:
         # after the records are stored, and both done before this returns.
         publications = [action.event for action in actions if isinstance(action, Publish)]
         publishing = asyncio.ensure_future(self.ctx.bus.publish_many(publications)) if publications else None
+        held = self._held_for_busy_ports(actions)
         try:
             for action in actions:
                 match action:
                     case SaveJob() | Publish():
                         pass
+                    case StartTask(launch=launch) if launch.key in held:
+                        pass  # its ports are in use: started once the core gave it others
                     case StartTask(launch=launch):
                         metrics.TASKS_STARTED.inc()
                         await self._start(launch)
@@ -483,6 +487,33 @@ class LauncherShell:
             raise
         if publishing is not None:
             await publishing
+
+    def _held_for_busy_ports(self, actions) -> set[TaskKey]:
+        """Starts not to carry out: a port of the launch is in use on its node
+        (the backend tries them, `ports_in_use`; core/ports.py). Every start of
+        that attempt in `actions` is held back, and the ports found busy go to
+        the core (PortsBusy, next transaction), which starts them with others."""
+        in_use = getattr(self.backend, "ports_in_use", None)
+        if in_use is None:
+            return set()
+        with_ports = [a.launch for a in actions if isinstance(a, StartTask) and a.launch.ports]
+        busy: dict[tuple[str, int], dict[str, set[int]]] = {}
+        for launch in with_ports:
+            found = in_use(launch)
+            if found:
+                attempt = (launch.key.job, launch.key.attempt)
+                busy.setdefault(attempt, {}).setdefault(launch.placement.node, set()).update(found)
+        held: set[TaskKey] = set()
+        for (job, attempt), ports in busy.items():
+            keys = [
+                a.launch.key for a in actions
+                if isinstance(a, StartTask) and (a.launch.key.job, a.launch.key.attempt) == (job, attempt)
+            ]
+            held.update(keys)
+            log.warning("ports %s of %s attempt %d are in use on the node: giving its tasks others",
+                        {node: sorted(p) for node, p in ports.items()}, job, attempt, extra={"job": job})
+            self._report([PortsBusy(job=job, attempt=attempt, tasks=keys, busy={n: sorted(p) for n, p in ports.items()})])
+        return held
 
     async def _timer(self, job: str, attempt: int, at: float) -> None:
         await asyncio.sleep(max(0.0, at - time.time()))

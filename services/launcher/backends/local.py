@@ -178,6 +178,11 @@ RESEND_SECONDS = 10.0
 FORGED_BELL_LOG_SECONDS = 60.0
 # How often, at most, /proc is read for the processes of jobs whose uids wait for release.
 UID_RELEASE_SECONDS = 10.0
+# At most one log line per this many seconds about doorbell datagrams dropped
+# because no shim sent them (their count is a metric).
+FORGED_BELL_LOG_SECONDS = 60.0
+# How often, at most, /proc is read for the processes of jobs whose uids wait for release.
+UID_RELEASE_SECONDS = 10.0
 # Ended tasks' working directories remembered to be offered to new tasks; a
 # burst's worth (those past it simply stay, as every used one does).
 ENDED_WORK_DIRS_KEPT = 1024
@@ -484,6 +489,14 @@ class LocalBackend:
             await asyncio.to_thread(shutil.rmtree, work_dir, True)
             removed = True
         return removed
+
+    def ports_in_use(self, launch: TaskLaunch) -> list[int]:
+        """The launch's ports that something on this machine (every node of the
+        local backend is this machine) already holds: each is tried with a bind,
+        TCP and UDP, on every address (the shell holds the start back and the
+        core picks others; core/ports.py). A port bound right after it was tried
+        is not seen: the task then fails to bind it, as anywhere."""
+        return [port for ports in launch.ports.values() for port in ports if not _port_free(port)]
 
     def release_job(self, job: str) -> None:
         """Retention removed the files of every task attempt of `job`: its uid goes
@@ -844,6 +857,31 @@ def _alive(claim: ShimRecord, seen: dict[tuple[int, int], bool] | None = None) -
     if shim not in seen:
         seen[shim] = local_procs.is_alive(*shim)
     return seen[shim]
+
+
+def _port_free(port: int) -> bool:
+    for family, kind, address in (
+        (socket.AF_INET, socket.SOCK_STREAM, "0.0.0.0"),
+        (socket.AF_INET, socket.SOCK_DGRAM, "0.0.0.0"),
+        (socket.AF_INET6, socket.SOCK_STREAM, "::"),
+    ):
+        try:
+            probe = socket.socket(family, kind)
+        except OSError:
+            continue  # no IPv6 here
+        try:
+            # SO_REUSEADDR as servers set it: a port left in TIME_WAIT by an
+            # ended task is free to them, and so to us; one listened on is not.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((address, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            if exc.errno != errno.EADDRNOTAVAIL:
+                raise
+        finally:
+            probe.close()
+    return True
 
 
 def _age(path: str) -> float:

@@ -82,6 +82,17 @@ class LogsPruned(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     at: float
 
 
+class PortsBusy(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The shell found ports it was about to hand to tasks in use on their node
+    (ports.py) and held back the starts of those tasks of the attempt (`tasks`):
+    the core skips those ports and starts the tasks with others."""
+
+    job: str
+    attempt: int
+    tasks: list[TaskKey]
+    busy: dict[str, list[int]]  # node -> ports found in use
+
+
 LauncherEvent = Union[
     Submitted,
     Placed,
@@ -93,6 +104,7 @@ LauncherEvent = Union[
     TaskRunning,
     TaskFinished,
     LogsPruned,
+    PortsBusy,
 ]
 
 

@@ -67,6 +67,7 @@ from services.launcher.core.events import (
     LauncherEvent,
     LogsPruned,
     Placed,
+    PortsBusy,
     PreemptRequested,
     StopRequested,
     Submitted,
@@ -82,7 +83,7 @@ from services.launcher.core.policy import (
     job_retry,
     task_retry,
 )
-from services.launcher.core.ports import PortBook
+from services.launcher.core.ports import BUSY_PORT_SECONDS, PortBook
 from services.launcher.core.recordops import (
     exit_recorded,
     find_task,
@@ -277,6 +278,8 @@ class LauncherCore:
                 record = self._jobs.get(job)
                 if record is not None and record.state.is_final and record.logsPrunedAt is None:
                     self._put(replace(record, logsPrunedAt=at))
+            case PortsBusy():
+                self._on_ports_busy(event)
             case _:
                 raise TypeError(f"not a launcher event: {event!r}")
 
@@ -347,7 +350,9 @@ class LauncherCore:
         placed: list[TaskRecord] = []
         for placement in placements:
             role = record.spec.role(placement.role)
-            ports = self._ports.allocate(placement.node, role.resources.ports, taken_now.get(placement.node, ()))
+            ports = self._ports.allocate(
+                placement.node, role.resources.ports, taken_now.get(placement.node, ()), now=self._now()
+            )
             if ports is None:
                 exhausted = exhausted or placement
                 ports = {}
@@ -458,6 +463,68 @@ class LauncherCore:
         for task in ready:
             self._emit(StartTask(launch=build_launch(record, record.current, task, peers=peers, shared_env=shared)))
         return record
+
+    def _on_ports_busy(self, event: PortsBusy) -> None:
+        """The shell held back the starts of `event.tasks`: ports they were given
+        are in use on their node (ports.py). Those ports are skipped from now on,
+        the held tasks that had one get others, and every held task is started
+        again with its peers' ports as they are now. Applied twice, the second
+        finds nothing busy left to replace and starts what was held once more
+        (a key starts once: harmless)."""
+        now = self._now()
+        for node, ports in event.busy.items():
+            self._ports.mark_busy(node, ports, until=now + BUSY_PORT_SECONDS)
+        record = self._jobs.get(event.job)
+        if record is None or record.attempt != event.attempt:
+            return
+        attempt = record.current
+        if record.state not in ACTIVE_STATES or attempt.ending is not None or attempt.ended:
+            return
+        keys = set(event.tasks)
+        held = [
+            task
+            for task in attempt.tasks
+            if task_key(record, attempt, task) in keys
+            and task.startRequested and task.state == TaskState.WAITING and not task.exited and task.node is not None
+        ]
+        taken_now: dict[str, set[int]] = {}
+        repicked: list[TaskRecord] = []
+        for task in held:
+            assert task.node is not None
+            busy = set(event.busy.get(task.node, ()))
+            if not any(port in busy for ports in task.ports.values() for port in ports):
+                continue
+            ports = self._ports.allocate(
+                task.node, record.spec.role(task.role).resources.ports, taken_now.get(task.node, ()), now=now
+            )
+            if ports is None:
+                # The held tasks never reached the backend: not started, so the
+                # attempt ends without waiting for their exits.
+                record = self._put(
+                    with_tasks(record, attempt.attempt, [replace(t, startRequested=False) for t in held])
+                )
+                self._fail_attempt(
+                    record,
+                    exit_code=exits.PORTS_EXHAUSTED_EXIT_CODE,
+                    spec=exits.PORTS_EXHAUSTED,
+                    diagnostics=[
+                        f"no free port on node {task.node} in [{self._ports.low}, {self._ports.high}): "
+                        f"ports {sorted(busy)} are in use by something else"
+                    ],
+                    trigger=(task.role, task.index),
+                    cause="",
+                )
+                return
+            taken_now.setdefault(task.node, set()).update(p for values in ports.values() for p in values)
+            repicked.append(replace(task, ports=ports))
+        if repicked:
+            record = self._put(with_tasks(record, attempt.attempt, repicked))
+        peers = peers_of(record.current)
+        shared = peers_env(spec=record.spec, job=record.job, peers=peers)
+        starting = {(task.role, task.index) for task in held}
+        for task in record.current.tasks:
+            if (task.role, task.index) in starting:
+                self._emit(StartTask(launch=build_launch(record, record.current, task, peers=peers, shared_env=shared)))
 
     # --- what the backend saw -----------------------------------------------------------
 
