@@ -347,6 +347,8 @@ def create_task_cgroups_v1(
                 os.mkdir(path)
             except FileExistsError:
                 pass  # the shim that claimed the task before died here: its bounds are set again
+            except FileNotFoundError:  # the launcher removed the empty parent as it closed
+                os.makedirs(path, exist_ok=True)
             made.append(path)
         memory, cpu_dir, pids = made
         if memory_mb > 0:

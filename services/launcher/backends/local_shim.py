@@ -246,6 +246,7 @@ class Shim:
         # shim's first task started, so a quick task is never looked at.
         self.next_watch = time.monotonic() + local_limits.WATCH_SECONDS
         self.next_disk_look = time.monotonic() + local_limits.WORK_DIR_LOOK_SECONDS
+        self.cgroups_left: list[local_limits.TaskCgroup] = []  # ended tasks' cgroups the kernel kept
         self.children_changed = True  # a SIGCHLD came since the last _reap: reap again
         self.childless = False
         wake_r, wake_w = os.pipe()
@@ -406,7 +407,7 @@ class Shim:
             if self.orders_waiting or self.stop_everything:
                 self._take_orders(now)
             deadlines = []
-            if self.runs:
+            if self.runs or self.cgroups_left:
                 if now >= self.next_watch:
                     self._watch(now)
                 deadlines.append(self.next_watch)
@@ -425,6 +426,11 @@ class Shim:
                 elif fd == self.feed:
                     self._read_feed()
         self._end_strays()
+        for _ in range(20):  # what the kernel kept a moment longer (_finish)
+            self.cgroups_left = [cgroup for cgroup in self.cgroups_left if not cgroup.remove()]
+            if not self.cgroups_left:
+                break
+            time.sleep(_RESWEEP_SECONDS)
 
     def _read_feed(self) -> None:
         """Take the tasks whose lines came whole; a line cut short by the
@@ -544,6 +550,8 @@ class Shim:
         every WORK_DIR_LOOK_SECONDS: a task whose working directory holds more
         than its bound is ended (local_limits.work_dir_bytes)."""
         self.next_watch = now + local_limits.WATCH_SECONDS
+        if self.cgroups_left:
+            self.cgroups_left = [cgroup for cgroup in self.cgroups_left if not cgroup.remove()]
         look_at_disks = now >= self.next_disk_look
         if look_at_disks:
             self.next_disk_look = now + local_limits.WORK_DIR_LOOK_SECONDS
@@ -613,8 +621,10 @@ class Shim:
         del self.runs[run.pid]
         del self.ending[run.pid]
         self._write_exit(run.files, run.spec.slug, self._exit_record(run))
-        if run.limits.cgroup is not None:
-            run.limits.cgroup.remove()
+        if run.limits.cgroup is not None and not run.limits.cgroup.remove():
+            # A process of it still on its way out (v1 may refuse the rmdir
+            # for a moment): tried again on the next look, and before we exit.
+            self.cgroups_left.append(run.limits.cgroup)
 
     def _exit_record(self, run: _Run) -> ExitRecord:
         status = run.status or 0
