@@ -12,9 +12,11 @@ platform's), holding one log, `uids/log` (0600): a line per allocation
 (`+<uid> "<job id>"`), per release (`-<uid>`) and per reservation
 (`^<uid>`, below). At start the backend reads it back (job -> uid): a job's
 later attempts and retried tasks get the uid its first task got, across
-restarts. One launcher writes it (a data dir has one launcher, local.py), and
-it hands out a uid only if no line holds it, so no uid is ever recorded for two
-jobs. Why a log and not a file per uid (whose O_EXCL creation would make the
+restarts. One launcher writes it (it holds `uids/lock`, flock, from before it
+reads the log until it exits: a second one, say a standby that took over while
+the first still ran, is refused rather than hand out uids from a stale read),
+and it hands out a uid only if no line holds it, so no uid is ever recorded for
+two jobs. Why a log and not a file per uid (whose O_EXCL creation would make the
 same guarantee): creating an inode costs up to a millisecond on a disk that
 frees many (local_layout), and a line costs a write. A uid is released only
 once retention removed the job's files and no process runs under it (the
@@ -42,6 +44,7 @@ around, and then only released uids are taken again.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 from pathlib import Path
@@ -56,11 +59,16 @@ JOB_UID_BASE = 0x70000000
 JOB_UID_COUNT = 1 << 28
 UIDS_DIR = "uids"
 LOG_FILE = "log"
+LOCK_FILE = "lock"
 # Uids reserved ahead by one fsynced line.
 RESERVE_BLOCK = 1024
 # The log is rewritten when it holds more than this many lines and more than
 # twice as many as there are live allocations.
 COMPACT_AFTER_LINES = 4096
+
+
+class RegistryInUse(RuntimeError):
+    """Another launcher holds the registry (and so the data dir)."""
 
 
 class RangeExhausted(RuntimeError):
@@ -76,6 +84,13 @@ class UidRegistry:
         self.directory.mkdir(mode=0o700, exist_ok=True)
         os.chmod(self.directory, 0o700)
         self._path = str(self.directory / LOG_FILE)
+        self._lock = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            raise RegistryInUse(f"{self.directory} is in use by another PAI launcher") from None
+        self._fd = -1
         self._uid_of: dict[str, int] = {}
         self._job_of: dict[int, str] = {}
         # Everything before the last reservation may have been handed out before a crash: start there.
@@ -89,6 +104,9 @@ class UidRegistry:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self._lock >= 0:
+            os.close(self._lock)  # (and the lock with it)
+            self._lock = -1
 
     def __len__(self) -> int:
         return len(self._job_of)

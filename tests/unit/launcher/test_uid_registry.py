@@ -68,6 +68,7 @@ def test_many_jobs_get_distinct_uids_in_the_range_and_each_keeps_its_own(tmp_pat
 def test_a_restart_keeps_every_jobs_uid_and_never_hands_one_out_again(tmp_path: Path):
     first = UidRegistry(tmp_path / "uids")
     before = {job: first.uid_of(job) for job in (f"alice~j{n}" for n in range(50))}
+    first.close()
     again = UidRegistry(tmp_path / "uids")
     assert {job: again.uid_of(job) for job in before} == before
     new = again.uid_of("bob~new")
@@ -80,6 +81,7 @@ def test_a_uid_handed_out_before_a_crash_is_not_handed_out_again_even_if_its_rec
     does not make its uid free for another job."""
     registry = UidRegistry(tmp_path / "uids")
     lost = registry.uid_of("alice~before-crash")
+    registry.close()
     log = tmp_path / "uids" / local_uids.LOG_FILE
     # As if the machine crashed before the allocation's line reached the disk
     # (the fsynced reservation did), leaving half a line.
@@ -88,6 +90,7 @@ def test_a_uid_handed_out_before_a_crash_is_not_handed_out_again_even_if_its_rec
     again = UidRegistry(tmp_path / "uids")
     assert again.get("alice~before-crash") is None
     assert again.uid_of("mallory~after-crash") != lost
+    again.close()
     assert UidRegistry(tmp_path / "uids").get("mallory~after-crash") == again.get("mallory~after-crash")
 
 
@@ -100,6 +103,7 @@ def test_the_log_is_rewritten_when_releases_pile_up_and_keeps_every_live_uid(tmp
         registry.release(f"carol~gone-{n}")
     log = tmp_path / "uids" / local_uids.LOG_FILE
     assert len(log.read_bytes().splitlines()) < 20
+    registry.close()
     again = UidRegistry(tmp_path / "uids")
     assert {job: again.get(job) for job in live} == live
     assert again.uid_of("dave~new") not in live.values()
@@ -129,6 +133,7 @@ def test_a_released_uid_may_go_to_another_job_only_after_release(tmp_path: Path)
         registry.uid_of("bob~one-too-many")
     assert registry.release("alice~j2") == held[2]
     assert registry.uid_of("bob~one-too-many") == held[2]
+    registry.close()
     assert UidRegistry(tmp_path / "uids", count=4).get("bob~one-too-many") == held[2]
 
 
@@ -143,6 +148,14 @@ def test_uids_tasks_on_record_ran_under_are_adopted_when_the_registry_is_made(tm
     registry = local_uids.open_registry(tmp_path, tasks)
     assert registry.get("alice~old") == legacy and registry.job_of(legacy) == "alice~old"
     assert not (tmp_path / "uids.new").exists()
+
+
+def test_a_second_launcher_cannot_open_a_registry_in_use(tmp_path: Path):
+    first = UidRegistry(tmp_path / "uids")
+    with pytest.raises(local_uids.RegistryInUse, match="in use by another PAI launcher"):
+        UidRegistry(tmp_path / "uids")
+    first.close()
+    assert UidRegistry(tmp_path / "uids").get("anyone") is None
 
 
 def test_processes_of_finds_a_uid_in_use(tmp_path: Path):
