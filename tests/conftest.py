@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -16,18 +17,23 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _work_roots_removed_at_the_end():
-    """Run as root, the local backend puts tasks' working directories outside
-    pytest's temporary directories, which its users cannot pass (local_layout's
-    choose_work_root): in /tmp/pai-work-<id>. Those this session made go with it."""
-    def work_roots() -> set[Path]:
-        return set(Path(tempfile.gettempdir()).glob("pai-work-*")) | set(Path("/tmp").glob("pai-work-*"))
+# Run as root, the local backend puts tasks' working directories outside pytest's
+# temporary directories, which its users cannot pass (local_layout's
+# choose_work_root): in <temp dir>/pai-work-<id>. Each test session gets a temp dir
+# of its own (anyone may pass through it, as /tmp), set before anything asks for one
+# and inherited by the services the tests start, so the work roots of this session,
+# and only those, go with it: two sessions on one machine no longer remove each
+# other's working directories.
+_SESSION_TEMP = Path(tempfile.mkdtemp(prefix="pai-tests-", dir="/tmp" if Path("/tmp").is_dir() else None))
+_SESSION_TEMP.chmod(0o755)
+os.environ["TMPDIR"] = str(_SESSION_TEMP)
+tempfile.tempdir = str(_SESSION_TEMP)
 
-    before = work_roots()
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_temp_removed_at_the_end():
     yield
-    for root in work_roots() - before:
-        shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(_SESSION_TEMP, ignore_errors=True)
 
 
 def shared_path(*parts: str) -> Path:
