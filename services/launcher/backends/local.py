@@ -178,11 +178,6 @@ RESEND_SECONDS = 10.0
 FORGED_BELL_LOG_SECONDS = 60.0
 # How often, at most, /proc is read for the processes of jobs whose uids wait for release.
 UID_RELEASE_SECONDS = 10.0
-# At most one log line per this many seconds about doorbell datagrams dropped
-# because no shim sent them (their count is a metric).
-FORGED_BELL_LOG_SECONDS = 60.0
-# How often, at most, /proc is read for the processes of jobs whose uids wait for release.
-UID_RELEASE_SECONDS = 10.0
 # Ended tasks' working directories remembered to be offered to new tasks; a
 # burst's worth (those past it simply stay, as every used one does).
 ENDED_WORK_DIRS_KEPT = 1024
