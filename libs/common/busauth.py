@@ -51,6 +51,7 @@ class Access(msgspec.Struct, frozen=True, kw_only=True):
 
     publishes: tuple[Kind, ...] = ()  # event kinds it owns
     durable: Durable | None = None  # its durable consumer on the event stream
+    more_durables: tuple[Durable, ...] = ()  # further durables of its own (rest: history)
     writes: tuple[Bucket, ...] = ()  # KV buckets it owns
     reads: tuple[Bucket, ...] = ()  # KV buckets it reads (get, keys, watch)
     lease: bool = False  # single-active: writes its own key of the lease bucket
@@ -67,6 +68,7 @@ ACCESS: dict[str, Access] = {
     "rest": Access(
         publishes=(Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.NODE_CORDON, Kind.JOB_DELETED),
         durable=Durable.REST,  # job.deleted: its own records of a deleted job (services/rest/deletion.py)
+        more_durables=(Durable.HISTORY,),  # the job history database (services/rest/history)
         writes=(Bucket.JOBS, Bucket.USERS, Bucket.SECRETS),
         # Not SECRETS: sealed for the launcher, rest only stores them.
         # NODES, NODE_HEALTH: the node list of `GET /api/v2/cluster/nodes`.
@@ -208,6 +210,8 @@ def permissions(user: str) -> Permissions:
     subscribe: list[str] = [f"{inbox_prefix(user)}.>"]
     if access.durable is not None:
         publish += _consuming(access.durable)
+    for durable in access.more_durables:
+        publish += _consuming(durable)
     for bucket in access.writes:
         publish += _writing_bucket(bucket)
     for bucket in access.reads:

@@ -102,3 +102,4 @@ class Durable(StrEnum):
     RUNTIME = "runtime"
     MONITOR = "monitor"
     REST = "rest"  # job.deleted: rest's own records of a deleted job
+    HISTORY = "history"  # rest: the job history database, a projection of job and task events
