@@ -1,0 +1,174 @@
+"""Reads of the history: the job list (filters, order, paging, total), a job's
+attempts, tasks and events, and summaries per state and VC for the portal.
+
+Rows come back in OpenPAI's shapes (times in ms since the epoch), as the live
+API answers them (services/rest/views.py), so a route can serve either.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.rest.history.schema import attempts, events, job_tags, jobs, tasks
+
+# The list's order fields (GET /api/v2/jobs `order`, as jobs_api.ORDER_FIELDS names them) -> columns.
+ORDER_COLUMNS = {
+    "createdTime": jobs.c.submitted_at, "completedTime": jobs.c.completed_at, "name": jobs.c.name,
+    "username": jobs.c.user, "virtualCluster": jobs.c.vc, "state": jobs.c.state, "retries": jobs.c.retries,
+    "totalGpuNumber": jobs.c.gpu_count, "totalTaskNumber": jobs.c.task_count, "priority": jobs.c.priority,
+}
+
+
+class JobFilter(msgspec.Struct, frozen=True, kw_only=True):
+    """Which jobs, in what order, which page. Every filter optional."""
+
+    user: str | None = None
+    vc: str | None = None
+    states: frozenset[str] = frozenset()
+    keyword: str | None = None  # a substring of the job id, any case
+    tags_any: frozenset[str] = frozenset()
+    tags_none: frozenset[str] = frozenset()
+    submitted_from: float | None = None  # seconds since the epoch, inclusive
+    submitted_until: float | None = None  # exclusive
+    order_field: str = "createdTime"
+    descending: bool = True
+    offset: int = 0
+    limit: int = 1000
+    # Keyset paging in the default order: the (submitted_at, id) of the last row of the previous page.
+    after: tuple[float, str] | None = None
+
+
+def _ms(t: float | None) -> int | None:
+    return None if t is None else int(t * 1000)
+
+
+def _where(f: JobFilter) -> list[Any]:
+    where: list[Any] = [jobs.c.submitted_at.is_not(None)]  # placeholders wait for their submission
+    if f.user is not None:
+        where.append(jobs.c.user == f.user)
+    if f.vc is not None:
+        where.append(jobs.c.vc == f.vc)
+    if f.states:
+        where.append(jobs.c.state.in_(sorted(f.states)))
+    if f.keyword:
+        pattern = "%" + f.keyword.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        where.append(sa.func.lower(jobs.c.id).like(pattern, escape="\\"))
+    if f.tags_any:
+        where.append(sa.exists().where(job_tags.c.job == jobs.c.id, job_tags.c.tag.in_(sorted(f.tags_any))))
+    if f.tags_none:
+        where.append(~sa.exists().where(job_tags.c.job == jobs.c.id, job_tags.c.tag.in_(sorted(f.tags_none))))
+    if f.submitted_from is not None:
+        where.append(jobs.c.submitted_at >= f.submitted_from)
+    if f.submitted_until is not None:
+        where.append(jobs.c.submitted_at < f.submitted_until)
+    return where
+
+
+def _order(f: JobFilter) -> list[Any]:
+    column = ORDER_COLUMNS[f.order_field]
+    # As the live list: rows without the field (not completed yet) last, ties by job id.
+    primary = column.desc() if f.descending else column.asc()
+    tie = jobs.c.id.desc() if f.descending else jobs.c.id.asc()
+    if column is jobs.c.submitted_at:  # never null in a list (_where): the index's own order
+        return [primary, tie]
+    return [column.is_(None), primary, tie]
+
+
+def job_row(row: Any) -> dict[str, Any]:
+    """One row of GET /api/v2/jobs, from a jobs row."""
+    state = row.state
+    return {
+        "debugId": row.id, "name": row.name, "username": row.user, "state": state, "subState": state,
+        "executionType": "STOP" if row.stop_requested_by else "START", "retries": row.retries,
+        "totalTaskNumber": row.task_count, "totalGpuNumber": row.gpu_count,
+        "createdTime": _ms(row.submitted_at), "completedTime": _ms(row.completed_at), "appExitCode": row.exit_code,
+        "virtualCluster": row.vc, "priority": row.priority if row.priority is not None else 0,
+        "waitingReason": row.waiting_reason if state == "WAITING" else None,
+        "tags": json.loads(row.tags or "[]"),
+    }
+
+
+_LIST_COLUMNS = [jobs.c.id, jobs.c.name, jobs.c.user, jobs.c.state, jobs.c.stop_requested_by, jobs.c.retries,
+                 jobs.c.task_count, jobs.c.gpu_count, jobs.c.submitted_at, jobs.c.completed_at, jobs.c.exit_code,
+                 jobs.c.vc, jobs.c.priority, jobs.c.waiting_reason, jobs.c.tags]
+
+
+async def list_jobs(engine: AsyncEngine, f: JobFilter, *, with_total: bool = True) -> tuple[int | None, list[dict]]:
+    """(how many match, or None without `with_total`; the page) in one read transaction."""
+    where = _where(f)
+    page = sa.select(*_LIST_COLUMNS).where(*where)
+    if f.after is not None:
+        at, job = f.after
+        if f.order_field != "createdTime":
+            raise ValueError("keyset paging (after) follows the submission order only")
+        newer = (jobs.c.submitted_at < at) | ((jobs.c.submitted_at == at) & (jobs.c.id < job))
+        older = (jobs.c.submitted_at > at) | ((jobs.c.submitted_at == at) & (jobs.c.id > job))
+        page = page.where(newer if f.descending else older)
+    page = page.order_by(*_order(f)).offset(f.offset).limit(f.limit)
+    async with engine.connect() as connection:
+        rows = (await connection.execute(page)).all()
+        total = None
+        if with_total:
+            total = (await connection.execute(sa.select(sa.func.count()).select_from(jobs).where(*where))).scalar_one()
+    return total, [job_row(row) for row in rows]
+
+
+async def get_job(engine: AsyncEngine, job: str) -> dict[str, Any] | None:
+    async with engine.connect() as connection:
+        row = (await connection.execute(sa.select(*_LIST_COLUMNS).where(jobs.c.id == job))).first()
+    return job_row(row) if row is not None and row.submitted_at is not None else None
+
+
+async def job_attempts(engine: AsyncEngine, job: str) -> list[dict[str, Any]]:
+    """The job's attempts, oldest first, each with its tasks (every task attempt)."""
+    async with engine.connect() as connection:
+        found = (await connection.execute(
+            sa.select(attempts).where(attempts.c.job == job).order_by(attempts.c.attempt))).all()
+        task_rows = (await connection.execute(
+            sa.select(tasks).where(tasks.c.job == job)
+            .order_by(tasks.c.attempt, tasks.c.role, tasks.c.idx, tasks.c.task_attempt))).all()
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    for t in task_rows:
+        by_attempt.setdefault(t.attempt, []).append({
+            "taskRoleName": t.role, "taskIndex": t.idx, "taskAttempt": t.task_attempt, "taskState": t.state,
+            "containerNodeName": t.node, "launchedTime": _ms(t.started_at), "completedTime": _ms(t.completed_at),
+            "containerExitCode": t.exit_code, "containerExitSpecCode": t.exit_spec_code,
+            "containerExitPhrase": t.exit_phrase, "platformReason": t.platform_reason,
+        })
+    return [{
+        "attemptIndex": a.attempt, "state": a.state, "createdTime": _ms(a.created_at),
+        "launchedTime": _ms(a.started_at), "completedTime": _ms(a.completed_at), "exitCode": a.exit_code,
+        "exitPhrase": a.exit_phrase, "tasks": by_attempt.get(a.attempt, []),
+    } for a in found]
+
+
+async def job_events(engine: AsyncEngine, job: str, *, type_: str | None = None) -> list[dict[str, Any]]:
+    """The job's event log, oldest first, shaped as GET /api/v2/jobs/{job}/events' items."""
+    query = sa.select(events).where(events.c.job == job)
+    if type_ is not None:
+        query = query.where(events.c.type == type_)
+    async with engine.connect() as connection:
+        rows = (await connection.execute(query.order_by(events.c.at, events.c.seq))).all()
+    return [{"type": r.type, "reason": r.reason, "message": r.message, "firstTimestamp": _ms(r.at),
+             "lastTimestamp": _ms(r.at), "count": 1, "attempt": r.attempt, "involvedObject": r.subject}
+            for r in rows]
+
+
+async def summary(engine: AsyncEngine, *, user: str | None = None) -> dict[str, Any]:
+    """Jobs per state, and per VC and state, for the portal (one user's with `user`)."""
+    query = sa.select(jobs.c.vc, jobs.c.state, sa.func.count()).where(jobs.c.submitted_at.is_not(None))
+    if user is not None:
+        query = query.where(jobs.c.user == user)
+    async with engine.connect() as connection:
+        rows = (await connection.execute(query.group_by(jobs.c.vc, jobs.c.state))).all()
+    states: dict[str, int] = {}
+    vcs: dict[str, dict[str, int]] = {}
+    for vc, state, count in rows:
+        states[state] = states.get(state, 0) + count
+        vcs.setdefault(vc, {})[state] = count
+    return {"total": sum(states.values()), "states": states, "virtualClusters": vcs}

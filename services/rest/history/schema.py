@@ -1,0 +1,122 @@
+"""The history tables (SQLAlchemy Core), as the newest migration leaves them.
+
+Times are seconds since the epoch (float), as in the events. Every row carries the
+stream sequence of the event that last changed it (`*_seq`): an update applies only
+when its event is newer than the row, so a replayed or reordered event (two rest
+replicas sharing the durable) changes nothing twice and never undoes a later one.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+# OpenPAI's ids are short (user <= 64, name <= 128 + "~"): bounded strings index well everywhere.
+JOB_ID = sa.String(256)
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", JOB_ID, primary_key=True),  # user~name
+    sa.Column("user", sa.String(128), nullable=False),
+    sa.Column("name", sa.String(256), nullable=False),
+    sa.Column("vc", sa.String(256), nullable=False, server_default=""),
+    sa.Column("state", sa.String(16), nullable=False, server_default="WAITING"),
+    sa.Column("state_seq", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("priority_class", sa.String(64)),
+    sa.Column("priority", sa.Integer),
+    sa.Column("submitted_at", sa.Float),  # null: a state event came before the submission (replicas)
+    sa.Column("started_at", sa.Float),  # the current attempt's RUNNING
+    sa.Column("completed_at", sa.Float),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("retries", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("exit_phrase", sa.String(256)),
+    sa.Column("waiting_reason", sa.Text),  # the scheduler's word while it waits
+    sa.Column("stop_requested_by", sa.String(128)),
+    sa.Column("tags", sa.Text, nullable=False, server_default="[]"),  # JSON list; job_tags indexes them
+    sa.Column("spec", sa.Text),  # the submitted JobSpec as JSON (secrets never reach an event)
+    sa.Column("item", sa.String(512)),  # the marketplace item it came from, if any
+    sa.Column("submitted_seq", sa.BigInteger, nullable=False, server_default="0"),
+    # Revision 2 (0002_task_counts): the list's totalTaskNumber and totalGpuNumber without the spec.
+    sa.Column("task_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("gpu_count", sa.Integer, nullable=False, server_default="0"),
+)
+# The list's order (newest first) with the id as tie-breaker: keyset paging and offset
+# both walk this index. One per filter, each ending in the order.
+sa.Index("ix_jobs_submitted", jobs.c.submitted_at, jobs.c.id)
+sa.Index("ix_jobs_user", jobs.c.user, jobs.c.submitted_at, jobs.c.id)
+sa.Index("ix_jobs_vc", jobs.c.vc, jobs.c.submitted_at, jobs.c.id)
+sa.Index("ix_jobs_state", jobs.c.state, jobs.c.submitted_at, jobs.c.id)
+sa.Index("ix_jobs_completed", jobs.c.completed_at)
+# Keyword: a substring of the name; PostgreSQL gets a trigram index (0002), SQLite scans
+# the name index, which is narrower than the table.
+sa.Index("ix_jobs_name", jobs.c.name)
+
+job_tags = sa.Table(
+    "job_tags",
+    metadata,
+    sa.Column("job", JOB_ID, primary_key=True),
+    sa.Column("tag", sa.String(64), primary_key=True),
+)
+sa.Index("ix_job_tags_tag", job_tags.c.tag, job_tags.c.job)
+
+attempts = sa.Table(
+    "attempts",
+    metadata,
+    sa.Column("job", JOB_ID, primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("state_seq", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("created_at", sa.Float),
+    sa.Column("started_at", sa.Float),
+    sa.Column("completed_at", sa.Float),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("exit_phrase", sa.String(256)),
+)
+
+tasks = sa.Table(
+    "tasks",
+    metadata,
+    sa.Column("job", JOB_ID, primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("role", sa.String(256), primary_key=True),
+    sa.Column("idx", sa.Integer, primary_key=True),
+    sa.Column("task_attempt", sa.Integer, primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("state_seq", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("node", sa.String(256)),
+    sa.Column("started_at", sa.Float),
+    sa.Column("completed_at", sa.Float),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("exit_spec_code", sa.Integer),
+    sa.Column("exit_phrase", sa.String(256)),
+    sa.Column("platform_reason", sa.String(256)),
+)
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", sa.String(512), primary_key=True),  # the event's deterministic id
+    sa.Column("job", JOB_ID, nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("attempt", sa.Integer),
+    sa.Column("type", sa.String(8), nullable=False),  # Normal | Warning
+    sa.Column("reason", sa.String(64), nullable=False),
+    sa.Column("message", sa.Text, nullable=False),
+    sa.Column("subject", sa.String(512), nullable=False),  # the job or "<job>/<role>/<index>"
+)
+sa.Index("ix_events_job", events.c.job, events.c.at)
+
+# The projection's place in the stream: the highest sequence whose batch committed.
+progress = sa.Table(
+    "progress",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    sa.Column("applied", sa.BigInteger, nullable=False, server_default="0"),  # events applied in all
+    sa.Column("at", sa.Float, nullable=False),  # when the last batch committed
+)

@@ -1,0 +1,190 @@
+"""The history database: open it (SQLite or PostgreSQL, one code path), migrate it,
+apply batches of the projection's operations, each in one transaction with the
+stream sequence it reached.
+
+The DSN comes from config `history_dsn`; empty: SQLite at `<data dir>/history.sqlite`
+in WAL mode (readers never wait for the writer). `sqlite+aiosqlite:///...` and
+`postgresql+asyncpg://user:password@host/db` are what PAI is tested with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from services.rest.history import schema
+from services.rest.history.projection import Delete, Operation, Upsert
+
+SQLITE_FILE = "history.sqlite"
+PROJECTION = "events"  # the progress row of the event projection
+# SQLite: how long a writer waits for another process's transaction (two rest
+# processes on one data dir) before its batch fails and is handed again.
+SQLITE_BUSY_MS = 10_000
+
+
+def dsn_for(history_dsn: str, data_dir: Path) -> str:
+    """The configured DSN, or the embedded SQLite file under the data dir."""
+    if history_dsn:
+        return history_dsn
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite+aiosqlite:///{(data_dir / SQLITE_FILE).resolve()}"
+
+
+def open_engine(dsn: str) -> AsyncEngine:
+    """An async engine for `dsn`; SQLite in WAL mode with foreign writers waited for."""
+    if dsn.startswith("sqlite"):
+        engine = create_async_engine(dsn, connect_args={"timeout": SQLITE_BUSY_MS / 1000})
+
+        @sa.event.listens_for(engine.sync_engine, "connect")
+        def _pragmas(dbapi_connection, _record) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            # FULL: a committed batch survives a power loss too (its events are acked after).
+            cursor.execute("PRAGMA synchronous=FULL")
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
+            cursor.close()
+
+        return engine
+    return create_async_engine(dsn, pool_pre_ping=True)
+
+
+def _insert(connection: AsyncConnection):
+    """The dialect's INSERT with ON CONFLICT (SQLite and PostgreSQL spell it alike)."""
+    return postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+
+
+def _upsert_statement(connection: AsyncConnection, op: Upsert) -> Any:
+    table = schema.metadata.tables[op.table]
+    stmt = _insert(connection)(table)
+    excluded = stmt.excluded
+    keys = list(op.key)
+    if not op.values and not op.coalesce:
+        return stmt.on_conflict_do_nothing(index_elements=keys)
+    set_: dict[str, Any] = {name: excluded[name] for name in op.values}
+    set_ |= {name: sa.func.coalesce(excluded[name], table.c[name]) for name in op.coalesce}
+    where = table.c[op.guard] < excluded[op.guard] if op.guard else None
+    return stmt.on_conflict_do_update(index_elements=keys, set_=set_, where=where)
+
+
+def _row(op: Upsert) -> dict[str, Any]:
+    return op.key | op.on_insert | op.coalesce | op.values
+
+
+async def apply(connection: AsyncConnection, ops: Iterable[Operation]) -> None:
+    """Run the operations on `connection` (inside the caller's transaction), in order.
+
+    Consecutive upserts of one shape go to the database as one executemany."""
+    group: list[Upsert] = []
+
+    async def flush() -> None:
+        if group:
+            await connection.execute(_upsert_statement(connection, group[0]), [_row(op) for op in group])
+            group.clear()
+
+    for op in ops:
+        if isinstance(op, Delete):
+            await flush()
+            table = schema.metadata.tables[op.table]
+            where = [table.c[name] == value for name, value in op.key.items()]
+            if op.seq_column:
+                where.append(table.c[op.seq_column] < op.before_seq)
+            await connection.execute(sa.delete(table).where(*where))
+            continue
+        if group and _shape(group[0]) != _shape(op):
+            await flush()
+        group.append(op)
+    await flush()
+
+
+def _shape(op: Upsert) -> tuple:
+    return (op.table, tuple(op.key), tuple(op.values), tuple(op.coalesce), tuple(op.on_insert), op.guard)
+
+
+async def apply_batch(engine: AsyncEngine, ops: Iterable[Operation], last_seq: int, count: int) -> None:
+    """One transaction: the operations and the projection's progress (the highest
+    sequence applied). Either both are stored or neither is; the caller acks the
+    batch's events only after this returns."""
+    async with engine.begin() as connection:
+        await apply(connection, ops)
+        stmt = _insert(connection)(schema.progress)
+        await connection.execute(stmt.on_conflict_do_update(
+            index_elements=["name"],
+            set_={"seq": sa.func.max(schema.progress.c.seq, stmt.excluded.seq)
+                  if connection.dialect.name == "sqlite" else sa.func.greatest(schema.progress.c.seq, stmt.excluded.seq),
+                  "applied": schema.progress.c.applied + stmt.excluded.applied, "at": stmt.excluded.at},
+        ), {"name": PROJECTION, "seq": last_seq, "applied": count, "at": time.time()})
+
+
+async def progress(engine: AsyncEngine) -> tuple[int, int]:
+    """(the highest stream sequence applied, events applied in all); (0, 0) before any."""
+    async with engine.connect() as connection:
+        row = (await connection.execute(
+            sa.select(schema.progress.c.seq, schema.progress.c.applied).where(schema.progress.c.name == PROJECTION)
+        )).first()
+    return (int(row.seq), int(row.applied)) if row else (0, 0)
+
+
+async def set_tags(engine: AsyncEngine, job: str, tags: list[str]) -> None:
+    """A job's tags as the tag API left them (tags are not events: rest writes them here
+    after its own record)."""
+    import json
+
+    async with engine.begin() as connection:
+        await connection.execute(sa.update(schema.jobs).where(schema.jobs.c.id == job).values(tags=json.dumps(tags)))
+        await connection.execute(sa.delete(schema.job_tags).where(schema.job_tags.c.job == job))
+        if tags:
+            await connection.execute(sa.insert(schema.job_tags), [{"job": job, "tag": tag} for tag in tags])
+
+
+# --- migrations ----------------------------------------------------------------------------
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+# PostgreSQL: replicas starting together migrate one at a time (a transaction-level advisory lock).
+MIGRATION_LOCK = 0x5041495F48  # "PAI_H"
+
+
+def _alembic_config(connection: Any):
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+async def migrate(engine: AsyncEngine, revision: str = "head") -> None:
+    """Upgrade the database to `revision` (the newest by default), in one transaction."""
+    from alembic import command
+
+    def upgrade(connection) -> None:
+        if connection.dialect.name == "postgresql":
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+        command.upgrade(_alembic_config(connection), revision)
+
+    async with engine.begin() as connection:
+        await connection.run_sync(upgrade)
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    async with engine.connect() as connection:
+        return await connection.run_sync(lambda c: MigrationContext.configure(c).get_current_revision())
+
+
+async def open_store(dsn: str) -> AsyncEngine:
+    """The engine, its database migrated to the newest revision."""
+    engine = open_engine(dsn)
+    try:
+        await migrate(engine)
+    except BaseException:
+        await asyncio.shield(engine.dispose())
+        raise
+    return engine

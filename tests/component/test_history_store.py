@@ -1,0 +1,223 @@
+"""The job history database, on SQLite and on a real PostgreSQL: the projection
+applied, replayed, interrupted; a migration on a populated database; the queries."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from libs.common.messages import JobState
+from services.rest.history import query, schema, store
+from services.rest.history.projection import project_batch
+from tests.fixtures import history_events as ev
+from tests.fixtures import postgres as pg
+
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def postgres_server():
+    bindir = pg.binaries()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed (initdb and pg_ctl not found): `make test` installs Debian's postgresql")
+    server = pg.Postgres(bindir).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def dsn(request, tmp_path):
+    if request.param == "sqlite":
+        return store.dsn_for("", tmp_path)
+    return request.getfixturevalue("postgres_server")  # the DSN is made in `engine`
+
+
+@pytest.fixture
+async def engine(dsn):
+    if isinstance(dsn, pg.Postgres):
+        dsn = await dsn.create_database(f"history_{next(_databases)}")
+    engine = store.open_engine(dsn)
+    yield engine
+    await engine.dispose()
+
+
+async def _migrated(engine):
+    await store.migrate(engine)
+    return engine
+
+
+def _numbered(events, start: int = 1):
+    return list(enumerate(events, start))
+
+
+async def _apply(engine, numbered) -> None:
+    await store.apply_batch(engine, project_batch(numbered), numbered[-1][0], len(numbered))
+
+
+async def _dump(engine) -> dict[str, list]:
+    """Every row of every projected table, for comparing whole databases."""
+    out = {}
+    async with engine.connect() as connection:
+        for table in (schema.jobs, schema.attempts, schema.tasks, schema.events, schema.job_tags):
+            rows = (await connection.execute(sa.select(table).order_by(*table.primary_key.columns))).all()
+            out[table.name] = [tuple(row) for row in rows]
+    return out
+
+
+async def test_a_job_lifecycle_lands_in_the_tables(engine):
+    await _migrated(engine)
+    await _apply(engine, _numbered(ev.lifecycle("alice~a", exit_code=1)))
+    total, rows = await query.list_jobs(engine, query.JobFilter())
+    assert total == 1
+    (row,) = rows
+    assert row["debugId"] == "alice~a" and row["state"] == "FAILED" and row["appExitCode"] == 1
+    assert row["createdTime"] == int(ev.T0 * 1000) and row["completedTime"] == int((ev.T0 + 4) * 1000)
+    assert (row["totalTaskNumber"], row["totalGpuNumber"]) == (2, 2)
+    (attempt,) = await query.job_attempts(engine, "alice~a")
+    assert attempt["state"] == "FAILED" and attempt["exitPhrase"] == "user error"
+    (task,) = attempt["tasks"]
+    assert (task["taskState"], task["containerExitCode"], task["containerExitPhrase"]) == ("FAILED", 1, "user error")
+    assert task["containerNodeName"] == "node-1"
+    reasons = [e["reason"] for e in await query.job_events(engine, "alice~a")]
+    assert reasons == ["Submitted", "Running", "TaskFailed", "TaskExplained", "Failed"]
+    assert await store.progress(engine) == (6, 6)
+
+
+async def test_a_replay_of_the_same_events_changes_nothing(engine):
+    await _migrated(engine)
+    events = _numbered(ev.lifecycle("alice~a") + ev.lifecycle("bob~b", at=ev.T0 + 100, exit_code=2))
+    await _apply(engine, events)
+    before = await _dump(engine)
+    await _apply(engine, events)  # all again, as after a crash before the acks
+    await _apply(engine, events[3:5])  # and some of them once more
+    assert await _dump(engine) == before
+
+
+async def test_an_older_event_applied_later_never_undoes_a_newer_one(engine):
+    """Two rest replicas share the durable: a batch with the job's end may commit before
+    the batch with its start (and its submission)."""
+    await _migrated(engine)
+    events = _numbered(ev.lifecycle("alice~a"))
+    await _apply(engine, events[4:])  # SUCCEEDED first: a placeholder row
+    await _apply(engine, events[:4])  # then the submission, RUNNING, the task's start and exit
+    in_order = await _dump(engine)
+    (row,) = (await query.list_jobs(engine, query.JobFilter()))[1]
+    assert row["state"] == "SUCCEEDED" and row["name"] == "a" and row["totalTaskNumber"] == 2
+    assert (await query.job_attempts(engine, "alice~a"))[0]["state"] == "SUCCEEDED"
+    assert in_order["tasks"][0][5] == "SUCCEEDED"  # the task's exit, not its start
+
+
+async def test_a_crash_inside_the_transaction_leaves_no_row_and_the_retry_applies_it_once(engine):
+    await _migrated(engine)
+    events = _numbered([ev.submitted("alice~a"), ev.state("alice~a", JobState.RUNNING)])
+    ops = project_batch(events)
+
+    class Crash(Exception):
+        pass
+
+    with pytest.raises(Crash):
+        async with engine.begin() as connection:  # what apply_batch does, dying before its commit
+            await store.apply(connection, ops)
+            raise Crash
+    assert await query.list_jobs(engine, query.JobFilter()) == (0, [])
+    assert await store.progress(engine) == (0, 0)
+    await _apply(engine, events)  # the events come back (never acked)
+    total, (row,) = await query.list_jobs(engine, query.JobFilter())
+    assert total == 1 and row["state"] == "RUNNING"
+    assert len(await query.job_events(engine, "alice~a")) == 2
+
+
+async def test_a_deleted_job_leaves_the_history_and_a_new_one_of_its_name_stays(engine):
+    await _migrated(engine)
+    await _apply(engine, _numbered(ev.lifecycle("alice~a")))
+    await store.set_tags(engine, "alice~a", ["old"])
+    await _apply(engine, [(10, ev.deleted("alice~a")), (11, ev.submitted("alice~a", at=ev.T0 + 50))])
+    total, (row,) = await query.list_jobs(engine, query.JobFilter())
+    assert total == 1 and row["state"] == "WAITING" and row["createdTime"] == int((ev.T0 + 50) * 1000)
+    assert row["tags"] == []
+    assert await query.job_attempts(engine, "alice~a") == []
+    assert [e["reason"] for e in await query.job_events(engine, "alice~a")] == ["Submitted"]
+
+
+async def test_the_list_filters_orders_and_pages(engine):
+    await _migrated(engine)
+    events = []
+    for i in range(30):
+        user = ("alice", "bob", "carol")[i % 3]
+        vc = "vc1" if i % 2 else "default"
+        events += ev.lifecycle(f"{user}~job{i:02d}", at=ev.T0 + i * 10, exit_code=int(i % 4 == 0), vc=vc)
+    await _apply(engine, _numbered(events))
+    await store.set_tags(engine, "bob~job01", ["best", "x"])
+    await store.set_tags(engine, "alice~job03", ["x"])
+
+    total, rows = await query.list_jobs(engine, query.JobFilter(limit=5))
+    assert total == 30 and [r["debugId"] for r in rows] == [
+        "carol~job29", "bob~job28", "alice~job27", "carol~job26", "bob~job25"]  # newest first
+    # Keyset paging gives the same pages as offsets.
+    pages, after = [], None
+    while True:
+        _, page = await query.list_jobs(engine, query.JobFilter(limit=7, after=after), with_total=False)
+        if not page:
+            break
+        pages += [r["debugId"] for r in page]
+        after = (page[-1]["createdTime"] / 1000, page[-1]["debugId"])
+    _, everything = await query.list_jobs(engine, query.JobFilter(limit=100))
+    assert pages == [r["debugId"] for r in everything]
+    _, offset_page = await query.list_jobs(engine, query.JobFilter(offset=7, limit=7))
+    assert [r["debugId"] for r in offset_page] == pages[7:14]
+
+    def ids(rows):
+        return {r["debugId"] for r in rows}
+
+    assert (await query.list_jobs(engine, query.JobFilter(user="bob")))[0] == 10
+    assert (await query.list_jobs(engine, query.JobFilter(vc="vc1")))[0] == 15
+    failed = (await query.list_jobs(engine, query.JobFilter(states=frozenset({"FAILED"}))))[1]
+    assert ids(failed) == {f"{('alice', 'bob', 'carol')[i % 3]}~job{i:02d}" for i in range(0, 30, 4)}
+    assert ids((await query.list_jobs(engine, query.JobFilter(keyword="JOB1")))[1]) == {
+        f"{('alice', 'bob', 'carol')[i % 3]}~job{i}" for i in range(10, 20)}
+    assert ids((await query.list_jobs(engine, query.JobFilter(keyword="b_1")))[1]) == set()  # _ is no wildcard
+    assert ids((await query.list_jobs(engine, query.JobFilter(tags_any=frozenset({"x"}))))[1]) == {
+        "bob~job01", "alice~job03"}
+    assert (await query.list_jobs(engine, query.JobFilter(tags_none=frozenset({"x"}))))[0] == 28
+    window = query.JobFilter(submitted_from=ev.T0 + 100, submitted_until=ev.T0 + 150)
+    assert ids((await query.list_jobs(engine, window))[1]) == {
+        "bob~job10", "carol~job11", "alice~job12", "bob~job13", "carol~job14"}
+    by_name = (await query.list_jobs(engine, query.JobFilter(order_field="name", descending=False, limit=2)))[1]
+    assert [r["name"] for r in by_name] == ["job00", "job01"]
+    assert json.dumps(rows)  # rows are plain JSON
+
+    summary = await query.summary(engine)
+    assert summary["total"] == 30 and summary["states"] == {"FAILED": 8, "SUCCEEDED": 22}
+    assert summary["virtualClusters"]["vc1"] == {"SUCCEEDED": 15}
+    assert (await query.summary(engine, user="alice"))["total"] == 10
+
+
+async def test_a_migration_on_a_populated_database(engine):
+    """A history written at revision 1 (no task counts) upgraded to the newest: every
+    row kept, the new columns filled in from each job's spec."""
+    await store.migrate(engine, "0001")
+    assert await store.current_revision(engine) == "0001"
+    revision_1_columns = {c.name for c in schema.jobs.columns} - {"task_count", "gpu_count"}
+    rows = []
+    for i in range(12):
+        op = project_batch([(i + 1, ev.submitted(f"alice~j{i}", at=ev.T0 + i, instances=i + 1, gpu=i % 3))])[0]
+        rows.append({k: v for k, v in store._row(op).items() if k in revision_1_columns})
+    rows.append({"id": "alice~broken", "user": "alice", "name": "broken", "spec": "{not json", "submitted_at": ev.T0})
+    async with engine.begin() as connection:
+        for row in rows:
+            columns = ", ".join(f'"{k}"' for k in row)
+            await connection.execute(sa.text(f"INSERT INTO jobs ({columns}) VALUES ({', '.join(':' + k for k in row)})"),
+                                     row)
+    await store.migrate(engine)
+    assert await store.current_revision(engine) == "0002"
+    total, listed = await query.list_jobs(engine, query.JobFilter(limit=100))
+    assert total == 13
+    counts = {r["debugId"]: (r["totalTaskNumber"], r["totalGpuNumber"]) for r in listed}
+    assert counts == {**{f"alice~j{i}": (i + 1, (i + 1) * (i % 3)) for i in range(12)}, "alice~broken": (0, 0)}
+    await store.migrate(engine)  # at the newest already: nothing to do
+    # And the projection goes on writing at the new revision.
+    await _apply(engine, [(100, ev.state("alice~j0", JobState.RUNNING))])
+    assert (await query.get_job(engine, "alice~j0"))["state"] == "RUNNING"
