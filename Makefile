@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast install clean lint bench browser-deps
+.PHONY: up test test-fast install clean lint bench browser-deps postgres-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,21 @@ up: $(STAMP)
 browser-deps:
 	sh tests/browser/install-chromium.sh
 
+# Debian's PostgreSQL for the history tests, which start a cluster of their own
+# (tests/fixtures/postgres.py): installed as root when initdb is missing, without the
+# package's own cluster. Quick when it is there already.
+postgres-deps:
+	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		mkdir -p /etc/postgresql-common && \
+		(grep -qs '^create_main_cluster' /etc/postgresql-common/createcluster.conf || \
+			echo 'create_main_cluster = false' >> /etc/postgresql-common/createcluster.conf) && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold postgresql >/dev/null; \
+	else echo "PostgreSQL is not installed and this is not root on Debian: the history tests on PostgreSQL will skip (apt-get install postgresql)" >&2; fi
+
 ## Install everything the tests need, then run every test tier.
-test: $(STAMP) browser-deps
+test: $(STAMP) browser-deps postgres-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-fast: $(STAMP)
