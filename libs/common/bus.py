@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -52,7 +53,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.kv import KeyValue
 
-from libs.common import bus_wire, busauth, telemetry
+from libs.common import bus_wire, busauth, reconnect, telemetry
 from libs.common.bus_wire import DirectSubscription, Inbox, Received
 from libs.common.errors import BadInput, Transient
 from libs.common.jetstream_limits import StoreSettings
@@ -136,44 +137,77 @@ class Bus:
 
     @classmethod
     async def connect(
-        cls, url: str, *, name: str, user: str = "", password: str = "", connect_timeout: float = 30.0
+        cls, url: str, *, name: str, user: str = "", nkey_seed: str = "", password: str = "",
+        connect_timeout: float = 30.0,
     ) -> Bus:
         """Connect as NATS user `user`, retrying until NATS answers or `connect_timeout` passes.
+
+        The user proves who it is with its nkey (`nkey_seed`: it signs the server's
+        nonce; busauth), or with `password` on a NATS of your own that uses them.
+        A wrong or unknown key raises PermissionError at once, without retrying.
 
         `url` may list the servers of a NATS cluster, comma-separated; the client
         picks one and, when it goes, moves to another (and to those the cluster
         announces). NATS may be restarting (chaos, `pai up` resuming); once
-        connected the client reconnects by itself forever. Replies come under the
-        user's own inbox prefix, the only one its permissions let it subscribe to.
+        connected the client reconnects by itself forever. Every try, first connect
+        and reconnect, waits a jittered, growing delay (libs/common/reconnect.py), so
+        a thousand clients cut off together do not come back in lockstep. Replies
+        come under the user's own inbox prefix, the only one its permissions let it
+        subscribe to.
         """
         deadline = time.monotonic() + connect_timeout
         servers = server_urls(url)
-        login = {"user": user, "password": password, "inbox_prefix": busauth.inbox_prefix(user)} if user else {}
+        login: dict[str, Any] = {}
+        if user:
+            login["inbox_prefix"] = busauth.inbox_prefix(user)
+            if nkey_seed:
+                login["nkeys_seed_str"] = busauth.user_seed(nkey_seed)
+            else:
+                login.update(user=user, password=password)
+        rng = random.Random()
+        attempt = 0
+        last_error: list[Exception | None] = [None]  # what the server last answered a try
+
+        async def on_error(exc: Exception) -> None:
+            last_error[0] = exc
+            await _log_nats_error(exc)
+
         while True:
             try:
                 nc = await nats.connect(
                     servers=servers,
                     name=name,
                     **login,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
+                    # The first connect tries each server twice, then gives up to the
+                    # jittered wait below; once connected, never give up (set after).
+                    max_reconnect_attempts=1,
+                    reconnect_time_wait=0.1,
+                    reconnect_to_server_handler=reconnect.server_chooser(rng),
                     connect_timeout=2,
                     # A server cut off by the network sends no reset: only
                     # unanswered pings tell. nats-py's default (2 min x 2) would
                     # leave a service talking into the void for four minutes.
                     ping_interval=PING_INTERVAL_SECONDS,
                     max_outstanding_pings=MAX_OUTSTANDING_PINGS,
-                    error_cb=_log_nats_error,
+                    error_cb=on_error,
                     disconnected_cb=_log_disconnected,
                 )
+                nc.options["max_reconnect_attempts"] = -1  # read by each reconnect
                 bus = cls(nc, name, user=user)
                 await bus_wire.take_request_answers(nc)
                 return bus
-            except (OSError, nats.errors.NoServersError, asyncio.TimeoutError) as exc:
+            except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+                refused = next((e for e in (last_error[0], exc) if reconnect.is_auth_refusal(e)), None)
+                if refused is not None:
+                    # A wrong or unknown key stays wrong: say so now, not after the timeout.
+                    raise PermissionError(f"NATS at {url} refused the credentials of user {user or '(none)'!r}: "
+                                          f"{refused}") from exc
                 if time.monotonic() > deadline:
                     raise
-                log.warning("NATS at %s not reachable yet (%s); retrying", url, exc)
-                await asyncio.sleep(0.3)
+                delay = reconnect.jittered_delay(attempt, rng)
+                attempt += 1
+                log.warning("NATS at %s not reachable yet (%s); retrying in %.2fs", url, last_error[0] or exc, delay)
+                await asyncio.sleep(delay)
 
     async def bootstrap(self, settings: StoreSettings | None = None) -> None:
         """Create or update the event stream and every KV bucket with `settings`

@@ -41,9 +41,6 @@ from libs.common.subjects import PREFIX, STREAM, Bucket, Durable, Kind, dead_let
 
 PLATFORM = "platform"
 INTEGRATOR = "integrator"
-# bcrypt cost of the hashes in the server configuration: nats-server checks the
-# password at every (re)connect, so this is paid by each service reconnecting.
-BCRYPT_ROUNDS = 11
 
 
 class Access(msgspec.Struct, frozen=True, kw_only=True):
@@ -147,7 +144,7 @@ def _kv_stream(bucket: Bucket) -> str:
 
 
 def _reading_bucket(bucket: Bucket) -> list[str]:
-    """Open, get (direct or not), list keys and watch one bucket.
+    """Open, get (direct or not), list keys, read in pages and watch one bucket.
 
     Keys and watch run an ordered push consumer (nats-py creates it unnamed and
     answers its flow-control requests on `$JS.FC.<stream>...`).
@@ -162,6 +159,8 @@ def _reading_bucket(bucket: Bucket) -> list[str]:
         _api("CONSUMER.CREATE", stream, ">"),
         _api("CONSUMER.INFO", stream, "*"),
         _api("CONSUMER.DELETE", stream, "*"),
+        # A restore's paged read (bus.read_pages): its ephemeral consumer's pulls.
+        _api("CONSUMER.MSG.NEXT", stream, "*"),
         f"$JS.FC.{stream}.>",
     ]
 
@@ -250,44 +249,96 @@ def may_create_store(user: str) -> bool:
 
 
 # --- credentials and the server configuration ----------------------------------------
+#
+# Each user logs in with an NATS nkey: an ed25519 key pair. The server configuration
+# lists each user's public key with its permissions; the process holds the seed
+# (private key) and signs the nonce the server sends at every (re)connect. Checking
+# that signature costs the server tens of microseconds, where the bcrypt passwords
+# PAI used before cost it about 120 ms of CPU per connect: a thousand node agents
+# reconnecting at once queued for minutes behind the hashing.
+
+# What a user's seed looks like (nkeys: "S" for seed, "U" for user).
+_USER_SEED_PREFIX = "SU"
 
 
-class UserSecret(msgspec.Struct, frozen=True):
-    password: str
-    bcrypt: str  # the hash the server configuration holds
+class UserKey(msgspec.Struct, frozen=True):
+    seed: str  # the private key: only the process logging in as this user has it
+    public: str  # the public key the server configuration holds ("U...")
 
 
 class BusCredentials(msgspec.Struct, frozen=True):
-    """Every NATS user's password; in `<data dir>/nats-credentials.json`, 0600."""
+    """Every NATS user's nkey; in `<data dir>/nats-credentials.json`, 0600."""
 
-    users: dict[str, UserSecret]
+    users: dict[str, UserKey]
 
-    def password(self, user: str) -> str:
-        return self.users[user].password
+    def seed(self, user: str) -> str:
+        return self.users[user].seed
+
+    def login(self, user: str) -> dict[str, str]:
+        """`Bus.connect` keyword arguments that log in as `user`."""
+        return {"user": user, "nkey_seed": self.seed(user)}
 
     def env_for(self, user: str) -> dict[str, str]:
         """The environment that makes a PAI process log in as `user`, and only it."""
-        return {"PAI_NATS_USER": user, "PAI_NATS_PASSWORD": self.password(user)}
+        return {"PAI_NATS_USER": user, "PAI_NATS_NKEY_SEED": self.seed(user)}
 
 
-def _hash(password: str) -> str:
-    import bcrypt
+def _key_of_seed(seed: bytes) -> UserKey:
+    import nkeys
 
-    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(BCRYPT_ROUNDS)).decode()
+    pair = nkeys.from_seed(bytearray(seed))
+    return UserKey(seed=seed.decode(), public=pair.public_key.decode())
 
 
-def _new_secret() -> UserSecret:
-    password = secrets.token_urlsafe(32)
-    return UserSecret(password=password, bcrypt=_hash(password))
+def new_user_key() -> UserKey:
+    import nkeys
+
+    return _key_of_seed(nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER))
+
+
+def user_seed(secret: str) -> str:
+    """The nkey seed of a user given its secret: the seed itself ("SU..."), or any
+    other secret string, from which the seed is derived (SHA-256 of it as the key).
+
+    The Helm chart cannot make an ed25519 key in a template: its Secret holds a
+    random string per user and each pod derives the same key from it, the NATS pod's
+    init container included (`python -m libs.common.busauth nats-conf`)."""
+    import hashlib
+
+    import nkeys
+
+    secret = secret.strip()
+    if not secret:
+        raise ValueError("empty NATS nkey secret")
+    if secret.startswith(_USER_SEED_PREFIX):
+        try:
+            return _key_of_seed(secret.encode()).seed
+        except Exception as exc:  # noqa: BLE001 - nkeys raises several kinds
+            raise ValueError(f"invalid NATS nkey seed (starts with {_USER_SEED_PREFIX} but does not decode): {exc!r}") from exc
+    raw = hashlib.sha256(b"pai-nats-nkey\0" + secret.encode()).digest()
+    return nkeys.encode_seed(raw, nkeys.PREFIX_BYTE_USER).decode()
+
+
+def public_key(secret: str) -> str:
+    """The public nkey ("U...") of a user's secret (see `user_seed`)."""
+    return _key_of_seed(user_seed(secret).encode()).public
 
 
 def load_or_create_credentials(path: Path) -> BusCredentials:
     """The credentials in `path`; created at first start, completed when a user was
-    added to `ACCESS` since, otherwise reused as they are (resume keeps them)."""
-    found: dict[str, UserSecret] = {}
+    added to `ACCESS` since, otherwise reused as they are (resume keeps them).
+
+    A file of the password era (`{"users": {u: {"password", "bcrypt"}}}`) is
+    replaced by one of nkeys, in one atomic rename: the passwords were known only to
+    this file, the server configuration `pai up` writes next and the processes it
+    starts, all of which it makes again from the new file."""
+    found: dict[str, UserKey] = {}
     if path.exists():
-        found = msgspec.json.decode(path.read_bytes(), type=BusCredentials).users
-    users = {user: found.get(user) or _new_secret() for user in ACCESS}
+        stored = msgspec.json.decode(path.read_bytes())
+        for user, entry in (stored.get("users") or {}).items():
+            if isinstance(entry, dict) and isinstance(entry.get("seed"), str):
+                found[user] = _key_of_seed(entry["seed"].encode())  # checked: a damaged seed fails here
+    users = {user: found.get(user) or new_user_key() for user in ACCESS}
     credentials = BusCredentials(users=users)
     if users != found:
         _write_private(path, msgspec.json.format(msgspec.json.encode(credentials)))
@@ -316,17 +367,19 @@ class ClusterRoutes(msgspec.Struct, frozen=True, kw_only=True):
     password: str
 
 
-def server_config(credentials: BusCredentials, *, host: str, port: int, store_dir: Path, tls: TlsFiles | None = None,
+def server_config(credentials: BusCredentials | None, *, host: str, port: int, store_dir: Path, tls: TlsFiles | None = None,
                   cluster: ClusterRoutes | None = None) -> dict:
     """nats-server's configuration (JSON is valid nats-server syntax): JetStream,
-    one user per line of `ACCESS` with its bcrypt hash, no anonymous access;
-    with `cluster`, one node of a JetStream cluster (same users on every node)."""
+    one user per line of `ACCESS` with its public nkey, no anonymous access;
+    with `cluster`, one node of a JetStream cluster (same users on every node).
+    Without credentials: no authorization at all (development, some tests)."""
     config: dict = {
         "host": host,
         "port": port,
         "jetstream": {"store_dir": str(store_dir)},
-        "authorization": {"users": users_block(credentials)},
     }
+    if credentials is not None:
+        config["authorization"] = {"users": users_block(credentials)}
     if tls is not None:
         config["tls"] = {k: v for k, v in msgspec.structs.asdict(tls).items() if v}
     if cluster is not None:
@@ -342,10 +395,16 @@ def server_config(credentials: BusCredentials, *, host: str, port: int, store_di
 
 
 def users_block(credentials: BusCredentials) -> list[dict]:
-    return [
-        {"user": user, "password": credentials.users[user].bcrypt, "permissions": permissions_block(user)}
-        for user in ACCESS
-    ]
+    return nkey_users_block({user: credentials.users[user].public for user in ACCESS})
+
+
+def nkey_users_block(public_keys: dict[str, str]) -> list[dict]:
+    """The server's `users`: each user of `ACCESS` by its public nkey, with its
+    permissions (the server knows users by key; the name is for people reading)."""
+    missing = [user for user in ACCESS if user not in public_keys]
+    if missing:
+        raise ValueError(f"no NATS key for user(s) {', '.join(missing)}")
+    return [{"nkey": public_keys[user], "permissions": permissions_block(user)} for user in ACCESS]
 
 
 def permissions_block(user: str) -> dict:
@@ -378,6 +437,43 @@ def chart_permissions() -> dict[str, dict]:
     return {user: permissions_block(user) for user in ACCESS}
 
 
+def login_of_config(config) -> dict[str, str]:
+    """`Bus.connect` keyword arguments of a process's own login (`nats_user` with its
+    `nats_nkey_seed`, or `nats_password` against a NATS of passwords)."""
+    return {"user": config.nats_user, "nkey_seed": config.nats_nkey_seed, "password": config.nats_password}
+
+
+def authorization_from_keys(keys_dir: Path) -> dict:
+    """The server's `authorization` block from a folder of one secret per user (a
+    file named after the user: the chart's mounted Secret "<release>-bus-credentials")."""
+    keys_dir = Path(keys_dir)
+    public: dict[str, str] = {}
+    for user in ACCESS:
+        file = keys_dir / user
+        if not file.is_file():
+            raise ValueError(f"no NATS key for user {user!r}: {file} is missing")
+        try:
+            public[user] = public_key(file.read_text())
+        except ValueError as exc:
+            raise ValueError(f"{file}: {exc}") from exc
+    return {"users": nkey_users_block(public)}
+
+
+def write_chart_server_config(base: Path, keys_dir: Path, out: Path) -> None:
+    """The bundled NATS's configuration (the chart's init container): the chart's
+    `nats.conf` with the users' public nkeys and permissions appended."""
+    authorization = json.dumps(authorization_from_keys(keys_dir), indent=2)
+    text = Path(base).read_text().rstrip("\n") + f"\nauthorization: {authorization}\n"
+    # Not _write_private: the folder is the pod's emptyDir, which this uid may not
+    # chmod; the file alone is made 0600 (the NATS container runs as the same uid).
+    out = Path(out)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(text)
+    os.replace(tmp, out)
+
+
 def bootstrap_from_env() -> None:  # pragma: no cover - the chart's bootstrap Job
     """Create the event stream and every bucket as the platform user (PAI_NATS_*)."""
     import asyncio
@@ -388,7 +484,7 @@ def bootstrap_from_env() -> None:  # pragma: no cover - the chart's bootstrap Jo
 
     async def main() -> None:
         config = load_config()
-        bus = await Bus.connect(config.nats_url, name="pai-bootstrap", user=config.nats_user, password=config.nats_password)
+        bus = await Bus.connect(config.nats_url, name="pai-bootstrap", **login_of_config(config))
         try:
             await bus.bootstrap(store_settings(config))  # replicas and limits from the config
         finally:
@@ -397,11 +493,29 @@ def bootstrap_from_env() -> None:  # pragma: no cover - the chart's bootstrap Jo
     asyncio.run(main())
 
 
+USAGE = """usage: python -m libs.common.busauth COMMAND
+  permissions                   every user's NATS permissions (the chart's files/nats-permissions.json)
+  bootstrap                     create/update the store as the platform user (PAI_NATS_*)
+  authorization KEYS_DIR        the server's authorization block (public nkeys) from one secret file per user
+  nats-conf BASE KEYS_DIR OUT   BASE with that block appended, written to OUT (the chart's NATS init container)"""
+
+
+def main(argv: list[str]) -> None:  # pragma: no cover - command line
+    try:
+        match argv:
+            case ["permissions"]:
+                print(json.dumps(chart_permissions(), indent=2))
+            case ["bootstrap"]:
+                bootstrap_from_env()
+            case ["authorization", keys_dir]:
+                print(json.dumps({"authorization": authorization_from_keys(Path(keys_dir))}, indent=2))
+            case ["nats-conf", base, keys_dir, out]:
+                write_chart_server_config(Path(base), Path(keys_dir), Path(out))
+            case _:
+                sys.exit(USAGE)
+    except ValueError as exc:
+        sys.exit(f"busauth: {exc}")
+
+
 if __name__ == "__main__":  # pragma: no cover - command line
-    command = sys.argv[1] if len(sys.argv) > 1 else ""
-    if command == "permissions":
-        print(json.dumps(chart_permissions(), indent=2))
-    elif command == "bootstrap":
-        bootstrap_from_env()
-    else:
-        sys.exit("usage: python -m libs.common.busauth permissions|bootstrap")
+    main(sys.argv[1:])

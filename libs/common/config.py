@@ -73,7 +73,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # NATS credentials of this process (each service has its own user; see
     # libs/common/busauth.py). Empty: connect without credentials.
     nats_user: str = ""
-    nats_password: str = ""
+    # Its nkey seed ("SU..."), or a secret PAI derives the seed from (the chart's).
+    nats_nkey_seed: str = ""
+    nats_password: str = ""  # only for a NATS of your own that still uses passwords
     # Job secrets are sealed with the public key (rest) and opened with the
     # private key (the launcher alone). `pai up` generates both in the data dir.
     secrets_public_key_file: str = ""
@@ -164,6 +166,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     retention_finished_seconds: float = 7 * 86400.0
     # How often the launcher looks for finished jobs past that age.
     retention_sweep_seconds: float = 600.0
+
+    # --- job history (services/rest/history; docs/deploy.md "History database") ---
+    # rest's SQL database of every job's history, a projection of the event stream:
+    # "postgresql+asyncpg://user:password@host:5432/pai" in production; empty: SQLite
+    # at <data_dir>/history.sqlite (one host: replicas on other hosts need PostgreSQL).
+    history_dsn: str = ""
 
     @property
     def data_path(self) -> Path:

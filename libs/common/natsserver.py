@@ -2,7 +2,7 @@
 
 With `auth` (PAI's bus credentials) the server runs with the users and permissions
 of `libs.common.busauth`, from a configuration file only this user can read, and
-refuses anyone without a password; without it, anyone may connect (development).
+refuses anyone without a user's nkey; without it, anyone may connect (development).
 
 `NatsCluster` runs several servers as one JetStream cluster, each in a network
 namespace of its own (tests of high availability); the command line (`python -m
@@ -140,9 +140,7 @@ class NatsServer:
 
     def login(self, user: str) -> dict[str, str]:
         """`Bus.connect` keyword arguments that log in as `user` (none without auth)."""
-        if self.auth is None:
-            return {}
-        return {"user": user, "password": self.auth.password(user)}
+        return {} if self.auth is None else self.auth.login(user)
 
     def env(self, user: str) -> dict[str, str]:
         """Environment of a PAI process that logs in as `user` (none without auth)."""
@@ -317,7 +315,7 @@ class NatsCluster:
         self.procs: list[subprocess.Popen | None] = [None] * size
 
     def login(self, user: str) -> dict[str, str]:
-        return {} if self.auth is None else {"user": user, "password": self.auth.password(user)}
+        return {} if self.auth is None else self.auth.login(user)
 
     def env(self, user: str) -> dict[str, str]:
         return self.auth.env_for(user) if self.auth is not None else {}
@@ -335,12 +333,7 @@ class NatsCluster:
         cluster = ClusterRoutes(server_name=f"pai-nats-{i}", host=address, port=self.ROUTE_PORT, routes=routes,
                                 password=self.route_password)
         store = self.root / f"node-{i}" / "store"
-        if self.auth is not None:
-            return busauth.server_config(self.auth, host=address, port=self.CLIENT_PORT, store_dir=store, cluster=cluster)
-        config = busauth.server_config(busauth.BusCredentials(users={}), host=address, port=self.CLIENT_PORT,
-                                       store_dir=store, cluster=cluster)
-        config.pop("authorization")
-        return config
+        return busauth.server_config(self.auth, host=address, port=self.CLIENT_PORT, store_dir=store, cluster=cluster)
 
     def start(self) -> NatsCluster:
         self.network.create()
@@ -409,8 +402,8 @@ class NatsCluster:
 def compose_init(bus_dir: Path, *, owner: tuple[int, int] | None = None, port: int = 4222, monitor_port: int = 8222,
                  store_dir: str = "/data") -> None:
     """What docker-compose.yml's `init` container makes once, in the volume every
-    other container mounts at `bus_dir`: the bus credentials, NATS's configuration
-    with their hashes (any address, JetStream in `store_dir`, health on
+    other container mounts at `bus_dir`: the bus credentials (a file of the password
+    era is moved to nkeys), NATS's configuration with their public keys (any address, JetStream in `store_dir`, health on
     `monitor_port`) and the key pair that seals job secrets. Kept on a restart, so
     the store and the sealed secrets stay readable."""
     from libs.common import sealing
@@ -430,7 +423,7 @@ def compose_init(bus_dir: Path, *, owner: tuple[int, int] | None = None, port: i
 
 def run_as(user: str, credentials_file: Path, command: list[str]) -> None:
     """Replace this process by `command`, logged in to NATS as `user` (a service in
-    a container: its password from the credentials the `init` container made)."""
+    a container: its nkey seed from the credentials the `init` container made)."""
     credentials = msgspec.json.decode(Path(credentials_file).read_bytes(), type=BusCredentials)
     os.environ.update(credentials.env_for(user))
     os.execvp(command[0], command)
@@ -444,8 +437,7 @@ def bootstrap_from_credentials(credentials_file: Path) -> None:
 
     config = load_config()
     credentials = msgspec.json.decode(Path(credentials_file).read_bytes(), type=BusCredentials)
-    login = {"user": busauth.PLATFORM, "password": credentials.password(busauth.PLATFORM)}
-    bootstrap_store(config.nats_url, login, store_settings(config))
+    bootstrap_store(config.nats_url, credentials.login(busauth.PLATFORM), store_settings(config))
 
 
 USAGE = """usage: python -m libs.common.natsserver COMMAND

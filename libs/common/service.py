@@ -26,7 +26,7 @@ import nats.js.errors
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from libs.common import http_server, telemetry
+from libs.common import busauth, http_server, telemetry
 from libs.common.bus import Bus
 from libs.common.config import Config
 from libs.common.subjects import Bucket
@@ -224,7 +224,7 @@ def run(
 
 
 async def _main(name, config, body, single_active, app_factory) -> None:
-    bus = await Bus.connect(config.nats_url, name=f"pai-{name}", user=config.nats_user, password=config.nats_password)
+    bus = await Bus.connect(config.nats_url, name=f"pai-{name}", **busauth.login_of_config(config))
     ctx = ServiceContext(name=name, config=config, bus=bus)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -10,6 +10,8 @@ the platform user).
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -19,6 +21,7 @@ import nats.js.errors
 import pytest
 from nats.js import api
 
+from libs.common import busauth
 from libs.common.bus import Bus
 from libs.common.natsserver import NatsServer
 from libs.common.subjects import STREAM, Bucket, Kind
@@ -109,11 +112,56 @@ async def test_a_client_without_credentials_is_refused(nats_server):
     assert "authorization violation" in repr(refused.value).lower() or isinstance(refused.value, nats.errors.NoServersError)
 
 
-async def test_a_wrong_password_is_refused(nats_server):
+async def test_a_password_is_refused(nats_server):
+    """Users log in with nkeys only: a password, even for a real user name, is refused."""
     with pytest.raises((nats.errors.Error, nats.errors.NoServersError)):
         await nats.connect(
             nats_server.url, user="platform", password="guessed", allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2
         )
+
+
+async def test_an_unknown_key_is_refused(nats_server):
+    stranger = busauth.new_user_key().seed
+    with pytest.raises(PermissionError, match="refused the credentials of user 'platform'.*Authorization Violation"):
+        await Bus.connect(nats_server.url, name="auth-test-stranger", user="platform", nkey_seed=stranger)
+
+
+async def raw_connect(server, connect: dict) -> str:
+    """The server's first answer to CONNECT `connect` (by hand: the nonce it sent is
+    signed as the test says, which no client library would do wrongly)."""
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        info = json.loads((await reader.readline()).decode().removeprefix("INFO "))
+        body = {"verbose": False, "pedantic": False, **connect}
+        if "sign_with" in body:
+            body["sig"] = base64.urlsafe_b64encode(body.pop("sign_with").sign(info["nonce"].encode())).decode().rstrip("=")
+        writer.write(b"CONNECT " + json.dumps(body).encode() + b"\r\nPING\r\n")
+        await writer.drain()
+        return (await asyncio.wait_for(reader.readline(), 5)).decode().strip()
+    finally:
+        writer.close()
+
+
+async def test_a_users_public_key_is_refused_without_its_seed(nats_server):
+    """Claiming the platform's public key, signing the nonce with another key."""
+    import nkeys
+
+    claimed = nats_server.auth.users[busauth.PLATFORM].public
+    own = nkeys.from_seed(bytearray(nats_server.auth.seed(busauth.PLATFORM).encode()))
+    other = nkeys.from_seed(bytearray(busauth.new_user_key().seed.encode()))
+    assert await raw_connect(nats_server, {"nkey": claimed, "sign_with": own}) == "PONG"  # the check itself works
+    assert "Authorization Violation" in await raw_connect(nats_server, {"nkey": claimed, "sign_with": other})
+    assert "Authorization Violation" in await raw_connect(nats_server, {"nkey": claimed})
+
+
+async def test_a_service_with_its_key_logs_in_as_itself(nats_server):
+    login = nats_server.login("monitor")
+    assert set(login) == {"user", "nkey_seed"}
+    bus = await Bus.connect(nats_server.url, name="auth-test-monitor-key", **login)
+    try:
+        await bus.round_trip()
+    finally:
+        await bus.close()
 
 
 # --- the issue's findings ---------------------------------------------------------------
