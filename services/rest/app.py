@@ -47,6 +47,7 @@ from services.rest.identity import routes as identity_routes
 from services.rest.identity import store as identity_store
 from services.rest import alerts as alert_routes
 from services.rest import deletion, jobs_api, portal_routes, quotas
+from services.rest.history import wiring as history
 from services.rest.log_stream import log_response
 from services.rest.records import SubmittedJob
 from services.rest.request import CTX, USER, ctx_of, read_body, read_json_object
@@ -175,6 +176,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
     events.setup(app)  # GET /api/v2/events (SSE) and what wakes its readers
     app.add_routes(rules.routes)
     jobs_api.setup(app, ctx)
+    history.setup(app, ctx)  # the job history database, migrated before rest serves (services/rest/history)
     app.add_routes(alert_routes.routes)  # alerts, alert rules, usage report
     app.add_routes(nodes.routes)
     portal_routes.setup(app)  # the web portal at / (services/rest/portal_routes.py)
