@@ -167,6 +167,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # How often the launcher looks for finished jobs past that age.
     retention_sweep_seconds: float = 600.0
 
+    # --- job history (services/rest/history; docs/deploy.md "History database") ---
+    # rest's SQL database of every job's history, a projection of the event stream:
+    # "postgresql+asyncpg://user:password@host:5432/pai" in production; empty: SQLite
+    # at <data_dir>/history.sqlite (one host: replicas on other hosts need PostgreSQL).
+    history_dsn: str = ""
+
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()
