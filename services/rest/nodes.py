@@ -25,10 +25,13 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import msgspec
+import nats.errors
 import nats.js.errors
 from aiohttp import web
+from nats.js import api
+from nats.js.kv import KeyValue
 
-from libs.common.bus import all_keys
+from libs.common.bus import RESTORE_ENTRY_TIMEOUT_SECONDS
 from libs.common.errors import Forbidden, NotFound
 from libs.common.ids import EventId, JobId, NodeName
 from libs.common.messages import NodeCordonChanged
@@ -39,7 +42,6 @@ from services.rest.request import USER, bad_field, ctx_of, read_json_object
 
 MAX_REASON_LENGTH = 500
 MAX_NODE_NAME_LENGTH = 253  # a DNS name, as Kubernetes node names
-HEALTH_READS_IN_FLIGHT = 64
 CORDON_TAINT = "pai/cordoned"
 UNHEALTHY_TAINT = "pai/unhealthy"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -179,22 +181,65 @@ def node_view(name: str, record: NodeHealthRecord | None, cells: list[dict[str, 
 # --- reading the buckets ------------------------------------------------------------------------
 
 
+# Headers that make a KV message something other than a live value: a delete or purge
+# (nats-py's KV-Operation) or a marker the server placed (TTL, age, removal).
+_NOT_A_VALUE = ("KV-Operation", "Nats-Marker-Reason")
+
+
+async def latest_values(kv: KeyValue) -> dict[str, bytes]:
+    """Every live key of a bucket with its value, in one pass.
+
+    One ordered push consumer delivering each key's last message, taken in by a
+    callback that only files it: not a list of keys and a get per key (a round trip
+    each), and not nats-py's KeyWatcher, whose two queue hops and timer per entry
+    cost more than the read. Done when it has received as many messages (deletes
+    included) as its consumer held when it began, counted from the consumer
+    itself (nats-py's own end marker may come early: see `all_keys` in
+    libs/common/bus.py); raises nats.errors.TimeoutError when they stop coming."""
+    prefix = f"$KV.{kv._name}."
+    values: dict[str, bytes] = {}
+    received = 0
+    expected: int | None = None
+    complete = asyncio.Event()
+
+    async def file(msg) -> None:
+        nonlocal received
+        received += 1
+        key = msg.subject[len(prefix):]
+        if msg.data and not (msg.headers and any(h in msg.headers for h in _NOT_A_VALUE)):
+            values[key] = msg.data
+        else:
+            values.pop(key, None)
+        if expected is not None and received >= expected:
+            complete.set()
+
+    subscription = await kv._js.subscribe(f"{prefix}>", stream=kv._stream, cb=file, ordered_consumer=True,
+                                          deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT)
+    try:
+        info = await subscription.consumer_info()
+        expected = info.num_pending + info.delivered.consumer_seq
+        while received < expected:
+            before = received
+            try:
+                await asyncio.wait_for(complete.wait(), RESTORE_ENTRY_TIMEOUT_SECONDS)
+            except asyncio.TimeoutError:
+                if received == before:
+                    raise nats.errors.TimeoutError from None
+    finally:
+        await subscription.unsubscribe()
+    return values
+
+
 async def _health_records(request: web.Request) -> dict[str, NodeHealthRecord]:
     kv = await ctx_of(request).bus.kv(Bucket.NODE_HEALTH)
-    reading = asyncio.Semaphore(HEALTH_READS_IN_FLIGHT)
-
-    async def one(key: str) -> NodeHealthRecord | None:
-        async with reading:
-            try:
-                entry = await kv.get(key)
-                return decode_health(entry.value) if entry.value else None
-            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-                return None
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                return None  # the monitor's record, not ours to judge: left out of the list
-
-    got = await asyncio.gather(*(one(key) for key in await all_keys(kv)))
-    return {record.node: record for record in got if record is not None}
+    records = {}
+    for value in (await latest_values(kv)).values():
+        try:
+            record = decode_health(value)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            continue  # the monitor's record, not ours to judge: left out of the list
+        records[record.node] = record
+    return records
 
 
 async def _cluster_view(request: web.Request) -> ClusterView:

@@ -34,6 +34,7 @@ from libs.common.errors import NotFound
 from libs.common.messages import JobState
 from libs.common.subjects import Bucket
 from services.rest import jobs_api
+from services.rest import nodes as nodes_api
 from services.rest.request import USER, ctx_of
 
 STATIC_DIR = Path(__file__).resolve().parent / "portal" / "static"
@@ -210,17 +211,10 @@ async def overview(request: web.Request) -> web.Response:
 
 async def utilization(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
-    kv = await ctx.bus.kv(Bucket.NODES)
     nodes = []
-    for key in await all_keys(kv):
+    for value in (await nodes_api.latest_values(await ctx.bus.kv(Bucket.NODES))).values():  # one pass, not a get per node
         try:
-            entry = await kv.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            continue
-        if not entry.value:
-            continue
-        try:
-            nodes.append(_node_decoder.decode(entry.value))
+            nodes.append(_node_decoder.decode(value))
         except (msgspec.DecodeError, msgspec.ValidationError):
             continue  # the monitor's record, not ours to judge
     view = await jobs_api.cluster_view(ctx)
