@@ -41,7 +41,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -1109,102 +1109,208 @@ async def get_json(kv: KeyValue, key: str, type_: type[Any]) -> tuple[Any, int] 
     return msgspec.json.decode(entry.value, type=type_), entry.revision or 0
 
 
-# Restoring state: how long to wait for a store that is still coming back, and
-# how long one read of a bucket may pause between two entries.
+async def get_many(kv: KeyValue, keys: Sequence[str], type_: type[Any], *,
+                   skip_undecodable: bool = False) -> dict[str, Any]:
+    """The values of `keys` (those present), decoded as `type_`: a page of gets in
+    flight at a time, so a restore that needs a few keys of a big bucket reads only
+    those, never the whole bucket."""
+    found: dict[str, Any] = {}
+    for start in range(0, len(keys), RESTORE_PAGE_ENTRIES):
+        page = keys[start:start + RESTORE_PAGE_ENTRIES]
+        got = await asyncio.gather(*(_get_raw(kv, key) for key in page))
+        for key, raw in zip(page, got, strict=True):
+            if raw is not None and (value := _decoded(kv, key, raw, type_, skip_undecodable)) is not _UNDECODABLE:
+                found[key] = value
+        await asyncio.sleep(0)
+    return found
+
+
+async def _get_raw(kv: KeyValue, key: str) -> bytes | None:
+    try:
+        entry = await kv.get(key)
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    return entry.value or None
+
+
+# Restoring state: a bucket is read in pages of at most this many entries (and
+# bytes), each a pull request of an ephemeral consumer of its own (flow control:
+# nothing comes that was not asked for, so no read of any size overruns the
+# connection), decoded and handed on a page at a time, the event loop (and the
+# lease renewal with it) getting a turn between two pages.
+RESTORE_PAGE_ENTRIES = 256
+RESTORE_PAGE_BYTES = 2 * 1024 * 1024
+# How long a store still coming back may keep a read from progressing (no page
+# came) before the service gives up and its supervisor starts it again; a read
+# that progresses, however long, is never cut.
 RESTORE_TIMEOUT_SECONDS = 60.0
-RESTORE_ENTRY_TIMEOUT_SECONDS = 5.0
+# How long one page's answer may take.
+RESTORE_PAGE_SECONDS = 5.0
+# The pager's consumer disappears this long after its reader died.
+RESTORE_CONSUMER_IDLE_SECONDS = 30.0
+
+
+class KvEntry(NamedTuple):
+    key: str
+    value: bytes | None  # None: deleted or purged (a marker)
+    seq: int  # its sequence in the bucket's stream
+
+
+async def read_pages(kv: KeyValue, *, prefix: str = "", headers_only: bool = False) -> AsyncIterator[list[KvEntry]]:
+    """Every entry of a bucket (only keys starting with `prefix`, which ends in a
+    dot, when given), delete markers included, in pages of at most
+    `RESTORE_PAGE_ENTRIES`, in stream order; `headers_only`: keys alone (values b"").
+
+    A bucket keeps one message per key (history 1), so its stream in order is
+    its keys, each at its latest value: an ephemeral pull consumer (no acks)
+    reads it, one page per request. A key written while the read goes on comes
+    again later in it, at its newer value: a reader keeps the last it saw.
+
+    Read only from a store that is ready (DESIGN.md, State and recovery): the
+    stream must answer, and a consumer made on it must find as many entries as
+    the stream said it holds; an empty or short answer of a JetStream still
+    recovering is retried, never taken for "nothing to restore". A read that
+    fails half-way goes on after the last entry handed out. Past
+    `RESTORE_TIMEOUT_SECONDS` without a page, raises `Transient`.
+    """
+    subjects = f"{kv._pre}{prefix}>"
+    after = 0  # the stream sequence of the last entry handed out
+    progress_at = time.monotonic()
+    while True:
+        try:
+            consumer, pending = await _restore_consumer(kv, subjects, after, headers_only)
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError, _NotReady) as exc:
+            problem = repr(exc)
+        else:
+            problem = ""
+            puller = await _Puller.open(kv._js._nc, kv._stream, consumer)
+            try:
+                while pending > 0:
+                    page, pending = await _next_page(puller, kv, pending, headers_only)
+                    if not page:
+                        problem = "a page came back empty"
+                        break
+                    after = page[-1].seq
+                    progress_at = time.monotonic()
+                    yield page
+                    await asyncio.sleep(0)  # the event loop's turn: lease renewal, health checks
+            except (nats.errors.Error, asyncio.TimeoutError) as exc:
+                problem = repr(exc)
+            finally:
+                await puller.close()
+                with contextlib.suppress(Exception):
+                    await kv._js.delete_consumer(kv._stream, consumer)
+            if not problem:
+                return
+        if time.monotonic() - progress_at > RESTORE_TIMEOUT_SECONDS:
+            raise Transient(f"bucket {kv._name} is not ready to restore from: {problem}")
+        log.warning("bucket %s not ready to restore from (%s); trying again", kv._name, problem)
+        await asyncio.sleep(0.5)
+
+
+class _NotReady(Exception):
+    """The bucket's stream answered with less than it holds (JetStream recovering)."""
+
+
+async def _restore_consumer(kv: KeyValue, subjects: str, after: int, headers_only: bool) -> tuple[str, int]:
+    """An ephemeral pull consumer reading the bucket after sequence `after`; its
+    name and how many entries it has to deliver."""
+    info = await kv._js.stream_info(kv._stream)
+    held = info.state.messages
+    config = api.ConsumerConfig(
+        ack_policy=api.AckPolicy.NONE,
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if after else api.DeliverPolicy.ALL,
+        opt_start_seq=after + 1 if after else None,
+        filter_subject=subjects,
+        headers_only=headers_only or None,
+        mem_storage=True,
+        num_replicas=1,
+        inactive_threshold=RESTORE_CONSUMER_IDLE_SECONDS,
+    )
+    created = await kv._js.add_consumer(kv._stream, config)
+    pending = created.num_pending or 0
+    whole = not after and subjects == f"{kv._pre}>"
+    if whole and pending < held:
+        with contextlib.suppress(Exception):
+            await kv._js.delete_consumer(kv._stream, created.name)
+        raise _NotReady(f"its consumer found {pending} of the {held} entries its stream holds")
+    return created.name, pending
+
+
+async def _next_page(puller: _Puller, kv: KeyValue, pending: int, headers_only: bool) -> tuple[list[KvEntry], int]:
+    """The next page, and how many entries wait after it."""
+    most = min(RESTORE_PAGE_ENTRIES, pending)
+    await puller._request({"batch": most, "no_wait": True, "max_bytes": RESTORE_PAGE_BYTES})
+    msgs = await puller._answer(most, RESTORE_PAGE_SECONDS)
+    if not msgs:
+        return [], pending
+    cut = len(kv._pre)
+    page = []
+    for msg in msgs:
+        # A delete or purge carries KV-Operation; a value never does.
+        deleted = msg._raw_headers is not None and b"KV-Operation" in msg._raw_headers
+        value = None if deleted else (b"" if headers_only else msg.data)
+        page.append(KvEntry(msg._subject[cut:].decode(), value, _delivery(msg).stream_seq))
+    return page, _delivery(msgs[-1]).pending
+
+
+async def all_keys(kv: KeyValue, prefix: str = "") -> list[str]:
+    """The live keys of a bucket (only those starting with `prefix`, which ends in
+    a dot, when given: the server filters them), every one of them, read in pages
+    (`read_pages`, headers only).
+
+    Not nats-py's `KeyValue.keys()`: it ends its listing at a marker it decides
+    from consumer info, and when the server has already sent every entry but the
+    client has not read them yet, that marker comes first and the listing is
+    empty or short (a test that purged a bucket of 300 keys this way left them
+    all); nor a push watch, whose whole bucket at once overruns the connection."""
+    live: dict[str, bool] = {}
+    async for page in read_pages(kv, prefix=prefix, headers_only=True):
+        for entry in page:
+            live.pop(entry.key, None)  # a key written again meanwhile: its place is its last
+            live[entry.key] = entry.value is not None
+    return [key for key, alive in live.items() if alive]
 
 
 async def stored_when_watch_began(watcher: KeyValue.KeyWatcher) -> int:
     """How many entries (deletes included) a new watch (not ignoring deletes)
     delivers before the changes made after it began: its consumer's delivered
     plus pending. nats-py's end-of-stored marker (None) is not to be trusted
-    for this; see `all_keys`."""
+    for this."""
     info = await watcher._sub.consumer_info()
     return info.num_pending + info.delivered.consumer_seq
 
 
-async def all_keys(kv: KeyValue, prefix: str = "") -> list[str]:
-    """The live keys of a bucket (only those starting with `prefix`, which ends in
-    a dot, when given: the server filters them), every one of them.
-
-    Not nats-py's `KeyValue.keys()`: it ends its listing at a marker it decides
-    from consumer info, and when the server has already sent every entry but the
-    client has not read them yet, that marker comes first and the listing is
-    empty or short (a test that purged a bucket of 300 keys this way left them
-    all). Here the count comes from the consumer itself, delivered plus pending
-    when the watch began, and as many entries (deletes included) are read
-    before the answer; raises nats.errors.TimeoutError when they stop coming."""
-    watcher = await kv.watch(f"{prefix}>" if prefix else ">", ignore_deletes=False, meta_only=True)
-    try:
-        expected = await stored_when_watch_began(watcher)
-        live: dict[str, bool] = {}
-        seen = 0
-        while seen < expected:
-            entry = await watcher.updates(timeout=RESTORE_ENTRY_TIMEOUT_SECONDS)
-            if entry is None:  # nats-py's own end marker, which may come early
-                continue
-            seen += 1
-            live[entry.key] = entry.operation is None
-    finally:
-        await watcher.stop()
-    return [key for key, alive in live.items() if alive]
-
-
 async def load_all(kv: KeyValue, type_: type[Any], *, skip_undecodable: bool = False) -> dict[str, Any]:
-    """Every live value of a bucket, decoded; what a service rebuilds its state from.
+    """Every live value of a bucket, decoded: `read_pages`, decoded a page at a time.
 
-    A value that does not decode as `type_` fails the load, unless
-    `skip_undecodable` (for a bucket another service owns: its bad value must
-    not stop this one), when it is left out with a warning.
-
-    Read only from a store that is ready, and known to be read whole: the
-    bucket's stream must answer, and one pass over it must deliver as many
-    entries (deleted ones included) as the stream said it holds. An empty or
-    short answer of a JetStream still recovering after a restart is retried,
-    never taken for "nothing to restore"; past `RESTORE_TIMEOUT_SECONDS` the
-    service fails and its supervisor starts it again.
-    """
-    deadline = time.monotonic() + RESTORE_TIMEOUT_SECONDS
-    while True:
-        try:
-            values, seen, expected = await _read_bucket_once(kv, type_, skip_undecodable)
-            if seen >= expected:
-                return values
-            problem = f"read {seen} of the {expected} entries its stream holds"
-        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
-            problem = repr(exc)
-        if time.monotonic() > deadline:
-            raise Transient(f"bucket {kv._name} is not ready to restore from: {problem}")
-        log.warning("bucket %s not ready to restore from (%s); trying again", kv._name, problem)
-        await asyncio.sleep(0.5)
-
-
-async def _read_bucket_once(kv: KeyValue, type_: type[Any], skip_undecodable: bool) -> tuple[dict[str, Any], int, int]:
-    info = await kv._js.stream_info(kv._stream)
-    expected = info.state.messages  # history 1: one message per key, delete markers included
+    For a bucket that stays small (nodes, rules, alerts); a service restoring
+    from a bucket that grows with the jobs reads it with `read_pages` and keeps
+    only what it needs. A value that does not decode as `type_` fails the load,
+    unless `skip_undecodable` (for a bucket another service owns: its bad value
+    must not stop this one), when it is left out with a warning."""
     values: dict[str, Any] = {}
-    seen = 0
-    if expected == 0:
-        return values, 0, 0
-    watcher = await kv.watchall(ignore_deletes=False)
-    try:
-        while True:
-            entry = await watcher.updates(timeout=RESTORE_ENTRY_TIMEOUT_SECONDS)
-            if entry is None:  # the end of what the bucket held when the watch began
-                break
-            seen += 1
+    async for page in read_pages(kv):
+        for entry in page:
             values.pop(entry.key, None)
-            if entry.operation is None and entry.value:
-                try:
-                    values[entry.key] = msgspec.json.decode(entry.value, type=type_)
-                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                    if not skip_undecodable:
-                        raise
-                    log.warning("bucket %s: skipping %s, which does not decode: %s", kv._name, entry.key, exc)
-    finally:
-        await watcher.stop()
-    return values, seen, expected
+            if entry.value:
+                value = _decoded(kv, entry.key, entry.value, type_, skip_undecodable)
+                if value is not _UNDECODABLE:
+                    values[entry.key] = value
+    return values
+
+
+_UNDECODABLE = object()
+
+
+def _decoded(kv: KeyValue, key: str, raw: bytes, type_: type[Any], skip_undecodable: bool) -> Any:
+    try:
+        return msgspec.json.decode(raw, type=type_)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        if not skip_undecodable:
+            raise
+        log.warning("bucket %s: skipping %s, which does not decode: %s", kv._name, key, exc)
+        return _UNDECODABLE
 
 
 async def _log_nats_error(exc: Exception) -> None:
