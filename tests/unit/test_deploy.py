@@ -325,11 +325,42 @@ def test_a_cluster_layout_without_its_parts_is_refused(tools: KubeTools, cluster
 # --- NATS -------------------------------------------------------------------------------
 
 
+def nats_conf_as_the_pod_makes_it(manifests: list[dict], root: Path) -> str:
+    """nats.conf as the NATS pod has it: the `auth` init container's own command, run
+    here on the rendered Secrets (mounted where the pod mounts them, under `root`)."""
+    import base64
+    import sys
+
+    sts = one(manifests, "StatefulSet", f"{RELEASE}-nats")
+    (init,) = sts["spec"]["template"]["spec"]["initContainers"]
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    for mount in init["volumeMounts"]:
+        folder = root / mount["mountPath"].lstrip("/")
+        folder.mkdir(parents=True, exist_ok=True)
+        volume = volumes[mount["name"]]
+        if "secret" in volume:
+            secret = one(manifests, "Secret", volume["secret"]["secretName"])
+            files = {k: base64.b64decode(v) for k, v in secret.get("data", {}).items()}
+            files |= {k: v.encode() for k, v in secret.get("stringData", {}).items()}
+            for name, content in files.items():
+                (folder / name).write_bytes(content)
+    python, *args = init["command"]
+    assert python == "python"
+    args = [str(root / a.lstrip("/")) if a.startswith("/etc/") else a for a in args]
+    done = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    mounts = {m["mountPath"]: m["name"] for m in container(sts)["volumeMounts"]}
+    conf = "/etc/nats/nats.conf"
+    assert sts["spec"]["template"]["spec"]["containers"][0]["args"] == ["--config", conf]
+    assert mounts["/etc/nats"] == "config" and "emptyDir" in volumes["config"]  # the init container's output
+    return (root / conf.lstrip("/")).read_text()
+
+
 def test_nats_keeps_jetstream_files_on_a_persistent_volume(manifests: list[dict]) -> None:
     (sts,) = find(manifests, "StatefulSet")
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     mounts = {m["name"]: m["mountPath"] for m in container(sts)["volumeMounts"]}
-    conf = one(manifests, "Secret", f"{RELEASE}-nats")["stringData"]["nats.conf"]
+    conf = one(manifests, "Secret", f"{RELEASE}-nats")["stringData"]["nats-base.conf"]
     store_dir = re.search(r"store_dir:\s*(\S+)", conf).group(1)
     assert store_dir.startswith(mounts[claim["metadata"]["name"]] + "/")
     assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
@@ -339,7 +370,7 @@ def test_nats_keeps_jetstream_files_on_a_persistent_volume(manifests: list[dict]
 
 def test_rendered_nats_config_is_accepted_by_nats_server(manifests: list[dict], tmp_path: Path) -> None:
     conf = tmp_path / "nats.conf"
-    conf.write_text(one(manifests, "Secret", f"{RELEASE}-nats")["stringData"]["nats.conf"])
+    conf.write_text(nats_conf_as_the_pod_makes_it(manifests, tmp_path / "pod"))
     done = subprocess.run(
         [nats_server_binary(), "--config", str(conf), "-t"],
         capture_output=True, text=True, timeout=30, env={"POD_NAME": f"{RELEASE}-nats-0"},
@@ -347,9 +378,12 @@ def test_rendered_nats_config_is_accepted_by_nats_server(manifests: list[dict], 
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_each_service_logs_in_to_nats_as_itself_from_a_secret(manifests: list[dict]) -> None:
+def test_each_service_logs_in_to_nats_as_itself_from_a_secret(manifests: list[dict], tmp_path: Path) -> None:
     """The bus is authenticated (libs/common/busauth.py): no anonymous user, each
-    service's password from its own key of the credentials Secret, hashed in nats.conf."""
+    service's nkey from its own key of the credentials Secret, and nats.conf lists
+    that key's public half with the service's permissions, no password."""
+    import base64
+
     from libs.common import busauth
 
     credentials = one(manifests, "Secret", f"{RELEASE}-bus-credentials")
@@ -357,11 +391,14 @@ def test_each_service_logs_in_to_nats_as_itself_from_a_secret(manifests: list[di
     for service in SERVICES:
         env = {e["name"]: e for e in container(deployment(manifests, service))["env"]}
         assert env["PAI_NATS_USER"]["value"] == service
-        assert env["PAI_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": f"{RELEASE}-bus-credentials", "key": service}
-    conf = one(manifests, "Secret", f"{RELEASE}-nats")["stringData"]["nats.conf"]
-    for user in busauth.ACCESS:
-        assert f'"user": "{user}", "password": "$2a$' in conf
-    assert "no_auth_user" not in conf
+        assert env["PAI_NATS_NKEY_SEED"]["valueFrom"]["secretKeyRef"] == {"name": f"{RELEASE}-bus-credentials", "key": service}
+        assert "PAI_NATS_PASSWORD" not in env
+    conf = nats_conf_as_the_pod_makes_it(manifests, tmp_path)
+    users = json.loads(conf.split("\nauthorization: ", 1)[1])["users"]
+    expected = {busauth.public_key(base64.b64decode(credentials["data"][u]).decode()): busauth.permissions_block(u)
+                for u in busauth.ACCESS}
+    assert {u["nkey"]: u["permissions"] for u in users} == expected
+    assert "password" not in json.dumps(users) and "no_auth_user" not in conf
 
 
 def test_external_nats_replaces_the_bundled_one(tools: KubeTools) -> None:
