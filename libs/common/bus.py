@@ -1146,6 +1146,8 @@ RESTORE_PAGE_BYTES = 2 * 1024 * 1024
 RESTORE_TIMEOUT_SECONDS = 60.0
 # How long one page's answer may take.
 RESTORE_PAGE_SECONDS = 5.0
+# How long a watch's stored entries may pause between two (readers that still watch).
+RESTORE_ENTRY_TIMEOUT_SECONDS = 5.0
 # The pager's consumer disappears this long after its reader died.
 RESTORE_CONSUMER_IDLE_SECONDS = 30.0
 
