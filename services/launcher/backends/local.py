@@ -515,16 +515,19 @@ class LocalBackend:
                 self._uids_to_release.discard(job)
         self._uids_to_release.difference_update(job for job in list(self._uids_to_release) if self.uids.get(job) is None)
 
-        for parent in self._cgroup_parents_v1:  # kept (the kernel refuses) while a task's cgroup is there
-            try:
-                os.rmdir(parent)
-            except OSError:
-                pass
     async def close(self) -> None:
         """Stop watching; running tasks carry on (a later `recover` re-adopts them)."""
         if self._closed:
             return
         self._closed = True
+        # The free cgroups of the pool (local_limits): shims still running put
+        # theirs back later, and the next launcher's close removes those.
+        local_limits.remove_pooled(self._cgroup_parents_v1)
+        for parent in self._cgroup_parents_v1:  # kept (the kernel refuses) while a task's cgroup is there
+            try:
+                os.rmdir(parent)
+            except OSError:
+                pass
         if self._sweeper is not None:
             self._sweeper.cancel()
             try:

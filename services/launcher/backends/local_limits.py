@@ -39,10 +39,25 @@ passes the bound. Between two looks a task may write more than its bound by
 what it writes in that time. Either way its exit says WorkDirQuotaExceeded.
 
 Which one is in force is reported in TaskRunning.detail ("limits: ...").
+
+A pool of v1 task cgroups: making and removing three cgroups per task (a
+memory cgroup above all: the kernel sets up and later tears down its per-cpu
+and per-node state) cost more than the rest of the bounds together. So a
+task's cgroups, once empty, are reset and renamed `.pool-...` in each
+hierarchy rather than removed, and the next task's shim renames a pooled set
+to its own slug instead of making one. A cgroup is always named by what it
+is: a task's slug while the task holds it (so the launcher's crash paths,
+which find a task's cgroups by slug, are unchanged), `.pool-...` while free
+(never listed as a task's: leftover_cgroups skips dot names). Renaming is
+atomic: of two shims that take the same pooled cgroup, one gets ENOENT and
+takes another. See claim_task_cgroups_v1 and TaskCgroup.release for what is
+reset, and when a cgroup is removed rather than pooled.
 """
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
 import shlex
 import signal
@@ -66,6 +81,14 @@ WORK_DIR_LOOK_SECONDS = 2.0
 # A look at a working directory stops after this many entries (a task that
 # makes millions of files is not walked whole every few seconds).
 WORK_DIR_LOOK_ENTRIES = 200_000
+# Free v1 task cgroups: `.pool-<memoryMB>m-<cpu>c-<pids>p-<unique>` (the
+# bounds they hold, so that a task with the same bounds rewrites none).
+POOL_PREFIX = ".pool-"
+# An ended task's memory cgroup still charged with more than this (page cache
+# of files it wrote, beyond the kernel's per-cpu charge batches of 64 pages)
+# is removed, not pooled: the next task would start with that charge, and its
+# peak would count it.
+POOL_MAX_CHARGED_BYTES = 1 * MIB + (os.cpu_count() or 1) * 64 * 4096
 
 
 def own_cgroup(cgroup_root: Path = CGROUP_ROOT) -> Path | None:
@@ -282,11 +305,15 @@ class TaskCgroup:
     """The cgroups of one task: v2, one directory; v1, one per hierarchy
     (memory, cpu, pids: V1_CONTROLLERS)."""
 
-    __slots__ = ("version", "dirs")
+    __slots__ = ("version", "dirs", "oom_base", "bounds")
 
-    def __init__(self, version: int, dirs: list[str]):
+    def __init__(self, version: int, dirs: list[str], oom_base: int = 0, bounds: str = ""):
         self.version = version
         self.dirs = dirs
+        # v1 cannot reset memory.oom_control's oom_kill: a pooled cgroup's
+        # count when its task took it (an OOM kill is one past it).
+        self.oom_base = oom_base
+        self.bounds = bounds  # v1: what its limits are set to (_bounds_tag)
 
     @property
     def procs_files(self) -> list[str]:
@@ -311,7 +338,7 @@ class TaskCgroup:
     def oom_killed(self) -> bool:
         if self.version == 2:
             return oom_killed(Path(self.dirs[0]))
-        return (_read_key(Path(self.dirs[0]) / "memory.oom_control", "oom_kill") or 0) > 0
+        return (_read_key(Path(self.dirs[0]) / "memory.oom_control", "oom_kill") or 0) > self.oom_base
 
     def peak_memory_mb(self) -> int | None:
         if self.version == 2:
@@ -332,6 +359,166 @@ class TaskCgroup:
             except OSError:
                 left = True
         return not left
+
+    def release(self) -> bool:
+        """Once its task has ended: v1 cgroups go back to the pool (reset,
+        renamed `.pool-...`; memory last, so that a set whose memory cgroup is
+        pooled is whole), or are removed when they may not be reused. False
+        while a process is still in them (the caller tries again later)."""
+        if self.version != 1 or len(self.dirs) != len(V1_CONTROLLERS) or not self.bounds:
+            return self.remove()
+        memory = self.dirs[0]
+        try:
+            if _read(f"{memory}/cgroup.procs").strip():
+                return False
+            if int(_read(f"{memory}/memory.usage_in_bytes")) > POOL_MAX_CHARGED_BYTES:
+                return self.remove()
+            # The next task's peak starts from what is charged now (at most
+            # the kernel's per-cpu batches, POOL_MAX_CHARGED_BYTES).
+            _write(f"{memory}/memory.max_usage_in_bytes", "0")
+        except (OSError, ValueError):
+            return self.remove()
+        name = f"{POOL_PREFIX}{self.bounds}-{os.getpid()}.{next(_pool_names)}"
+        done: list[str] = []
+        for d in (*self.dirs[1:], memory):
+            pooled = f"{d.rsplit('/', 1)[0]}/{name}"
+            try:
+                os.rename(d, pooled)
+            except OSError:  # taken away meanwhile (the launcher's cleanup), or the name exists
+                left = [x for x in self.dirs if x not in done]
+                moved = [f"{x.rsplit('/', 1)[0]}/{name}" for x in done]
+                return TaskCgroup(1, left + moved).remove()
+            done.append(d)
+        _pooled_here.append(name)
+        if len(_pooled_here) > _POOLED_HERE_KEPT:
+            del _pooled_here[0]  # (one another process took is found by listing the pool)
+        return True
+
+
+# Names of the cgroups this process put in the pool: tried first by its next
+# claims (most likely still free; no listing of the parent needed).
+_pooled_here: list[str] = []
+_POOLED_HERE_KEPT = 256
+_pool_names = itertools.count()
+
+
+def _bounds_tag(cpu: int, memory_mb: int, pids_max: int) -> str:
+    return f"{max(memory_mb, 0)}m-{max(cpu, 0)}c-{max(pids_max, 0)}p"
+
+
+def _pool_candidates(parent: str, bounds: str):
+    """Names of pooled cgroups to try: this process's own with the same
+    bounds (nothing to rewrite; most likely still free), then all of the
+    pool, those with the same bounds first."""
+    same = POOL_PREFIX + bounds + "-"
+    for i in range(len(_pooled_here) - 1, -1, -1):
+        if _pooled_here[i].startswith(same):
+            yield _pooled_here.pop(i)
+    try:
+        names = [entry.name for entry in os.scandir(parent) if entry.name.startswith(POOL_PREFIX)]
+    except OSError:
+        return
+    names.sort(key=lambda name: not name.startswith(same))
+    # Shims listing the pool at once start at different places in it.
+    start = os.getpid() % len(names) if names else 0
+    yield from names[start:]
+    yield from names[:start]
+
+
+def claim_task_cgroups_v1(
+    parents: list[str], slug: str, cpu: int, memory_mb: int, pids_max: int
+) -> TaskCgroup:
+    """A task's cgroups: a pooled set renamed to `slug` (memory first: its
+    rename decides between two shims after the same set), its bounds
+    rewritten where they differ; or, with none pooled, made anew
+    (create_task_cgroups_v1)."""
+    bounds = _bounds_tag(cpu, memory_mb, pids_max)
+    for name in _pool_candidates(parents[0], bounds):
+        memory = f"{parents[0]}/{slug}"
+        try:
+            os.rename(f"{parents[0]}/{name}", memory)
+        except FileExistsError:
+            break  # `slug` is there: a shim that claimed the task before died; made anew below
+        except OSError:
+            continue  # another shim took it first
+        dirs = [memory]
+        whole = True
+        for parent in parents[1:]:
+            path = f"{parent}/{slug}"
+            try:
+                os.rename(f"{parent}/{name}", path)
+            except OSError:
+                # Removed meanwhile (the launcher's cleanup) or `slug` already
+                # there: this hierarchy's cgroup made (or kept) and set anew.
+                whole = False
+                os.makedirs(path, exist_ok=True)
+                _remove_quietly(f"{parent}/{name}")
+            dirs.append(path)
+        cgroup = TaskCgroup(1, dirs, bounds=bounds)
+        try:
+            if not whole or not name.startswith(f"{POOL_PREFIX}{bounds}-"):
+                _set_bounds_v1(dirs, cpu, memory_mb, pids_max)
+            cgroup.oom_base = _oom_kills(memory)
+        except (OSError, ValueError):
+            cgroup.remove()
+            raise
+        return cgroup
+    return create_task_cgroups_v1(parents, slug, cpu, memory_mb, pids_max)
+
+
+def _set_bounds_v1(dirs: list[str], cpu: int, memory_mb: int, pids_max: int) -> None:
+    """Rewrite a pooled set's bounds (-1 / max: none)."""
+    memory, cpu_dir, pids = dirs
+    limit = str(memory_mb * MIB) if memory_mb > 0 else "-1"
+    try:
+        _write(f"{memory}/memory.limit_in_bytes", limit)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        # Raised past memory.memsw.limit_in_bytes, which may not be below it: that first.
+        _write(f"{memory}/memory.memsw.limit_in_bytes", limit)
+        _write(f"{memory}/memory.limit_in_bytes", limit)
+    try:
+        _write(f"{memory}/memory.memsw.limit_in_bytes", limit)
+    except FileNotFoundError:
+        pass  # swap not accounted
+    _write(f"{cpu_dir}/cpu.cfs_quota_us", str(cpu * _CPU_PERIOD_US) if cpu > 0 else "-1")
+    _write(f"{pids}/pids.max", str(pids_max) if pids_max > 0 else "max")
+
+
+def _oom_kills(memory: str) -> int:
+    for line in _read(f"{memory}/memory.oom_control").splitlines():
+        name, _, value = line.partition(" ")
+        if name == "oom_kill":
+            return int(value)
+    return 0
+
+
+def _read(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096).decode()
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def remove_pooled(parents: list[str]) -> None:
+    """Remove the free cgroups of the pool (the launcher, as it closes). A
+    shim taking one meanwhile gets ENOENT and takes another or makes one."""
+    for parent in parents:
+        try:
+            names = [entry.path for entry in os.scandir(parent) if entry.name.startswith(POOL_PREFIX)]
+        except OSError:
+            continue
+        for path in names:
+            _remove_quietly(path)
 
 
 def create_task_cgroups_v1(
@@ -365,7 +552,7 @@ def create_task_cgroups_v1(
     except OSError:
         TaskCgroup(1, made).remove()
         raise
-    return TaskCgroup(1, made)
+    return TaskCgroup(1, made, bounds=_bounds_tag(cpu, memory_mb, pids_max))
 
 
 def _write(path: str, text: str) -> None:

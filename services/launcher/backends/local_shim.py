@@ -158,7 +158,7 @@ class _Limits:
                 self.mode, fell_back = LIMITS_RLIMIT, f" (its cgroup could not be made: {exc.strerror})"
         elif self.mode == LIMITS_CGROUP_V1:
             try:
-                self.cgroup = local_limits.create_task_cgroups_v1(
+                self.cgroup = local_limits.claim_task_cgroups_v1(
                     spec.cgroupParents, spec.slug, spec.cpu, spec.memoryMB, self.pids_max
                 )
             except (OSError, ValueError) as exc:
@@ -246,7 +246,7 @@ class Shim:
         # shim's first task started, so a quick task is never looked at.
         self.next_watch = time.monotonic() + local_limits.WATCH_SECONDS
         self.next_disk_look = time.monotonic() + local_limits.WORK_DIR_LOOK_SECONDS
-        self.cgroups_left: list[local_limits.TaskCgroup] = []  # ended tasks' cgroups the kernel kept
+        self.cgroups_left: list[local_limits.TaskCgroup] = []  # ended tasks' cgroups not yet empty
         self.children_changed = True  # a SIGCHLD came since the last _reap: reap again
         self.childless = False
         wake_r, wake_w = os.pipe()
@@ -289,6 +289,7 @@ class Shim:
         if claimed is None:
             return
         files = TaskFiles(spec.taskPath)
+        limits: _Limits | None = None
         try:
             try:
                 limits = _Limits(spec)  # may make the task's cgroup: only once the task is ours
@@ -315,6 +316,8 @@ class Shim:
                     finishedAt=time.time(),
                 ),
             )
+            if limits is not None and limits.cgroup is not None and not limits.cgroup.release():
+                self.cgroups_left.append(limits.cgroup)
             return
         self.doorbell.ring(RUNNING_BELL + f"{spec.slug}\n{limits.detail}".encode())
 
@@ -427,7 +430,7 @@ class Shim:
                     self._read_feed()
         self._end_strays()
         for _ in range(20):  # what the kernel kept a moment longer (_finish)
-            self.cgroups_left = [cgroup for cgroup in self.cgroups_left if not cgroup.remove()]
+            self.cgroups_left = [cgroup for cgroup in self.cgroups_left if not cgroup.release()]
             if not self.cgroups_left:
                 break
             time.sleep(_RESWEEP_SECONDS)
@@ -551,7 +554,7 @@ class Shim:
         than its bound is ended (local_limits.work_dir_bytes)."""
         self.next_watch = now + local_limits.WATCH_SECONDS
         if self.cgroups_left:
-            self.cgroups_left = [cgroup for cgroup in self.cgroups_left if not cgroup.remove()]
+            self.cgroups_left = [cgroup for cgroup in self.cgroups_left if not cgroup.release()]
         look_at_disks = now >= self.next_disk_look
         if look_at_disks:
             self.next_disk_look = now + local_limits.WORK_DIR_LOOK_SECONDS
@@ -621,9 +624,10 @@ class Shim:
         del self.runs[run.pid]
         del self.ending[run.pid]
         self._write_exit(run.files, run.spec.slug, self._exit_record(run))
-        if run.limits.cgroup is not None and not run.limits.cgroup.remove():
-            # A process of it still on its way out (v1 may refuse the rmdir
-            # for a moment): tried again on the next look, and before we exit.
+        if run.limits.cgroup is not None and not run.limits.cgroup.release():
+            # A process of it still on its way out (v1 lists it, or refuses
+            # the rmdir, for a moment): tried again on the next look, and
+            # before we exit. (v1: back to the pool once empty: local_limits.)
             self.cgroups_left.append(run.limits.cgroup)
 
     def _exit_record(self, run: _Run) -> ExitRecord:
