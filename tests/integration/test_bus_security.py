@@ -19,7 +19,7 @@ from tests.integration.conftest import job_yaml
 FORGED_TOKEN = "forged-admin-token-from-a-task"
 
 # What a job could run: the NATS protocol by hand (no client library needed), first
-# without credentials, then with a guessed password, each time writing
+# without credentials, then with a guessed password, then a made-up nkey, each time writing
 # token.<sha256> = admin into pai_users; then what PAI_NATS_* it was given.
 PROBE = """
 import json, os, socket, sys
@@ -33,6 +33,7 @@ def attempt(login):
         return f.readline().decode().strip()
 print("ANONYMOUS", attempt({}))
 print("GUESSED", attempt({"user": "platform", "pass": "platform"}))
+print("FORGEDKEY", attempt({"nkey": "UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4", "sig": "AAAA"}))
 print("NATSENV", sorted(k for k in os.environ if k.startswith("PAI_NATS")) or "none")
 """
 
@@ -49,6 +50,7 @@ async def test_a_task_cannot_write_pai_users_nor_become_admin(platform):
 
     assert "ANONYMOUS -ERR 'Authorization Violation'" in output, output
     assert "GUESSED -ERR 'Authorization Violation'" in output, output
+    assert "FORGEDKEY -ERR 'Authorization Violation'" in output, output
     assert "NATSENV none" in output, output
 
     with pytest.raises(ApiError) as refused:
