@@ -47,7 +47,7 @@ import nats.errors
 
 from libs.common import exitspecs as exits
 from libs.common import ids, job_secrets, service
-from libs.common.bus import BATCH_MAX, load_all
+from libs.common.bus import BATCH_MAX, get_json, get_many, load_all, read_pages
 from libs.common.config import Config, load_config
 from libs.common.errors import NotFound, PaiError, Transient
 from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest
@@ -65,7 +65,7 @@ from libs.common.messages import (
 from libs.common.nodes import NodeHealthRecord
 from libs.common.protocol.masking import scrub_bytes, scrub_text
 from libs.common.protocol.render import render_secrets
-from libs.common.records import JobRecord, TaskRecord, encode_job_record
+from libs.common.records import JobRecord, TaskRecord, decode_job_record, encode_job_record
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.launcher import metrics
@@ -82,6 +82,14 @@ from services.launcher.core import (
     StartTask,
     StartTimer,
     from_message,
+)
+from services.launcher.core.finished import (
+    FinishedJob,
+    finished_job,
+    held_whole,
+    replay_since,
+    sheddable,
+    summary_of,
 )
 from services.launcher.core.held import HeldRunning, job_of
 from services.launcher.core.retention import due_for_pruning, task_keys
@@ -102,6 +110,14 @@ NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
 RUNNING_LINGER_SECONDS = 0.5
 # How long the backend's other reports may wait for company, under load (_commit_forever).
 COMMIT_DELAY_SECONDS = 0.01
+# A finished job's record is held whole this long after it finished (late events,
+# a first look at its logs), then as a `FinishedJob` (core/finished.py): memory
+# and restart time follow live work, not history. Below the event stream's
+# duplicate window, so the outboxes a restart publishes again are deduplicated.
+KEEP_FINISHED_SECONDS = 300.0
+# How long before the newest event of any record a restart still publishes a
+# finished job's outbox again (core/finished.py, replay_since).
+REPLAY_MARGIN_SECONDS = 30.0
 
 CONSUMED_KINDS = [
     Kind.JOB_SUBMITTED, Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_STOP_REQUESTED, Kind.TASK_VERDICT,
@@ -159,16 +175,79 @@ class LauncherShell:
         # job -> its opened secrets; only jobs whose commands reference one
         # are ever looked up (the others cost nothing).
         self._secrets: dict[str, dict] = {}
+        # Finished jobs whose records the core no longer holds (core/finished.py):
+        # read again from the bucket when one is needed whole.
+        self._finished: dict[str, FinishedJob] = {}
 
     async def restore(self) -> None:
-        records = await load_all(await self.ctx.bus.kv(Bucket.JOB_STATUS), JobRecord)
-        for record in records.values():
+        """Live jobs (and those finished moments ago) from pai_job_status, read in
+        pages (`bus.read_pages`); older finished ones as `FinishedJob`s. A finished
+        job is read whole again where the backend still knows a task of it, or
+        where its outbox may not have been published (core/finished.py)."""
+        kv = await self.ctx.bus.kv(Bucket.JOB_STATUS)
+        now = time.time()
+        whole: dict[str, JobRecord] = {}
+        summaries = {}
+        newest_at = 0.0
+        async for page in read_pages(kv):
+            for entry in page:
+                whole.pop(entry.key, None)
+                summaries.pop(entry.key, None)
+                if entry.value is None:
+                    continue
+                summary = summary_of(entry.value)
+                newest_at = max(newest_at, summary.newest_event_at)
+                if summary.state.is_final:
+                    summaries[entry.key] = summary
+                else:
+                    whole[entry.key] = decode_job_record(entry.value)
+        since = replay_since(newest_at, REPLAY_MARGIN_SECONDS)
+        again = [key for key, summary in summaries.items()
+                 if held_whole(summary, now=now, keep_seconds=KEEP_FINISHED_SECONDS, replay_since=since)]
+        whole.update(await get_many(kv, again, JobRecord))
+        self._finished = {s.job: finished_job(s) for key, s in summaries.items() if key not in whole}
+        del summaries
+        for record in whole.values():
             self.core.load(record)
         known = await self.backend.recover()
+        await self._read_whole(key.job for key in known)
         async with self.lock:
-            await self._execute(self.core.recover(set(known)))
-        log.info("restored %d jobs; backend knows %d tasks", len(records), len(known))
+            await self._execute(self.core.recover(set(known), replay_finished_since=since))
+            self._shed_finished()
+        log.info("restored %d jobs (%d finished ones held compactly); backend knows %d tasks",
+                 len(whole), len(self._finished), len(known))
         await self._end_tasks_on_nodes_lost_meanwhile()
+
+    async def _read_whole(self, jobs) -> None:
+        """Finished jobs held compactly that are needed whole (an event about one,
+        a task of one the backend knows): their records read again into the core."""
+        wanted = sorted({job for job in jobs if job in self._finished and self.core.job(job) is None})
+        if not wanted:
+            return
+        kv = await self.ctx.bus.kv(Bucket.JOB_STATUS)
+        found = await get_many(kv, [ids.job_key(job) for job in wanted], JobRecord)
+        for record in found.values():
+            self.core.load(record)
+        for job in wanted:
+            self._finished.pop(job, None)  # (a record gone from the bucket: deleted)
+
+    def _shed_finished(self) -> None:
+        """Finished jobs past KEEP_FINISHED_SECONDS leave the core for `FinishedJob`s (the lock held)."""
+        now = time.time()
+        for job in self.core.job_ids():
+            record = self.core.job(job)
+            if record is not None and sheddable(record, now=now, keep_seconds=KEEP_FINISHED_SECONDS):
+                self._finished[job] = finished_job(record)
+                self.core.forget(job)
+                self._secrets.pop(job, None)
+
+    async def _record(self, job: str) -> JobRecord | None:
+        """A job's record, whole: the core's, or read again for a finished job it no longer holds."""
+        record = self.core.job(job)
+        if record is None and job in self._finished:
+            found = await get_json(await self.ctx.bus.kv(Bucket.JOB_STATUS), ids.job_key(job), JobRecord)
+            record = found[0] if found is not None else None
+        return record
 
     async def _end_tasks_on_nodes_lost_meanwhile(self) -> None:
         """Tasks on a node the monitor holds lost are ended again at start: the
@@ -205,7 +284,7 @@ class LauncherShell:
     async def _delete_job(self, event: JobDeleted) -> None:
         """A finished job deleted: its task files and logs, then its record (pai_job_status).
         Idempotent: a redelivery, or one after a crash midway, finds what is left and removes it."""
-        record = self.core.job(event.job)
+        record = await self._record(event.job)
         if record is None:
             return
         if not record.state.is_final:  # rest deletes only finished jobs; a job never leaves a final state
@@ -222,6 +301,7 @@ class LauncherShell:
                 release(event.job)
         await (await self.ctx.bus.kv(Bucket.JOB_STATUS)).delete(ids.job_key(event.job))
         self.core.forget(event.job)
+        self._finished.pop(event.job, None)
         log.info("deleted %s (by %s): its record, task files and logs", event.job, event.by, extra={"job": event.job})
 
     async def pump_backend(self) -> None:
@@ -276,8 +356,8 @@ class LauncherShell:
 
     # -- secrets: opened here alone, filled in at start, scrubbed from what is shown --
 
-    def _job_uses_secrets(self, job: str) -> bool:
-        record = self.core.job(job)
+    async def _job_uses_secrets(self, job: str) -> bool:
+        record = await self._record(job)
         return record is not None and any(job_secrets.needs_secrets(role.commands) for role in record.spec.taskRoles)
 
     async def _job_secrets(self, job: str) -> dict:
@@ -290,7 +370,7 @@ class LauncherShell:
     async def _secret_values(self, job: str) -> list[str] | None:
         """What to scrub from a job's output: [] for a job without secrets,
         None when its secrets cannot be opened (then nothing of its output is shown)."""
-        if not self._job_uses_secrets(job):
+        if not await self._job_uses_secrets(job):
             return []
         try:
             return job_secrets.values_of(await self._job_secrets(job))
@@ -392,6 +472,7 @@ class LauncherShell:
         """One transaction for `turns` (the lock held); each turn ends with its outcome."""
         events = [event for turn in turns for event in turn.events]
         try:
+            await self._read_whole(job_of(event) for event in events)
             actions = self.core.handle(*events)
         except Exception as exc:  # noqa: BLE001 -- handed on to its caller, never swallowed
             if len(turns) == 1:
@@ -539,15 +620,24 @@ class LauncherShell:
                 await self.prune_once()
             except NATS_TROUBLE as exc:  # its record is written at the next sweep
                 log.warning("retention sweep: NATS trouble (%r); trying again at the next sweep", exc)
-            await asyncio.sleep(self.ctx.config.retention_sweep_seconds)
+            async with self.lock:
+                self._shed_finished()
+            await asyncio.sleep(min(self.ctx.config.retention_sweep_seconds, KEEP_FINISHED_SECONDS))
 
     async def prune_once(self) -> list[str]:
         """Remove the files of every finished job past the retention age; the jobs pruned."""
         prune = getattr(self.backend, "prune", None)
         if prune is None:  # a backend that keeps no files of its own (Kubernetes: the pods)
             return []
+        now, retention = time.time(), self.ctx.config.retention_finished_seconds
         records = [r for r in (self.core.job(j) for j in self.core.job_ids()) if r is not None]
-        due = due_for_pruning(records, now=time.time(), retention_seconds=self.ctx.config.retention_finished_seconds)
+        due = due_for_pruning(records, now=now, retention_seconds=retention)
+        held = [job for job, finished in self._finished.items() if finished.logsPrunedAt is None
+                and retention > 0 and now - finished.completedTime >= retention]
+        if held:
+            kv = await self.ctx.bus.kv(Bucket.JOB_STATUS)
+            due += [r for r in (await get_many(kv, [ids.job_key(job) for job in held], JobRecord)).values()
+                    if due_for_pruning([r], now=now, retention_seconds=retention)]
         for record in due:
             for key in task_keys(record):
                 await prune(key)
@@ -579,7 +669,7 @@ class LauncherShell:
         await self.ctx.bus.nc.subscribe(LOG_SUBJECT, queue="launcher", cb=answer)
 
     async def _read_log(self, req: LogRequest) -> bytes:
-        record = self.core.job(req.job)
+        record = await self._record(req.job)
         if record is None:
             raise NotFound(f"no job {req.job}")
         if record.logsPrunedAt is not None:

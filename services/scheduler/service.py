@@ -35,7 +35,7 @@ import msgspec
 import nats.errors
 
 from libs.common import ids, machine, service
-from libs.common.bus import load_all
+from libs.common.bus import load_all, read_pages
 from libs.common.config import Config, load_config
 from libs.common.errors import BadInput, Transient
 from libs.common.messages import (
@@ -43,6 +43,7 @@ from libs.common.messages import (
     JobDeleted,
     JobPlaced,
     JobReleased,
+    JobState,
     JobSubmitted,
     JobWaiting,
     NodeStatus,
@@ -112,6 +113,27 @@ def refresh_interval(waiting: int) -> float:
     return min(REFRESH_MAX_SECONDS, max(TICK_SECONDS, waiting / REFRESH_ENTRIES_PER_SECOND))
 
 
+class _State(msgspec.Struct):
+    state: JobState = JobState.WAITING  # the record leaves its defaults out
+
+
+_state_decoder = msgspec.json.Decoder(_State)
+
+
+async def live_launcher_records(kv, *, also: Iterable[str]) -> dict[str, LauncherRecord]:
+    """The launcher's records of unfinished jobs, and of the keys in `also`,
+    whatever their state: a finished job the scheduler does not hold changes
+    nothing in its restore (core/truth.py), so it is never decoded whole."""
+    wanted = set(also)
+    records: dict[str, LauncherRecord] = {}
+    async for page in read_pages(kv):
+        for entry in page:
+            records.pop(entry.key, None)
+            if entry.value and (entry.key in wanted or not _state_decoder.decode(entry.value).state.is_final):
+                records[entry.key] = msgspec.json.decode(entry.value, type=LauncherRecord)
+    return records
+
+
 class SchedulerShell:
     def __init__(self, ctx: ServiceContext, core: SchedulerCore, *, clock=time.monotonic):
         self.ctx = ctx
@@ -129,9 +151,11 @@ class SchedulerShell:
     async def restore(self) -> None:
         """Rebuild from pai_schedule, checked against the launcher's job documents
         (core/truth.py): stale placements free their cells, attempts the launcher
-        runs keep theirs."""
+        runs keep theirs. Both are read in pages; pai_schedule holds live jobs only,
+        and of pai_job_status, which also holds finished jobs, only the records of
+        live jobs and of those in pai_schedule are decoded whole."""
         stored = await load_all(await self.ctx.bus.kv(Bucket.SCHEDULE), ScheduleEntry)
-        launcher = await load_all(await self.ctx.bus.kv(Bucket.JOB_STATUS), LauncherRecord)
+        launcher = await live_launcher_records(await self.ctx.bus.kv(Bucket.JOB_STATUS), also=stored.keys())
         self._stored.update(stored)
         placed, queued, vcs = [], [], {}
         for entry in stored.values():

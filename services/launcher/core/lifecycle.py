@@ -106,6 +106,13 @@ ATTEMPT_STATE_AFTER = {
 }
 
 
+def _replayed(record: JobRecord, finished_since: float | None) -> bool:
+    """Whether `recover` publishes the record's outbox again."""
+    if finished_since is None or not record.state.is_final:
+        return True
+    return max((event.at for event in record.outbox), default=0.0) >= finished_since
+
+
 def describe_exit(code: int | None, spec: messages.ExitSpec | None) -> str:
     phrase = f" ({spec.phrase})" if spec is not None and spec.phrase else ""
     return f"exit code {code}{phrase}"
@@ -166,11 +173,15 @@ class LauncherCore:
     def job_ids(self) -> list[str]:
         return sorted(self._jobs)
 
-    def recover(self, known: set[TaskKey]) -> list[Action]:
+    def recover(self, known: set[TaskKey], *, replay_finished_since: float | None = None) -> list[Action]:
         """Reconcile the records with the task keys the backend still knows, after a restart.
 
         - the publications of each job's last change are published again (the
           launcher may have stopped between saving a record and publishing);
+          a finished job's only when its newest is at or after
+          `replay_finished_since` (when given): only the last transaction before
+          a crash can be unpublished, so an older finished job's state changes are
+          not announced again;
         - a live task the backend does not know: recorded RUNNING (or killed) -> reported
           lost (exit code -1001, platform reason "Lost"); ordered to start but never
           started -> started now, once;
@@ -179,7 +190,12 @@ class LauncherCore:
         - a task the backend knows but no record mentions -> killed;
         - a pending backoff -> its timer is started again.
         """
-        replays: list[Action] = [Publish(event=event) for job in sorted(self._jobs) for event in self._jobs[job].outbox]
+        replays: list[Action] = [
+            Publish(event=event)
+            for job in sorted(self._jobs)
+            if _replayed(self._jobs[job], replay_finished_since)
+            for event in self._jobs[job].outbox
+        ]
         actions = self._transaction(lambda: self._recover(known))
         saves = [a for a in actions if isinstance(a, SaveJob)]
         return saves + replays + [a for a in actions if not isinstance(a, SaveJob)]

@@ -23,9 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -45,7 +46,7 @@ from libs.common.alerts_messages import (
     Outcome,
     Problem,
 )
-from libs.common.bus import load_all
+from libs.common.bus import load_all, read_pages
 from libs.common.config import Config
 from libs.common.errors import Transient
 from libs.common.ids import EventId, JobId, NodeName, VcName
@@ -101,6 +102,18 @@ NATS_TROUBLE = (nats.errors.Error, asyncio.TimeoutError, OSError, Transient)
 
 _sample_decoder = msgspec.json.Decoder(NodeSample)
 _record_decoder = msgspec.json.Decoder(JobRecord)
+# A final job's view is kept this long (the alert core's own `_job_forget_at`):
+# a restore leaves out the records of those finished longer ago.
+FINAL_JOB_KEPT_SECONDS = 7 * 86400
+
+
+class _RecordTimes(msgspec.Struct):
+    state: JobState = JobState.WAITING  # the record leaves its defaults out
+    createdTime: float = 0.0
+    completedTime: float | None = None
+
+
+_times_decoder = msgspec.json.Decoder(_RecordTimes)
 _request_decoder = msgspec.json.Decoder(AlertsRequest)
 _schedule_decoder = msgspec.json.Decoder(ScheduleEntry)
 
@@ -134,7 +147,17 @@ def reading_of(sample: NodeSample) -> NodeReading:
 
 
 def job_view_of(record: JobRecord) -> JobView:
-    """A job as the launcher recorded it, for a restarted monitor."""
+    """A job as the launcher recorded it, for a restarted monitor. A finished job's
+    view keeps what rules read of it (its state, when and why it failed), not its
+    placement or mail settings: it never runs or changes state again."""
+    if record.state.is_final:
+        failed = record.state is JobState.FAILED
+        return JobView(
+            job=record.job, user=sys.intern(record.user), vc=sys.intern(record.vc), state=record.state,
+            attempt=record.attempt, waitingSince=record.createdTime,
+            failedAt=record.completedTime if failed else None,
+            exitSpec=record.appExitSpec if failed else None, exitCode=record.appExitCode if failed else None,
+        )
     current = record.attempts[-1] if record.attempts else None
     tasks = current.tasks if current else []
     failed = record.state is JobState.FAILED
@@ -179,11 +202,12 @@ class AlertShell:
         self.core.restore(alerts, groups)
         self.written = {a.fingerprint: a for a in alerts}
         reasons = await self._waiting_reasons()
-        for record in await self._job_records():
-            view = job_view_of(record)
-            if view.state is JobState.WAITING:
-                view.waitingReason = reasons.get((view.job, view.attempt), "")
-            self.core.restore_job(view)
+        async for records in self._job_records(since=self.clock() - FINAL_JOB_KEPT_SECONDS):
+            for record in records:
+                view = job_view_of(record)
+                if view.state is JobState.WAITING:
+                    view.waitingReason = reasons.get((view.job, view.attempt), "")
+                self.core.restore_job(view)
         log.info("alerts: %d rule(s), %d stored alert(s), %d job(s) restored",
                  len(self.core.rules.rules), len(alerts), len(self.core.jobs))
         requests = await bus.nc.subscribe(ALERTS_SUBJECT, queue=ALERTS_QUEUE)
@@ -309,7 +333,8 @@ class AlertShell:
 
     async def build_report(self, start: float, end: float) -> dict:
         readings = await self._node_readings()
-        return build_report(await self._job_records(), readings, start=start, end=end)
+        records = [record async for page in self._job_records(since=start) for record in page]
+        return build_report(records, readings, start=start, end=end)
 
     async def _mail_report(self, report: dict, now: float) -> bool:
         if not self.settings.admins:
@@ -476,15 +501,26 @@ class AlertShell:
                 reasons[(entry.job, entry.attempt)] = entry.reason
         return reasons
 
-    async def _job_records(self) -> list[JobRecord]:
+    async def _job_records(self, *, since: float) -> AsyncIterator[list[JobRecord]]:
+        """The launcher's records, a page at a time (`read_pages`), less those of
+        jobs finished before `since` (never decoded whole). A key written again
+        while the read goes on comes twice: a restore keeps the first view of a
+        job, and the events after it bring it on."""
         kv = await self.ctx.bus.kv(Bucket.JOB_STATUS)
-        records = []
-        for key, raw in (await load_all(kv, msgspec.Raw)).items():
-            try:
-                records.append(_record_decoder.decode(raw))
-            except (msgspec.DecodeError, msgspec.ValidationError) as error:  # the launcher's; skip, say so
-                log.warning("skipping job record %s: %s", key, error)
-        return records
+        oldest = since
+        async for page in read_pages(kv):
+            records = []
+            for entry in page:
+                if entry.value is None:
+                    continue
+                try:
+                    times = _times_decoder.decode(entry.value)
+                    if times.state.is_final and (times.completedTime or times.createdTime) < oldest:
+                        continue
+                    records.append(_record_decoder.decode(entry.value))
+                except (msgspec.DecodeError, msgspec.ValidationError) as error:  # the launcher's; skip, say so
+                    log.warning("skipping job record %s: %s", entry.key, error)
+            yield records
 
     # --- services ---------------------------------------------------------------------
 
