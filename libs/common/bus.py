@@ -1242,8 +1242,17 @@ async def _restore_consumer(kv: KeyValue, subjects: str, after: int, headers_onl
 async def _next_page(puller: _Puller, kv: KeyValue, pending: int, headers_only: bool) -> tuple[list[KvEntry], int]:
     """The next page, and how many entries wait after it."""
     most = min(RESTORE_PAGE_ENTRIES, pending)
-    await puller._request({"batch": most, "no_wait": True, "max_bytes": RESTORE_PAGE_BYTES})
-    msgs = await puller._answer(most, RESTORE_PAGE_SECONDS)
+    msgs: list[Received] = []
+    # A full answer may still be followed by the status that ends its request,
+    # which would end the next answer at once: that one is asked again.
+    for _ in range(3):
+        waiting = puller._received.items
+        while waiting and waiting[0] is _ANSWER_ENDED:
+            waiting.popleft()
+        await puller._request({"batch": most, "no_wait": True, "max_bytes": RESTORE_PAGE_BYTES})
+        msgs = await puller._answer(most, RESTORE_PAGE_SECONDS)
+        if msgs:
+            break
     if not msgs:
         return [], pending
     cut = len(kv._pre)
