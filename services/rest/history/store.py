@@ -78,15 +78,18 @@ def _row(op: Upsert) -> dict[str, Any]:
 
 
 async def apply(connection: AsyncConnection, ops: Iterable[Operation]) -> None:
-    """Run the operations on `connection` (inside the caller's transaction), in order.
+    """Run the operations on `connection` (inside the caller's transaction).
 
-    Consecutive upserts of one shape go to the database as one executemany."""
-    group: list[Upsert] = []
+    Upserts of one shape go to the database as one executemany each: their results
+    do not depend on their order across shapes (the sequence guards; inserts of
+    event rows are independent), and within a shape the order is kept. A Delete is
+    a barrier: what comes before it is applied before it, what comes after, after."""
+    groups: dict[tuple, list[Upsert]] = {}
 
     async def flush() -> None:
-        if group:
+        for group in groups.values():
             await connection.execute(_upsert_statement(connection, group[0]), [_row(op) for op in group])
-            group.clear()
+        groups.clear()
 
     for op in ops:
         if isinstance(op, Delete):
@@ -97,9 +100,7 @@ async def apply(connection: AsyncConnection, ops: Iterable[Operation]) -> None:
                 where.append(table.c[op.seq_column] < op.before_seq)
             await connection.execute(sa.delete(table).where(*where))
             continue
-        if group and _shape(group[0]) != _shape(op):
-            await flush()
-        group.append(op)
+        groups.setdefault(_shape(op), []).append(op)
     await flush()
 
 
