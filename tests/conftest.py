@@ -23,8 +23,10 @@ SHARED = REPO.parent / "shared"
 # of its own (anyone may pass through it, as /tmp), set before anything asks for one
 # and inherited by the services the tests start, so the work roots of this session,
 # and only those, go with it: two sessions on one machine no longer remove each
-# other's working directories.
-_SESSION_TEMP = Path(tempfile.mkdtemp(prefix="pai-tests-", dir="/tmp" if Path("/tmp").is_dir() else None))
+# other's working directories. It is under /var/tmp, not /tmp: a task run as a
+# user of its own gets a /tmp of its own (local_namespaces), so files a test shares
+# with its tasks (start logs, markers) must lie elsewhere, as a user's would.
+_SESSION_TEMP = Path(tempfile.mkdtemp(prefix="pai-tests-", dir="/var/tmp" if Path("/var/tmp").is_dir() else None))
 _SESSION_TEMP.chmod(0o755)
 os.environ["TMPDIR"] = str(_SESSION_TEMP)
 tempfile.tempdir = str(_SESSION_TEMP)
