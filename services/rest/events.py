@@ -404,7 +404,8 @@ async def _catch_up(request: web.Request, response: web.StreamResponse, hub: Eve
 async def _tell_to_reconnect(response: web.StreamResponse, cursor: int) -> None:
     note = {"message": "this stream fell too far behind; reconnect with the last event id you received",
             "lastEventId": cursor - 1}
-    await response.write(f"event: reconnect\ndata: {json.dumps(note)}\n\n".encode())
+    # With the id, an EventSource (and the portal, and `pai watch`) resumes from it by itself.
+    await response.write(f"id: {cursor - 1}\nevent: reconnect\ndata: {json.dumps(note)}\n\n".encode())
 
 
 def _gone(request: web.Request) -> bool:
