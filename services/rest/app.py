@@ -46,7 +46,8 @@ from services.rest.identity import core as identity_core
 from services.rest.identity import routes as identity_routes
 from services.rest.identity import store as identity_store
 from services.rest import alerts as alert_routes
-from services.rest import deletion, jobs_api, portal_routes, quotas
+from services.rest import deletion, history_reads, jobs_api, portal_routes, quotas
+from services.rest.history import query as history_query
 from services.rest.history import wiring as history
 from services.rest.log_stream import log_response
 from services.rest.records import SubmittedJob
@@ -212,6 +213,9 @@ async def _take_job(request: web.Request) -> web.Response:
         warnings=parsed.warnings,
         submittedAt=time.time(),
     )
+    if await history_reads.holds(request, jid):  # finished, its live records gone: the name is still taken
+        raise Conflict(f"job {jid} already exists (finished; kept in the job history); job names are unique per "
+                       "user: delete it first, or submit under another name")
     refused = deletion.name_reuse_refusal(ctx, request.app.get(jobs_api.INDEX), jid, record.submittedAt)
     if refused is not None:  # the name of a job deleted within the event stream's duplicate window
         raise refused
@@ -267,7 +271,12 @@ async def get_job(request: web.Request) -> web.Response:
 
 
 async def get_job_attempts(request: web.Request) -> web.Response:
-    sub, rec, _ = await jobs_api.read_job(request, jobs_api.job_param(request))
+    jid = jobs_api.job_param(request)
+    try:
+        sub, rec, _ = await jobs_api.read_job(request, jid)
+    except NotFound as gone:  # finished and expired from the buckets: the history database has it
+        engine = await jobs_api.from_history(request, jid, "read the attempts of", gone)
+        return jobs_api.json_response(jobs_api.history_attempts(await history_query.job_attempts(engine, jid)))
     jobs_api.require_owner_or_admin(request, sub, "read the attempts of")
     return jobs_api.json_response(views.job_attempts(rec))
 

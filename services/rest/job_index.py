@@ -22,8 +22,9 @@ decoded records and documents).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -124,9 +125,83 @@ class IndexedJob(msgspec.Struct, kw_only=True, gc=False):
         return _RECORD.decode(self.stored)
 
 
+class _Order:
+    """The jobs in one row field's order, kept sorted as rows change (bisect, no re-sort):
+    rows with the field ascending by (value, job id), rows without it by job id. Descending
+    is the first part read backwards, then the second (jobs_api.order_jobs: unset last)."""
+
+    def __init__(self, field: str, rows: Iterator[tuple[str, Any]]) -> None:
+        self.field = field
+        self.present: list[tuple[Any, str, str]] = []  # (value, job id, KV key)
+        self.missing: list[tuple[str, str]] = []  # (job id, KV key)
+        for key, row in rows:
+            entry = self._entry(key, row)
+            (self.present if len(entry) == 3 else self.missing).append(entry)  # type: ignore[arg-type]
+        self.present.sort()
+        self.missing.sort()
+
+    def _entry(self, key: str, row: Any) -> tuple:
+        value = getattr(row, self.field)
+        return (row.debugId, key) if value is None else (value, row.debugId, key)
+
+    def add(self, key: str, row: Any) -> None:
+        entry = self._entry(key, row)
+        bisect.insort(self.present if len(entry) == 3 else self.missing, entry)  # type: ignore[type-var]
+
+    def remove(self, key: str, row: Any) -> None:
+        entry = self._entry(key, row)
+        rows: list = self.present if len(entry) == 3 else self.missing
+        at = bisect.bisect_left(rows, entry)
+        if at < len(rows) and rows[at] == entry:
+            del rows[at]
+
+    def keys(self, descending: bool) -> list[str] | Iterator[str]:
+        present = reversed(self.present) if descending else iter(self.present)
+        yield from (entry[2] for entry in present)
+        yield from (entry[1] for entry in self.missing)
+
+
+class OrderedView:
+    """The index's (submission brief, row) pairs in one order, read lazily: a page is a
+    slice of the sorted keys (jobs_api.select_jobs), not a copy of every row."""
+
+    def __init__(self, index: JobIndex, order: _Order, descending: bool) -> None:
+        self.index, self.order, self.descending = index, order, descending
+
+    def __len__(self) -> int:
+        return len(self.order.present) + len(self.order.missing)
+
+    def _pair(self, key: str) -> tuple[Any, Any]:
+        job = self.index.jobs[key]
+        return job.brief, job.row
+
+    def __iter__(self):
+        for key in self.order.keys(self.descending):
+            yield self._pair(key)
+
+    def __getitem__(self, part: slice) -> list[tuple[Any, Any]]:
+        start, stop, _ = part.indices(len(self))
+        present, missing = self.order.present, self.order.missing
+        out = []
+        for i in range(start, stop):
+            if i < len(present):
+                entry = present[len(present) - 1 - i] if self.descending else present[i]
+                out.append(self._pair(entry[2]))
+            else:
+                out.append(self._pair(missing[i - len(present)][1]))
+        return out
+
+
 class JobIndex:
     def __init__(self) -> None:
         self.jobs: dict[str, IndexedJob] = {}  # by KV key user.name
+        # Keys whose row the history database may not have as it is here (changed since it was
+        # last found equal there, or deleted): the list overlays them on the database's page.
+        self.unsettled: set[str] = set()
+        # The orders asked for so far, kept sorted through every change (and the row maker
+        # they were built with: jobs_api.job_row over the briefs).
+        self._orders: dict[str, _Order] = {}
+        self._make_row: Callable[[IndexedJob], Any] | None = None
         # Keys of submissions not yet marked published (their JobSubmitted may not be on the bus).
         self.unpublished: set[str] = set()
         # Status and schedule documents may arrive before their submission.
@@ -156,6 +231,31 @@ class JobIndex:
         self._memo[key] = (self.version, value)
         return value
 
+    def ordered(self, field: str, descending: bool, make_row: Callable[[IndexedJob], Any]) -> OrderedView:
+        """Every job in the order of the row field `field`; sorted once, then kept sorted."""
+        order = self._orders.get(field)
+        if order is None:
+            self._make_row = make_row
+            for job in self.jobs.values():
+                if job.row is None:
+                    job.row = make_row(job)
+            order = self._orders[field] = _Order(field, ((key, job.row) for key, job in self.jobs.items()))
+        return OrderedView(self, order, descending)
+
+    def _unlist(self, key: str, job: IndexedJob | None) -> None:
+        """Take the job's current row out of the kept orders (before it changes)."""
+        if job is not None and self._orders and job.row is not None:
+            for order in self._orders.values():
+                order.remove(key, job.row)
+
+    def _relist(self, key: str, job: IndexedJob) -> None:
+        """Put the job's new row into the kept orders (after it changed)."""
+        job.row = None
+        if self._orders and self._make_row is not None:
+            job.row = self._make_row(job)
+            for order in self._orders.values():
+                order.add(key, job.row)
+
     # --- applying one KV entry (pure; the watches call these) -------------------------------
 
     def get(self, key: str) -> IndexedJob | None:
@@ -165,10 +265,14 @@ class JobIndex:
         """The submission of `key` as stored in pai_jobs (raises msgspec.DecodeError when unreadable)."""
         brief = _SUBMISSION.decode(stored)
         self.purged.pop(key, None)
-        self._count(self.jobs.get(key), -1)
+        old = self.jobs.get(key)
+        self._count(old, -1)
+        self._unlist(key, old)
         self._count_bytes(brief.user, 1, len(stored))
-        self.jobs[key] = IndexedJob(brief=brief, stored=stored, status=self._status.get(key),
-                                    schedule=self._schedule.get(key))
+        self.jobs[key] = job = IndexedJob(brief=brief, stored=stored, status=self._status.get(key),
+                                          schedule=self._schedule.get(key))
+        self._relist(key, job)
+        self.unsettled.add(key)
         if brief.published:
             self.unpublished.discard(key)
         else:
@@ -186,6 +290,14 @@ class JobIndex:
         job = self.jobs.pop(key, None)
         if job is not None:
             self._count(job, -1)
+            self._unlist(key, job)
+            finished = job.status is not None and job.status.state.is_final
+            if key in self.purged or not finished:
+                # Deleted by its owner, or an unfinished job's record gone: the history may
+                # still list it, the list's overlay hides it.
+                self.unsettled.add(key)
+            else:  # a finished job's records expired from the buckets: the history has it
+                self.unsettled.discard(key)
             self.version += 1
 
     def _count(self, job: IndexedJob | None, sign: int) -> None:
@@ -206,8 +318,10 @@ class JobIndex:
             store[key] = value
         job = self.jobs.get(key)
         if job is not None:
+            self._unlist(key, job)
             setattr(job, field, value)
-            job.row = None
+            self._relist(key, job)
+            self.unsettled.add(key)
             self.version += 1
 
     # --- the watches ---------------------------------------------------------------------
@@ -242,6 +356,8 @@ class JobIndex:
         self.usage.clear()
         self.purged.clear()
         self.unpublished.clear()
+        self.unsettled.clear()
+        self._orders.clear()
         self._status.clear()
         self._schedule.clear()
         self._memo.clear()

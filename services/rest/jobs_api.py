@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.metadata
+import logging
 import re
 import time
 from typing import Any, Literal
@@ -22,6 +23,8 @@ from typing import Any, Literal
 import msgspec
 import nats.js.errors
 from aiohttp import web
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from libs.common import ids
 from libs.common.bus import all_keys, get_json
@@ -35,7 +38,11 @@ from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
 from services.rest import capacity, deletion, intake, quotas, views
-from services.rest.job_index import JobIndex, SubmissionBrief
+from services.rest.history import overlay
+from services.rest.history import query as history_query
+from services.rest.history import store as history_store
+from services.rest.history.wiring import HISTORY
+from services.rest.job_index import IndexedJob, JobIndex, SubmissionBrief
 from services.rest.records import SubmittedJob
 from services.rest.log_stream import log_response
 from services.rest.request import USER, bad_field, ctx_of, read_json_object
@@ -54,6 +61,14 @@ DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 10_000
 TAG_UPDATE_ATTEMPTS = 5
 FALLBACK_READS_IN_FLIGHT = 64  # jobs read at once while the index loads
+# The list reads the history database while the index holds at most this many rows newer
+# than it (laid over its page); more (the projection far behind), the index answers alone.
+MAX_OVERLAY = 5000
+# How often rest compares its unsettled rows with the database's, and how many at once.
+SETTLE_SECONDS = 0.5
+SETTLE_BATCH = 1000
+
+log = logging.getLogger("pai.rest.jobs")
 
 
 # --- response shapes ----------------------------------------------------------------------
@@ -206,7 +221,14 @@ async def read_job(request: web.Request, jid: str) -> tuple[SubmittedJob, JobRec
     index = request.app.get(INDEX)
     indexed = index.get(ids.job_key(jid)) if index is not None and index.ready else None
     if indexed is None:
-        sub, _, rec, sched = await load_job(ctx_of(request), jid)
+        try:
+            sub, _, rec, sched = await load_job(ctx_of(request), jid)
+        except NotFound:  # a finished job whose live records left the buckets: from the history
+            from services.rest import history_reads  # (late: it imports the history's wiring)
+            found = await history_reads.read(request, jid)
+            if found is None:
+                raise
+            return found[0], found[1], None
         return sub, rec, sched
     got = await get_json(await ctx_of(request).bus.kv(Bucket.JOB_STATUS), ids.job_key(jid), JobRecord)
     return indexed.record(), got[0] if got else None, indexed.schedule
@@ -350,8 +372,22 @@ async def _change_tags(request: web.Request, change) -> web.Response:
         index = request.app.get(INDEX)
         if index is not None:
             index.put_submission(key, changed)
+        await _tags_to_history(request, jid, tags)
         return json_response(Message(message=message))
     raise Transient(f"the record of {jid} kept changing; try again")
+
+
+async def _tags_to_history(request: web.Request, jid: str, tags: list[str]) -> None:
+    """The history's copy of the tags (the tags filter reads it). Not reached (database
+    away, or the job not projected yet): the list's settling writes them later
+    (`settle_once`), as the index's row differs from the database's until then."""
+    engine = history_engine(request)
+    if engine is None:
+        return
+    try:
+        await history_store.set_tags(engine, jid, tags)
+    except (SQLAlchemyError, OSError) as exc:
+        log.warning("tags of %s not written to the history database yet (%r)", jid, exc)
 
 
 def _add_tag(tags: list[str], tag: str, jid: str) -> tuple[list[str], str]:
@@ -394,8 +430,8 @@ async def delete_job(request: web.Request) -> web.Response:
     await deletion.remove_records(ctx, jid, sub.submittedAt)  # at once; the event makes every owner do its part
     index = request.app.get(INDEX)
     if index is not None:
-        index.delete_submission(ids.job_key(jid))  # gone from this replica's list before the answer
-        index.purged[ids.job_key(jid)] = time.time()  # and its name held (the watch brings the purge's own time)
+        index.purged[ids.job_key(jid)] = time.time()  # its name held (the watch brings the purge's own time)
+        index.delete_submission(ids.job_key(jid))  # and gone from this replica's list before the answer
     return json_response(Message(message=f"deleted {jid}: its records, logs and files are being removed"))
 
 
@@ -439,16 +475,74 @@ def _ms(t: float) -> int:
     return int(t * 1000)
 
 
+async def from_history(request: web.Request, jid: str, what: str, gone: NotFound) -> AsyncEngine:
+    """The history database for a job whose live records are gone (finished, expired from
+    the buckets), after the same owner-or-admin check; `gone` again when it has not the job."""
+    engine = history_engine(request)
+    if engine is None:
+        raise gone
+    try:
+        row = await history_query.get_job(engine, jid)
+    except (SQLAlchemyError, OSError):
+        raise gone from None
+    if row is None:
+        raise gone
+    user = request[USER]
+    if not (user.admin or user.username == row["username"]):
+        raise Forbidden(f"only {row['username']} or an admin may {what} {jid}")
+    return engine
+
+
 async def get_job_events(request: web.Request) -> web.Response:
-    sub, rec, sched = await read_job(request, job_param(request))
+    jid = job_param(request)
+    wanted = request.query.get("type")
+    if wanted is not None and wanted not in ("Normal", "Warning"):
+        raise bad_field("type", "enum", f"type is Normal or Warning, got {wanted[:40]!r}")
+    try:
+        sub, rec, sched = await read_job(request, jid)
+    except NotFound as gone:
+        engine = await from_history(request, jid, "read the events of", gone)
+        stored = await history_query.job_events(engine, jid, type_=wanted)
+        return json_response(JobEvents(data=msgspec.convert(stored, list[JobEvent])))
     require_owner_or_admin(request, sub, "read the events of")
     events = job_events(sub, rec, waiting_reason(rec, sched), time.time())
-    wanted = request.query.get("type")
     if wanted is not None:
-        if wanted not in ("Normal", "Warning"):
-            raise bad_field("type", "enum", f"type is Normal or Warning, got {wanted[:40]!r}")
         events = [e for e in events if e.type == wanted]
     return json_response(JobEvents(data=events))
+
+
+def history_attempts(stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history's attempts (query.job_attempts: oldest first, every task attempt) in
+    GET /api/v2/jobs/{id}/job-attempts' shape (views.job_attempts): newest first, each
+    task's last attempt with the earlier ones under taskAttempts (pure)."""
+    out = []
+    latest = max((a["attemptIndex"] for a in stored), default=0)
+    for attempt in reversed(stored):
+        roles: dict[str, list[dict[str, Any]]] = {}
+        tasks: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for task in attempt["tasks"]:
+            tasks.setdefault((task["taskRoleName"], task["taskIndex"]), []).append(task)
+        for (role, index), tried in tasks.items():
+            last = tried[-1]
+            roles.setdefault(role, []).append({
+                "taskIndex": index, "taskState": last["taskState"], "retries": last["taskAttempt"],
+                "containerNodeName": last["containerNodeName"], "containerExitCode": last["containerExitCode"],
+                "containerExitSpec": None if last["containerExitSpecCode"] is None else {
+                    "code": last["containerExitSpecCode"], "phrase": last["containerExitPhrase"]},
+                "launchedTime": last["launchedTime"], "completedTime": last["completedTime"],
+                "taskAttempts": [{"taskAttempt": t["taskAttempt"], "state": t["taskState"],
+                                  "node": t["containerNodeName"], "exitCode": t["containerExitCode"],
+                                  "launchedTime": t["launchedTime"], "completedTime": t["completedTime"]}
+                                 for t in tried[:-1]],
+            })
+        out.append({
+            "attemptIndex": attempt["attemptIndex"], "isLatest": attempt["attemptIndex"] == latest,
+            "state": attempt["state"], "createdTime": attempt["createdTime"], "launchedTime": attempt["launchedTime"],
+            "completedTime": attempt["completedTime"], "exitCode": attempt["exitCode"],
+            "exitSpec": None if attempt["exitPhrase"] is None else {"phrase": attempt["exitPhrase"]},
+            "taskRoles": roles, "fromHistory": True,
+        })
+    return out
 
 
 # --- the cluster: info, sku types, one VC, nodes -----------------------------------------
@@ -682,23 +776,61 @@ async def _rows_from_buckets(ctx: ServiceContext, query: ListQuery) -> list[tupl
     return [got for got in await asyncio.gather(*(one(k) for k in keys)) if got is not None]
 
 
-def _ordered_from_index(index: JobIndex, field: str, descending: bool) -> list[tuple[Listed, JobRow]]:
-    """The index's jobs in this order, sorted once per change of the index (lists far outnumber changes)."""
+def _indexed_row(job: IndexedJob) -> JobRow:
+    return job_row(job.brief, job.status, job.schedule)
 
-    def build() -> list[tuple[Listed, JobRow]]:
-        jobs = []
-        for job in index.jobs.values():
-            if job.row is None:
-                job.row = job_row(job.brief, job.status, job.schedule)
-            jobs.append((job.brief, job.row))
-        return order_jobs(jobs, field, descending)
 
-    return index.memo(("order", field, descending), build)
+def _ordered_from_index(index: JobIndex, field: str, descending: bool):
+    """The index's (brief, row) pairs in this order: sorted once, then kept sorted through
+    every change (job_index.OrderedView: a page reads a slice, not every row)."""
+    return index.ordered(field, descending, _indexed_row)
+
+
+def history_engine(request: web.Request) -> AsyncEngine | None:
+    history = request.app.get(HISTORY)
+    return history.engine if history is not None else None
+
+
+def _order_rows(field: str, descending: bool) -> Any:
+    return lambda rows: [row for _, row in order_jobs([(None, row) for row in rows], field, descending)]
+
+
+async def _list_from_history(engine: AsyncEngine, index: JobIndex, query: ListQuery) -> tuple[int, list[JobRow]]:
+    """The page from the history database, with the index's rows of jobs the database may
+    not have as they are now laid over it (services/rest/history/overlay.py): a job just
+    submitted, or just changed, shows at its latest state; a job just deleted does not show."""
+    keys = list(index.unsettled)
+    overlaid = []
+    for key in keys:
+        job = index.jobs.get(key)
+        if job is None:
+            continue
+        if job.row is None:
+            job.row = _indexed_row(job)
+        if _matches(query, job.brief, job.row):
+            overlaid.append(job.row)
+    start, count = overlay.window(query.offset, query.limit, len(overlaid))
+    found = history_query.JobFilter(
+        user=query.username, vc=query.vc, states=query.states, keyword=query.keyword, tags_any=query.tags_any,
+        tags_none=query.tags_none, order_field=query.order_field, descending=query.descending, offset=start,
+        limit=count)
+    total, rows = await history_query.list_jobs(engine, found, excluding={ids.job_id_from_key(k) for k in keys})
+    db_rows = [msgspec.convert(row, JobRow) for row in rows]
+    page = overlay.page(db_rows, start, overlaid, query.offset, query.limit,
+                        _order_rows(query.order_field, query.descending))
+    return (total or 0) + len(overlaid), page
 
 
 async def list_jobs(request: web.Request) -> web.Response:
     query = parse_list_query(request.query)
     index = request.app.get(INDEX)
+    engine = history_engine(request)
+    if engine is not None and index is not None and index.ready and len(index.unsettled) <= MAX_OVERLAY:
+        try:
+            total, page = await _list_from_history(engine, index, query)
+            return _list_response(query, total, page)
+        except (SQLAlchemyError, OSError) as exc:  # the database away: the index answers
+            log.warning("job list: the history database did not answer (%r); listing from the index", exc)
     if index is not None and index.ready:
         ordered = _ordered_from_index(index, query.order_field, query.descending)
         if _filtered(query):
@@ -712,10 +844,57 @@ async def list_jobs(request: web.Request) -> web.Response:
     else:
         ordered = order_jobs(await _rows_from_buckets(ctx_of(request), query), query.order_field, query.descending)
     total, page = select_jobs(query, ordered)
+    return _list_response(query, total, page)
+
+
+def _list_response(query: ListQuery, total: int, page: list[JobRow]) -> web.Response:
     headers = {"X-Total-Count": str(total)}
     if query.with_total:
         return json_response(JobPage(totalCount=total, data=page), headers=headers)
     return json_response(page, headers=headers)
+
+
+async def settle(index: JobIndex, history: Any, stopping: asyncio.Event, *, every: float = SETTLE_SECONDS) -> None:
+    """Keep the index's unsettled set to the jobs the history database does not have as
+    the index has them: a row found equal there leaves it (until it changes again); a
+    deleted job leaves it once the database dropped it too. Tags are not events: a row
+    that differs only in them (tagged before its submission was projected) gets the
+    index's tags written (store.set_tags), and settles on the next pass."""
+    while not stopping.is_set():
+        await asyncio.sleep(every)
+        engine = history.engine if history is not None else None
+        if engine is None or not index.ready or not index.unsettled:
+            continue
+        try:
+            await settle_once(index, engine)
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("job list: comparing with the history database failed (%r)", exc)
+
+
+async def settle_once(index: JobIndex, engine: AsyncEngine) -> None:
+    keys = list(index.unsettled)
+    for at in range(0, len(keys), SETTLE_BATCH):
+        batch = keys[at:at + SETTLE_BATCH]
+        stored = await history_query.rows_of(engine, [ids.job_id_from_key(k) for k in batch])
+        retag: list[tuple[str, list[str]]] = []
+        for key in batch:  # no await from here to the discards: the index is as compared
+            jid = ids.job_id_from_key(key)
+            job, row = index.jobs.get(key), stored.get(jid)
+            if job is None:
+                if row is None:  # deleted here and there
+                    index.unsettled.discard(key)
+                continue
+            if row is None:
+                continue
+            if job.row is None:
+                job.row = _indexed_row(job)
+            live = msgspec.to_builtins(job.row)
+            if live == row:
+                index.unsettled.discard(key)
+            elif live | {"tags": row["tags"]} == row:
+                retag.append((jid, live["tags"]))
+        for jid, tags in retag:
+            await history_store.set_tags(engine, jid, tags)
 
 
 # --- submit-time capacity check -----------------------------------------------------------
@@ -766,6 +945,8 @@ def setup(app: web.Application, ctx: ServiceContext) -> None:
                  asyncio.ensure_future(view.run(ctx.bus, stopping)),
                  # Records whose JobSubmitted may not be out, found through the index.
                  asyncio.ensure_future(submissions.run_sweep(stopping)),
+                 # Which index rows the history database has as they are (the list's overlay).
+                 asyncio.ensure_future(settle(index, app.get(HISTORY), stopping)),
                  asyncio.ensure_future(deletion.consume(ctx, stopping))]
         yield
         stopping.set()

@@ -76,7 +76,8 @@ def _order(f: JobFilter) -> list[Any]:
     tie = jobs.c.id.desc() if f.descending else jobs.c.id.asc()
     if column is jobs.c.submitted_at:  # never null in a list (_where): the index's own order
         return [primary, tie]
-    return [column.is_(None), primary, tie]
+    # Rows without the field come last by job id ascending in either direction (jobs_api.order_jobs).
+    return [column.is_(None), primary, sa.case((column.is_(None), jobs.c.id)).asc(), tie]
 
 
 def job_row(row: Any) -> dict[str, Any]:
@@ -98,9 +99,13 @@ _LIST_COLUMNS = [jobs.c.id, jobs.c.name, jobs.c.user, jobs.c.state, jobs.c.stop_
                  jobs.c.vc, jobs.c.priority, jobs.c.waiting_reason, jobs.c.tags]
 
 
-async def list_jobs(engine: AsyncEngine, f: JobFilter, *, with_total: bool = True) -> tuple[int | None, list[dict]]:
-    """(how many match, or None without `with_total`; the page) in one read transaction."""
+async def list_jobs(engine: AsyncEngine, f: JobFilter, *, with_total: bool = True,
+                    excluding: frozenset[str] | set[str] = frozenset()) -> tuple[int | None, list[dict]]:
+    """(how many match, or None without `with_total`; the page) in one read transaction.
+    `excluding`: job ids left out (rest overlays its own newer rows of them)."""
     where = _where(f)
+    if excluding:
+        where.append(jobs.c.id.not_in(sorted(excluding)))
     page = sa.select(*_LIST_COLUMNS).where(*where)
     if f.after is not None:
         at, job = f.after
@@ -116,6 +121,13 @@ async def list_jobs(engine: AsyncEngine, f: JobFilter, *, with_total: bool = Tru
         if with_total:
             total = (await connection.execute(sa.select(sa.func.count()).select_from(jobs).where(*where))).scalar_one()
     return total, [job_row(row) for row in rows]
+
+
+async def rows_of(engine: AsyncEngine, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The list rows of these jobs that the history has (submitted ones), by id."""
+    async with engine.connect() as connection:
+        rows = (await connection.execute(sa.select(*_LIST_COLUMNS).where(jobs.c.id.in_(ids)))).all()
+    return {row.id: job_row(row) for row in rows if row.submitted_at is not None}
 
 
 async def get_job(engine: AsyncEngine, job: str) -> dict[str, Any] | None:
