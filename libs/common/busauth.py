@@ -63,7 +63,8 @@ class Access(msgspec.Struct, frozen=True, kw_only=True):
 
 ACCESS: dict[str, Access] = {
     "rest": Access(
-        publishes=(Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.NODE_CORDON, Kind.JOB_DELETED),
+        publishes=(Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.NODE_CORDON, Kind.JOB_DELETED,
+                   Kind.JOB_ARCHIVED),  # job.archived: services/rest/history/expiry.py
         durable=Durable.REST,  # job.deleted: its own records of a deleted job (services/rest/deletion.py)
         more_durables=(Durable.HISTORY,),  # the job history database (services/rest/history)
         writes=(Bucket.JOBS, Bucket.USERS, Bucket.SECRETS),

@@ -172,6 +172,15 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # "postgresql+asyncpg://user:password@host:5432/pai" in production; empty: SQLite
     # at <data_dir>/history.sqlite (one host: replicas on other hosts need PostgreSQL).
     history_dsn: str = ""
+    # A finished job's live records (pai_jobs, pai_schedule, pai_job_status) leave the
+    # buckets this long after it finished, once the history holds it (job.archived); its
+    # reads then come from the history. The launcher's record stays until its logs go
+    # (retention_finished_seconds). Recent finished jobs stay live for quick reads.
+    live_finished_job_seconds: float = 3600.0
+    # How often rest looks for finished jobs to archive and history rows to purge.
+    history_sweep_seconds: float = 60.0
+    # Finished jobs older than this many days leave the history database; 0: kept forever.
+    history_retention_days: float = 0.0
 
     @property
     def data_path(self) -> Path:

@@ -122,6 +122,22 @@ def job_deleted_id(job: str, submitted_at: float) -> str:
     return f"{job}/deleted/{submitted_at!r}"
 
 
+class JobArchived(Event, kw_only=True, frozen=True, tag=Kind.JOB_ARCHIVED.value):
+    """The history database holds this finished job (its final state applied) and it
+    finished over `live_finished_job_seconds` ago: each service removes its live records
+    of it -- rest pai_jobs, the scheduler pai_schedule, the launcher pai_job_status once
+    its task files and logs are removed too (retention). Reads of the job then come from
+    the history. `submittedAt` tells it from a later job of the same name; the id is
+    `<job>/archived/<submittedAt>`."""
+
+    vc: VcName
+    submittedAt: float
+
+
+def job_archived_id(job: str, submitted_at: float) -> str:
+    return f"{job}/archived/{submitted_at!r}"
+
+
 # --- scheduler --------------------------------------------------------------
 
 
@@ -297,6 +313,7 @@ AnyEvent = Union[
     JobSubmitted,
     StopRequested,
     JobDeleted,
+    JobArchived,
     JobPlaced,
     JobWaiting,
     PreemptRequested,

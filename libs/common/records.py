@@ -229,6 +229,9 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # When the launcher removed the job's task directories and logs, past
     # `retention_finished_seconds` after it finished (the record stays).
     logsPrunedAt: float | None = None
+    # When the history database took the finished job over (JobArchived): the record
+    # leaves the bucket once its logs are pruned too (services/launcher/core/retention.py).
+    archivedAt: float | None = None
     history: list[Transition] = []
     # The events published by the change that produced this version of the
     # document. The launcher publishes them after saving it; if it stops in

@@ -33,6 +33,9 @@ class Kind(StrEnum):
     JOB_RELEASED = "job.released"
     # A finished job's owner or an admin deleted it (rest); each service removes its records of it.
     JOB_DELETED = "job.deleted"
+    # The history database holds a finished job past `live_finished_job_seconds` (rest):
+    # each service removes its live records of it (services/rest/history/expiry.py).
+    JOB_ARCHIVED = "job.archived"
     TASK_STARTED = "task.started"
     TASK_EXITED = "task.exited"
     TASK_VERDICT = "task.verdict"

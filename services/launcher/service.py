@@ -53,6 +53,7 @@ from libs.common.errors import NotFound, PaiError, Transient
 from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest
 from libs.common.messages import (
     EventDeadLettered,
+    JobArchived,
     JobDeleted,
     JobPlaced,
     JobSubmitted,
@@ -71,6 +72,7 @@ from libs.common.subjects import Bucket, Durable, Kind
 from services.launcher import metrics
 from services.launcher.backends.base import Backend
 from services.launcher.core import (
+    Archived,
     BackoffElapsed,
     ForgetTask,
     KillTask,
@@ -92,7 +94,7 @@ from services.launcher.core.finished import (
     summary_of,
 )
 from services.launcher.core.held import HeldRunning, job_of
-from services.launcher.core.retention import due_for_pruning, task_keys
+from services.launcher.core.retention import due_for_pruning, record_may_go, task_keys
 from services.launcher.core.tasks import TaskFinished, TaskKey
 from services.launcher.log_snapshots import LogSnapshots, chunk_of
 
@@ -121,10 +123,10 @@ REPLAY_MARGIN_SECONDS = 30.0
 
 CONSUMED_KINDS = [
     Kind.JOB_SUBMITTED, Kind.JOB_PLACED, Kind.JOB_PREEMPT, Kind.JOB_STOP_REQUESTED, Kind.TASK_VERDICT,
-    Kind.EVENT_DEAD_LETTERED, Kind.NODE_STATUS, Kind.JOB_DELETED,
+    Kind.EVENT_DEAD_LETTERED, Kind.NODE_STATUS, Kind.JOB_DELETED, Kind.JOB_ARCHIVED,
 ]
 CONSUMED_TYPES = (JobSubmitted, JobPlaced, PreemptRequested, StopRequested, TaskVerdict, EventDeadLettered, NodeStatus,
-                  JobDeleted)
+                  JobDeleted, JobArchived)
 
 
 def make_backend(config: Config) -> Backend:
@@ -270,6 +272,11 @@ class LauncherShell:
                 pending = []
                 await self._delete_job(message)
                 continue
+            if isinstance(message, JobArchived):
+                await self._apply(*pending)
+                pending = []
+                await self._archive_job(message)
+                continue
             if isinstance(message, NodeStatus):
                 await self._apply(*pending)
                 pending = []
@@ -303,6 +310,28 @@ class LauncherShell:
         self.core.forget(event.job)
         self._finished.pop(event.job, None)
         log.info("deleted %s (by %s): its record, task files and logs", event.job, event.by, extra={"job": event.job})
+
+    async def _archive_job(self, event: JobArchived) -> None:
+        """The history holds a finished job: its record is marked archived, and leaves
+        pai_job_status now if nothing of it is left on disk, else when retention removes
+        its task files and logs (`prune_once`): until then its logs stay readable.
+        Idempotent."""
+        record = await self._record(event.job)
+        if record is None or not record.state.is_final or abs(record.createdTime - event.submittedAt) > 1e-3:
+            return  # gone already, or a later job of the same name
+        if record.archivedAt is None:
+            await self._apply(Archived(job=event.job, at=time.time()))
+            record = msgspec.structs.replace(record, archivedAt=time.time())
+        await self._drop_if_done(record)
+
+    async def _drop_if_done(self, record: JobRecord) -> None:
+        """An archived job's record leaves the bucket once nothing on disk needs it."""
+        if not record_may_go(record, keeps_files=getattr(self.backend, "prune", None) is not None):
+            return
+        await (await self.ctx.bus.kv(Bucket.JOB_STATUS)).delete(ids.job_key(record.job))
+        self.core.forget(record.job)
+        self._finished.pop(record.job, None)
+        log.info("%s is in the history: its record left pai_job_status", record.job, extra={"job": record.job})
 
     async def pump_backend(self) -> None:
         """Backend events, every one already reported at once through the core.
@@ -647,6 +676,14 @@ class LauncherShell:
             await self._apply(LogsPruned(job=record.job, at=time.time()))
             log.info("removed the task files and logs of %s (finished %.0fs ago)", record.job,
                      time.time() - (record.completedTime or 0.0), extra={"job": record.job})
+            await self._drop_if_done(msgspec.structs.replace(record, logsPrunedAt=time.time()))
+        # Archived records whose logs went before a crash kept them from going with them.
+        left = [job for job, finished in self._finished.items()
+                if finished.archivedAt is not None and finished.logsPrunedAt is not None]
+        for job in left:
+            record = await self._record(job)
+            if record is not None:
+                await self._drop_if_done(record)
         return [record.job for record in due]
 
     async def serve_logs(self) -> None:

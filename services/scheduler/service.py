@@ -40,6 +40,7 @@ from libs.common.config import Config, load_config
 from libs.common.errors import BadInput, Transient
 from libs.common.messages import (
     Event,
+    JobArchived,
     JobDeleted,
     JobPlaced,
     JobReleased,
@@ -96,8 +97,9 @@ REFRESH_MIN_AGE_SECONDS = 5.0
 NATS_TROUBLE = (Transient, nats.errors.Error, asyncio.TimeoutError, OSError)
 # A failed batch names this many of its decisions in the log.
 LOGGED_DECISIONS = 10
-CONSUMED = (JobSubmitted, StopRequested, JobReleased, NodeStatus, JobDeleted)
-CONSUMED_KINDS = [Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.JOB_RELEASED, Kind.NODE_STATUS, Kind.JOB_DELETED]
+CONSUMED = (JobSubmitted, StopRequested, JobReleased, NodeStatus, JobDeleted, JobArchived)
+CONSUMED_KINDS = [Kind.JOB_SUBMITTED, Kind.JOB_STOP_REQUESTED, Kind.JOB_RELEASED, Kind.NODE_STATUS, Kind.JOB_DELETED,
+                  Kind.JOB_ARCHIVED]
 
 
 def cluster_config(config: Config) -> ClusterConfig:
@@ -203,7 +205,7 @@ class SchedulerShell:
                     inputs.append(Release(job=event.job, attempt=attempt, requeue=requeue))
                 case StopRequested():
                     inputs.append(Cancel(job=event.job))
-                case JobDeleted():
+                case JobDeleted() | JobArchived():  # archived: the history holds it, its live records go
                     await self._forget_deleted(event)
                     continue
                 case NodeStatus(node=node, healthy=healthy, reason=reason):
@@ -222,8 +224,8 @@ class SchedulerShell:
             self._view_dirty = True
             await self._carry_out(decisions, jobs=causes, cause=events[-1].id, causes=causes)
 
-    async def _forget_deleted(self, event: JobDeleted) -> None:
-        """A finished job deleted: its entry in pai_schedule goes. A job the core still
+    async def _forget_deleted(self, event: JobDeleted | JobArchived) -> None:
+        """A finished job deleted (or archived): its entry in pai_schedule goes. A job the core still
         holds is left to its Release (which removes the entry), or is a later job of
         the same name. Idempotent."""
         async with self.lock:

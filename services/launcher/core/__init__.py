@@ -3,6 +3,7 @@
 from services.launcher.core.actions import Action, ForgetTask, KillTask, Publish, SaveJob, StartTask, StartTimer
 from services.launcher.core.env import PeerAddress, task_env
 from services.launcher.core.events import (
+    Archived,
     BackoffElapsed,
     LauncherEvent,
     LogsPruned,
@@ -20,6 +21,7 @@ from services.launcher.core.transitions import IllegalTransition
 
 __all__ = [
     "Action",
+    "Archived",
     "BackoffElapsed",
     "ForgetTask",
     "IllegalTransition",

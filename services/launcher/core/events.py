@@ -82,6 +82,14 @@ class LogsPruned(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     at: float
 
 
+class Archived(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The history holds the finished job (JobArchived): its record leaves pai_job_status
+    once its task files and logs are removed too (retention.py), at once if they are."""
+
+    job: str
+    at: float
+
+
 class PortsBusy(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The shell found ports it was about to hand to tasks in use on their node
     (ports.py) and held back the starts of those tasks of the attempt (`tasks`):
@@ -104,6 +112,7 @@ LauncherEvent = Union[
     TaskRunning,
     TaskFinished,
     LogsPruned,
+    Archived,
     PortsBusy,
 ]
 

@@ -35,6 +35,7 @@ class RecordSummary(msgspec.Struct, frozen=True, kw_only=True):
     createdTime: float = 0.0
     completedTime: float | None = None
     logsPrunedAt: float | None = None
+    archivedAt: float | None = None
     outbox: list[_At] = []
 
     @property
@@ -47,6 +48,7 @@ class FinishedJob(msgspec.Struct, frozen=True, gc=False):
 
     completedTime: float
     logsPrunedAt: float | None = None
+    archivedAt: float | None = None  # the history holds it: the record goes with its logs
 
 
 _summary_decoder = msgspec.json.Decoder(RecordSummary)
@@ -58,7 +60,8 @@ def summary_of(data: bytes) -> RecordSummary:
 
 
 def finished_job(record: JobRecord | RecordSummary) -> FinishedJob:
-    return FinishedJob(completedTime=record.completedTime or record.createdTime, logsPrunedAt=record.logsPrunedAt)
+    return FinishedJob(completedTime=record.completedTime or record.createdTime, logsPrunedAt=record.logsPrunedAt,
+                       archivedAt=record.archivedAt)
 
 
 def held_whole(summary: RecordSummary, *, now: float, keep_seconds: float, replay_since: float) -> bool:

@@ -65,6 +65,7 @@ from services.launcher.core.events import (
     BackoffElapsed,
     DeadLettered,
     LauncherEvent,
+    Archived,
     LogsPruned,
     Placed,
     PortsBusy,
@@ -294,6 +295,10 @@ class LauncherCore:
                 record = self._jobs.get(job)
                 if record is not None and record.state.is_final and record.logsPrunedAt is None:
                     self._put(replace(record, logsPrunedAt=at))
+            case Archived(job=job, at=at):
+                record = self._jobs.get(job)
+                if record is not None and record.state.is_final and record.archivedAt is None:
+                    self._put(replace(record, archivedAt=at))
             case PortsBusy():
                 self._on_ports_busy(event)
             case _:

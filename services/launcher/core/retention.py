@@ -34,6 +34,14 @@ def due_for_pruning(records: Iterable[JobRecord], *, now: float, retention_secon
     ]
 
 
+def record_may_go(record: JobRecord, *, keeps_files: bool) -> bool:
+    """Whether a finished job's record may leave pai_job_status: the history holds it
+    (archived) and nothing of it is left on disk that its record is needed for (a log to
+    read, files to prune) -- its logs pruned, or a backend that keeps no files."""
+    return record.state.is_final and record.archivedAt is not None and (
+        record.logsPrunedAt is not None or not keeps_files)
+
+
 def task_keys(record: JobRecord) -> list[TaskKey]:
     """Every task attempt of the job that may have left files, in every attempt."""
     keys: list[TaskKey] = []

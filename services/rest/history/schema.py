@@ -42,6 +42,10 @@ jobs = sa.Table(
     # Revision 2 (0002_task_counts): the list's totalTaskNumber and totalGpuNumber without the spec.
     sa.Column("task_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("gpu_count", sa.Integer, nullable=False, server_default="0"),
+    # Revision 3 (0003_archived): when job.archived went out (its live records leave the
+    # buckets), and the job as accepted at intake (SubmittedJob JSON) kept for its reads.
+    sa.Column("archived_at", sa.Float),
+    sa.Column("submission", sa.Text),
 )
 # The list's order (newest first) with the id as tie-breaker: keyset paging and offset
 # both walk this index. One per filter, each ending in the order.
@@ -50,6 +54,7 @@ sa.Index("ix_jobs_user", jobs.c.user, jobs.c.submitted_at, jobs.c.id)
 sa.Index("ix_jobs_vc", jobs.c.vc, jobs.c.submitted_at, jobs.c.id)
 sa.Index("ix_jobs_state", jobs.c.state, jobs.c.submitted_at, jobs.c.id)
 sa.Index("ix_jobs_completed", jobs.c.completed_at)
+sa.Index("ix_jobs_archive", jobs.c.archived_at, jobs.c.completed_at)
 # Keyword: a substring of the name; PostgreSQL gets a trigram index (0002), SQLite scans
 # the name index, which is narrower than the table.
 sa.Index("ix_jobs_name", jobs.c.name)

@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from libs.common.service import ServiceContext
-from services.rest.history import consumer, store
+from services.rest.history import consumer, expiry, store
 
 log = logging.getLogger("pai.rest.history")
 
@@ -62,7 +62,9 @@ def setup(app: web.Application, ctx: ServiceContext) -> None:
         async def project() -> None:
             await history.opened.wait()
             assert history.engine is not None
-            await consumer.run(ctx.bus, history.engine, stopping)
+            # The expiry sweep beside the projection (expiry.py): live records of jobs it holds leave the buckets.
+            await asyncio.gather(consumer.run(ctx.bus, history.engine, stopping),
+                                 expiry.run(ctx, history.engine, stopping))
 
         projecting = asyncio.ensure_future(project())
         yield

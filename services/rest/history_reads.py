@@ -1,0 +1,111 @@
+"""Reads of a job whose live records left the buckets (services/rest/history/expiry.py):
+from the history database, in the shapes the bucket reads give, so a user sees the same.
+
+- the submission: `jobs.submission`, the record pai_jobs held (config, warnings, tags;
+  secrets masked), copied there before it was purged;
+- the launcher's record while it is still in pai_job_status (it stays until retention
+  removes the job's logs); past that, a record made from the history's rows: state,
+  times, exit code, retries, and each attempt with its tasks.
+
+Hooks: `jobs_api.read_job` when a job is not in pai_jobs, and intake's name check
+(`holds`): a name the history holds is still taken.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import sqlalchemy as sa
+from aiohttp import web
+from sqlalchemy.exc import SQLAlchemyError
+
+from libs.common import ids
+from libs.common.bus import get_json
+from libs.common.messages import JobState, TaskState
+from libs.common.protocol.model import JobSpec
+from libs.common.records import AttemptRecord, JobRecord, TaskRecord
+from libs.common.subjects import Bucket
+from services.rest.history import schema
+from services.rest.history.wiring import HISTORY
+from services.rest.records import SubmittedJob
+from services.rest.request import ctx_of
+
+
+def _engine(app: web.Application):
+    history = app.get(HISTORY)
+    return history.engine if history is not None else None
+
+
+async def _job_row(engine, jid: str) -> Any:
+    async with engine.connect() as connection:
+        return (await connection.execute(sa.select(schema.jobs).where(schema.jobs.c.id == jid))).first()
+
+
+def _submission(row: Any) -> SubmittedJob | None:
+    """The job as accepted at intake; from its spec where the record was never copied."""
+    if row.submission:
+        try:
+            return msgspec.json.decode(row.submission, type=SubmittedJob)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
+    if not row.spec or row.submitted_at is None:
+        return None
+    spec = msgspec.json.decode(row.spec, type=JobSpec)
+    return SubmittedJob(job=row.id, user=row.user, name=row.name, vc=row.vc, spec=spec,
+                        config=msgspec.json.decode(row.spec), submittedAt=row.submitted_at)
+
+
+async def _record_from_rows(engine, row: Any, sub: SubmittedJob) -> JobRecord:
+    async with engine.connect() as connection:
+        attempts = (await connection.execute(sa.select(schema.attempts).where(schema.attempts.c.job == row.id)
+                                             .order_by(schema.attempts.c.attempt))).all()
+        tasks = (await connection.execute(sa.select(schema.tasks).where(schema.tasks.c.job == row.id)
+                                          .order_by(schema.tasks.c.attempt, schema.tasks.c.role, schema.tasks.c.idx,
+                                                    schema.tasks.c.task_attempt))).all()
+    by_attempt: dict[int, dict[tuple[str, int], TaskRecord]] = {}
+    for t in tasks:  # the last task attempt of each task
+        by_attempt.setdefault(t.attempt, {})[(t.role, t.idx)] = TaskRecord(
+            role=t.role, index=t.idx, taskAttempt=t.task_attempt, state=TaskState(t.state), node=t.node,
+            launchedTime=t.started_at, completedTime=t.completed_at, exitCode=t.exit_code)
+    records = [AttemptRecord(attempt=a.attempt, state=JobState(a.state), createdTime=a.created_at or 0.0,
+                             launchedTime=a.started_at, completedTime=a.completed_at, exitCode=a.exit_code,
+                             tasks=list(by_attempt.get(a.attempt, {}).values()))
+               for a in attempts]
+    return JobRecord(job=row.id, name=row.name, user=row.user, vc=row.vc, spec=sub.spec, state=JobState(row.state),
+                     createdTime=row.submitted_at or 0.0, launchedTime=row.started_at, completedTime=row.completed_at,
+                     attempt=row.attempt, retries=row.retries, attempts=records, appExitCode=row.exit_code,
+                     stopRequestedBy=row.stop_requested_by)
+
+
+async def read(request: web.Request, jid: str) -> tuple[SubmittedJob, JobRecord | None] | None:
+    """The job from the history, or None where the history has no such job (or is not open)."""
+    engine = _engine(request.app)
+    if engine is None:
+        return None
+    try:
+        row = await _job_row(engine, jid)
+    except SQLAlchemyError:
+        return None
+    if row is None or row.archived_at is None:  # not archived: its live records are the truth
+        return None
+    sub = _submission(row)
+    if sub is None:
+        return None
+    got = await get_json(await ctx_of(request).bus.kv(Bucket.JOB_STATUS), ids.job_key(jid), JobRecord)
+    if got is not None and abs(got[0].createdTime - sub.submittedAt) <= 1e-3:
+        return sub, got[0]
+    return sub, await _record_from_rows(engine, row, sub)
+
+
+async def holds(request: web.Request, jid: str) -> bool:
+    """Whether the history holds a job of this id whose live records left the buckets
+    (its name is taken until it is deleted, or retention removes it)."""
+    engine = _engine(request.app)
+    if engine is None:
+        return False
+    try:
+        row = await _job_row(engine, jid)
+    except SQLAlchemyError:
+        return False
+    return row is not None and row.archived_at is not None
