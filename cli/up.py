@@ -277,7 +277,7 @@ async def stop_local_tasks(launcher_dir: Path, *, grace_seconds: float) -> int:
 
     if not launcher_dir.exists():
         return 0
-    backend = LocalBackend(launcher_dir, grace_seconds=grace_seconds)
+    backend = LocalBackend(launcher_dir, grace_seconds=grace_seconds, announce=False)
     try:
         keys = await backend.recover()
         await asyncio.gather(*(backend.kill(k, grace_seconds=grace_seconds, reason=PLATFORM_STOPPED) for k in keys))

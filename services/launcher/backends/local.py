@@ -236,11 +236,13 @@ class LocalBackend:
         shim_feed_seconds: float = local_forkserver.SHIM_FEED_SECONDS,
         pids_max: int = DEFAULT_PIDS_MAX,
         work_dir_mb: int = DEFAULT_WORK_DIR_MB,
+        announce: bool = True,
     ):
         """`shim_feed_seconds`: how long a shim is sent more tasks after it was
         forked (local_forkserver; 0: a shim per batch of tasks waiting together).
         `pids_max`: processes and threads per task (cgroup pids.max);
-        `work_dir_mb`: the bound on a task's working directory (local_limits)."""
+        `work_dir_mb`: the bound on a task's working directory (local_limits);
+        `announce`: log how tasks are isolated (not for a backend made only to stop them)."""
         if limits not in LIMIT_CHOICES:
             raise ValueError(f"limits must be one of {LIMIT_CHOICES}, not {limits!r}")
         self.data_dir = Path(data_dir).resolve()
@@ -249,9 +251,9 @@ class LocalBackend:
         # task_user None: tasks run as the launcher's user (tests, tools);
         # otherwise, when root, as users of their own (local_users).
         self.task_users = local_users.resolve(task_user)
-        if self.task_users is not None:
+        if announce and self.task_users is not None:
             log.info("tasks run as users of their own; started with %s", local_shim.SPAWN_AS)
-        else:
+        elif announce:
             log.warning(
                 "tasks run as the launcher's own user (uid %d): their reports to it cannot be told from "
                 "their shims' (the doorbell's sender check needs tasks under other uids: run PAI as root "
@@ -292,7 +294,8 @@ class LocalBackend:
         # A mount namespace per task (local_namespaces): for tasks under uids of their own.
         self.private_mounts = self.task_users is not None and local_namespaces.probe() is None
         self._dead_cgroups = False  # a task was declared lost: its cgroups wait for removal
-        _warn_if_unisolated(self.limits_mode, self.task_users is not None, self.private_mounts)
+        if announce:
+            _warn_if_unisolated(self.limits_mode, self.task_users is not None, self.private_mounts)
         self._doorbell = doorbell_name(self.data_dir)
         self._tasks: dict[str, _Task] = {}
         # Reports not taken yet (`event_batches`): a list and a wake-up rather than
