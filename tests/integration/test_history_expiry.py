@@ -1,0 +1,131 @@
+"""A finished job's live records leave the buckets once the history holds it
+(services/rest/history/expiry.py), on a running platform with a short grace period:
+
+- while rest's projection is paused (rest killed) a finished job's records stay;
+- once it runs, pai_jobs and pai_schedule lose the job; the launcher's record stays
+  (its logs are still readable) until retention prunes its logs, then goes too;
+- GET the job and its config answer as before; resubmitting its name is a 409;
+- after every service is killed and started again, nothing comes back and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+
+import pytest
+
+from cli.client import ApiError
+from cli.up import Platform
+from libs.common import ids
+from libs.common.bus import Bus
+from libs.common.subjects import Bucket
+from tests.integration.conftest import Api, job_yaml, platform_config
+
+pytestmark = pytest.mark.integration
+
+GRACE = 1.0
+
+
+@pytest.fixture(scope="module")
+def short_lived(tmp_path_factory: pytest.TempPathFactory):
+    config = platform_config(tmp_path_factory.mktemp("pai-expiry"), live_finished_job_seconds=GRACE,
+                             history_sweep_seconds=0.2, retention_finished_seconds=6.0, retention_sweep_seconds=1.0)
+    plat = Platform(config, print_fn=lambda *_: None)
+    try:
+        conn = plat.start()
+        yield Api(plat, conn)
+    finally:
+        plat.stop()
+
+
+async def _records(bus: Bus, jid: str) -> set[str]:
+    key, there = ids.job_key(jid), set()
+    for bucket in (Bucket.JOBS, Bucket.JOB_STATUS, Bucket.SCHEDULE):
+        kv = await bus.kv(bucket)
+        try:
+            entry = await kv.get(key)
+        except Exception:  # noqa: BLE001 - missing or deleted: not there
+            continue
+        if entry.value:
+            there.add(bucket.value)
+    return there
+
+
+async def _until(check, timeout: float = 20.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        got = await check()
+        if got or asyncio.get_running_loop().time() > deadline:
+            return got
+        await asyncio.sleep(0.2)
+
+
+def _status_of(detail: dict) -> dict:
+    keep = ("state", "retries", "attempt", "createdTime", "completedTime", "appExitCode", "virtualCluster", "username")
+    return {k: detail["jobStatus"][k] for k in keep} | {"name": detail["name"],
+                                                        "tasks": {r: [t["taskState"] for t in v["taskStatuses"]]
+                                                                  for r, v in detail["taskRoles"].items()}}
+
+
+async def test_expired_jobs_leave_the_buckets_only_once_in_the_history_and_read_the_same(short_lived):
+    api, plat = short_lived, short_lived.platform
+    bus = await Bus.connect(plat.nats.url, name="test-expiry", **plat.nats.login("platform"))
+    try:
+        # The projection paused: rest down while a job finishes; its records stay.
+        early = f"exp-{uuid.uuid4().hex[:6]}"
+        early_jid = f"admin~{early}"
+        await api.submit(job_yaml(early, ["sleep 2", "echo early-done"]))
+        await api.wait_state(early_jid, "RUNNING")
+        plat.kill_service("rest", signal.SIGKILL)
+        await asyncio.sleep(2 + GRACE + 1.0)
+        assert {"pai_jobs", "pai_job_status"} <= await _records(bus, early_jid)
+        plat.start_service("rest")
+
+        name = f"exp-{uuid.uuid4().hex[:6]}"
+        jid = f"admin~{name}"
+        await api.submit(job_yaml(name, ["echo hello-from-expired"]))
+        await api.wait_state(jid, "SUCCEEDED")
+        before = _status_of(await api.job(jid))
+        config_before = await api.client.request("GET", f"/api/v2/jobs/{jid}/config")
+
+        # Past the grace period, with the history holding them: pai_jobs and pai_schedule go;
+        # the launcher's record waits for its logs' retention.
+        for j in (jid, early_jid):
+            left = await _until(lambda j=j: _only_status(bus, j))
+            assert left, f"{j} still has {await _records(bus, j)}"
+        assert _status_of(await api.job(jid)) == before
+        assert await api.client.request("GET", f"/api/v2/jobs/{jid}/config") == config_before
+        assert "hello-from-expired" in await api.logs(jid)
+        with pytest.raises(ApiError) as refused:
+            await api.submit(job_yaml(name, ["true"]))
+        assert refused.value.status == 409 and "already exists" in refused.value.body["message"]
+
+        # Retention prunes the logs: the launcher's record goes then; the job still reads the same.
+        assert await _until(lambda: _none(bus, jid), timeout=30.0), await _records(bus, jid)
+        assert _status_of(await api.job(jid)) == before
+        assert await api.client.request("GET", f"/api/v2/jobs/{jid}/config") == config_before
+
+        # Every service killed and started again: nothing comes back, nothing is lost.
+        for service in ("rest", "scheduler", "launcher"):
+            plat.kill_service(service, signal.SIGKILL)
+            plat.start_service(service)
+        assert await _records(bus, jid) == set()
+        assert _status_of(await api.job(jid)) == before
+        assert (await api.job(early_jid))["jobStatus"]["state"] == "SUCCEEDED"
+        with pytest.raises(ApiError) as refused:
+            await api.submit(job_yaml(name, ["true"]))
+        assert refused.value.status == 409
+        await asyncio.sleep(1.0)
+        assert await _records(bus, jid) == set()
+    finally:
+        await bus.close()
+
+
+async def _only_status(bus: Bus, jid: str) -> bool:
+    return await _records(bus, jid) <= {"pai_job_status"}
+
+
+async def _none(bus: Bus, jid: str) -> bool:
+    return await _records(bus, jid) == set()
