@@ -32,7 +32,12 @@ groups (local_users; the shim forks and drops privileges for each), unless
 `--task-user none` (then they run as root, spawned with posix_spawn).
 
     python benchmarks/launch_throughput.py [--tasks 1000] [--path backend|core|both]
-        [--single 50] [--dir /var/tmp] [--task-user none|NAME]
+        [--single 50] [--dir /var/tmp] [--task-user none|NAME] [--in-flight 64]
+
+`--in-flight N` (backend path) starts a task only while fewer than N are
+unfinished, as 64 slots would: the steady state of a busy node, where an ended
+task's cgroups are handed to the next (the pool, local_limits), rather than
+a burst of N tasks at once.
 """
 
 from __future__ import annotations
@@ -130,6 +135,7 @@ def trivial_launch(index: int) -> TaskLaunch:
 # What the launcher's config gives (libs.common.config: task_user ""): as root,
 # a uid per job with the default task user's group.
 TASK_USER: str | None = ""
+IN_FLIGHT = 0  # --in-flight: at most this many tasks unfinished at once (0: all started at once)
 LIMITS = "auto"  # --limits: cgroup v2 where allowed (a cgroup made and removed per task), else rlimit
 
 
@@ -153,6 +159,9 @@ async def through_backend(data_dir: Path, tasks: int) -> dict:
     watcher = asyncio.create_task(watch())
     began = time.time()
     for index in range(tasks):
+        if IN_FLIGHT:
+            while index - len(timings.finished) >= IN_FLIGHT:
+                await asyncio.sleep(0.001)  # a slot frees as a task ends (the platform's slots)
         launch = trivial_launch(index)
         timings.started[launch.key] = time.time()
         await backend.start(launch)
@@ -285,9 +294,14 @@ def main() -> None:
         "--task-user", default="", help="as root, the task user (default: the launcher's); 'none': tasks run as root"
     )
     parser.add_argument("--limits", choices=("auto", "cgroup", "rlimit", "none"), default="auto")
+    parser.add_argument(
+        "--in-flight", type=int, default=0,
+        help="backend path: at most this many tasks unfinished at once, as a node's slots hold them (0: no bound)",
+    )
     args = parser.parse_args()
-    global TASK_USER, LIMITS
+    global TASK_USER, LIMITS, IN_FLIGHT
     LIMITS = args.limits
+    IN_FLIGHT = max(0, args.in_flight)
     TASK_USER = None if args.task_user == "none" else args.task_user
     data_dir_parent = args.dir or tempfile.gettempdir()
     results: dict = {
@@ -301,6 +315,7 @@ def main() -> None:
         # fork + setuid per task (as the launcher runs as root), or posix_spawn
         "tasks_run_as": "uid per job" if TASK_USER is not None and os.geteuid() == 0 else "launcher's user",
         "limits_asked": args.limits,
+        "in_flight": args.in_flight or None,
     }
     paths = ("backend", "core") if args.path == "both" else (args.path,)
     for path in paths:

@@ -81,8 +81,9 @@ WORK_DIR_LOOK_SECONDS = 2.0
 # A look at a working directory stops after this many entries (a task that
 # makes millions of files is not walked whole every few seconds).
 WORK_DIR_LOOK_ENTRIES = 200_000
-# Free v1 task cgroups: `.pool-<memoryMB>m-<cpu>c-<pids>p-<unique>` (the
-# bounds they hold, so that a task with the same bounds rewrites none).
+# Free v1 task cgroups: `.pool-<memoryMB>m-<cpu>c-<pids>p-o<oom kills>-<unique>`
+# (the bounds they hold, so that a task with the same bounds rewrites none,
+# and their oom_kill count, the next task's baseline).
 POOL_PREFIX = ".pool-"
 # An ended task's memory cgroup still charged with more than this (page cache
 # of files it wrote, beyond the kernel's per-cpu charge batches of 64 pages)
@@ -305,7 +306,7 @@ class TaskCgroup:
     """The cgroups of one task: v2, one directory; v1, one per hierarchy
     (memory, cpu, pids: V1_CONTROLLERS)."""
 
-    __slots__ = ("version", "dirs", "oom_base", "bounds")
+    __slots__ = ("version", "dirs", "oom_base", "oom_count", "bounds")
 
     def __init__(self, version: int, dirs: list[str], oom_base: int = 0, bounds: str = ""):
         self.version = version
@@ -313,6 +314,7 @@ class TaskCgroup:
         # v1 cannot reset memory.oom_control's oom_kill: a pooled cgroup's
         # count when its task took it (an OOM kill is one past it).
         self.oom_base = oom_base
+        self.oom_count: int | None = None  # as last read (oom_killed)
         self.bounds = bounds  # v1: what its limits are set to (_bounds_tag)
 
     @property
@@ -321,7 +323,10 @@ class TaskCgroup:
 
     def pids(self) -> list[int]:
         # Every process of the task is in each hierarchy: the first one lists them all.
-        return cgroup_pids(Path(self.dirs[0]))
+        try:
+            return [int(pid) for pid in _read(f"{self.dirs[0]}/cgroup.procs").split()]
+        except (OSError, ValueError):
+            return []
 
     def kill(self, sig: int) -> None:
         if self.version == 2:
@@ -338,13 +343,17 @@ class TaskCgroup:
     def oom_killed(self) -> bool:
         if self.version == 2:
             return oom_killed(Path(self.dirs[0]))
-        return (_read_key(Path(self.dirs[0]) / "memory.oom_control", "oom_kill") or 0) > self.oom_base
+        try:
+            self.oom_count = _oom_kills(self.dirs[0])
+        except (OSError, ValueError):
+            return False
+        return self.oom_count > self.oom_base
 
     def peak_memory_mb(self) -> int | None:
         if self.version == 2:
             return peak_memory_mb(Path(self.dirs[0]))
         try:
-            return -(-int(Path(self.dirs[0], "memory.max_usage_in_bytes").read_text()) // MIB)
+            return -(-int(_read(f"{self.dirs[0]}/memory.max_usage_in_bytes")) // MIB)
         except (OSError, ValueError):
             return None
 
@@ -360,25 +369,30 @@ class TaskCgroup:
                 left = True
         return not left
 
-    def release(self) -> bool:
+    def release(self, empty: bool = False) -> bool:
         """Once its task has ended: v1 cgroups go back to the pool (reset,
         renamed `.pool-...`; memory last, so that a set whose memory cgroup is
         pooled is whole), or are removed when they may not be reused. False
-        while a process is still in them (the caller tries again later)."""
+        while a process is still in them (the caller tries again later).
+        `empty`: the caller has just seen no process left in them (no process
+        can join an empty task cgroup: only root may write cgroup.procs)."""
         if self.version != 1 or len(self.dirs) != len(V1_CONTROLLERS) or not self.bounds:
             return self.remove()
         memory = self.dirs[0]
         try:
-            if _read(f"{memory}/cgroup.procs").strip():
+            if not empty and _read(f"{memory}/cgroup.procs").strip():
                 return False
             if int(_read(f"{memory}/memory.usage_in_bytes")) > POOL_MAX_CHARGED_BYTES:
                 return self.remove()
             # The next task's peak starts from what is charged now (at most
             # the kernel's per-cpu batches, POOL_MAX_CHARGED_BYTES).
             _write(f"{memory}/memory.max_usage_in_bytes", "0")
+            # Its oom_kill count goes in its name: the next task's baseline
+            # (it cannot change while no process is in the cgroup).
+            kills = self.oom_count if self.oom_count is not None else _oom_kills(memory)
         except (OSError, ValueError):
             return self.remove()
-        name = f"{POOL_PREFIX}{self.bounds}-{os.getpid()}.{next(_pool_names)}"
+        name = f"{POOL_PREFIX}{self.bounds}-o{kills}-{os.getpid()}.{next(_pool_names)}"
         done: list[str] = []
         for d in (*self.dirs[1:], memory):
             pooled = f"{d.rsplit('/', 1)[0]}/{name}"
@@ -458,7 +472,9 @@ def claim_task_cgroups_v1(
         try:
             if not whole or not name.startswith(f"{POOL_PREFIX}{bounds}-"):
                 _set_bounds_v1(dirs, cpu, memory_mb, pids_max)
-            cgroup.oom_base = _oom_kills(memory)
+            cgroup.oom_base = _oom_kills_in_name(name)
+            if cgroup.oom_base is None:
+                cgroup.oom_base = _oom_kills(memory)
         except (OSError, ValueError):
             cgroup.remove()
             raise
@@ -494,10 +510,22 @@ def _oom_kills(memory: str) -> int:
     return 0
 
 
+def _oom_kills_in_name(name: str) -> int | None:
+    """The oom_kill count a pooled cgroup's name carries (release)."""
+    parts = name[len(POOL_PREFIX):].split("-")
+    if len(parts) == 5 and parts[3][:1] == "o" and parts[3][1:].isdigit():
+        return int(parts[3][1:])
+    return None
+
+
 def _read(path: str) -> str:
+    """A whole cgroup file (one read for the small ones)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return os.read(fd, 4096).decode()
+        chunks = [os.read(fd, 65536)]
+        while len(chunks[-1]) == 65536:
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks).decode()
     finally:
         os.close(fd)
 

@@ -624,7 +624,8 @@ class Shim:
         del self.runs[run.pid]
         del self.ending[run.pid]
         self._write_exit(run.files, run.spec.slug, self._exit_record(run))
-        if run.limits.cgroup is not None and not run.limits.cgroup.release():
+        # (_advance has just found no process of the task left in it)
+        if run.limits.cgroup is not None and not run.limits.cgroup.release(empty=True):
             # A process of it still on its way out (v1 lists it, or refuses
             # the rmdir, for a moment): tried again on the next look, and
             # before we exit. (v1: back to the pool once empty: local_limits.)
