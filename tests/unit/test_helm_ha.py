@@ -4,8 +4,9 @@ replicas of the single-active scheduler and launcher, each its own replica by po
 name; PodDisruptionBudgets; the bootstrap Job making three copies of the store;
 and `values-production.yaml`, the example a cluster admin starts from.
 
-Rendered by a real `helm` (tests/tools_helm.py); the rendered NATS configuration is
-checked by a real nats-server (`-t`).
+Rendered by a real `helm` (tests/tools_helm.py); the NATS configuration, as the NATS
+pod's `auth` init container makes it from the rendered Secrets, is checked by a real
+nats-server (`-t`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from libs.common.config import load_config
 from libs.common.natsserver import binary as nats_server_binary
 from tests.tools_helm import KubeTools
 # The chart's renderer and the helm fixture, shared with the other chart tests.
-from tests.unit.test_deploy import CHART, NAMESPACE, RELEASE, REPO, render, tools  # noqa: F401 - tools is a fixture
+from tests.unit.test_deploy import CHART, NAMESPACE, RELEASE, REPO, nats_conf_as_the_pod_makes_it, render, tools  # noqa: F401 - tools is a fixture
 from tests.unit.test_deploy import run_helm as helm
 
 PRODUCTION = CHART / "values-production.yaml"
@@ -38,8 +39,10 @@ def env_of(doc: dict) -> dict[str, dict]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
-def nats_conf(docs: list[dict]) -> str:
-    return kinds(docs, "Secret")[f"{RELEASE}-nats"]["stringData"]["nats.conf"]
+def nats_conf(docs: list[dict], root: Path) -> str:
+    """nats.conf as a NATS pod has it: the Secret's base config with the users appended
+    by the pod's `auth` init container (its command run here, under `root`)."""
+    return nats_conf_as_the_pod_makes_it(docs, root)
 
 
 def pod_urls(replicas: int) -> str:
@@ -60,7 +63,7 @@ def test_helm_lint_passes_strictly(tools: KubeTools, values: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_nats_is_a_three_server_jetstream_cluster_with_a_volume_each(rendered) -> None:
+def test_nats_is_a_three_server_jetstream_cluster_with_a_volume_each(rendered, tmp_path: Path) -> None:
     _, docs = rendered
     sts = kinds(docs, "StatefulSet")[f"{RELEASE}-nats"]
     assert sts["spec"]["replicas"] == 3
@@ -69,7 +72,7 @@ def test_nats_is_a_three_server_jetstream_cluster_with_a_volume_each(rendered) -
     assert ports["cluster"] == 6222
     headless = kinds(docs, "Service")[f"{RELEASE}-nats-headless"]
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
-    conf = nats_conf(docs)
+    conf = nats_conf(docs, tmp_path)
     routes = re.findall(r'"nats://route:([A-Za-z0-9]+)@([^"]+)"', conf)
     assert [host for _, host in routes] == [f"{RELEASE}-nats-{i}.{RELEASE}-nats-headless.{NAMESPACE}.svc:6222" for i in range(3)]
     # The nodes log in to each other with the password kept in the Secret.
@@ -81,7 +84,7 @@ def test_nats_is_a_three_server_jetstream_cluster_with_a_volume_each(rendered) -
 def test_rendered_cluster_config_is_accepted_by_nats_server(rendered, tmp_path: Path) -> None:
     _, docs = rendered
     conf = tmp_path / "nats.conf"
-    conf.write_text(nats_conf(docs))
+    conf.write_text(nats_conf(docs, tmp_path / "pod"))
     done = subprocess.run([nats_server_binary(), "--config", str(conf), "-t"], capture_output=True, text=True,
                           timeout=30, env={"POD_NAME": f"{RELEASE}-nats-1"})  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -133,10 +136,11 @@ def test_external_nats_renders_no_nats_of_its_own(tools: KubeTools) -> None:
     assert job_env["PAI_NATS_URL"]["value"] == EXTERNAL and job_env["PAI_NATS_REPLICAS"]["value"] == "3"
 
 
-def test_a_single_nats_server_has_no_cluster_block_and_no_budget(tools: KubeTools) -> None:
+def test_a_single_nats_server_has_no_cluster_block_and_no_budget(tools: KubeTools, tmp_path: Path) -> None:
     docs = render(tools, "--set", "nats.replicas=1")
     assert kinds(docs, "StatefulSet")[f"{RELEASE}-nats"]["spec"]["replicas"] == 1
-    assert "cluster {" not in nats_conf(docs)
+    conf = nats_conf(docs, tmp_path)
+    assert "cluster {" not in conf and "jetstream" in conf
     assert f"{RELEASE}-nats" not in kinds(docs, "PodDisruptionBudget")
     assert env_of(kinds(docs, "Deployment")[f"{RELEASE}-rest"])["PAI_NATS_URL"]["value"] == f"nats://{RELEASE}-nats:4222"
     assert env_of(kinds(docs, "Job")[f"{RELEASE}-bootstrap"])["PAI_NATS_REPLICAS"]["value"] == "1"
