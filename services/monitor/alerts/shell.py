@@ -148,23 +148,27 @@ def reading_of(sample: NodeSample) -> NodeReading:
 
 def job_view_of(record: JobRecord) -> JobView:
     """A job as the launcher recorded it, for a restarted monitor. A finished job's
-    view keeps what rules read of it (its state, when and why it failed), not its
-    placement or mail settings: it never runs or changes state again."""
+    view keeps what rules read of it (its state, its times as the live view has
+    them: `waitingSince` dates a finished job's forgetting; when and why it failed,
+    and a failed job's nodes: its JobFailed alert names them and a lost one's
+    NodeNotReady inhibits it), not its GPUs or mail settings: it never runs or
+    changes state again."""
+    current = record.attempts[-1] if record.attempts else None
+    tasks = current.tasks if current else []
+    waiting_since = (current.createdTime if current else record.createdTime) or record.createdTime
     if record.state.is_final:
         failed = record.state is JobState.FAILED
         return JobView(
             job=record.job, user=sys.intern(record.user), vc=sys.intern(record.vc), state=record.state,
-            attempt=record.attempt, waitingSince=record.createdTime,
+            attempt=record.attempt, waitingSince=waiting_since, runningSince=record.launchedTime,
             failedAt=record.completedTime if failed else None,
             exitSpec=record.appExitSpec if failed else None, exitCode=record.appExitCode if failed else None,
+            nodes=list(dict.fromkeys(sys.intern(t.node) for t in tasks if t.node)) if failed else [],
         )
-    current = record.attempts[-1] if record.attempts else None
-    tasks = current.tasks if current else []
     failed = record.state is JobState.FAILED
     return JobView(
         job=record.job, user=record.user, vc=record.vc, state=record.state, attempt=record.attempt,
-        waitingSince=(current.createdTime if current else record.createdTime) or record.createdTime,
-        runningSince=record.launchedTime,
+        waitingSince=waiting_since, runningSince=record.launchedTime,
         failedAt=record.completedTime if failed else None,
         exitSpec=record.appExitSpec if failed else None, exitCode=record.appExitCode if failed else None,
         gpus=[(t.node, g) for t in tasks if t.node for g in t.gpus],
