@@ -8,6 +8,11 @@ task files and logs, the scheduler pai_schedule. Each handler is idempotent and 
 after its deletes, so a crash midway converges when the service is back. rest also
 removes its records at once in the request, so the answer is true when it comes.
 
+A job whose live records expired (archived: services/rest/history/expiry.py) is
+deleted the same way, found in the history database: the same event (the launcher may
+still hold its record and logs until retention; rest its secrets), and rest removes
+its history rows at once (the projection's JobDeleted removes them again, finding none).
+
 The record in pai_jobs is purged, not deleted: every rest replica's job index sees
 the purge and when it happened. Until the event stream's duplicate window has passed
 since then, the name is not used again (a 409 says until when): a new job's events
@@ -46,17 +51,22 @@ def deleted_event(sub: SubmittedJob, by: str) -> JobDeleted:
 
 async def remove_records(ctx: ServiceContext, job: str, submitted_at: float) -> bool:
     """rest's records of the job submitted at `submitted_at` (not of a later one of its
-    name): its secrets, then its record, purged. Whether there was one."""
+    name): its secrets, then its record, purged. Whether its record was there.
+
+    An archived job has no record left (expiry purged it) but keeps its secrets (the
+    launcher scrubs its logs with them until retention): they go now."""
     key = ids.job_key(job)
     jobs = await ctx.bus.kv(Bucket.JOBS)
     got = await get_json(jobs, key, SubmittedJob)
-    if got is None or abs(got[0].submittedAt - submitted_at) > 1e-6:
-        return False
+    if got is not None and abs(got[0].submittedAt - submitted_at) > 1e-6:
+        return False  # a later job of its name: the secrets are that job's
     secrets = await ctx.bus.kv(Bucket.SECRETS)
     try:
         await secrets.purge(key)
     except nats.js.errors.NotFoundError:
         pass
+    if got is None:
+        return False
     await jobs.purge(key)
     return True
 

@@ -8,11 +8,13 @@ from the history database, in the shapes the bucket reads give, so a user sees t
   times, exit code, retries, and each attempt with its tasks.
 
 Hooks: `jobs_api.read_job` when a job is not in pai_jobs, and intake's name check
-(`holds`): a name the history holds is still taken.
+(`holds`): a name the history holds is still taken. Deleting and tagging such a job
+(`archived`, `change_tags`): the history is its only record in rest then.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import msgspec
@@ -22,14 +24,18 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from libs.common import ids
 from libs.common.bus import get_json
+from libs.common.errors import Transient
 from libs.common.messages import JobState, TaskState
 from libs.common.protocol.model import JobSpec
 from libs.common.records import AttemptRecord, JobRecord, TaskRecord
 from libs.common.subjects import Bucket
 from services.rest.history import schema
+from services.rest.history import store as history_store
 from services.rest.history.wiring import HISTORY
 from services.rest.records import SubmittedJob
 from services.rest.request import ctx_of
+
+log = logging.getLogger("pai.rest.history")
 
 
 def _engine(app: web.Application):
@@ -43,7 +49,19 @@ async def _job_row(engine, jid: str) -> Any:
 
 
 def _submission(row: Any) -> SubmittedJob | None:
-    """The job as accepted at intake; from its spec where the record was never copied."""
+    """The job as accepted at intake, its tags as the database has them now (they change
+    after archiving: `change_tags`); from its spec where the record was never copied."""
+    sub = _submitted(row)
+    if sub is None:
+        return None
+    try:
+        tags = msgspec.json.decode(row.tags or "[]", type=list[str])
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return sub
+    return msgspec.structs.replace(sub, tags=tags)
+
+
+def _submitted(row: Any) -> SubmittedJob | None:
     if row.submission:
         try:
             return msgspec.json.decode(row.submission, type=SubmittedJob)
@@ -109,3 +127,44 @@ async def holds(request: web.Request, jid: str) -> bool:
     except SQLAlchemyError:
         return False
     return row is not None and row.archived_at is not None
+
+
+async def archived(request: web.Request, jid: str) -> tuple[SubmittedJob, str] | None:
+    """An archived job's submission and its tags as `jobs.tags` reads now (for a
+    compare-and-set), or None where the history has no archived job of this id."""
+    engine = _engine(request.app)
+    if engine is None:
+        return None
+    try:
+        row = await _job_row(engine, jid)
+    except SQLAlchemyError:
+        return None
+    if row is None or row.archived_at is None:
+        return None
+    sub = _submission(row)
+    return (sub, row.tags) if sub is not None else None
+
+
+async def change_tags(request: web.Request, jid: str, tags: list[str], expected: str) -> bool:
+    """An archived job's tags set, where they still read `expected`; False: changed meanwhile."""
+    engine = _engine(request.app)
+    if engine is None:
+        return False
+    try:
+        return await history_store.replace_tags(engine, jid, expected, tags)
+    except (SQLAlchemyError, OSError) as exc:
+        raise Transient(f"the job history database did not take the tags of {jid} ({exc.__class__.__name__}); "
+                        "try again") from None
+
+
+async def delete(request: web.Request, sub: SubmittedJob) -> bool:
+    """An archived job's rows leave the history at once (the projection's JobDeleted
+    removes them again when it comes: nothing then)."""
+    engine = _engine(request.app)
+    if engine is None:
+        return False
+    try:
+        return await history_store.delete_job(engine, sub.job, sub.submittedAt)
+    except (SQLAlchemyError, OSError) as exc:  # the projection's JobDeleted removes them
+        log.warning("the history rows of %s not removed yet (%r)", sub.job, exc, extra={"job": sub.job})
+        return False

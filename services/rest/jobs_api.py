@@ -359,7 +359,15 @@ async def _change_tags(request: web.Request, change) -> web.Response:
     kv = await ctx.bus.kv(Bucket.JOBS)
     key = ids.job_key(jid)
     for _ in range(TAG_UPDATE_ATTEMPTS):  # compare-and-set: a concurrent change of the record wins, then we retry
-        sub, revision, _, _ = await load_job(ctx, jid)
+        try:
+            sub, revision, _, _ = await load_job(ctx, jid)
+        except NotFound:  # its live records expired: the history holds its tags alone
+            done = await _change_archived_tags(request, jid, tag, change)
+            if done is None:
+                raise
+            if done is False:
+                continue
+            return json_response(Message(message=done))
         require_owner_or_admin(request, sub, "change the tags of")
         tags, message = change(sub.tags, tag, sub.job)
         if tags == sub.tags:
@@ -375,6 +383,22 @@ async def _change_tags(request: web.Request, change) -> web.Response:
         await _tags_to_history(request, jid, tags)
         return json_response(Message(message=message))
     raise Transient(f"the record of {jid} kept changing; try again")
+
+
+async def _change_archived_tags(request: web.Request, jid: str, tag: str, change) -> str | bool | None:
+    """The tag change on an archived job (history_reads): its message; False where the
+    tags changed meanwhile (read again); None where the history has no such job."""
+    from services.rest import history_reads  # (late: it imports the history's wiring)
+
+    found = await history_reads.archived(request, jid)
+    if found is None:
+        return None
+    sub, expected = found
+    require_owner_or_admin(request, sub, "change the tags of")
+    tags, message = change(sub.tags, tag, sub.job)
+    if tags == sub.tags:
+        return message
+    return message if await history_reads.change_tags(request, jid, tags, expected) else False
 
 
 async def _tags_to_history(request: web.Request, jid: str, tags: list[str]) -> None:
@@ -419,7 +443,10 @@ async def delete_job(request: web.Request) -> web.Response:
     """DELETE /api/v2/jobs/{job}: a finished job's records, logs and files, by its owner or an admin."""
     ctx = ctx_of(request)
     jid = job_param(request)
-    sub, _, rec, _ = await load_job(ctx, jid)
+    try:
+        sub, _, rec, _ = await load_job(ctx, jid)
+    except NotFound:  # its live records expired: found in the history, finished
+        return await _delete_archived(request, jid)
     require_owner_or_admin(request, sub, "delete")
     if rec is None or not rec.state.is_final:
         state = rec.state.value if rec is not None else JobState.WAITING.value
@@ -432,6 +459,28 @@ async def delete_job(request: web.Request) -> web.Response:
     if index is not None:
         index.purged[ids.job_key(jid)] = time.time()  # its name held (the watch brings the purge's own time)
         index.delete_submission(ids.job_key(jid))  # and gone from this replica's list before the answer
+    return json_response(Message(message=f"deleted {jid}: its records, logs and files are being removed"))
+
+
+async def _delete_archived(request: web.Request, jid: str) -> web.Response:
+    """DELETE of a job only the history holds (archived: finished long enough ago). The
+    same JobDeleted (the launcher may still hold its record and logs, rest its secrets),
+    and its history rows removed at once, so the answer is true when it comes."""
+    from services.rest import history_reads  # (late: it imports the history's wiring)
+
+    ctx = ctx_of(request)
+    found = await history_reads.archived(request, jid)
+    if found is None:
+        raise NotFound(f"job {jid} not found")
+    sub = found[0]
+    require_owner_or_admin(request, sub, "delete")
+    await ctx.bus.publish(deletion.deleted_event(sub, request[USER].username))
+    await deletion.remove_records(ctx, jid, sub.submittedAt)  # its secrets (its record went at archiving)
+    await history_reads.delete(request, sub)
+    index = request.app.get(INDEX)
+    if index is not None:
+        index.purged[ids.job_key(jid)] = time.time()  # its name held, as after a live deletion
+        index.unsettled.add(ids.job_key(jid))  # hidden from the list until the history lost it too
     return json_response(Message(message=f"deleted {jid}: its records, logs and files are being removed"))
 
 
@@ -876,12 +925,16 @@ async def settle_once(index: JobIndex, engine: AsyncEngine) -> None:
     for at in range(0, len(keys), SETTLE_BATCH):
         batch = keys[at:at + SETTLE_BATCH]
         stored = await history_query.rows_of(engine, [ids.job_id_from_key(k) for k in batch])
+        # Archived (its record purged from pai_jobs, which the index takes for a deletion):
+        # the history's row is the truth, the list shows it.
+        gone = [jid for jid in stored if ids.job_key(jid) not in index.jobs]
+        archived = await history_store.archived_among(engine, gone) if gone else set()
         retag: list[tuple[str, list[str]]] = []
         for key in batch:  # no await from here to the discards: the index is as compared
             jid = ids.job_id_from_key(key)
             job, row = index.jobs.get(key), stored.get(jid)
             if job is None:
-                if row is None:  # deleted here and there
+                if row is None or jid in archived:  # deleted here and there, or archived
                     index.unsettled.discard(key)
                 continue
             if row is None:

@@ -5,18 +5,20 @@
 - once it runs, pai_jobs and pai_schedule lose the job; the launcher's record stays
   (its logs are still readable) until retention prunes its logs, then goes too;
 - GET the job and its config answer as before; resubmitting its name is a 409;
-- after every service is killed and started again, nothing comes back and nothing is lost.
+- after every service is killed and started again, nothing comes back and nothing is lost;
+- such a job is tagged, and deleted, by its owner (others: 403) as a live one is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 import uuid
 
 import pytest
 
-from cli.client import ApiError
+from cli.client import ApiError, Client, Connection
 from cli.up import Platform
 from libs.common import ids
 from libs.common.bus import Bus
@@ -129,3 +131,70 @@ async def _only_status(bus: Bus, jid: str) -> bool:
 
 async def _none(bus: Bus, jid: str) -> bool:
     return await _records(bus, jid) == set()
+
+
+async def test_an_expired_job_is_tagged_and_deleted_by_its_owner_from_the_history(short_lived):
+    api, plat = short_lived, short_lived.platform
+    bus = await Bus.connect(plat.nats.url, name="test-expiry-delete", **plat.nats.login("platform"))
+    try:
+        name = f"old-{uuid.uuid4().hex[:6]}"
+        jid = f"admin~{name}"
+        await api.submit(job_yaml(name, ["echo from-an-old-job"]))
+        await api.wait_state(jid, "SUCCEEDED")
+        assert await _until(lambda: _only_status(bus, jid)), await _records(bus, jid)  # archived
+        made = await api.client.request("POST", "/api/v2/users", json_body={"username": f"st{uuid.uuid4().hex[:6]}"})
+        stranger = Client(Connection(url=api.conn.url, token=made["token"]))
+
+        # Tags: its owner changes them in the history; the tag filter finds it; others may not.
+        tag = f"t{uuid.uuid4().hex[:6]}"
+        for value in (tag, "spare"):
+            await api.client.request("PUT", f"/api/v2/jobs/{jid}/tag", json_body={"value": value})
+        await api.client.request("DELETE", f"/api/v2/jobs/{jid}/tag", json_body={"value": "spare"})
+        assert (await api.job(jid))["tags"] == [tag]
+        # Listed from the history once rest's index has found it archived there (its purge
+        # from pai_jobs looks like a deletion until then).
+        assert await _until(lambda: _listed_as(api.client, [jid], tags=tag)), await _listed(api.client, tags=tag)
+        for method in ("PUT", "DELETE"):
+            assert await _answer(stranger, method, f"/api/v2/jobs/{jid}/tag", json_body={"value": tag}) == 403
+        assert await _answer(stranger, "DELETE", f"/api/v2/jobs/{jid}") == 403
+
+        # Its owner deletes it: gone from reads, the list, the history and every bucket.
+        assert await _answer(api.client, "DELETE", f"/api/v2/jobs/{jid}") == 200
+        for path in (f"/api/v2/jobs/{jid}", f"/api/v2/jobs/{jid}/config", f"/api/v2/jobs/{jid}/events"):
+            assert await _answer(api.client, "GET", path) == 404, path
+        assert await _listed(api.client, tags=tag) == []
+        assert jid not in await _listed(api.client, username="admin")
+        assert _history_rows(plat, jid) == 0
+        assert await _until(lambda: _none(bus, jid), timeout=10.0), await _records(bus, jid)
+        assert await _answer(api.client, "DELETE", f"/api/v2/jobs/{jid}") == 404
+        # Its name waits out the event stream's duplicate window, as after a live deletion.
+        with pytest.raises(ApiError) as refused:
+            await api.submit(job_yaml(name, ["true"]))
+        assert refused.value.status == 409 and "can be used again in" in refused.value.body["message"]
+    finally:
+        await bus.close()
+
+
+async def _answer(client: Client, method: str, path: str, **kwargs) -> int:
+    try:
+        await client.request(method, path, **kwargs)
+    except ApiError as exc:
+        return exc.status
+    return 200
+
+
+async def _listed(client: Client, **params: str) -> list[str]:
+    return [row["debugId"] for row in await client.request("GET", "/api/v2/jobs", params=params)]
+
+
+async def _listed_as(client: Client, expected: list[str], **params: str) -> bool:
+    return await _listed(client, **params) == expected
+
+
+def _history_rows(plat: Platform, jid: str) -> int:
+    """The job's rows in every table of the history database (SQLite under rest's data dir)."""
+    [path] = list(plat.data.rglob("history.sqlite"))
+    with sqlite3.connect(path) as db:
+        return sum(db.execute(f"SELECT count(*) FROM {table} WHERE {column} = ?", (jid,)).fetchone()[0]  # noqa: S608
+                   for table, column in (("jobs", "id"), ("attempts", "job"), ("tasks", "job"), ("events", "job"),
+                                         ("job_tags", "job")))

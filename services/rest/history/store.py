@@ -144,6 +144,49 @@ async def set_tags(engine: AsyncEngine, job: str, tags: list[str]) -> None:
             await connection.execute(sa.insert(schema.job_tags), [{"job": job, "tag": tag} for tag in tags])
 
 
+async def replace_tags(engine: AsyncEngine, job: str, expected: str, tags: list[str]) -> bool:
+    """An archived job's tags changed to `tags` where `jobs.tags` still reads `expected`
+    (compare-and-set: the database is their only copy, so a concurrent change wins and
+    the caller reads again).
+    False where the row holds other tags, or is gone."""
+    import json
+
+    async with engine.begin() as connection:
+        changed = await connection.execute(
+            sa.update(schema.jobs).where(schema.jobs.c.id == job, schema.jobs.c.tags == expected)
+            .values(tags=json.dumps(tags)))
+        if changed.rowcount != 1:
+            return False
+        await connection.execute(sa.delete(schema.job_tags).where(schema.job_tags.c.job == job))
+        if tags:
+            await connection.execute(sa.insert(schema.job_tags), [{"job": job, "tag": tag} for tag in tags])
+    return True
+
+
+async def archived_among(engine: AsyncEngine, jobs: list[str]) -> set[str]:
+    """Which of these jobs are archived: their live records left the buckets, so the
+    history's rows are the truth about them (the list shows those rows)."""
+    async with engine.connect() as connection:
+        rows = (await connection.execute(sa.select(schema.jobs.c.id).where(
+            schema.jobs.c.id.in_(jobs), schema.jobs.c.archived_at.is_not(None)))).all()
+    return {row.id for row in rows}
+
+
+async def delete_job(engine: AsyncEngine, job: str, submitted_at: float) -> bool:
+    """Every row of the job submitted at `submitted_at` (a deleted archived job), in one
+    transaction; the projection's JobDeleted removes the same rows again when it comes
+    (nothing then). Whether there was such a job."""
+    jobs = schema.jobs
+    async with engine.begin() as connection:
+        row = (await connection.execute(sa.select(jobs.c.submitted_at).where(jobs.c.id == job))).first()
+        if row is None or row.submitted_at is None or abs(row.submitted_at - submitted_at) > 1e-6:
+            return False
+        for table in (schema.events, schema.tasks, schema.attempts, schema.job_tags):
+            await connection.execute(sa.delete(table).where(table.c.job == job))
+        await connection.execute(sa.delete(jobs).where(jobs.c.id == job))
+    return True
+
+
 # --- migrations ----------------------------------------------------------------------------
 
 MIGRATIONS = Path(__file__).with_name("migrations")
