@@ -144,6 +144,7 @@ async def through_backend(data_dir: Path, tasks: int) -> dict:
     await backend.recover()
     timings = Timings()
     done = asyncio.Event()
+    slot_freed = asyncio.Event()
 
     async def watch() -> None:
         async for event in backend.events():
@@ -153,6 +154,7 @@ async def through_backend(data_dir: Path, tasks: int) -> dict:
             elif isinstance(event, TaskFinished):
                 timings.finished[event.key] = now
                 timings.exit_codes[event.key] = event.exitCode
+                slot_freed.set()
                 if len(timings.finished) == tasks:
                     done.set()
 
@@ -161,7 +163,8 @@ async def through_backend(data_dir: Path, tasks: int) -> dict:
     for index in range(tasks):
         if IN_FLIGHT:
             while index - len(timings.finished) >= IN_FLIGHT:
-                await asyncio.sleep(0.001)  # a slot frees as a task ends (the platform's slots)
+                slot_freed.clear()  # a slot frees as a task ends (the platform's slots)
+                await slot_freed.wait()
         launch = trivial_launch(index)
         timings.started[launch.key] = time.time()
         await backend.start(launch)
