@@ -91,6 +91,16 @@ async def test_a_pooled_cgroup_is_handed_on_with_fresh_counts():
         # ... and neither the OOM kill nor the peak of the task before.
         assert second.exitCode == 0 and second.platformReason == ""
         assert second.memoryPeakMB is not None and second.memoryPeakMB < 16, second.memoryPeakMB
+        # The launcher closes while a task runs: its shim pools the task's
+        # cgroups after the launcher removed the pool, and removes them as it exits.
+        last = launch("last", "sleep 1", memoryMB=128)
+        await harness.backend.start(last)
+        await harness.events.running(last.key)
+        await harness.close()
+        deadline = time.monotonic() + WAIT_SECONDS
+        while task_cgroups(parents):
+            assert time.monotonic() < deadline, task_cgroups(parents)
+            await asyncio.sleep(0.1)
     finally:
         await harness.close()
         shutil.rmtree(data, ignore_errors=True)

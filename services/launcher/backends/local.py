@@ -523,14 +523,6 @@ class LocalBackend:
         if self._closed:
             return
         self._closed = True
-        # The free cgroups of the pool (local_limits): shims still running put
-        # theirs back later, and the next launcher's close removes those.
-        local_limits.remove_pooled(self._cgroup_parents_v1)
-        for parent in self._cgroup_parents_v1:  # kept (the kernel refuses) while a task's cgroup is there
-            try:
-                os.rmdir(parent)
-            except OSError:
-                pass
         if self._sweeper is not None:
             self._sweeper.cancel()
             try:
@@ -545,6 +537,14 @@ class LocalBackend:
         if self._server is not None:
             self._write_outgoing()
             await _stop_fork_server(self._server)
+        # The free cgroups of the pool (local_limits), once the fork server is
+        # gone: a shim that ends after it removes those it pools itself.
+        local_limits.remove_pooled(self._cgroup_parents_v1)
+        for parent in self._cgroup_parents_v1:  # kept (the kernel refuses) while a task's cgroup is there
+            try:
+                os.rmdir(parent)
+            except OSError:
+                pass
         self._reports_end = True
         self._reported.set()
 

@@ -404,14 +404,18 @@ class TaskCgroup:
                 return TaskCgroup(1, left + moved).remove()
             done.append(d)
         _pooled_here.append(name)
+        _pooled_parents[:] = [d.rsplit("/", 1)[0] for d in self.dirs]
         if len(_pooled_here) > _POOLED_HERE_KEPT:
-            del _pooled_here[0]  # (one another process took is found by listing the pool)
+            _remove_pooled_set(_pooled_here.pop(0))
         return True
 
 
 # Names of the cgroups this process put in the pool: tried first by its next
-# claims (most likely still free; no listing of the parent needed).
+# claims (most likely still free; no listing of the parent needed), and
+# removed as it exits if no task took them meanwhile (remove_own_pooled): the
+# pool lives while shims do, and nothing is left once the last one is gone.
 _pooled_here: list[str] = []
+_pooled_parents: list[str] = []  # the parents they are in (the same for every task of a launcher)
 _POOLED_HERE_KEPT = 256
 _pool_names = itertools.count()
 
@@ -535,6 +539,19 @@ def _remove_quietly(path: str) -> None:
         os.rmdir(path)
     except OSError:
         pass
+
+
+def _remove_pooled_set(name: str) -> None:
+    # (one another shim took meanwhile carries a task's name by now: ENOENT)
+    for parent in _pooled_parents:
+        _remove_quietly(f"{parent}/{name}")
+
+
+def remove_own_pooled() -> None:
+    """Remove the cgroups this process put in the pool that no task took (a
+    shim, as it exits)."""
+    while _pooled_here:
+        _remove_pooled_set(_pooled_here.pop())
 
 
 def remove_pooled(parents: list[str]) -> None:

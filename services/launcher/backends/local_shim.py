@@ -227,6 +227,7 @@ class Shim:
         line, until EOF; None: only the tasks given to `take`."""
         self.doorbell = doorbell
         self.pid = os.getpid()
+        self.fork_server = os.getppid()  # while it lives, the pool of task cgroups does (local_limits)
         self.ticks = local_procs.start_ticks(self.pid) or 0
         self.runs: dict[int, _Run] = {}  # by main pid
         # The runs _advance must look at: reaped, or ordered to stop (a running
@@ -434,6 +435,10 @@ class Shim:
             if not self.cgroups_left:
                 break
             time.sleep(_RESWEEP_SECONDS)
+        if os.getppid() != self.fork_server:
+            # The fork server has ended (the launcher closed, or died): the
+            # launcher has removed the pool, or will not; what we put in it since goes.
+            local_limits.remove_own_pooled()
 
     def _read_feed(self) -> None:
         """Take the tasks whose lines came whole; a line cut short by the
