@@ -83,6 +83,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Local backend: the unprivileged user task processes run as (when PAI runs
     # as root). Empty: `pai up` chooses/creates one; tasks never run as root.
     task_user: str = ""
+    # Local backend: processes and threads per task (cgroup pids.max) and the bound
+    # on a task's working directory in MiB (docs/local-isolation.md; 0: no bound).
+    task_pids_max: int = 4096
+    task_work_dir_mb: int = 10 * 1024
     # rest: requests per bearer token, a token bucket (services/rest/ratelimit.py):
     # this many at once, refilled at this many per second; past it 429.
     rest_rate_limit_burst: int = 200

@@ -141,6 +141,8 @@ def make_backend(config: Config) -> Backend:
         log_cap_bytes=config.task_log_cap_bytes,
         grace_seconds=config.grace_seconds,
         task_user=config.task_user,  # as root: never root, a uid per job (local_users)
+        pids_max=config.task_pids_max,
+        work_dir_mb=config.task_work_dir_mb,
     )
 
 
