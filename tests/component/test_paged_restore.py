@@ -110,7 +110,9 @@ async def test_launcher_restores_in_pages_keeping_live_jobs_whole_and_its_lease(
         live = {ids.job_key(j): encode_job_record(live_record(j, at=now)) for j in (f"bob~live{n}" for n in range(LIVE_JOBS))}
         await seed(admin, finished | live)
 
-        monkeypatch.setattr(service, "LEASE_SECONDS", 0.6)  # a renewal every 0.2 s
+        # A renewal every 0.05 s: restoring 2,000 records takes several such turns
+        # even on a fast machine, and a restore that held the event loop gets none.
+        monkeypatch.setattr(service, "LEASE_SECONDS", 0.15)
         shell = launcher_shell(bus, tmp_path / "launcher")
         await service.hold_leadership(shell.ctx)
         leases = await bus.kv(Bucket.LEASES)
