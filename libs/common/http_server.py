@@ -137,6 +137,12 @@ class GuardedHandler(RequestHandler):
             self._header_timer.cancel()  # its header is in
             self._header_timer = None
 
+    def close_after_response(self) -> None:
+        """Close the connection once the answer now being made is sent, without
+        lingering to read the rest of a body that is not coming."""
+        self._lingering_time = 0.0
+        self.close()  # aiohttp's: no further request on this connection, closed after this one
+
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._peer is None:
             return  # refused: never counted, never handed to aiohttp

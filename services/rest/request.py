@@ -53,6 +53,11 @@ async def read_body(request: web.Request, *, limit: int, what: str) -> bytes:
                     raise TooLarge(f"{what} exceeds the limit of {limit} bytes", details={"limit": limit})
                 chunks.append(chunk)
     except TimeoutError:
+        # The rest of the body may still come: the connection cannot carry another
+        # request, and aiohttp would otherwise linger up to 10 s reading it.
+        close_after_response = getattr(request.protocol, "close_after_response", None)
+        if close_after_response is not None:
+            close_after_response()
         raise RequestTimeout(f"{what} did not arrive within {seconds:g} seconds ({size} bytes came); "
                              "send it whole (http_body_timeout_seconds)", details={"limit": seconds}) from None
     return b"".join(chunks)
