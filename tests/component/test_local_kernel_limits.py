@@ -194,3 +194,21 @@ async def test_writing_past_the_working_directorys_bound_ends_the_task_with_the_
     assert f"{WORK_DIR_MB} MiB" in finished.platformMessage
     spec = verdict(finished)
     assert (spec.code, spec.phrase) == (244, "DiskFull")
+
+
+async def test_a_data_dir_on_dev_shm_is_still_the_tasks_working_directory():
+    # A data dir on tmpfs (/dev/shm, as the throughput runs use) lies under what
+    # the task's own /dev/shm covers: its working directory is bound back there.
+    data = Path(tempfile.mkdtemp(prefix="pai-limits-", dir="/dev/shm"))
+    data.chmod(0o711)
+    harness = await open_harness(data / "launcher", grace_seconds=1.0, task_user="")
+    try:
+        assert str(harness.backend.work_root).startswith("/dev/shm/")
+        task = launch("on-shm", "cd \"$PAI_WORK_DIR\" && echo kept > here && cat \"$PAI_WORK_DIR/here\" && ls /dev/shm | wc -l")
+        finished = await harness.run(task)
+        assert finished.exitCode == 0, output(harness, task.key)
+        assert output(harness, task.key).split() == ["kept", "1"]  # its own /dev/shm holds only the way back
+        assert (harness.work_dir(task.key) / "here").read_text() == "kept\n"
+    finally:
+        await harness.close()
+        shutil.rmtree(data, ignore_errors=True)

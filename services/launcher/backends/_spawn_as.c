@@ -25,9 +25,9 @@
    made private (nothing mounted here reaches the machine's namespace); a
    fresh proc on /proc with the given options (hidepid=2: other users'
    processes are not there); a tmpfs on /dev/shm and one on /tmp. A working
-   directory under /tmp (`keep`) is opened before /tmp is covered, and bound
-   back at its own path inside the new /tmp, its parents made there first
-   (`keep_dirs`). The tmpfs mounts and what they hold go away when the
+   directory under /tmp or /dev/shm (`keep`) is opened before either is
+   covered, and bound back at its own path inside the new tmpfs, its parents
+   made there first (`keep_dirs`). The tmpfs mounts and what they hold go away when the
    namespace's last process exits.
 */
 
@@ -138,17 +138,19 @@ static void enter_private_mounts(struct child_plan *plan, volatile struct failur
         fail(failure, "make mounts private");
     if (mount("proc", "/proc", "proc", flags | MS_NOEXEC, plan->proc_options) < 0)
         fail(failure, "mount /proc");
-    if (mount("tmpfs", "/dev/shm", "tmpfs", flags, plan->shm_options) < 0)
-        fail(failure, "mount /dev/shm");
     int keep = -1;
     if (plan->keep != NULL && (keep = open(plan->keep, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
         fail(failure, "open the working directory");
+    if (mount("tmpfs", "/dev/shm", "tmpfs", flags, plan->shm_options) < 0)
+        fail(failure, "mount /dev/shm");
     if (mount("tmpfs", "/tmp", "tmpfs", flags, plan->tmp_options) < 0)
         fail(failure, "mount /tmp");
     if (keep >= 0) {
+        /* 0711 whatever the umask (the shim's is 077): the task's uid must pass
+           through to its working directory by its absolute path. */
         for (int i = 0; plan->keep_dirs[i] != NULL; i++)
-            if (mkdir(plan->keep_dirs[i], 0711) < 0 && errno != EEXIST)
-                fail(failure, "mkdir in /tmp");
+            if ((mkdir(plan->keep_dirs[i], 0711) < 0 && errno != EEXIST) || chmod(plan->keep_dirs[i], 0711) < 0)
+                fail(failure, "mkdir in the new tmpfs");
         memcpy(plan->keep_source, "/proc/self/fd/", 14);
         format_pid(plan->keep_source + 14, keep);
         if (mount(plan->keep_source, plan->keep, NULL, MS_BIND, NULL) < 0)

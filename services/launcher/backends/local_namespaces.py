@@ -40,6 +40,7 @@ MS_REC = 16384
 MS_PRIVATE = 1 << 18
 PROC_OPTIONS = "hidepid=2"
 TMP = "/tmp"
+SHM = "/dev/shm"
 # A task's /dev/shm and /tmp when it has no memoryMB (specs of older launchers).
 DEFAULT_TMPFS_MB = 1024
 
@@ -50,7 +51,7 @@ class MountPlan(NamedTuple):
     proc_options: str
     shm_options: str
     tmp_options: str
-    keep: str | None  # a working directory under /tmp, bound back in the task's /tmp
+    keep: str | None  # a working directory under /tmp or /dev/shm, bound back in the task's own
     keep_dirs: list[str]  # its parents, made first in the task's /tmp
 
 
@@ -59,10 +60,11 @@ def plan(work_dir: str, uid: int, gid: int, memory_mb: int) -> MountPlan:
     tmpfs = f"size={size}m,mode=1777,uid={uid},gid={gid}"
     keep = None
     keep_dirs: list[str] = []
-    if work_dir.startswith(TMP + "/"):
-        keep = work_dir
-        parts = work_dir[len(TMP) + 1 :].split("/")
-        keep_dirs = [f"{TMP}/{'/'.join(parts[: i + 1])}" for i in range(len(parts))]
+    for covered in (TMP, SHM):  # a data dir there (a tmpfs for speed) would be hidden
+        if work_dir.startswith(covered + "/"):
+            keep = work_dir
+            parts = work_dir[len(covered) + 1 :].split("/")
+            keep_dirs = [f"{covered}/{'/'.join(parts[: i + 1])}" for i in range(len(parts))]
     return MountPlan(PROC_OPTIONS, tmpfs, tmpfs, keep, keep_dirs)
 
 
@@ -101,8 +103,8 @@ def enter(mounts: MountPlan) -> None:
     _check(libc.unshare(CLONE_NEWNS), "unshare mount namespace")
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None, "make mounts private")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, mounts.proc_options, "mount /proc")
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, mounts.shm_options, "mount /dev/shm")
     keep = os.open(mounts.keep, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if mounts.keep else -1
+    _mount("tmpfs", SHM, "tmpfs", MS_NOSUID | MS_NODEV, mounts.shm_options, "mount /dev/shm")
     _mount("tmpfs", TMP, "tmpfs", MS_NOSUID | MS_NODEV, mounts.tmp_options, "mount /tmp")
     if keep >= 0:
         for path in mounts.keep_dirs:
@@ -110,6 +112,7 @@ def enter(mounts: MountPlan) -> None:
                 os.mkdir(path, 0o711)
             except FileExistsError:
                 pass
+            os.chmod(path, 0o711)  # whatever the umask: the task passes through by the absolute path
         _mount(f"/proc/self/fd/{keep}", mounts.keep, None, MS_BIND, None, "bind the working directory")
         os.close(keep)
         os.chdir(mounts.keep)
