@@ -14,6 +14,7 @@ Hooks: `jobs_api.read_job` when a job is not in pai_jobs, and intake's name chec
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -122,11 +123,59 @@ async def holds(request: web.Request, jid: str) -> bool:
     engine = _engine(request.app)
     if engine is None:
         return False
+    lookups = request.app.get(_HOLD_LOOKUPS)
+    if lookups is None or lookups.engine is not engine:
+        lookups = request.app[_HOLD_LOOKUPS] = _HoldLookups(engine)
     try:
-        row = await _job_row(engine, jid)
+        return await lookups.archived(jid)
     except SQLAlchemyError:
         return False
-    return row is not None and row.archived_at is not None
+
+
+class _HoldLookups:
+    """Every submission asks whether its name is an archived job's: the submissions
+    waiting at one moment are answered by one query for their ids alone (one each,
+    reading whole rows, cost rest more CPU than the rest of a submission)."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self._waiting: dict[str, list[asyncio.Future[bool]]] = {}
+        self._asking: asyncio.Task[None] | None = None
+
+    async def archived(self, jid: str) -> bool:
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(jid, []).append(future)
+        if self._asking is None:
+            self._asking = asyncio.create_task(self._ask())
+        return await future
+
+    async def _ask(self) -> None:
+        await asyncio.sleep(0)  # those arriving in this turn of the loop join
+        while self._waiting:
+            waiting, self._waiting = self._waiting, {}
+            try:
+                async with self.engine.connect() as connection:
+                    found = set((await connection.execute(
+                        sa.select(schema.jobs.c.id).where(schema.jobs.c.id.in_(list(waiting)),
+                                                          schema.jobs.c.archived_at.is_not(None))
+                    )).scalars())
+            except BaseException as exc:
+                for futures in waiting.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(exc if isinstance(exc, Exception) else SQLAlchemyError(repr(exc)))
+                if not isinstance(exc, Exception):
+                    self._asking = None
+                    raise
+                continue
+            for jid, futures in waiting.items():
+                for future in futures:
+                    if not future.done():
+                        future.set_result(jid in found)
+        self._asking = None
+
+
+_HOLD_LOOKUPS = web.AppKey("history_hold_lookups", _HoldLookups)
 
 
 async def archived(request: web.Request, jid: str) -> tuple[SubmittedJob, str] | None:

@@ -34,6 +34,8 @@ from services.rest.history import projection, store
 log = logging.getLogger("pai.rest.history")
 
 BATCH_MAX = 512
+# After a batch that did not fill, how long events gather before the next one.
+GATHER_SECONDS = 0.25
 # Long enough for a batch's transaction on a busy database; the batch is kept in
 # progress while it runs, so this bounds only a consumer that vanished.
 ACK_WAIT_SECONDS = 10.0
@@ -100,6 +102,11 @@ async def run(bus: Bus, engine: AsyncEngine, stopping: asyncio.Event, *, ack_wai
                 try:
                     await handle(bus, engine, msgs, apply_batch=apply_batch)
                     failures = 0
+                    if len(msgs) < BATCH_MAX:
+                        # Let what arrives meanwhile gather: a burst's events go in a few
+                        # large transactions, not one each (a commit costs far more than
+                        # a row). The list overlays what the history has not yet.
+                        await asyncio.sleep(GATHER_SECONDS)
                 except (SQLAlchemyError, OSError) as exc:
                     delay = RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
                     failures += 1

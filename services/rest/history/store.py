@@ -60,7 +60,20 @@ def _insert(connection: AsyncConnection):
     return postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
 
 
+# Built statements by dialect and shape: building one (SQLAlchemy's column
+# collections for `excluded`) cost more CPU than running it, once per batch.
+_STATEMENTS: dict[tuple[str, tuple], Any] = {}
+
+
 def _upsert_statement(connection: AsyncConnection, op: Upsert) -> Any:
+    key = (connection.dialect.name, _shape(op))
+    stmt = _STATEMENTS.get(key)
+    if stmt is None:
+        stmt = _STATEMENTS[key] = _build_upsert(connection, op)
+    return stmt
+
+
+def _build_upsert(connection: AsyncConnection, op: Upsert) -> Any:
     table = schema.metadata.tables[op.table]
     stmt = _insert(connection)(table)
     excluded = stmt.excluded
