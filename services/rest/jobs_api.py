@@ -59,6 +59,8 @@ MAX_TAG_LENGTH = 64
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 10_000
+# Far past any real history, and inside what a database's OFFSET takes (64 bits).
+MAX_LIST_OFFSET = 10**12
 TAG_UPDATE_ATTEMPTS = 5
 FALLBACK_READS_IN_FLIGHT = 64  # jobs read at once while the index loads
 # The list reads the history database while the index holds at most this many rows newer
@@ -736,6 +738,8 @@ def parse_list_query(q) -> ListQuery:
         raise bad_field("offset", "type", "offset and limit must be integers") from None
     if offset < 0:
         raise bad_field("offset", "minimum", "offset must be >= 0")
+    if offset > MAX_LIST_OFFSET:
+        raise bad_field("offset", "maximum", f"offset must be at most {MAX_LIST_OFFSET}")
     if not 1 <= limit <= MAX_LIST_LIMIT:
         raise bad_field("limit", "maximum", f"limit must be between 1 and {MAX_LIST_LIMIT}")
     states = frozenset(s.upper() for s in _csv(q.get("state")))

@@ -167,7 +167,7 @@ _LIST_PARAMS = [
     query_param("tagsNotContain", "comma-separated: jobs with none of these tags"),
     query_param("order", "`field,ASC|DESC`; field one of " + ", ".join(jobs_api.ORDER_FIELDS)
                 + " (default submissionTime,DESC)"),
-    query_param("offset", "rows to skip (default 0)", {"type": "integer", "minimum": 0}),
+    query_param("offset", "rows to skip (default 0)", {"type": "integer", "minimum": 0, "maximum": jobs_api.MAX_LIST_OFFSET}),
     query_param("limit", f"rows to return, 1-{jobs_api.MAX_LIST_LIMIT} (default {jobs_api.DEFAULT_LIST_LIMIT})",
                 {"type": "integer", "minimum": 1, "maximum": jobs_api.MAX_LIST_LIMIT}),
     query_param("withTotalCount", "true: answer {totalCount, data} instead of the bare list",
