@@ -97,7 +97,10 @@ async def test_processes_of_one_task_together_are_held_to_its_memory(bounded: Ha
 
 
 async def test_two_busy_loops_under_one_cpu_get_one_cpu(bounded: Harness):
-    loop = "timeout 2 sh -c 'while :; do :; done'"
+    # The loops spin until the test says stop (not for a fixed time: on a loaded
+    # machine the task could end, and its cgroup go back to the pool, before the
+    # test reads it).
+    loop = "sh -c 'while [ ! -e stop ]; do :; done'"
     task = launch("spinner", "touch started", f"{loop} & {loop} & wait || true", cpu=1, memoryMB=256)
     await bounded.backend.start(task)
     await bounded.events.running(task.key)
@@ -113,6 +116,7 @@ async def test_two_busy_loops_under_one_cpu_get_one_cpu(bounded: Harness):
     if parents:
         stat = Path(parents[1], task.key.slug, "cpu.stat").read_text()
         throttled = int(dict(line.split() for line in stat.splitlines())["nr_throttled"])
+    (work / "stop").touch()
     finished = await bounded.events.finished(task.key)
     assert finished.exitCode == 0, output(bounded, task.key)
     exit = read_task_exit(TaskFiles(str(bounded.backend.tasks_dir / task.key.slug)))
