@@ -49,6 +49,19 @@ async def _job_row(engine, jid: str) -> Any:
         return (await connection.execute(sa.select(schema.jobs).where(schema.jobs.c.id == jid))).first()
 
 
+async def _archived_row(request: web.Request, jid: str) -> Any:
+    """The history's row of `jid` if the job is archived (its live records gone); None
+    where it is not, or the history is not open or failed to answer."""
+    engine = _engine(request.app)
+    if engine is None:
+        return None
+    try:
+        row = await _job_row(engine, jid)
+    except SQLAlchemyError:
+        return None
+    return row if row is not None and row.archived_at is not None else None
+
+
 def _submission(row: Any) -> SubmittedJob | None:
     """The job as accepted at intake, its tags as the database has them now (they change
     after archiving: `change_tags`); from its spec where the record was never copied."""
@@ -99,14 +112,8 @@ async def _record_from_rows(engine, row: Any, sub: SubmittedJob) -> JobRecord:
 
 async def read(request: web.Request, jid: str) -> tuple[SubmittedJob, JobRecord | None] | None:
     """The job from the history, or None where the history has no such job (or is not open)."""
-    engine = _engine(request.app)
-    if engine is None:
-        return None
-    try:
-        row = await _job_row(engine, jid)
-    except SQLAlchemyError:
-        return None
-    if row is None or row.archived_at is None:  # not archived: its live records are the truth
+    row = await _archived_row(request, jid)
+    if row is None:  # not archived: its live records are the truth
         return None
     sub = _submission(row)
     if sub is None:
@@ -114,7 +121,7 @@ async def read(request: web.Request, jid: str) -> tuple[SubmittedJob, JobRecord 
     got = await get_json(await ctx_of(request).bus.kv(Bucket.JOB_STATUS), ids.job_key(jid), JobRecord)
     if got is not None and abs(got[0].createdTime - sub.submittedAt) <= 1e-3:
         return sub, got[0]
-    return sub, await _record_from_rows(engine, row, sub)
+    return sub, await _record_from_rows(_engine(request.app), row, sub)
 
 
 async def holds(request: web.Request, jid: str) -> bool:
@@ -181,14 +188,8 @@ _HOLD_LOOKUPS = web.AppKey("history_hold_lookups", _HoldLookups)
 async def archived(request: web.Request, jid: str) -> tuple[SubmittedJob, str] | None:
     """An archived job's submission and its tags as `jobs.tags` reads now (for a
     compare-and-set), or None where the history has no archived job of this id."""
-    engine = _engine(request.app)
-    if engine is None:
-        return None
-    try:
-        row = await _job_row(engine, jid)
-    except SQLAlchemyError:
-        return None
-    if row is None or row.archived_at is None:
+    row = await _archived_row(request, jid)
+    if row is None:
         return None
     sub = _submission(row)
     return (sub, row.tags) if sub is not None else None
