@@ -181,6 +181,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # reads then come from the history. The launcher's record stays until its logs go
     # (retention_finished_seconds). Recent finished jobs stay live for quick reads.
     live_finished_job_seconds: float = 3600.0
+    # And at most this many finished jobs stay live: past it the oldest-finished are
+    # archived first, so every service's memory is bounded by count, not only by time,
+    # however fast jobs finish (an hour at hundreds of jobs/s is ~10^6 jobs). 10,000 keeps
+    # rest's index and each service's copies to tens of MiB, and minutes of finished jobs
+    # live at tens of jobs/s; below ~3 jobs/s the hour above comes first.
+    live_finished_job_max: int = 10_000
     # How often rest looks for finished jobs to archive and history rows to purge.
     history_sweep_seconds: float = 60.0
     # Finished jobs older than this many days leave the history database; 0: kept forever.
