@@ -55,8 +55,9 @@ class Access(msgspec.Struct, frozen=True, kw_only=True):
     serves: tuple[str, ...] = ()  # request/reply subjects it answers
     asks: tuple[str, ...] = ()  # request/reply subjects it sends requests on
     reads_events: bool = False  # integrators: the event stream, read-only
-    # Event kinds it reads live and by sequence, without a consumer (rest's
-    # GET /api/v2/events): a subscription per kind and STREAM.MSG.GET.
+    # Event kinds it follows live (rest's GET /api/v2/events): an ephemeral push
+    # consumer per kind, named by it and filtered to that kind, delivering to its
+    # inbox, with flow control; and STREAM.MSG.GET by sequence, to resume.
     watches: tuple[Kind, ...] = ()
     admin: bool = False  # the platform's bootstrap: everything
 
@@ -222,7 +223,10 @@ def permissions(user: str) -> Permissions:
     subscribe += access.serves
     if access.watches:
         publish += [_api("STREAM.INFO", STREAM), _api("STREAM.MSG.GET", STREAM)]
-        subscribe += [kind_filter(kind) for kind in access.watches]
+        # CONSUMER.CREATE.<stream>.<name>.<filter>: nats-server holds the config's
+        # filter to the one in the subject, so only consumers of these kinds.
+        publish += [_api("CONSUMER.CREATE", STREAM, "*", kind_filter(kind)) for kind in access.watches]
+        publish.append(f"$JS.FC.{STREAM}.>")  # answers to the consumers' flow control
     if access.reads_events:
         events_publish, events_subscribe = _reading_events()
         publish += events_publish

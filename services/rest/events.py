@@ -6,12 +6,20 @@ event's JetStream sequence. A client that reconnects with `Last-Event-ID` (or
 rest restart between two connections loses nothing.
 
 One reader per rest process (`EventHub`), not one per stream: while at least one
-stream is open, the hub holds one subscription on the job-state subjects, which
-wakes it, and reads each new job-state event once, in sequence order, from the
-stream (`STREAM.MSG.GET` with `next_by_subj`: the sequence is what makes the SSE id,
-and a live message does not carry it). It encodes the event once and hands it to
-every open stream whose filter matches, from memory, into that stream's bounded
-queue. With 1,000 streams open an event costs one read, not 1,000.
+stream is open, the hub holds one JetStream consumer on the job-state subjects of
+the event stream, an ephemeral push consumer in memory that delivers each new
+job-state event to rest once, in sequence order, body and stream sequence (the SSE
+id) together: no stored read per event. The hub encodes the event once and hands
+it to every open stream whose filter matches, from memory, into that stream's
+bounded queue. With 1,000 streams open an event costs one delivery, not 1,000, and
+no read.
+
+The consumer is an ordered one, kept by the hub: each delivery carries its consumer
+sequence, so a delivery lost on the way (a dropped connection, a NATS restart that
+took the consumer with it) shows as a gap, or as heartbeats that say more was sent,
+or as silence where heartbeats were due. The hub then drops that consumer and makes
+a new one starting at its cursor, the first sequence it has not handed out: every
+event reaches the streams once, in order, whatever was lost between.
 
 Stored reads per stream are only for resuming: a stream that starts before the
 hub's position (`Last-Event-ID`, or a hub that is a moment behind) reads its own
@@ -36,8 +44,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -46,8 +56,11 @@ import nats.errors
 import nats.js.errors
 from aiohttp import web
 
+from nats.js import api
+
 from libs.common import ids
 from libs.common.bus import Bus
+from libs.common.bus_wire import DirectSubscription, parse_headers, status_of
 from libs.common.errors import BadInput
 from libs.common.messages import JobStateChanged
 from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_USERNAME_LENGTH
@@ -57,11 +70,17 @@ from services.rest.request import CTX, USER, ctx_of
 
 log = logging.getLogger("pai.rest.events")
 
-# How often the hub looks at the stream without being woken (a wake-up may come
-# before the stream has stored the event, or a live message may have been dropped).
+# How long a stream's own stored reads (resuming) wait for NATS to come back.
 POLL_SECONDS = 2.0
-# After a wake-up that found nothing stored yet, how soon to look again.
-RECHECK_SECONDS = 0.05
+# The hub's consumer sends a heartbeat whenever it has had nothing to deliver for
+# this long; a hub that hears nothing for HEARTBEAT_MISSES of them has lost its
+# consumer (NATS restarted) and makes a new one from its cursor.
+HEARTBEAT_SECONDS = 1.0
+HEARTBEAT_MISSES = 3
+RETRY_SECONDS = 1.0  # after a consumer could not be made (NATS away), try again
+# nats-server removes a consumer of the hub's nobody receives any more (the hub
+# stopped, or moved to a new one) after this long.
+CONSUMER_IDLE_SECONDS = 10.0
 RETRY_MILLISECONDS = 3000  # the reconnect delay EventSource clients are told
 # Events queued for one stream whose client has not read them yet; past this it is
 # told to reconnect (its queue is dropped, its client resumes from the stream).
@@ -107,23 +126,67 @@ def sse_event(seq: int, event: JobStateChanged) -> bytes:
     return f"id: {seq}\nevent: job.state\ndata: {json.dumps(event_view(event))}\n\n".encode()
 
 
+class _Feed:
+    """One consumer of the hub's and the subscription it delivers to: what came
+    from it so far, and whether it can still be trusted to have lost nothing."""
+
+    def __init__(self, heard: float):
+        self.subscription: Any = None
+        self.name = ""
+        self.delivered = 0  # the consumer sequence of the last delivery handed out
+        self.heard = heard  # when it last sent anything (a delivery, a heartbeat)
+        self.broken = False  # a delivery went missing: done with, a new one follows
+        self.replies: list[bytes] = []  # flow-control answers to send
+        self.attention = asyncio.Event()  # broken, or replies to send
+
+    def break_off(self) -> None:
+        self.broken = True
+        self.attention.set()
+
+    async def close(self) -> None:
+        subscription, self.subscription = self.subscription, None
+        if subscription is not None:
+            try:
+                await subscription.unsubscribe()
+            except Exception:  # the connection is gone already
+                pass
+
+
+def _sequences(reply: bytes) -> tuple[int, int] | None:
+    """(stream sequence, consumer sequence) of a delivery's reply subject
+    `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`
+    (newer servers put `<domain>.<account hash>` before the stream and a token after)."""
+    tokens = reply.split(b".")
+    if len(tokens) < 9 or tokens[0] != b"$JS" or tokens[1] != b"ACK":
+        return None
+    at = 5 if len(tokens) == 9 else 7
+    try:
+        return int(tokens[at]), int(tokens[at + 1])
+    except ValueError:
+        return None
+
+
+async def _subscribe_direct(nc: Any, subject: str, handler) -> DirectSubscription:
+    return await DirectSubscription.open(nc, subject, handler)
+
+
 class EventHub:
     """The one reader of job state events in this rest process, and its fan-out.
 
     Runs while at least one stream is open (`watching`), not for the life of the
     process: under a burst of submissions with no one watching, each event would
-    cost rest and nats-server a delivery and a read."""
+    cost rest and nats-server a delivery for nobody."""
 
-    def __init__(self, bus: Bus, *, queue_limit: int = STREAM_QUEUE_EVENTS):
+    def __init__(self, bus: Bus, *, queue_limit: int = STREAM_QUEUE_EVENTS, subscribe=_subscribe_direct):
         self.bus = bus
         self.queue_limit = queue_limit
-        self.cursor = 0  # the next sequence the hub reads; every earlier event is handed out
+        self.cursor = 0  # the next sequence the hub hands out; every earlier event is handed out
         self._admins: set[Watcher] = set()  # every job
         self._by_user: dict[str, set[Watcher]] = {}  # every job of one user
         self._by_job: dict[tuple[str, str], set[Watcher]] = {}  # one job
         self._watchers = 0
-        self._woken = asyncio.Event()
-        self._subscription: Any = None
+        self._subscribe = subscribe  # (connection, subject, handler): a subscription handing messages to handler
+        self._feed: _Feed | None = None  # the consumer deliveries are taken from now
         self._reader: asyncio.Task | None = None
         self._starting = asyncio.Lock()  # a first stream and a last one leaving at once: one reader
         self.closing = False  # rest is shutting down: every stream ends (clients resume elsewhere)
@@ -147,16 +210,15 @@ class EventHub:
                     await self.stop()
 
     async def _start(self) -> None:
-        # Subscribed before the stream's last sequence is read: an event stored after
-        # that read wakes the reader, and one stored before it is not the hub's.
-        self._subscription = await self.bus.nc.subscribe(kind_filter(Kind.JOB_STATE), cb=self._on_event)
-        try:
-            info = await self.bus.js.stream_info(STREAM)
-        except BaseException:
-            await self.stop()
-            raise
+        # From the stream's next sequence on: the hub's consumer starts there, so
+        # an event stored after this read is the hub's, one stored before it is not.
+        info = await self.bus.js.stream_info(STREAM)
         self.cursor = info.state.last_seq + 1
-        self._reader = asyncio.create_task(self._read(), name="event-hub")
+        try:
+            feed = await self._open_feed()
+        except _Unavailable:
+            feed = None  # the reader makes it once NATS answers; the streams wait meanwhile
+        self._reader = asyncio.create_task(self._follow(feed), name="event-hub")
 
     async def stop(self) -> None:
         reader, self._reader = self._reader, None
@@ -164,12 +226,9 @@ class EventHub:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-        subscription, self._subscription = self._subscription, None
-        if subscription is not None:
-            try:
-                await subscription.unsubscribe()
-            except Exception:  # the connection is gone already
-                pass
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            await feed.close()  # nats-server removes the consumer once nobody receives it
 
     def _join(self, watcher: Watcher) -> None:
         self._watchers += 1
@@ -192,35 +251,101 @@ class EventHub:
             if not group:
                 del table[key]  # type: ignore[arg-type]
 
-    async def _on_event(self, _msg) -> None:
-        self._woken.set()
+    async def _open_feed(self) -> _Feed:
+        """A consumer delivering every job-state event from `cursor` on, and the
+        subscription it delivers to (made first: nothing is delivered before it)."""
+        loop = asyncio.get_running_loop()
+        feed = _Feed(loop.time())
+        feed.name = f"pai_rest_events_{secrets.token_hex(8)}"
+        inbox = self.bus.nc.new_inbox()
+        feed.subscription = await self._subscribe(self.bus.nc, inbox, functools.partial(self._on_delivery, feed))
+        self._feed = feed
+        config = api.ConsumerConfig(
+            name=feed.name, deliver_subject=inbox, filter_subject=f"{_STATE_SUBJECT}.>",
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.cursor,
+            ack_policy=api.AckPolicy.NONE, max_deliver=1, flow_control=True, idle_heartbeat=HEARTBEAT_SECONDS,
+            mem_storage=True, num_replicas=1, inactive_threshold=CONSUMER_IDLE_SECONDS,
+        )
+        try:
+            await self.bus.js.add_consumer(STREAM, config=config)
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            self._feed = None
+            await feed.close()
+            log.warning("the event hub could not follow events from %d: %r", self.cursor, exc)
+            raise _Unavailable from exc
+        except BaseException:
+            self._feed = None
+            await feed.close()
+            raise
+        return feed
 
-    async def _read(self) -> None:
-        """Read every job-state event from `cursor` on, once, and hand each out."""
+    def _on_delivery(self, feed: _Feed, subject: bytes, reply: bytes, payload: bytes, headers: bytes | None) -> None:
+        """One message from the hub's consumer, as it is read off the connection
+        (in order; synchronous, so a stream joining sees a whole hand-out or none)."""
+        if feed is not self._feed or feed.broken:
+            return  # from a consumer given up on: its successor delivers it again
+        feed.heard = asyncio.get_running_loop().time()
+        status = status_of(payload, headers)
+        if status is not None:
+            fields = parse_headers(headers) or {}
+            if status != 100:  # e.g. 409: the consumer was deleted
+                feed.break_off()
+                return
+            if reply:  # a flow-control request: every delivery before it is handed out
+                feed.replies.append(reply)
+                feed.attention.set()
+            if stalled := fields.get("Nats-Consumer-Stalled"):
+                feed.replies.append(stalled.encode())
+                feed.attention.set()
+            last = fields.get("Nats-Last-Consumer")  # a heartbeat: what it has delivered so far
+            if last is not None and last.isdigit() and int(last) != feed.delivered:
+                feed.break_off()  # it sent more than arrived
+            return
+        sequences = _sequences(reply)
+        if sequences is None:
+            return  # not a delivery (nothing else is sent to this inbox)
+        stream_seq, consumer_seq = sequences
+        if consumer_seq != feed.delivered + 1:
+            feed.break_off()  # one went missing: a new consumer from the cursor delivers it
+            return
+        feed.delivered = consumer_seq
+        if stream_seq >= self.cursor:
+            self.hand_out(stream_seq, subject.decode(), payload)
+
+    async def _follow(self, feed: _Feed | None) -> None:
+        """Keep a consumer that has lost nothing: answer its flow control, and
+        replace it from the cursor when a delivery went missing or it went silent."""
         while True:
+            if feed is None:
+                try:
+                    feed = await self._open_feed()
+                except _Unavailable:
+                    await asyncio.sleep(RETRY_SECONDS)
+                    continue
             try:
-                await asyncio.wait_for(self._woken.wait(), POLL_SECONDS)
-            except asyncio.TimeoutError:
-                pass
-            self._woken.clear()  # before reading: a wake-up during the read is kept
-            try:
-                if not await self._read_stored() and not self._woken.is_set():
-                    # Woken by a publication the stream had not stored yet: look again soon.
-                    await asyncio.sleep(RECHECK_SECONDS)
-                    await self._read_stored()
-            except _Unavailable:
-                pass  # read again from the same sequence at the next wake-up or poll
+                await self._tend(feed)
             except Exception:
-                # A bug; the streams stay open and the reader goes on at the next poll
+                # A bug; the streams stay open and the hub goes on with a new consumer
                 # rather than leave every stream of this process silent.
-                log.exception("the event hub failed reading after %d", self.cursor)
+                log.exception("the event hub failed following events after %d", self.cursor)
+            self._feed = None
+            await feed.close()
+            feed = None
 
-    async def _read_stored(self) -> int:
-        handed = 0
-        while (msg := await _next(self.bus, self.cursor, f"{_STATE_SUBJECT}.>")) is not None:
-            self.hand_out(msg.seq, msg.subject, msg.data)
-            handed += 1
-        return handed
+    async def _tend(self, feed: _Feed) -> None:
+        loop = asyncio.get_running_loop()
+        while not feed.broken:
+            feed.attention.clear()
+            replies, feed.replies = feed.replies, []
+            for reply in replies:
+                with contextlib.suppress(nats.errors.Error):  # gone: the consumer's silence replaces it
+                    await self.bus.nc.publish(reply.decode())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(feed.attention.wait(), HEARTBEAT_SECONDS)
+            if loop.time() - feed.heard > HEARTBEAT_SECONDS * HEARTBEAT_MISSES:
+                log.info("the event hub's consumer went silent after %d; following anew", self.cursor)
+                return
+        log.info("a delivery to the event hub went missing after %d; following anew", self.cursor)
 
     def hand_out(self, seq: int, subject: str, data: bytes) -> None:
         """One stored event to every stream that may see it (synchronous: a stream

@@ -6,6 +6,9 @@ launcher publishes them. Each of 200 streams, of several users, admins and singl
 watchers, gets exactly the events it may see, in order, none missing, none twice;
 streams that reconnect with Last-Event-ID while events keep coming resume without a
 gap or a repeat; a stream that falls behind is told to reconnect and loses nothing.
+Live events reach the streams with no stored read (the hub's consumer delivers their
+bodies); after nats-server is killed and started again, every stream gets every
+later event once, in order.
 """
 
 from __future__ import annotations
@@ -81,6 +84,19 @@ async def read_n(reader: SseReader, count: int) -> list[dict]:
     return [await reader.next_event() for _ in range(count)]
 
 
+def count_stored_reads(bus: Bus) -> list[int]:
+    """The sequences rest reads from the stream by STREAM.MSG.GET from now on."""
+    reads: list[int] = []
+    read = bus.js.get_msg
+
+    async def counted(*args, **kwargs):
+        reads.append(kwargs.get("seq", 0))
+        return await read(*args, **kwargs)
+
+    bus.js.get_msg = counted
+    return reads
+
+
 async def test_every_stream_gets_exactly_its_events_in_order_and_resumes_without_gaps(api, buses):
     server, tokens, _ = api
     single_job = f"{USERS[0]}~job0"
@@ -102,10 +118,13 @@ async def test_every_stream_gets_exactly_its_events_in_order_and_resumes_without
         streams = await asyncio.gather(*(open_scope(scope) for scope in scopes))
         assert {s.status for s in streams} == {200}
         readers = [SseReader(s) for s in streams]
+        stored_reads = count_stored_reads(buses["rest"])
         for event in first:
             await buses["launcher"].publish(event)
         expected_first = [[e for e in first if matches(scope, e)] for scope in scopes]
         got_first = await asyncio.gather(*(read_n(r, len(want)) for r, want in zip(readers, expected_first)))
+        assert stored_reads == []  # live events come with their bodies: none read back from the stream
+        del buses["rest"].js.get_msg
         for scope, got, want in zip(scopes, got_first, expected_first):
             assert seen(got) == [(e.job, e.state.value) for e in want], scope
             ids = [int(e["id"]) for e in got]
@@ -169,3 +188,52 @@ async def test_a_stream_that_falls_behind_is_told_to_reconnect_and_loses_nothing
         assert seen(got) == [(f"{user}~slow", s.value) for s in STATES]
         assert await resumed.quiet_for(1.0) == []
         resumed.response.close()
+
+
+async def test_after_nats_is_killed_and_back_every_stream_gets_every_later_event_once(api, buses, nats_server):
+    # Last in this module: the server restarts under the module's connections.
+    server, tokens, _ = api
+    user = USERS[2]
+    jobs = [f"{user}~restart{n}" for n in range(2)]
+    lives = [life(job, user, *STATES) for job in jobs]
+    scopes: list[tuple[str | None, str | None]] = [(user, None), (None, None), (user, jobs[1])]
+    async with ClientSession(timeout=ClientTimeout(total=None, sock_read=None)) as session:
+        streams = []
+        for scope in scopes:
+            token = tokens[ADMIN if scope[0] is None else scope[0]]
+            params = {"job": scope[1]} if scope[1] else {}
+            streams.append(await session.get(server.make_url("/api/v2/events"), params=params,
+                                             headers={"Authorization": f"Bearer {token}"}))
+        readers = [SseReader(s) for s in streams]
+        before = [life_[0] for life_ in lives]
+        after = [life_[step] for step in (1, 2) for life_ in lives]
+        for event in before:
+            await buses["launcher"].publish(event)
+        for scope, reader in zip(scopes, readers):
+            want = [e for e in before if matches(scope, e)]
+            assert seen(await read_n(reader, len(want))) == [(e.job, e.state.value) for e in want]
+
+        nats_server.stop(kill=True)  # the hub's consumer (in memory) goes with it
+        nats_server.start()
+        for event in after:
+            await publish_when_back(buses["launcher"], event)
+        for scope, reader in zip(scopes, readers):
+            want = [e for e in after if matches(scope, e)]
+            got = await read_n(reader, len(want))
+            assert seen(got) == [(e.job, e.state.value) for e in want], scope
+            assert [int(e["id"]) for e in got] == sorted({int(e["id"]) for e in got}), scope
+        quiet = await asyncio.gather(*(r.quiet_for(1.5) for r in readers))
+        assert quiet == [[]] * len(readers)  # nothing twice
+        for stream in streams:
+            stream.close()
+
+
+async def publish_when_back(bus: Bus, event: JobStateChanged) -> None:
+    """Publish once NATS answers again (the event's id makes a repeat a no-op)."""
+    for _ in range(300):
+        try:
+            await bus.publish(event)
+            return
+        except Exception:
+            await asyncio.sleep(0.1)
+    raise AssertionError("NATS did not come back within 30 s")
