@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -192,12 +193,50 @@ class OrderedView:
         return out
 
 
+class Unsettled:
+    """Keys whose row the history database may not have as the index has it, in the order
+    they last changed: the settling compares those quiet for a while (a job still
+    changing would only be compared again), the list overlays every one."""
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}  # key -> when it last changed (monotonic), oldest first
+
+    def add(self, key: str) -> None:
+        self._since.pop(key, None)  # to the end: the newest change
+        self._since[key] = time.monotonic()
+
+    def discard(self, key: str) -> None:
+        self._since.pop(key, None)
+
+    def clear(self) -> None:
+        self._since.clear()
+
+    def quiet(self, seconds: float) -> list[str]:
+        """The keys unchanged for `seconds` or more, oldest change first."""
+        cutoff = time.monotonic() - seconds
+        out = []
+        for key, since in self._since.items():
+            if since > cutoff:
+                break
+            out.append(key)
+        return out
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._since
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._since)
+
+    def __len__(self) -> int:
+        return len(self._since)
+
+
 class JobIndex:
     def __init__(self) -> None:
         self.jobs: dict[str, IndexedJob] = {}  # by KV key user.name
         # Keys whose row the history database may not have as it is here (changed since it was
         # last found equal there, or deleted): the list overlays them on the database's page.
-        self.unsettled: set[str] = set()
+        self.unsettled = Unsettled()
         # The orders asked for so far, kept sorted through every change (and the row maker
         # they were built with: jobs_api.job_row over the briefs).
         self._orders: dict[str, _Order] = {}

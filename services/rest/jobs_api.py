@@ -69,6 +69,9 @@ MAX_OVERLAY = 5000
 # How often rest compares its unsettled rows with the database's, and how many at once.
 SETTLE_SECONDS = 0.5
 SETTLE_BATCH = 1000
+# Rows are compared once unchanged this long: the projection has caught up with them by
+# then, where a job still moving through its states would only be compared again.
+SETTLE_QUIET_SECONDS = 1.0
 
 log = logging.getLogger("pai.rest.jobs")
 
@@ -907,7 +910,8 @@ def _list_response(query: ListQuery, total: int, page: list[JobRow]) -> web.Resp
     return json_response(page, headers=headers)
 
 
-async def settle(index: JobIndex, history: Any, stopping: asyncio.Event, *, every: float = SETTLE_SECONDS) -> None:
+async def settle(index: JobIndex, history: Any, stopping: asyncio.Event, *, every: float = SETTLE_SECONDS,
+                 quiet: float = SETTLE_QUIET_SECONDS) -> None:
     """Keep the index's unsettled set to the jobs the history database does not have as
     the index has them: a row found equal there leaves it (until it changes again); a
     deleted job leaves it once the database dropped it too. Tags are not events: a row
@@ -919,13 +923,14 @@ async def settle(index: JobIndex, history: Any, stopping: asyncio.Event, *, ever
         if engine is None or not index.ready or not index.unsettled:
             continue
         try:
-            await settle_once(index, engine)
+            await settle_once(index, engine, quiet=quiet)
         except (SQLAlchemyError, OSError) as exc:
             log.warning("job list: comparing with the history database failed (%r)", exc)
 
 
-async def settle_once(index: JobIndex, engine: AsyncEngine) -> None:
-    keys = list(index.unsettled)
+async def settle_once(index: JobIndex, engine: AsyncEngine, *, quiet: float = 0.0) -> None:
+    """One settling pass over the rows unchanged for `quiet` seconds."""
+    keys = index.unsettled.quiet(quiet)
     for at in range(0, len(keys), SETTLE_BATCH):
         batch = keys[at:at + SETTLE_BATCH]
         stored = await history_query.rows_of(engine, [ids.job_id_from_key(k) for k in batch])

@@ -103,7 +103,7 @@ async def test_the_database_lists_as_the_index_does(engine, params):
     index, events = _index_and_events(plans)
     await _project(engine, events, plans)
     await jobs_api.settle_once(index, engine)
-    assert index.unsettled == set()  # every row equal in both: nothing left to lay over
+    assert not index.unsettled  # every row equal in both: nothing left to lay over
     assert await _from_history(engine, index, params) == _from_index(index, params)
 
 

@@ -10,10 +10,11 @@ in WAL mode (readers never wait for the writer). `sqlite+aiosqlite:///...` and
 from __future__ import annotations
 
 import asyncio
+import operator
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -60,22 +61,37 @@ def _insert(connection: AsyncConnection):
     return postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
 
 
-# Built statements by dialect and shape: building one (SQLAlchemy's column
-# collections for `excluded`) cost more CPU than running it, once per batch.
-_STATEMENTS: dict[tuple[str, tuple], Any] = {}
+# Statements compiled once per dialect and shape, run as the driver's own SQL with
+# positional rows: building one (SQLAlchemy's column collections for `excluded`) and
+# SQLAlchemy's per-row parameter processing cost more CPU than the database's work.
+_STATEMENTS: dict[tuple[str, tuple], "_Compiled"] = {}
 
 
-def _upsert_statement(connection: AsyncConnection, op: Upsert) -> Any:
+class _Compiled(NamedTuple):
+    sql: str
+    names: tuple[str, ...]  # the row's columns in the statement's parameter order
+
+    def rows(self, ops: list[Upsert]) -> list[tuple[Any, ...]]:
+        if len(self.names) == 1:
+            (name,) = self.names
+            return [(_row(op)[name],) for op in ops]
+        take = operator.itemgetter(*self.names)
+        return [take(_row(op)) for op in ops]
+
+
+def _upsert_statement(connection: AsyncConnection, op: Upsert) -> _Compiled:
     key = (connection.dialect.name, _shape(op))
-    stmt = _STATEMENTS.get(key)
-    if stmt is None:
-        stmt = _STATEMENTS[key] = _build_upsert(connection, op)
-    return stmt
+    compiled = _STATEMENTS.get(key)
+    if compiled is None:
+        stmt = _build_upsert(connection, op)
+        done = stmt.compile(dialect=connection.dialect)
+        compiled = _STATEMENTS[key] = _Compiled(done.string, tuple(done.positiontup or ()))
+    return compiled
 
 
 def _build_upsert(connection: AsyncConnection, op: Upsert) -> Any:
     table = schema.metadata.tables[op.table]
-    stmt = _insert(connection)(table)
+    stmt = _insert(connection)(table).values({name: sa.bindparam(name) for name in _row(op)})
     excluded = stmt.excluded
     keys = list(op.key)
     if not op.values and not op.coalesce:
@@ -101,7 +117,8 @@ async def apply(connection: AsyncConnection, ops: Iterable[Operation]) -> None:
 
     async def flush() -> None:
         for group in groups.values():
-            await connection.execute(_upsert_statement(connection, group[0]), [_row(op) for op in group])
+            compiled = _upsert_statement(connection, group[0])
+            await connection.exec_driver_sql(compiled.sql, compiled.rows(group))
         groups.clear()
 
     for op in ops:
