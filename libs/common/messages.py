@@ -124,7 +124,8 @@ def job_deleted_id(job: str, submitted_at: float) -> str:
 
 class JobArchived(Event, kw_only=True, frozen=True, tag=Kind.JOB_ARCHIVED.value):
     """The history database holds this finished job (its final state applied) and it
-    finished over `live_finished_job_seconds` ago: each service removes its live records
+    finished over `live_finished_job_seconds` ago, or more than `live_finished_job_max`
+    jobs finished after it are live: each service removes its live records
     of it -- rest pai_jobs, the scheduler pai_schedule, the launcher pai_job_status once
     its task files and logs are removed too (retention). Reads of the job then come from
     the history. `submittedAt` tells it from a later job of the same name; the id is

@@ -33,7 +33,8 @@ class Kind(StrEnum):
     JOB_RELEASED = "job.released"
     # A finished job's owner or an admin deleted it (rest); each service removes its records of it.
     JOB_DELETED = "job.deleted"
-    # The history database holds a finished job past `live_finished_job_seconds` (rest):
+    # The history database holds a finished job past `live_finished_job_seconds` or the
+    # `live_finished_job_max` newest (rest):
     # each service removes its live records of it (services/rest/history/expiry.py).
     JOB_ARCHIVED = "job.archived"
     TASK_STARTED = "task.started"
