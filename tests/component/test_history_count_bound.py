@@ -5,6 +5,8 @@ sweep paused: the test applies events and sweeps itself):
 
 - with a bound of 3 and 8 finished jobs, the 5 oldest-finished leave pai_jobs, one
   job.archived each; the 3 newest and the running jobs stay; a second sweep does nothing;
+  the purge markers of the archived records expire (the history holds their names), and
+  rest's index holds no deleted name for them;
 - an archived job reads the same from the history; the portal's overview still counts
   it by state and shows it among the owner's recent jobs;
 - a sweep that dies after publishing, or after purging, leaves it to the next sweep,
@@ -19,6 +21,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import msgspec
+import nats.js.errors
 import pytest
 import sqlalchemy as sa
 from aiohttp import ClientSession
@@ -41,6 +44,7 @@ from tests.fixtures import history_events as ev
 BOUND = 3
 FINISHED = 8
 NOW_OFFSET = 10.0  # each job 10 s after the previous one
+MARKER_SECONDS = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +65,11 @@ async def rest(nats_server, tmp_path) -> AsyncIterator[dict]:
     await platform.bootstrap()
     bus = await Bus.connect(nats_server.url, name="rest", **nats_server.login("rest"))
     # A day-long grace period: only the count bound archives anything here.
+    # The event stream's duplicate window as rest reads it (the server's stream keeps its
+    # own): how long the purge marker of an archived job's record stays, here a second.
     config = load_config(env={}, data_dir=str(tmp_path), live_finished_job_max=BOUND,
-                         live_finished_job_seconds=10 ** 9, rest_rate_limit_burst=10_000)
+                         live_finished_job_seconds=10 ** 9, rest_rate_limit_burst=10_000,
+                         nats_events_duplicate_window_seconds=MARKER_SECONDS)
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     app = await create_app(ctx)
     server = TestServer(app)
@@ -81,7 +88,7 @@ async def rest(nats_server, tmp_path) -> AsyncIterator[dict]:
             async with session.get(server.make_url(path), headers={"Authorization": f"Bearer {token}"}) as resp:
                 return resp.status, json.loads(await resp.read())
 
-        yield {"ctx": ctx, "engine": app[HISTORY].engine, "platform": platform, "call": call, "owner": owner}
+        yield {"ctx": ctx, "engine": app[HISTORY].engine, "platform": platform, "call": call, "owner": owner, "index": index}
     await server.close()
     await bus.close()
     await platform.close()
@@ -129,6 +136,16 @@ async def _live(platform: Bus, jids: list[str]) -> set[str]:
     return there
 
 
+async def _no_message_left(platform: Bus, jids: list[str]) -> bool:
+    for jid in jids:
+        try:
+            await platform.js.get_last_msg(f"KV_{Bucket.JOBS.value}", f"$KV.{Bucket.JOBS.value}.{ids.job_key(jid)}")
+        except nats.js.errors.NotFoundError:
+            continue
+        return False
+    return True
+
+
 async def _archived_in_history(engine) -> set[str]:
     async with engine.connect() as connection:
         rows = await connection.execute(sa.select(schema.jobs.c.id).where(schema.jobs.c.archived_at.is_not(None)))
@@ -162,6 +179,17 @@ async def test_past_the_bound_the_oldest_finished_are_archived_and_still_read_an
     assert await _archived_in_history(engine) == set(oldest)
     assert await _archived_messages(platform, owner) == {jid: 1 for jid in oldest}
     assert await expiry.archive_due(ctx, engine) == 0  # at the bound: nothing more
+    # Their records' purge markers expire: nothing of them stays in pai_jobs' stream.
+    assert await _until(lambda: _no_message_left(platform, oldest)), "purge markers still stored"
+    assert await _live(platform, newest + running) == set(newest + running)
+    # rest's index let them go as archived, not as deletions: no name held for them
+    # (memory that would grow with every job archived), and the list shows them.
+    index = rest["index"]
+    keys = [ids.job_key(jid) for jid in oldest]
+    assert await _until(lambda: asyncio.sleep(0, not any(index.get(key) for key in keys)))
+    assert not any(key in index.purged for key in keys)
+    status, listed = await call(f"/api/v2/jobs?username={owner}")
+    assert status == 200 and {row["debugId"] for row in listed} == set(finished + running)
 
     # The launcher drops an archived job's record once it has no files (none here).
     status_kv = await platform.kv(Bucket.JOB_STATUS)
@@ -203,7 +231,7 @@ async def test_a_sweep_that_dies_mid_page_is_finished_by_the_next_without_double
             raise Died
         await real_update(engine_, rows, **values)
 
-    async def purge_dies(kv, key):
+    async def purge_dies(kv, key, ttl):
         raise Died
 
     with pytest.MonkeyPatch.context() as crash:

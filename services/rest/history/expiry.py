@@ -16,7 +16,10 @@ A page of jobs at a time, each step for the whole page before the next:
 2. `JobArchived` is published (id `<job>/archived/<submittedAt>`, deduplicated): each
    owner removes its live records of the job -- the scheduler pai_schedule, the
    launcher pai_job_status once its task files and logs are removed (retention);
-3. rest purges its own record in pai_jobs (the one submitted then, not a later one);
+3. rest purges its own record in pai_jobs (the one submitted then, not a later one),
+   with a purge marker that expires after the event stream's duplicate window (Nats-TTL):
+   the history holds the job's name from then on, so no marker of an archived job stays
+   in the bucket, nor in the job index of a rest that starts later;
 4. `jobs.archived_at` is set.
 
 Each step is idempotent and the rows are marked last, so a crash anywhere means the next
@@ -47,6 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from libs.common import ids
 from libs.common.bus import get_json
 from libs.common.errors import Transient
+from libs.common.jetstream_limits import store_settings
 from libs.common.messages import JobArchived, JobState, job_archived_id
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
@@ -128,13 +132,14 @@ async def archive_page(ctx: ServiceContext, engine: AsyncEngine, rows: list[Any]
     await ctx.bus.publish_many([JobArchived(id=job_archived_id(row.id, row.submitted_at), job=row.id,
                                             vc=row.vc or "default", at=time.time(), submittedAt=row.submitted_at)
                                 for row in rows])
-    await asyncio.gather(*(_purge(kv, key) for key, mine in zip(keys, ours, strict=True) if mine))
+    ttl = store_settings(ctx.config).events.duplicate_window_seconds
+    await asyncio.gather(*(_purge(kv, key, ttl) for key, mine in zip(keys, ours, strict=True) if mine))
     await _update_many(engine, [{"job": row.id, "at": row.submitted_at} for row in rows], archived_at=time.time())
 
 
-async def _purge(kv: Any, key: str) -> None:
+async def _purge(kv: Any, key: str, ttl: float) -> None:
     try:
-        await kv.purge(key)
+        await kv.purge(key, msg_ttl=ttl)
     except nats.js.errors.NotFoundError:
         pass
 
