@@ -10,6 +10,7 @@ the images and the compose file are checked by reading them.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import importlib
 import json
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import sqlalchemy
 import yaml
 from kubernetes_asyncio.client import models as k8s_models
 from prometheus_client.metrics import MetricWrapperBase
@@ -117,8 +119,9 @@ def set_args(**values: object) -> list[str]:
         {},
         {"nats.enabled": False, "nats.externalUrl": "nats://nats.example:4222"},
         {"metrics.serviceMonitor.enabled": True, "dashboards.enabled": False, "serviceAccount.create": False},
+        {"history.existingSecret": "pai-history", "postgresql.enabled": False},
     ],
-    ids=["defaults", "external-nats", "servicemonitor-no-dashboards-own-account"],
+    ids=["defaults", "external-nats", "servicemonitor-no-dashboards-own-account", "own-history-database"],
 )
 def test_helm_lint_passes_strictly(tools: KubeTools, values: dict) -> None:
     done = run_helm(tools, "lint", "--strict", str(CHART), *set_args(**values))
@@ -357,7 +360,7 @@ def nats_conf_as_the_pod_makes_it(manifests: list[dict], root: Path) -> str:
 
 
 def test_nats_keeps_jetstream_files_on_a_persistent_volume(manifests: list[dict]) -> None:
-    (sts,) = find(manifests, "StatefulSet")
+    sts = one(manifests, "StatefulSet", f"{RELEASE}-nats")
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     mounts = {m["name"]: m["mountPath"] for m in container(sts)["volumeMounts"]}
     conf = one(manifests, "Secret", f"{RELEASE}-nats")["stringData"]["nats-base.conf"]
@@ -404,7 +407,7 @@ def test_each_service_logs_in_to_nats_as_itself_from_a_secret(manifests: list[di
 def test_external_nats_replaces_the_bundled_one(tools: KubeTools) -> None:
     url = "nats://nats.shared.svc:4222"
     docs = render(tools, *set_args(**{"nats.enabled": False, "nats.externalUrl": url}))
-    assert find(docs, "StatefulSet") == []
+    assert [d["metadata"]["name"] for d in find(docs, "StatefulSet")] == [f"{RELEASE}-postgresql"]  # the history's
     assert not [d for d in docs if d["metadata"]["name"].startswith(f"{RELEASE}-nats")]
     for service in SERVICES:
         assert explicit_env(deployment(docs, service))["PAI_NATS_URL"] == url
@@ -412,6 +415,98 @@ def test_external_nats_replaces_the_bundled_one(tools: KubeTools) -> None:
 
 def test_disabling_nats_without_an_external_url_is_refused(tools: KubeTools) -> None:
     assert "nats.externalUrl is required" in render_fails(tools, *set_args(**{"nats.enabled": False}))
+
+
+# --- the job history database (history, postgresql) -------------------------------------
+
+EXTERNAL_DSN = "postgresql+asyncpg://pai:s3cret@db.example:5432/pai"
+
+
+def container_env(docs: list[dict], doc: dict) -> dict[str, str]:
+    """The container's explicit environment as Kubernetes makes it: secretKeyRef values
+    read from the rendered Secrets, `$(NAME)` replaced by a variable set before it."""
+    secrets = {d["metadata"]["name"]: {**{k: base64.b64decode(v).decode() for k, v in d.get("data", {}).items()},
+                                       **d.get("stringData", {})} for d in find(docs, "Secret")}
+    env: dict[str, str] = {}
+    for entry in container(doc).get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), entry["value"])
+        elif "secretKeyRef" in entry.get("valueFrom", {}):
+            ref = entry["valueFrom"]["secretKeyRef"]
+            if ref["name"] in secrets:
+                env[entry["name"]] = secrets[ref["name"]][ref["key"]]
+    return env
+
+
+def history_dsn_ref(doc: dict) -> dict:
+    (entry,) = [e for e in container(doc)["env"] if e["name"] == "PAI_HISTORY_DSN"]
+    return entry
+
+
+def test_rest_keeps_the_history_in_the_bundled_postgresql_by_default(manifests: list[dict]) -> None:
+    sts = one(manifests, "StatefulSet", f"{RELEASE}-postgresql")
+    pod = sts["spec"]["template"]["spec"]
+    (pg,) = pod["containers"]
+    assert pg["image"].startswith("postgres:") and sts["spec"]["replicas"] == 1
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    data_mount = next(m for m in pg["volumeMounts"] if m["name"] == claim["metadata"]["name"])
+    pg_env = {e["name"]: e for e in pg["env"]}
+    assert pg_env["PGDATA"]["value"].startswith(data_mount["mountPath"] + "/")  # on the volume, below lost+found
+    assert pg_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": f"{RELEASE}-postgresql", "key": "password"}
+    assert pod["securityContext"]["runAsNonRoot"] and pg["securityContext"]["readOnlyRootFilesystem"]
+    assert {"/var/run/postgresql", "/tmp"} <= {m["mountPath"] for m in pg["volumeMounts"]}  # writable where it writes
+    service = one(manifests, "Service", f"{RELEASE}-postgresql")
+    assert service["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    secret = one(manifests, "Secret", f"{RELEASE}-postgresql")
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # the volume outlives the release
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    assert len(password) >= 24 and password.isalnum()
+
+    rest = deployment(manifests, "rest")
+    dsn = load_config(env={**effective_env(manifests, rest), **container_env(manifests, rest)}).history_dsn
+    url = sqlalchemy.engine.make_url(dsn)
+    assert (url.drivername, url.host, url.port, url.database, url.username, url.password) == (
+        "postgresql+asyncpg", f"{RELEASE}-postgresql.{NAMESPACE}.svc", service["spec"]["ports"][0]["port"],
+        pg_env["POSTGRES_DB"]["value"], pg_env["POSTGRES_USER"]["value"], password)
+    assert password not in json.dumps(rest)  # the password comes from the Secret, not the Deployment
+    for service_name in SERVICES[1:]:  # nobody else gets the database
+        assert not {"PAI_HISTORY_DSN", "HISTORY_DB_PASSWORD"} & {e["name"] for e in container(deployment(manifests, service_name))["env"]}
+
+
+@pytest.mark.parametrize(
+    ("values", "secret", "key"),
+    [
+        ({"history.dsn": EXTERNAL_DSN}, f"{RELEASE}-history", "dsn"),
+        ({"history.existingSecret": "pai-db", "history.existingSecretKey": "url"}, "pai-db", "url"),
+    ],
+    ids=["dsn-in-values", "existing-secret"],
+)
+def test_a_postgresql_of_your_own_replaces_the_bundled_one(tools: KubeTools, values: dict, secret: str, key: str) -> None:
+    docs = render(tools, *set_args(**values, **{"postgresql.enabled": False}))
+    assert not [d for d in docs if "postgresql" in d["metadata"]["name"]]
+    rest = deployment(docs, "rest")
+    assert history_dsn_ref(rest)["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key}
+    assert EXTERNAL_DSN not in json.dumps([d for d in docs if d["kind"] != "Secret"])  # only in a Secret
+    if "history.dsn" in values:
+        assert load_config(env=container_env(docs, rest)).history_dsn == EXTERNAL_DSN
+    else:
+        assert find(docs, "Secret", f"{RELEASE}-history") == []  # yours, not the chart's
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"postgresql.enabled": False}, "rest needs a PostgreSQL for the job history"),
+        ({"history.dsn": EXTERNAL_DSN}, "set postgresql.enabled=false"),
+        ({"history.dsn": EXTERNAL_DSN, "history.existingSecret": "db", "postgresql.enabled": False}, "not both"),
+        ({"config.history_dsn": EXTERNAL_DSN}, "config.history_dsn: set history.dsn"),
+        ({"history.dsn": "mysql://db/pai", "postgresql.enabled": False}, "/history/dsn"),
+        ({"postgresql.username": "pai@x"}, "/postgresql/username"),
+    ],
+    ids=["no-database", "dsn-and-bundled", "dsn-and-secret", "dsn-in-shared-config", "not-postgresql", "user-not-a-name"],
+)
+def test_history_database_mistakes_are_refused(tools: KubeTools, values: dict, complaint: str) -> None:
+    assert complaint in render_fails(tools, *set_args(**values))
 
 
 # --- values -----------------------------------------------------------------------------
@@ -646,8 +741,9 @@ def model_name(doc: dict) -> str:
 
 @pytest.mark.parametrize(
     "values",
-    [{}, {"nats.enabled": False, "nats.externalUrl": "nats://n:4222", "serviceAccount.create": False}],
-    ids=["defaults", "external-nats-own-account"],
+    [{}, {"nats.enabled": False, "nats.externalUrl": "nats://n:4222", "serviceAccount.create": False,
+          "history.dsn": EXTERNAL_DSN, "postgresql.enabled": False}],
+    ids=["defaults", "external-nats-own-account-own-history-db"],
 )
 def test_every_rendered_object_matches_the_kubernetes_api(tools: KubeTools, values: dict) -> None:
     docs = [d for d in render(tools, *set_args(**values)) if d["kind"] != "ServiceMonitor"]  # a CRD, not in the models

@@ -114,3 +114,64 @@ annotation, so a change restarts the scheduler.
 {{- end -}}
 {{- $text -}}
 {{- end -}}
+
+{{/* The bundled PostgreSQL's Service and Secret (charts/postgresql names them alike). */}}
+{{- define "pai.postgresqlName" -}}
+{{- .Values.postgresql.fullnameOverride | default (printf "%s-postgresql" .Release.Name) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Where rest's job history lives, checked once: "secret" (history.existingSecret),
+"dsn" (history.dsn, in the chart's Secret) or "bundled" (charts/postgresql).
+*/}}
+{{- define "pai.historySource" -}}
+{{- $history := .Values.history -}}
+{{- if .Values.config.history_dsn -}}
+{{- fail "config.history_dsn: set history.dsn or history.existingSecret instead (the chart gives the DSN to rest alone, from a Secret)" -}}
+{{- end -}}
+{{- if and $history.dsn $history.existingSecret -}}
+{{- fail "history: set history.dsn or history.existingSecret, not both" -}}
+{{- end -}}
+{{- $external := or $history.dsn $history.existingSecret -}}
+{{- if and $external .Values.postgresql.enabled -}}
+{{- fail "history: a database is given (history.dsn or history.existingSecret), so set postgresql.enabled=false; the bundled PostgreSQL would run unused" -}}
+{{- end -}}
+{{- if $history.existingSecret -}}
+secret
+{{- else if $history.dsn -}}
+dsn
+{{- else if .Values.postgresql.enabled -}}
+bundled
+{{- else -}}
+{{- fail "history: rest needs a PostgreSQL for the job history: set history.dsn, history.existingSecret, or postgresql.enabled=true (docs/deploy.md, History database)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* rest's PAI_HISTORY_DSN (config history_dsn), from a Secret whichever the source. */}}
+{{- define "pai.historyEnv" -}}
+{{- $source := include "pai.historySource" . -}}
+{{- if eq $source "bundled" -}}
+{{- $pg := .Values.postgresql -}}
+{{- $host := printf "%s.%s.svc" (include "pai.postgresqlName" .) .Release.Namespace -}}
+# The bundled PostgreSQL: Kubernetes puts the password from its Secret into the
+# DSN ($(HISTORY_DB_PASSWORD): a variable set before it; letters and digits only).
+- name: HISTORY_DB_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $pg.existingSecret | default (include "pai.postgresqlName" .) }}
+      key: password
+- name: PAI_HISTORY_DSN
+  value: {{ printf "postgresql+asyncpg://%s:$(HISTORY_DB_PASSWORD)@%s:%v/%s" $pg.username $host $pg.port $pg.database | quote }}
+{{- else -}}
+- name: PAI_HISTORY_DSN
+  valueFrom:
+    secretKeyRef:
+      {{- if eq $source "secret" }}
+      name: {{ .Values.history.existingSecret }}
+      key: {{ .Values.history.existingSecretKey }}
+      {{- else }}
+      name: {{ include "pai.componentName" (dict "root" . "component" "history") }}
+      key: dsn
+      {{- end }}
+{{- end -}}
+{{- end -}}
