@@ -146,6 +146,7 @@ class _HoldLookups:
 
     def __init__(self, engine: Any):
         self.engine = engine
+        self.local = history_store.LocalReads(engine)
         self._waiting: dict[str, list[asyncio.Future[bool]]] = {}
         self._asking: asyncio.Task[None] | None = None
 
@@ -161,11 +162,9 @@ class _HoldLookups:
         while self._waiting:
             waiting, self._waiting = self._waiting, {}
             try:
-                async with self.engine.connect() as connection:
-                    found = set((await connection.execute(
-                        sa.select(schema.jobs.c.id).where(schema.jobs.c.id.in_(list(waiting)),
-                                                          schema.jobs.c.archived_at.is_not(None))
-                    )).scalars())
+                found = self.local.archived_among(list(waiting))
+                if found is None:
+                    found = await history_store.archived_among(self.engine, list(waiting))
             except BaseException as exc:
                 for futures in waiting.values():
                     for future in futures:

@@ -212,7 +212,7 @@ async def test_a_migration_on_a_populated_database(engine):
             await connection.execute(sa.text(f"INSERT INTO jobs ({columns}) VALUES ({', '.join(':' + k for k in row)})"),
                                      row)
     await store.migrate(engine)
-    assert await store.current_revision(engine) == "0003"  # the newest (0003: archived_at, submission)
+    assert await store.current_revision(engine) == "0004"  # the newest (0004: the list's indexes and counts)
     total, listed = await query.list_jobs(engine, query.JobFilter(limit=100))
     assert total == 13
     counts = {r["debugId"]: (r["totalTaskNumber"], r["totalGpuNumber"]) for r in listed}
@@ -221,3 +221,27 @@ async def test_a_migration_on_a_populated_database(engine):
     # And the projection goes on writing at the new revision.
     await _apply(engine, [(100, ev.state("alice~j0", JobState.RUNNING))])
     assert (await query.get_job(engine, "alice~j0"))["state"] == "RUNNING"
+
+
+async def test_archived_names_read_on_the_loop_agree_with_the_engine(engine):
+    """Submissions ask whether their name is an archived job's; on SQLite that read runs on
+    the event loop's thread (store.LocalReads) and must answer as the engine does."""
+    await _migrated(engine)
+    jobs = [f"alice~job{i}" for i in range(3)]
+    await _apply(engine, _numbered([e for i, job in enumerate(jobs)
+                                    for e in ev.lifecycle(job, at=ev.T0 + i, exit_code=0, vc="default")]))
+    async with engine.begin() as connection:
+        await connection.execute(sa.update(schema.jobs).where(schema.jobs.c.id.in_(jobs[:2])).values(archived_at=ev.T0))
+    asked = [*jobs, "alice~never-submitted", "bob~job0"]
+    assert await store.archived_among(engine, asked) == {"alice~job0", "alice~job1"}
+    local = store.LocalReads(engine)
+    try:
+        if engine.dialect.name == "sqlite":
+            assert local.archived_among(asked) == {"alice~job0", "alice~job1"}
+            # More ids than one statement takes: asked in parts, none lost.
+            many = [f"carol~x{i}" for i in range(store.LocalReads.IDS_PER_QUERY * 2)] + ["alice~job1"]
+            assert local.archived_among(many) == {"alice~job1"}
+        else:
+            assert local.archived_among(asked) is None  # PostgreSQL: the engine answers
+    finally:
+        local.close()

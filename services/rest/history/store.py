@@ -10,7 +10,9 @@ in WAL mode (readers never wait for the writer). `sqlite+aiosqlite:///...` and
 from __future__ import annotations
 
 import asyncio
+import logging
 import operator
+import sqlite3
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from services.rest.history import schema
 from services.rest.history.projection import Delete, Operation, Upsert
+
+log = logging.getLogger("pai.rest.history")
 
 SQLITE_FILE = "history.sqlite"
 PROJECTION = "events"  # the progress row of the event projection
@@ -151,6 +155,51 @@ async def apply_batch(engine: AsyncEngine, ops: Iterable[Operation], last_seq: i
                   if connection.dialect.name == "sqlite" else sa.func.greatest(schema.progress.c.seq, stmt.excluded.seq),
                   "applied": schema.progress.c.applied + stmt.excluded.applied, "at": stmt.excluded.at},
         ), {"name": PROJECTION, "seq": last_seq, "applied": count, "at": time.time()})
+
+
+class LocalReads:
+    """Point reads of the embedded SQLite database on the event loop's own thread.
+
+    A read through the async engine hands its statement to aiosqlite's thread and
+    back, several times (pool, execute, fetch); on a busy machine each hand-over
+    waits for the thread to be scheduled, which made every submission (its name
+    checked against the archived jobs) wait far longer than the read itself: a
+    primary-key lookup in WAL mode takes microseconds and never waits for the
+    writer. A read that would wait (a checkpoint holding the file) or fails goes
+    back to the async engine: `None`. Not for PostgreSQL (asyncpg has no thread)."""
+
+    BUSY_MS = 20  # the most the loop waits on the file before the async engine is asked instead
+    IDS_PER_QUERY = 500  # inside SQLite's limit on a statement's parameters
+
+    def __init__(self, engine: AsyncEngine):
+        url = engine.url
+        self.path = url.database if url.get_backend_name() == "sqlite" and url.database else None
+        self._connection: sqlite3.Connection | None = None
+
+    def archived_among(self, jobs: list[str]) -> set[str] | None:
+        """Which of these jobs are archived (as `archived_among`); None: ask the engine."""
+        if self.path is None or not jobs:
+            return None if self.path is None else set()
+        try:
+            if self._connection is None:
+                self._connection = sqlite3.connect(f"{Path(self.path).as_uri()}?mode=ro", uri=True,
+                                                   timeout=self.BUSY_MS / 1000, check_same_thread=False)
+            found: set[str] = set()
+            for at in range(0, len(jobs), self.IDS_PER_QUERY):
+                some = jobs[at:at + self.IDS_PER_QUERY]
+                found.update(row[0] for row in self._connection.execute(
+                    f"SELECT id FROM jobs WHERE archived_at IS NOT NULL AND id IN ({','.join('?' * len(some))})",
+                    some))
+        except sqlite3.Error as exc:
+            log.debug("history: local read failed (%r); asking the engine", exc)
+            self.close()
+            return None
+        return found
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
 
 async def progress(engine: AsyncEngine) -> tuple[int, int]:
