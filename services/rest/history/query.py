@@ -14,7 +14,7 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.rest.history.schema import attempts, events, job_tags, jobs, tasks
+from services.rest.history.schema import attempts, events, job_counts, job_tags, jobs, tasks
 
 # The list's order fields (GET /api/v2/jobs `order`, as jobs_api.ORDER_FIELDS names them) -> columns.
 ORDER_COLUMNS = {
@@ -47,7 +47,35 @@ def _ms(t: float | None) -> int | None:
     return None if t is None else int(t * 1000)
 
 
-def _where(f: JobFilter) -> list[Any]:
+# A keyword this long or longer is looked up in SQLite's trigram index (job_keywords, 0004);
+# a shorter one tests every id.
+TRIGRAM = 3
+_keyword_ids = sa.table("job_keywords", sa.column("id"))
+
+
+def _keyword(keyword: str, dialect: str) -> Any:
+    keyword = keyword.lower()
+    pattern = "%" + keyword.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    if dialect != "sqlite":
+        return sa.func.lower(jobs.c.id).like(pattern, escape="\\")  # PostgreSQL: the trigram index on lower(id)
+    if len(keyword) >= TRIGRAM:
+        # A phrase of trigrams is exactly a substring (the tokenizer folds case; ids are ASCII).
+        phrase = '"' + keyword.replace('"', '""') + '"'
+        return jobs.c.id.in_(sa.select(_keyword_ids.c.id).where(sa.text("job_keywords MATCH :phrase")
+                                                                 .bindparams(phrase=phrase)))
+    return jobs.c.id.like(pattern, escape="\\")  # SQLite's LIKE ignores ASCII case
+
+
+def _tagged(tags: frozenset[str], *, driving: bool) -> Any:
+    """Jobs with one of the tags. `driving`: as the set of such jobs (read from the tag
+    index: a count visits only them); otherwise tested row by row (a page walking the
+    list's order stops after its rows)."""
+    if driving:
+        return jobs.c.id.in_(sa.select(job_tags.c.job).where(job_tags.c.tag.in_(sorted(tags))))
+    return sa.exists().where(job_tags.c.job == jobs.c.id, job_tags.c.tag.in_(sorted(tags)))
+
+
+def _where(f: JobFilter, dialect: str = "sqlite", *, counting: bool = False) -> list[Any]:
     where: list[Any] = [jobs.c.submitted_at.is_not(None)]  # placeholders wait for their submission
     if f.user is not None:
         where.append(jobs.c.user == f.user)
@@ -56,12 +84,11 @@ def _where(f: JobFilter) -> list[Any]:
     if f.states:
         where.append(jobs.c.state.in_(sorted(f.states)))
     if f.keyword:
-        pattern = "%" + f.keyword.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        where.append(sa.func.lower(jobs.c.id).like(pattern, escape="\\"))
+        where.append(_keyword(f.keyword, dialect))
     if f.tags_any:
-        where.append(sa.exists().where(job_tags.c.job == jobs.c.id, job_tags.c.tag.in_(sorted(f.tags_any))))
+        where.append(_tagged(f.tags_any, driving=counting))
     if f.tags_none:
-        where.append(~sa.exists().where(job_tags.c.job == jobs.c.id, job_tags.c.tag.in_(sorted(f.tags_none))))
+        where.append(~_tagged(f.tags_none, driving=False))
     if f.submitted_from is not None:
         where.append(jobs.c.submitted_at >= f.submitted_from)
     if f.submitted_until is not None:
@@ -70,14 +97,72 @@ def _where(f: JobFilter) -> list[Any]:
 
 
 def _order(f: JobFilter) -> list[Any]:
+    """The order of rows having the order column (a nullable column's rows without it
+    come after them, by id ascending: _page). Each walks an index (column, id)."""
     column = ORDER_COLUMNS[f.order_field]
-    # As the live list: rows without the field (not completed yet) last, ties by job id.
     primary = column.desc() if f.descending else column.asc()
     tie = jobs.c.id.desc() if f.descending else jobs.c.id.asc()
-    if column is jobs.c.submitted_at:  # never null in a list (_where): the index's own order
-        return [primary, tie]
-    # Rows without the field come last by job id ascending in either direction (jobs_api.order_jobs).
-    return [column.is_(None), primary, sa.case((column.is_(None), jobs.c.id)).asc(), tie]
+    return [primary, tie]
+
+
+def _counted_by_table(f: JobFilter) -> bool:
+    """Whether job_counts (SQLite) answers the filter's total: user, VC and state only."""
+    return not (f.keyword or f.tags_any or f.tags_none or f.submitted_from is not None
+                or f.submitted_until is not None)
+
+
+async def _total(connection: Any, f: JobFilter, excluding: list[str]) -> int:
+    """How many jobs match, but those in `excluding`, reading as few rows as it can:
+    job_counts for user/VC/state (SQLite), the tag index for tags, the trigram index for
+    a keyword; a count of the rows matching `none of these tags` is the count without
+    that filter less those having one of them."""
+    dialect = connection.dialect.name
+    if f.tags_none and not f.tags_any:
+        base = msgspec.structs.replace(f, tags_none=frozenset())
+        return (await _total(connection, base, excluding)
+                - await _total(connection, msgspec.structs.replace(base, tags_any=f.tags_none), excluding))
+    if dialect == "sqlite" and _counted_by_table(f):
+        counted = [job_counts.c[name] == value for name, value in (("user", f.user), ("vc", f.vc)) if value is not None]
+        if f.states:
+            counted.append(job_counts.c.state.in_(sorted(f.states)))
+        total = (await connection.execute(sa.select(sa.func.coalesce(sa.func.sum(job_counts.c.n), 0))
+                                          .where(*counted))).scalar_one()
+        if excluding:
+            total -= (await connection.execute(sa.select(sa.func.count()).select_from(jobs).where(
+                *_where(f, dialect), jobs.c.id.in_(excluding)))).scalar_one()
+        return int(total)
+    where = _where(f, dialect, counting=True)
+    if excluding:
+        where.append(jobs.c.id.not_in(excluding))
+    return (await connection.execute(sa.select(sa.func.count()).select_from(jobs).where(*where))).scalar_one()
+
+
+async def _page(connection: Any, f: JobFilter, where: list[Any]) -> list[Any]:
+    column = ORDER_COLUMNS[f.order_field]
+    page = sa.select(*_LIST_COLUMNS).where(*where)
+    if f.after is not None:
+        at, job = f.after
+        if f.order_field != "createdTime":
+            raise ValueError("keyset paging (after) follows the submission order only")
+        newer = (jobs.c.submitted_at < at) | ((jobs.c.submitted_at == at) & (jobs.c.id < job))
+        older = (jobs.c.submitted_at > at) | ((jobs.c.submitted_at == at) & (jobs.c.id > job))
+        page = page.where(newer if f.descending else older)
+    if column is jobs.c.submitted_at or not column.nullable:  # never null in a list (_where)
+        return list((await connection.execute(page.order_by(*_order(f)).offset(f.offset).limit(f.limit))).all())
+    # As the live list (jobs_api.order_jobs): the rows with the field in its order, then
+    # those without it by id ascending in either direction; each part walks its own index.
+    present = list((await connection.execute(
+        page.where(column.is_not(None)).order_by(*_order(f)).offset(f.offset).limit(f.limit))).all())
+    if len(present) == f.limit:
+        return present
+    if present:
+        before = f.offset + len(present)  # every row with the field is before the others
+    else:
+        before = (await connection.execute(sa.select(sa.func.count()).select_from(
+            page.where(column.is_not(None)).subquery()))).scalar_one()
+    missing = (await connection.execute(page.where(column.is_(None)).order_by(jobs.c.id.asc())
+                                        .offset(max(0, f.offset - before)).limit(f.limit - len(present)))).all()
+    return present + list(missing)
 
 
 def job_row(row: Any) -> dict[str, Any]:
@@ -103,23 +188,13 @@ async def list_jobs(engine: AsyncEngine, f: JobFilter, *, with_total: bool = Tru
                     excluding: frozenset[str] | set[str] = frozenset()) -> tuple[int | None, list[dict]]:
     """(how many match, or None without `with_total`; the page) in one read transaction.
     `excluding`: job ids left out (rest overlays its own newer rows of them)."""
-    where = _where(f)
-    if excluding:
-        where.append(jobs.c.id.not_in(sorted(excluding)))
-    page = sa.select(*_LIST_COLUMNS).where(*where)
-    if f.after is not None:
-        at, job = f.after
-        if f.order_field != "createdTime":
-            raise ValueError("keyset paging (after) follows the submission order only")
-        newer = (jobs.c.submitted_at < at) | ((jobs.c.submitted_at == at) & (jobs.c.id < job))
-        older = (jobs.c.submitted_at > at) | ((jobs.c.submitted_at == at) & (jobs.c.id > job))
-        page = page.where(newer if f.descending else older)
-    page = page.order_by(*_order(f)).offset(f.offset).limit(f.limit)
+    left_out = sorted(excluding)
     async with engine.connect() as connection:
-        rows = (await connection.execute(page)).all()
-        total = None
-        if with_total:
-            total = (await connection.execute(sa.select(sa.func.count()).select_from(jobs).where(*where))).scalar_one()
+        where = _where(f, connection.dialect.name)
+        if left_out:
+            where.append(jobs.c.id.not_in(left_out))
+        rows = await _page(connection, f, where)
+        total = await _total(connection, f, left_out) if with_total else None
     return total, [job_row(row) for row in rows]
 
 

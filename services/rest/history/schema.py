@@ -53,11 +53,40 @@ sa.Index("ix_jobs_submitted", jobs.c.submitted_at, jobs.c.id)
 sa.Index("ix_jobs_user", jobs.c.user, jobs.c.submitted_at, jobs.c.id)
 sa.Index("ix_jobs_vc", jobs.c.vc, jobs.c.submitted_at, jobs.c.id)
 sa.Index("ix_jobs_state", jobs.c.state, jobs.c.submitted_at, jobs.c.id)
-sa.Index("ix_jobs_completed", jobs.c.completed_at)
 sa.Index("ix_jobs_archive", jobs.c.archived_at, jobs.c.completed_at)
-# Keyword: a substring of the name; PostgreSQL gets a trigram index (0002), SQLite scans
-# the name index, which is narrower than the table.
-sa.Index("ix_jobs_name", jobs.c.name)
+# Revision 4 (0004_list_at_scale): each of the list's other orders walks an index ending
+# in the id (the tie-breaker); rows without a nullable order column (listed after the
+# others, by id) have a partial index each.
+ORDER_INDEXES = {
+    "name": sa.Index("ix_jobs_order_name", jobs.c.name, jobs.c.id),
+    "user": sa.Index("ix_jobs_order_user", jobs.c.user, jobs.c.id),
+    "vc": sa.Index("ix_jobs_order_vc", jobs.c.vc, jobs.c.id),
+    "state": sa.Index("ix_jobs_order_state", jobs.c.state, jobs.c.id),
+    "retries": sa.Index("ix_jobs_order_retries", jobs.c.retries, jobs.c.id),
+    "gpu_count": sa.Index("ix_jobs_order_gpu", jobs.c.gpu_count, jobs.c.id),
+    "task_count": sa.Index("ix_jobs_order_tasks", jobs.c.task_count, jobs.c.id),
+    "completed_at": sa.Index("ix_jobs_order_completed", jobs.c.completed_at, jobs.c.id),
+    "priority": sa.Index("ix_jobs_order_priority", jobs.c.priority, jobs.c.id),
+}
+sa.Index("ix_jobs_uncompleted", jobs.c.id, sqlite_where=jobs.c.completed_at.is_(None),
+         postgresql_where=jobs.c.completed_at.is_(None))
+sa.Index("ix_jobs_no_priority", jobs.c.id, sqlite_where=jobs.c.priority.is_(None),
+         postgresql_where=jobs.c.priority.is_(None))
+# Keyword: a substring of the id. PostgreSQL has a trigram index on lower(id) (0004);
+# SQLite an FTS5 trigram table `job_keywords` (id) kept by triggers (0004), read with
+# raw SQL (query.py): a virtual table is no SQLAlchemy Table.
+
+# SQLite only (0004): submitted jobs per (user, vc, state), kept by triggers on `jobs`
+# in the writing transaction, so a list's total is a sum over a few rows. PostgreSQL
+# counts with index-only scans (shared counter rows would serialise concurrent writers).
+job_counts = sa.Table(
+    "job_counts",
+    metadata,
+    sa.Column("user", sa.String(128), primary_key=True),
+    sa.Column("vc", sa.String(256), primary_key=True),
+    sa.Column("state", sa.String(16), primary_key=True),
+    sa.Column("n", sa.BigInteger, nullable=False),
+)
 
 job_tags = sa.Table(
     "job_tags",

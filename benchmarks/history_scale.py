@@ -1,0 +1,296 @@
+"""The history database at a million jobs (issue 32): store size per job, seed rate,
+the job list's p50/p99 for the first page and each filter and order idle and busy,
+and rest's restart to its first list answer.
+
+Seeding goes through the projection's own code: tests/fixtures/history_events
+lifecycles (submitted, running, a task started and exited, finished; a tenth fail)
+-> projection.project_batch -> store.apply_batch, as rest's consumer applies them,
+only in bigger batches (BULK events per transaction instead of the consumer's 512:
+the bulk loader of the issue). Tags are not events: every 100th job gets "gold"
+written as store.set_tags writes it (jobs.tags and job_tags), many jobs per
+transaction. LIVE unfinished jobs are only in rest's live index (laid over every
+page, as just submitted), as benchmarks/job_list.py does.
+
+Lists run through rest's own list code (jobs_api._list_from_history, the route's
+path with its X-Total-Count total), REPS times each:
+- idle: nothing else running;
+- busy: the projection applying BUSY_RATE jobs/s of new lifecycles (5-6 events each,
+  in the consumer's 512-event batches) in the same process, as rest runs it.
+
+Restart: a fresh interpreter runs rest's start-up path on the seeded database
+(store.open_store: engine, migrations; then the first list page) and reports each
+step; the first run after a new migration includes the migration itself.
+
+    python benchmarks/history_scale.py [--jobs 1000000] [--db PATH] [--reps 200]
+
+--db keeps the database between runs (seeded once: a database that already holds
+--jobs jobs is used as it is); without it a temporary one is made and removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import msgspec  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+
+from libs.common import ids  # noqa: E402
+from services.rest import jobs_api  # noqa: E402
+from services.rest.history import schema, store  # noqa: E402
+from services.rest.history.projection import project_batch  # noqa: E402
+from services.rest.job_index import JobIndex  # noqa: E402
+from services.rest.records import SubmittedJob  # noqa: E402
+from tests.fixtures import history_events as ev  # noqa: E402
+
+BULK = 8192  # events per transaction while seeding
+CONSUMER_BATCH = 512  # the consumer's batch (busy load)
+CHUNK = 20_000  # jobs whose events are built at a time
+LIVE = 500
+TAGGED_EVERY = 100
+BUSY_RATE = 100  # jobs/s while busy
+USERS, VCS = 50, 4
+
+QUERIES = {
+    "first_page": {"limit": "20"},
+    "first_page_total": {"limit": "20", "withTotalCount": "true"},
+    "user": {"username": "user10", "limit": "20"},
+    "vc": {"vc": "vc2", "limit": "20"},
+    "state": {"state": "FAILED", "limit": "20"},
+    "state_running": {"state": "RUNNING", "limit": "20"},
+    "tags": {"tags": "gold", "limit": "20"},
+    "tags_not": {"tagsNotContain": "gold", "limit": "20"},
+    "keyword": {"keyword": "job00123", "limit": "20"},
+    "keyword_user": {"keyword": "user10~", "limit": "20"},
+    "user_state": {"username": "user10", "state": "FAILED", "limit": "20"},
+    "page_100": {"offset": "2000", "limit": "20"},
+    "offset_100k": {"offset": "100000", "limit": "20"},
+    "oldest_first": {"order": "createdTime,ASC", "limit": "20"},
+    "order_completed": {"order": "completedTime,DESC", "limit": "20"},
+    "order_name": {"order": "name,ASC", "limit": "20"},
+    "order_user": {"order": "username,ASC", "limit": "20"},
+    "order_vc": {"order": "vc", "limit": "20"},
+    "order_state": {"order": "state", "limit": "20"},
+    "order_retries": {"order": "retries", "limit": "20"},
+    "order_gpu": {"order": "totalGpuNumber", "limit": "20"},
+    "order_tasks": {"order": "totalTaskNumber", "limit": "20"},
+    "order_priority": {"order": "priority", "limit": "20"},
+}
+# Time range: the API's list has no time filter; the history query has one (JobFilter
+# submitted_from/until): measured on query.list_jobs directly, with its total.
+TIME_RANGE_S = 86_400  # the newest day of the seeded jobs
+
+
+def _job(i: int) -> str:
+    return f"user{i % USERS}~job{i:07d}"
+
+
+def _events(first: int, count: int) -> list:
+    events = []
+    for i in range(first, first + count):
+        events += ev.lifecycle(_job(i), at=ev.T0 + i, exit_code=int(i % 10 == 0), vc=f"vc{i % VCS}")
+    return events
+
+
+async def _apply(engine, events: list, seq0: int, batch_size: int) -> int:
+    numbered = list(enumerate(events, seq0 + 1))
+    for at in range(0, len(numbered), batch_size):
+        batch = numbered[at:at + batch_size]
+        await store.apply_batch(engine, project_batch(batch), batch[-1][0], len(batch))
+        await asyncio.sleep(0)
+    return seq0 + len(numbered)
+
+
+async def _tag(engine, first: int, count: int) -> None:
+    """store.set_tags' rows for the tagged jobs of [first, first + count), in one transaction."""
+    tagged = [_job(i) for i in range(first, first + count) if i % TAGGED_EVERY == 0]
+    if not tagged:
+        return
+    async with engine.begin() as connection:
+        await connection.execute(sa.update(schema.jobs).where(schema.jobs.c.id == sa.bindparam("key"))
+                                 .values(tags=json.dumps(["gold"])), [{"key": j} for j in tagged])
+        await connection.execute(sa.insert(schema.job_tags), [{"job": j, "tag": "gold"} for j in tagged])
+
+
+async def _jobs_in(engine) -> int:
+    async with engine.connect() as connection:
+        return (await connection.execute(sa.select(sa.func.count()).select_from(schema.jobs))).scalar_one()
+
+
+async def seed(engine, jobs: int, have: int) -> dict:
+    started = time.perf_counter()
+    seq, _ = await store.progress(engine)
+    events = 0
+    for first in range(have, jobs, CHUNK):
+        count = min(CHUNK, jobs - first)
+        chunk = _events(first, count)
+        events += len(chunk)
+        seq = await _apply(engine, chunk, seq, BULK)
+        await _tag(engine, first, count)
+        if (first // CHUNK) % 10 == 9:
+            print(f"seeded {first + count} jobs, {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
+    took = time.perf_counter() - started
+    return {"seeded_jobs": jobs - have, "seeded_events": events, "seed_s": round(took, 1),
+            "seed_jobs_per_s": round((jobs - have) / took) if took else None,
+            "seed_events_per_s": round(events / took) if took else None}
+
+
+def _live_index(jobs: int) -> JobIndex:
+    index = JobIndex()
+    for i in range(LIVE):
+        jid = f"user{i % USERS}~live{i:05d}"
+        user, name = ids.split_job_id(jid)
+        sub = SubmittedJob(job=jid, user=user, name=name, vc=f"vc{i % VCS}", spec=ev.spec(jid), config={},
+                           submittedAt=ev.T0 + jobs + i)
+        index.put_submission(ids.job_key(jid), msgspec.json.encode(sub))
+    index.ready = True
+    return index
+
+
+def _stats(times: list[float]) -> dict:
+    times.sort()
+    return {"p50_ms": round(statistics.median(times), 2),
+            "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))], 2),
+            "max_ms": round(times[-1], 2)}
+
+
+async def _measure(engine, index: JobIndex, reps: int, jobs: int, only: set[str] | None) -> dict:
+    from services.rest.history import query as history_query
+
+    out = {}
+    for name, params in QUERIES.items():
+        if only and name not in only:
+            continue
+        query = jobs_api.parse_list_query(params)
+        times = []
+        for _ in range(reps):
+            started = time.perf_counter()
+            await jobs_api._list_from_history(engine, index, query)
+            times.append((time.perf_counter() - started) * 1000)
+        out[name] = _stats(times)
+    if not only or "time_range" in only:
+        found = history_query.JobFilter(submitted_from=ev.T0 + jobs - TIME_RANGE_S, submitted_until=ev.T0 + jobs,
+                                        limit=20)
+        times = []
+        for _ in range(reps):
+            started = time.perf_counter()
+            await history_query.list_jobs(engine, found)
+            times.append((time.perf_counter() - started) * 1000)
+        out["time_range"] = _stats(times)
+    return out
+
+
+async def _busy_writer(engine, first: int, seq: int, stop: asyncio.Event) -> int:
+    """BUSY_RATE jobs/s of lifecycles, applied in the consumer's batches, until stopped."""
+    i = first
+    started = time.perf_counter()
+    while not stop.is_set():
+        due = int((time.perf_counter() - started) * BUSY_RATE)
+        if i - first < due:
+            count = due - (i - first)
+            seq = await _apply(engine, _events(i, count), seq, CONSUMER_BATCH)
+            i += count
+        await asyncio.sleep(0.05)
+    return i - first
+
+
+def _restart(dsn: str) -> dict:
+    """rest's start-up path in a fresh interpreter: open_store (engine + migrations), first page."""
+    code = f"""
+import asyncio, json, sys, time
+t0 = time.perf_counter()
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from services.rest import jobs_api
+from services.rest.history import store
+from services.rest.job_index import JobIndex
+imported = time.perf_counter()
+async def main():
+    engine = await store.open_store({dsn!r})
+    opened = time.perf_counter()
+    index = JobIndex(); index.ready = True
+    total, page = await jobs_api._list_from_history(engine, index, jobs_api.parse_list_query({{"limit": "20"}}))
+    listed = time.perf_counter()
+    await engine.dispose()
+    print(json.dumps({{"import_s": round(imported - t0, 2), "open_and_migrate_s": round(opened - imported, 2),
+                       "first_list_s": round(listed - opened, 3), "total_s": round(listed - t0, 2),
+                       "listed_total": total}}))
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+async def main(args) -> dict:
+    temporary = args.db is None
+    path = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="pai-history-scale-")) / store.SQLITE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dsn = f"sqlite+aiosqlite:///{path.resolve()}"
+    out: dict = {"jobs": args.jobs, "backend": f"sqlite {__import__('sqlite3').sqlite_version}", "live_overlay": LIVE}
+    try:
+        if path.exists():
+            out["restart_before"] = _restart(dsn)  # a new migration runs here, on the seeded database
+        engine = await store.open_store(dsn)
+        have = await _jobs_in(engine)
+        if have > args.jobs:
+            raise SystemExit(f"{path} holds {have} jobs, more than --jobs {args.jobs}")
+        if have < args.jobs:
+            out["seed"] = await seed(engine, args.jobs, have)
+        async with engine.connect() as connection:
+            await connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = sum(p.stat().st_size for p in path.parent.iterdir() if p.name.startswith(path.name))
+        out["store_bytes"] = size
+        out["bytes_per_job"] = round(size / args.jobs)
+        if args.seed_only:
+            await engine.dispose()
+            return out
+        only = set(args.only.split(",")) if args.only else None
+        index = _live_index(args.jobs)
+        out["idle"] = await _measure(engine, index, args.reps, args.jobs, only)
+        if not args.idle_only:
+            seq, _ = await store.progress(engine)
+            stop = asyncio.Event()
+            writer = asyncio.ensure_future(_busy_writer(engine, 10_000_000 + args.jobs, seq, stop))
+            started = time.perf_counter()
+            out["busy"] = await _measure(engine, index, args.busy_reps or max(args.reps // 2, 20), args.jobs, only)
+            stop.set()
+            written = await writer
+            out["busy_writer_jobs_per_s"] = round(written / (time.perf_counter() - started), 1)
+            # Leave the database as seeded: the busy jobs go (their ids are past the seeded ones).
+            async with engine.begin() as connection:
+                busy = sa.and_(schema.jobs.c.id >= "user", schema.jobs.c.name >= "job1")
+                for table in (schema.events, schema.tasks, schema.attempts, schema.job_tags):
+                    await connection.execute(sa.delete(table).where(table.c.job.in_(
+                        sa.select(schema.jobs.c.id).where(busy))))
+                await connection.execute(sa.delete(schema.jobs).where(busy))
+        await engine.dispose()
+        if not args.no_restart:
+            out["restart"] = _restart(dsn)
+    finally:
+        if temporary:
+            shutil.rmtree(path.parent, ignore_errors=True)
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--db", help="the SQLite file to keep between runs (seeded when it holds fewer jobs)")
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--busy-reps", type=int, default=0)
+    parser.add_argument("--only", help="comma-separated query names")
+    parser.add_argument("--idle-only", action="store_true")
+    parser.add_argument("--no-restart", action="store_true")
+    parser.add_argument("--seed-only", action="store_true", help="seed (and size) the database, measure nothing")
+    print(json.dumps(asyncio.run(main(parser.parse_args())), indent=1))
+    os._exit(0)
