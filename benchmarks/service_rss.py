@@ -1,0 +1,291 @@
+"""Each service's memory against the number of finished jobs it has seen: live work only.
+
+A finished job's live records, and every service's in-memory copies of them, leave
+once the history database holds the job and it is past `live_finished_job_max` or
+`live_finished_job_seconds` (services/rest/history/expiry.py; the launcher's once its
+logs are pruned too, `retention_finished_seconds`). So a service's resident memory
+should not grow with the jobs it has run. This measures it on the whole platform as
+`pai up` runs it (cli/up.py's Platform: nats-server and the five services as
+processes, in a temporary data dir on free ports, one node of 64 one-CPU cells):
+
+1. a warm-up burst of `--warmup` trivial jobs (imports, caches, pools reach their
+   working size), then every process's RSS (/proc/<pid>/status VmRSS, and RssAnon:
+   the heap, without mapped files): the base;
+2. bursts of trivial jobs (`true`, 16 clients) up to each total of `--totals`
+   (cumulative), each waited for until every job SUCCEEDED and the history's live
+   finished jobs are back within the bound; then every process's RSS;
+3. after the last burst (after each with `--restart-each`), each service is restarted
+   (SIGTERM, started again, timed to /readyz), then nats-server (SIGTERM, started
+   again, timed until it answers), and every process's RSS read 10 s after all are
+   ready: what a restart rebuilds from the live records.
+
+Reported per process, in MiB per 1,000 finished jobs (the target: at most 1):
+`running`, the least-squares slope of RSS over the points (`running_anon`: of RssAnon);
+`after_restart`, the slope from the base to the RSS after the restart(s). And each
+process's restart-to-ready seconds; per point, the live finished jobs the history
+counts (not archived), and per live bucket its keys with a value and the messages its
+stream holds (the markers of deleted or purged keys count until they expire).
+
+The platform runs with a small bound so that archiving happens during the run:
+`--live-max` (default 500) finished jobs, `--live-seconds` (default 10),
+`--sweep-seconds` (default 1), and the launcher's log retention `--retention-seconds`
+(default 10; its record of an archived job leaves with its logs).
+
+    python benchmarks/service_rss.py [--totals 5000,10000,20000] [--warmup 1000] [--clients 16]
+                                     [--live-max 500] [--live-seconds 10] [--sweep-seconds 1]
+                                     [--retention-seconds 10] [--restart-each] [--timeout 1800]
+                                     [--data-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from aiohttp import ClientSession, ClientTimeout, TCPConnector  # noqa: E402
+
+from benchmarks.e2e_throughput import Api, Submitter, git_commit, slots64_cluster_file  # noqa: E402
+from benchmarks.stats import filesystem_of  # noqa: E402
+from cli.up import SERVICES, Platform  # noqa: E402
+from libs.common.bus import Bus, all_keys  # noqa: E402
+from libs.common.config import load_config  # noqa: E402
+from libs.common.natsserver import free_port  # noqa: E402
+from libs.common.subjects import Bucket  # noqa: E402
+
+POLL_SECONDS = 1.0
+SETTLE_SECONDS = 3.0  # after the bound is reached: JobArchived consumed, retention swept
+RESTARTED_SECONDS = 10.0  # after the restarts: every service has restored and reconnected
+MEASURED = (*SERVICES, "nats-server")
+LIVE_BUCKETS = (Bucket.JOBS, Bucket.JOB_STATUS, Bucket.SCHEDULE)
+
+
+def rss_mib(pid: int, field: str = "VmRSS") -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return round(int(line.split()[1]) / 1024, 2)
+    except OSError:
+        return None
+    return None
+
+
+def pids(platform: Platform) -> dict[str, int]:
+    found = {name: proc.pid for name, proc in platform.procs.items()}
+    assert platform.nats is not None and platform.nats.pid is not None
+    found["nats-server"] = platform.nats.pid
+    return found
+
+
+def snapshot(platform: Platform, field: str = "VmRSS") -> dict[str, float | None]:
+    return {name: rss_mib(pid, field) for name, pid in pids(platform).items()}
+
+
+def slope_per_1000(points: list[tuple[int, float | None]]) -> float | None:
+    """Least-squares slope of RSS (MiB) over finished jobs, per 1,000 jobs."""
+    xs = [x for x, y in points if y is not None]
+    ys = [y for _, y in points if y is not None]
+    if len(xs) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    if var == 0:
+        return None
+    return round(1000 * sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var, 3)
+
+
+def live_finished(platform: Platform) -> int | None:
+    """Finished jobs the history holds whose live records are not archived yet."""
+    found = list(platform.data.rglob("history.sqlite"))
+    if not found:
+        return None
+    with sqlite3.connect(f"file:{found[0]}?mode=ro", uri=True, timeout=10) as db:
+        return db.execute("SELECT count(*) FROM jobs WHERE archived_at IS NULL AND completed_at IS NOT NULL"
+                          ).fetchone()[0]
+
+
+async def buckets(bus: Bus) -> dict[str, dict[str, int]]:
+    """Per live bucket: its keys with a value, and the messages its stream holds (values
+    and the markers of deleted or purged keys that have not expired)."""
+    out = {}
+    for bucket in LIVE_BUCKETS:
+        info = await bus.js.stream_info(f"KV_{bucket.value}")
+        out[bucket.value] = {"live_keys": len(await all_keys(await bus.kv(bucket))), "messages": info.state.messages}
+    return out
+
+
+async def burst(api: Api, url: str, token: str, prefix: str, start: int, count: int, clients: int,
+                deadline: float) -> None:
+    """Submit jobs prefix-start .. prefix-(start+count-1) with `clients` connections; wait
+    until every job of the prefix SUCCEEDED."""
+    names = iter(range(start, start + count))
+    failures: list[str] = []
+
+    async def worker() -> None:
+        submitter = Submitter(url, token)
+        try:
+            for i in names:
+                status, body = await submitter.submit(f"{prefix}-{i}")
+                if status != 202:
+                    failures.append(f"{status} {body}")
+        finally:
+            await submitter.close()
+
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    if failures:
+        raise RuntimeError(f"{len(failures)} submissions refused, e.g. {failures[0]}")
+    while await api.count(prefix + "-", "SUCCEEDED") < start + count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every job of {prefix} SUCCEEDED in time")
+        await asyncio.sleep(POLL_SECONDS)
+
+
+async def within_bound(platform: Platform, bound: int, deadline: float) -> int | None:
+    while True:
+        live = live_finished(platform)
+        if live is None or live <= bound or time.monotonic() > deadline:
+            await asyncio.sleep(SETTLE_SECONDS)
+            return live_finished(platform)
+        await asyncio.sleep(POLL_SECONDS)
+
+
+def restart_all(platform: Platform) -> dict[str, float]:
+    """Each service, then nats-server: stopped (SIGTERM) and started again; seconds to ready."""
+    took = {}
+    for name in SERVICES:
+        platform.kill_service(name, signal.SIGTERM)
+        started = time.monotonic()
+        platform.start_service(name)
+        took[name] = round(time.monotonic() - started, 2)
+    assert platform.nats is not None
+    platform.nats.stop()
+    started = time.monotonic()
+    platform.nats.start()
+    took["nats-server"] = round(time.monotonic() - started, 2)
+    for name in SERVICES:  # every service back on the restarted bus
+        platform._wait_ready(name)
+    return took
+
+
+async def measure(platform: Platform, conn, args, result: dict) -> dict:
+    deadline = time.monotonic() + args.timeout
+    assert platform.nats is not None
+    bus = await Bus.connect(platform.nats.url, name="bench-rss", **platform.nats.login("platform"))
+    timeout = ClientTimeout(total=120)
+    async with ClientSession(connector=TCPConnector(limit=args.clients + 4), timeout=timeout) as session:
+        api = Api(session, conn.url, conn.token)
+        prefix = "rss"
+        done = 0
+        if args.warmup:
+            await burst(api, conn.url, conn.token, prefix, 0, args.warmup, args.clients, deadline)
+            done = args.warmup
+        await within_bound(platform, args.live_max, deadline)
+        points: list[dict[str, Any]] = [{"finished_jobs": done, "rss_mib": snapshot(platform),
+                                         "rss_anon_mib": snapshot(platform, "RssAnon"),
+                                         "live_finished": live_finished(platform),
+                                         "buckets": await buckets(bus)}]
+        restarted: list[dict[str, Any]] = []
+        for total in args.totals:
+            if total > done:
+                started = time.monotonic()
+                await burst(api, conn.url, conn.token, prefix, done, total - done, args.clients, deadline)
+                burst_s = time.monotonic() - started
+                done = total
+            else:
+                burst_s = 0.0
+            live = await within_bound(platform, args.live_max, deadline)
+            points.append({"finished_jobs": done, "burst_jobs_per_s": round((total - points[-1]["finished_jobs"])
+                                                                            / burst_s, 1) if burst_s else None,
+                           "rss_mib": snapshot(platform), "rss_anon_mib": snapshot(platform, "RssAnon"),
+                           "live_finished": live, "buckets": await buckets(bus)})
+            print(json.dumps(points[-1]), file=sys.stderr, flush=True)
+            if args.restart_each or total == args.totals[-1]:
+                await bus.close()
+                took = restart_all(platform)
+                await asyncio.sleep(RESTARTED_SECONDS)
+                bus = await Bus.connect(platform.nats.url, name="bench-rss", **platform.nats.login("platform"))
+                restarted.append({"finished_jobs": done, "restart_to_ready_s": took, "rss_mib": snapshot(platform),
+                                  "rss_anon_mib": snapshot(platform, "RssAnon")})
+                print(json.dumps(restarted[-1]), file=sys.stderr, flush=True)
+    await bus.close()
+    base = points[0]
+    slopes = {}
+    for name in MEASURED:
+        # Running: over the points since the last restart before them (all of them without
+        # --restart-each). After a restart: against the base, a fresh platform after the warm-up.
+        since = points if not args.restart_each else points[-2:]
+        running = [(p["finished_jobs"], p["rss_mib"].get(name)) for p in since]
+        after = [(base["finished_jobs"], base["rss_mib"].get(name))] + [
+            (r["finished_jobs"], r["rss_mib"].get(name)) for r in restarted]
+        slopes[name] = {"running": slope_per_1000(running), "after_restart": slope_per_1000(after),
+                        "running_anon": slope_per_1000([(p["finished_jobs"], p["rss_anon_mib"].get(name))
+                                                        for p in since])}
+    return result | {"base_finished_jobs": base["finished_jobs"], "points": points, "restarted": restarted,
+                     "mib_per_1000_finished_jobs": slopes,
+                     "target_mib_per_1000": 1.0,
+                     "restart_to_ready_s_at_end": restarted[-1]["restart_to_ready_s"] if restarted else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--totals", default="5000,10000,20000",
+                        help="cumulative finished jobs after each burst, comma-separated")
+    parser.add_argument("--warmup", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--live-max", type=int, default=500)
+    parser.add_argument("--live-seconds", type=float, default=10.0)
+    parser.add_argument("--sweep-seconds", type=float, default=1.0)
+    parser.add_argument("--retention-seconds", type=float, default=10.0)
+    parser.add_argument("--restart-each", action="store_true",
+                        help="restart every process after each burst (by default only after the last)")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--data-dir", default=None)
+    args = parser.parse_args()
+    args.totals = sorted(int(t) for t in args.totals.split(","))
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with tempfile.TemporaryDirectory(prefix="pai-rss-", dir=args.data_dir) as tmp:
+        os.chmod(tmp, 0o711)  # passable by the tasks' users (benchmarks/e2e_throughput.py)
+        data = Path(tmp) / "pai"
+        data.mkdir()
+        ports = {f"{s}_port": free_port() for s in SERVICES}
+        config = load_config(
+            env={}, data_dir=str(data), nats_url=f"nats://127.0.0.1:{free_port()}",
+            cluster_file=str(slots64_cluster_file(Path(tmp) / "cluster-slots64.yaml")),
+            rest_rate_limit_burst=10_000_000, rest_rate_limit_per_second=10_000_000.0,
+            live_finished_job_max=args.live_max, live_finished_job_seconds=args.live_seconds,
+            history_sweep_seconds=args.sweep_seconds, retention_finished_seconds=args.retention_seconds,
+            retention_sweep_seconds=max(1.0, args.retention_seconds / 5), **ports)
+        result: dict[str, Any] = {
+            "benchmark": "service_rss", "commit": git_commit(), "cpus": os.cpu_count(),
+            "data_dir_filesystem": filesystem_of(tmp), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "settings": {"live_finished_job_max": args.live_max, "live_finished_job_seconds": args.live_seconds,
+                         "history_sweep_seconds": args.sweep_seconds,
+                         "retention_finished_seconds": args.retention_seconds, "warmup_jobs": args.warmup,
+                         "totals": args.totals, "clients": args.clients, "cells": 64}}
+        platform = Platform(config, print_fn=lambda *_: None)
+        try:
+            conn = platform.start()
+            result = asyncio.run(measure(platform, conn, args, result))
+        except Exception as exc:  # noqa: BLE001 - reported with what was reached
+            tails = {}
+            for log in sorted((data / "logs").glob("*.log")):
+                tails[log.name] = log.read_text(errors="replace").splitlines()[-5:]
+            result |= {"error": f"{type(exc).__name__}: {exc}", "log_tails": tails}
+        finally:
+            platform.stop()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
