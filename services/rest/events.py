@@ -277,6 +277,7 @@ class EventHub:
             self._feed = None
             await feed.close()
             raise
+        feed.heard = max(feed.heard, loop.time())  # its heartbeats are due from now, not from the request
         return feed
 
     def _on_delivery(self, feed: _Feed, subject: bytes, reply: bytes, payload: bytes, headers: bytes | None) -> None:
