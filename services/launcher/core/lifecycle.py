@@ -304,9 +304,11 @@ class LauncherCore:
             case _:
                 raise TypeError(f"not a launcher event: {event!r}")
 
-    def _move(self, record: JobRecord, to: JobState, *, why: str, cause: str) -> JobRecord:
-        """Change the job's state through the transition table and announce it."""
-        now = self._now()
+    def _move(self, record: JobRecord, to: JobState, *, why: str, cause: str, at: float | None = None) -> JobRecord:
+        """Change the job's state through the transition table and announce it, at `at`
+        (now by default): a final state's time is the record's completedTime, the same
+        number in the record, its transition and the event (the job list compares them)."""
+        now = self._now() if at is None else at
         previous = record.state
         record = self._put(transition(record, to, at=now, why=why))
         self._publish(announcements.state_changed(record, previous=previous, at=now, cause=cause))
@@ -860,7 +862,7 @@ class LauncherCore:
             )
         if not follows:
             record = replace(record, completedTime=now)
-            return self._move(record, ATTEMPT_STATE_AFTER[ending.outcome], why=ending.reason, cause=cause)
+            return self._move(record, ATTEMPT_STATE_AFTER[ending.outcome], why=ending.reason, cause=cause, at=now)
         following = new_attempt(record.spec, attempt.attempt + 1, now)
         if ending.backoffSeconds is not None:
             following = replace(following, backoffUntil=now + ending.backoffSeconds)

@@ -7,7 +7,7 @@ import pytest
 from libs.common import messages
 from libs.common.messages import JobState, Reaction, TaskState
 from services.launcher.core.tasks import TaskFinished
-from tests.unit.launcher.builders import Driver, job_spec, killed, published, role
+from tests.unit.launcher.builders import Clock, Driver, job_spec, killed, published, role
 
 # (role, index, exit code); a non-zero exit gets a NEVER_RETRY verdict right away.
 Step = tuple[str, int, int]
@@ -179,3 +179,27 @@ def test_successful_exit_needs_no_verdict() -> None:
     assert driver.state == JobState.SUCCEEDED
     assert [e.state for e in published(actions, messages.JobStateChanged)] == [JobState.SUCCEEDED]
     assert driver.record.current.task("worker", 0).exitSpec.phrase == "Succeeded"
+
+
+class _TickingClock(Clock):
+    """A clock that moves on at every reading, as a real one does between two calls."""
+
+    def __call__(self) -> float:
+        self.now += 0.0007
+        return self.now
+
+
+@pytest.mark.parametrize("code", [0, 3], ids=["succeeded", "failed"])
+def test_a_final_state_has_one_time_in_the_record_its_history_and_its_event(code):
+    """The job list compares the record's completedTime with the event's time (as the history
+    stores it): read twice from a moving clock, they differed, by a millisecond once rounded."""
+    driver = Driver(clock=_TickingClock())
+    driver.start()
+    actions = driver.finish(code=code)
+    if code:
+        actions += driver.verdict(reaction=Reaction.NEVER_RETRY, code=code)
+    final = [e for e in published(actions, messages.JobStateChanged) if e.state.is_final]
+    assert len(final) == 1
+    record = driver.record
+    assert record.state.is_final
+    assert final[0].at == record.completedTime == record.history[-1].at
