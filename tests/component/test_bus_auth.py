@@ -24,7 +24,7 @@ from nats.js import api
 from libs.common import busauth
 from libs.common.bus import Bus
 from libs.common.natsserver import NatsServer
-from libs.common.subjects import STREAM, Bucket, Kind
+from libs.common.subjects import STREAM, Bucket, Kind, kind_filter
 
 RUN = uuid.uuid4().hex[:8]
 VC = f"authvc{RUN}"  # no other test's consumer looks at this VC
@@ -264,6 +264,20 @@ async def test_a_service_consumes_with_its_own_durable_only(login, platform):
     assert await runtime.try_publish(f"$JS.API.STREAM.DELETE.{STREAM}")
     assert await runtime.try_publish(f"$JS.API.STREAM.DELETE.KV_{Bucket.RULES.value}")
     await platform.js.delete_consumer(STREAM, "runtime")
+
+
+async def test_rest_follows_job_states_through_a_consumer_of_that_kind_only(login, platform):
+    # rest's event streams (services/rest/events.py): a push consumer of its own naming,
+    # filtered to job.state and delivering to its inbox; nothing wider.
+    rest = await login("rest")
+    config = api.ConsumerConfig(name=f"restwatch{RUN}", deliver_subject=rest.bus.nc.new_inbox(),
+                                filter_subject=kind_filter(Kind.JOB_STATE), ack_policy=api.AckPolicy.NONE,
+                                mem_storage=True, num_replicas=1, inactive_threshold=5.0)
+    await rest.bus.js.add_consumer(STREAM, config)
+    assert await rest.try_publish(f"$JS.API.CONSUMER.CREATE.{STREAM}.restwatch{RUN}.{kind_filter(Kind.TASK_EXITED)}")
+    assert await rest.try_publish(f"$JS.API.CONSUMER.CREATE.{STREAM}")  # unnamed: any filter, any name
+    assert await rest.try_subscribe(kind_filter(Kind.JOB_STATE))  # live events come through the consumer only
+    await platform.js.delete_consumer(STREAM, f"restwatch{RUN}")
 
 
 async def test_a_service_reads_no_one_elses_replies(login):
