@@ -159,6 +159,17 @@ def blocks(depth: int) -> st.SearchStrategy:
     return st.one_of(scalar, mapping, sequence)
 
 
+# Built once: a strategy built anew in every example costs Hypothesis more than the
+# example itself (validation, labels), several seconds over the property's 3,000.
+ROOT = st.lists(st.tuples(st.sampled_from(KEYS), blocks(2)), min_size=1, max_size=5)
+AFTER_KEY = st.sampled_from(["", "  ", " # c"])
+FIRST_INDENT = st.sampled_from([0, 0, 1, 2])
+STEP = st.sampled_from([1, 2, 4])
+BLANK = st.sampled_from(["", "# c", "   # c", "  "])
+ENDING = st.sampled_from(["\n", "", "\n\n"])
+MANGLING = st.sampled_from(MANGLE)
+
+
 def render(node, indent: int, step: int, draw) -> list[str]:
     """Lines of `node` at `indent` (a scalar: one line without indent)."""
     pad = " " * indent
@@ -171,7 +182,7 @@ def render(node, indent: int, step: int, draw) -> list[str]:
             if isinstance(value, str):
                 lines.append(f"{pad}{key}: {value}")
             else:
-                lines.append(f"{pad}{key}:" + draw(st.sampled_from(["", "  ", " # c"])))
+                lines.append(f"{pad}{key}:" + draw(AFTER_KEY))
                 indentless = value[0] == "seq" and draw(st.booleans())
                 lines += render(value, indent if indentless else indent + step, step, draw)
     else:
@@ -190,14 +201,14 @@ def render(node, indent: int, step: int, draw) -> list[str]:
 
 @st.composite
 def documents(draw) -> str:
-    root = draw(st.lists(st.tuples(st.sampled_from(KEYS), blocks(2)), min_size=1, max_size=5))
-    lines = render(("map", root), draw(st.sampled_from([0, 0, 1, 2])), draw(st.sampled_from([1, 2, 4])), draw)
+    root = draw(ROOT)
+    lines = render(("map", root), draw(FIRST_INDENT), draw(STEP), draw)
     if draw(st.booleans()):
-        lines.insert(draw(st.integers(0, len(lines))), draw(st.sampled_from(["", "# c", "   # c", "  "])))
-    text = "\n".join(lines) + draw(st.sampled_from(["\n", "", "\n\n"]))
+        lines.insert(draw(st.integers(0, len(lines))), draw(BLANK))
+    text = "\n".join(lines) + draw(ENDING)
     for _ in range(draw(st.integers(0, 2))):
         at = draw(st.integers(0, len(text)))
-        text = text[:at] + draw(st.sampled_from(MANGLE)) + text[at + draw(st.integers(0, 1)):]
+        text = text[:at] + draw(MANGLING) + text[at + draw(st.integers(0, 1)):]
     return text
 
 
