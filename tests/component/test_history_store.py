@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -245,3 +246,112 @@ async def test_archived_names_read_on_the_loop_agree_with_the_engine(engine):
             assert local.archived_among(asked) is None  # PostgreSQL: the engine answers
     finally:
         local.close()
+
+
+_ROW_FIELDS = {"createdTime": "submitted_at", "completedTime": "completed_at", "name": "name", "username": "user",
+               "virtualCluster": "vc", "state": "state", "retries": "retries", "priority": "priority"}
+_LIST_CASES = [
+    {}, {"user": "bob"}, {"vc": "vc1"}, {"states": frozenset({"FAILED"})},
+    {"user": "carol", "states": frozenset({"SUCCEEDED", "RUNNING"})}, {"keyword": "JOB1"}, {"keyword": "b~"},
+    {"keyword": "b_1"}, {"keyword": "ob0", "vc": "default"}, {"tags_any": frozenset({"x"})},
+    {"tags_none": frozenset({"x"})}, {"tags_none": frozenset({"x"}), "user": "bob"},
+    {"tags_any": frozenset({"x", "y"}), "tags_none": frozenset({"y"})},
+    {"submitted_from": ev.T0 + 50, "submitted_until": ev.T0 + 150},
+    {"order_field": "completedTime", "limit": 30}, {"order_field": "completedTime", "descending": False, "offset": 20},
+    {"order_field": "priority", "offset": 3, "limit": 4}, {"order_field": "name", "descending": False},
+    {"order_field": "state", "offset": 2, "limit": 30}, {"order_field": "username", "limit": 7},
+    {"order_field": "createdTime", "descending": False, "offset": 25, "limit": 10},
+]
+
+
+async def _expected(engine, f: query.JobFilter, excluding: set[str]) -> tuple[int, list[str]]:
+    """The list's answer computed here from every row: which jobs match, in what order."""
+    async with engine.connect() as connection:
+        rows = (await connection.execute(sa.select(schema.jobs).where(schema.jobs.c.submitted_at.is_not(None)))).all()
+        tagged = (await connection.execute(sa.select(schema.job_tags))).all()
+    tags: dict[str, set[str]] = {}
+    for job, tag in tagged:
+        tags.setdefault(job, set()).add(tag)
+    found = [r for r in rows if r.id not in excluding
+             and (f.user is None or r.user == f.user) and (f.vc is None or r.vc == f.vc)
+             and (not f.states or r.state in f.states) and (not f.keyword or f.keyword.lower() in r.id.lower())
+             and (not f.tags_any or f.tags_any & tags.get(r.id, set()))
+             and not (f.tags_none & tags.get(r.id, set()))
+             and (f.submitted_from is None or r.submitted_at >= f.submitted_from)
+             and (f.submitted_until is None or r.submitted_at < f.submitted_until)]
+    field = _ROW_FIELDS[f.order_field]
+    present = sorted((r for r in found if getattr(r, field) is not None), key=lambda r: (getattr(r, field), r.id),
+                     reverse=f.descending)
+    missing = sorted((r for r in found if getattr(r, field) is None), key=lambda r: r.id)
+    return len(found), [r.id for r in present + missing][f.offset:f.offset + f.limit]
+
+
+async def _lists_agree(engine) -> None:
+    for case in _LIST_CASES:
+        f = query.JobFilter(**({"limit": 12} | case))
+        for excluding in (set(), {"bob~job04", "carol~job05", "nobody~x"}):
+            total, rows = await query.list_jobs(engine, f, excluding=excluding)
+            assert (total, [r["debugId"] for r in rows]) == await _expected(engine, f, excluding), (case, excluding)
+
+
+async def test_the_list_indexes_and_counts_added_to_a_populated_database_answer_as_the_rows_do(engine):
+    """A history written at revision 3, upgraded to 0004 (an index per list order; on SQLite
+    the per-(user, vc, state) counts and the keyword trigram index, both filled in from the
+    rows there and kept by triggers): every filter's total and page is what the rows say,
+    right after the upgrade and after new jobs, state changes, a state event before its
+    job's submission (a placeholder, not listed, then listed), tags and a deletion."""
+    await store.migrate(engine, "0003")
+    events = []
+    for i in range(30):
+        user = ("alice", "bob", "carol")[i % 3]
+        events += ev.lifecycle(f"{user}~job{i:02d}", at=ev.T0 + i * 10, exit_code=int(i % 4 == 0),
+                               vc="vc1" if i % 2 else "default")
+    await _apply(engine, _numbered(events))
+    await store.set_tags(engine, "bob~job01", ["x", "y"])
+    await store.set_tags(engine, "alice~job03", ["y"])
+    await store.migrate(engine)
+    assert await store.current_revision(engine) == "0004"
+    await _lists_agree(engine)
+
+    seq = len(events)
+    more = [ev.submitted("dave~new1", at=ev.T0 + 400, vc="vc1"),
+            ev.state("dave~new1", JobState.RUNNING, at=ev.T0 + 401, previous=JobState.WAITING, vc="vc1"),
+            ev.state("erin~early", JobState.RUNNING, at=ev.T0 + 402, vc="vc1"),  # before its submission
+            ev.deleted("alice~job00", submitted_at=ev.T0),
+            ev.state("carol~job02", JobState.RUNNING, attempt=2, at=ev.T0 + 403, vc="default")]  # a retry
+    await _apply(engine, _numbered(more, seq + 1))
+    await store.set_tags(engine, "carol~job05", ["x"])
+    await _lists_agree(engine)
+    assert (await query.list_jobs(engine, query.JobFilter(keyword="erin")))[0] == 0  # a placeholder: not listed
+    await _apply(engine, _numbered([ev.submitted("erin~early", at=ev.T0 + 399, vc="vc1")], seq + 10))
+    await _lists_agree(engine)
+    assert (await query.list_jobs(engine, query.JobFilter(keyword="erin", states=frozenset({"RUNNING"}))))[0] == 1
+
+
+async def test_sqlite_lists_walk_an_index_in_each_order_and_total_without_counting_every_job(tmp_path):
+    """At a million jobs a sort of every row or a count over every row is seconds: each
+    order's page walks an index (no sort of all rows), and the total of the unfiltered,
+    user, VC and state lists is read from job_counts (no count over jobs). Checked on
+    the plans SQLite makes for the statements the list runs."""
+    engine = await store.open_store(store.dsn_for("", tmp_path))
+    statements: list[tuple[str, Any]] = []
+    sa.event.listen(engine.sync_engine, "before_cursor_execute",
+                    lambda _c, _cur, statement, parameters, _ctx, _many: statements.append((statement, parameters)))
+    try:
+        await _apply(engine, _numbered(ev.lifecycle("alice~a", vc="vc1") + ev.lifecycle("bob~b", exit_code=2)))
+        for field in query.ORDER_COLUMNS:
+            for descending in (True, False):
+                statements.clear()
+                await query.list_jobs(engine, query.JobFilter(order_field=field, descending=descending, limit=1))
+                async with engine.connect() as connection:
+                    for statement, parameters in list(statements):
+                        plan = (await connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)).all()
+                        assert not [p for p in plan if "TEMP B-TREE" in p[-1] or p[-1] == "SCAN jobs"], (field, plan)
+        for f in (query.JobFilter(), query.JobFilter(user="bob"), query.JobFilter(vc="vc1"),
+                  query.JobFilter(states=frozenset({"FAILED"}), user="bob", vc="default")):
+            statements.clear()
+            total, _ = await query.list_jobs(engine, f, excluding={"alice~a"})
+            assert total == (0 if f.vc == "vc1" else 1)
+            assert not [s for s, _ in statements if "count(" in s.lower() and "FROM jobs" in s], statements
+    finally:
+        await engine.dispose()

@@ -70,6 +70,8 @@ ORDER_INDEXES = {
 }
 sa.Index("ix_jobs_uncompleted", jobs.c.id, sqlite_where=jobs.c.completed_at.is_(None),
          postgresql_where=jobs.c.completed_at.is_(None))
+# Jobs found by id (tagged, matching a keyword) tested for being submitted without their wide rows.
+sa.Index("ix_jobs_id_submitted", jobs.c.id, jobs.c.submitted_at)
 sa.Index("ix_jobs_no_priority", jobs.c.id, sqlite_where=jobs.c.priority.is_(None),
          postgresql_where=jobs.c.priority.is_(None))
 # Keyword: a substring of the id. PostgreSQL has a trigram index on lower(id) (0004);

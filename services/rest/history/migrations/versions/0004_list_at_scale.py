@@ -4,6 +4,8 @@
   (column, id) for each order column, the id being the list's tie-breaker; the
   nullable ones (completed_at, priority) also get a partial index of the rows
   without the value (listed after the others, by id).
+- (id, submitted_at): jobs found by id (tagged, matching a keyword) are tested for
+  being submitted without reading their wide rows.
 - PostgreSQL: the keyword filter's trigram index is on lower(id), as the filter
   reads (0002's was on the name).
 - SQLite: `job_keywords`, an FTS5 trigram index of the job ids (kept by triggers on
@@ -39,6 +41,9 @@ ORDER_INDEXES = {  # name -> the order column
     "ix_jobs_order_priority": "priority",
 }
 NULL_INDEXES = {"ix_jobs_uncompleted": "completed_at", "ix_jobs_no_priority": "priority"}
+# A set of jobs found by id (tagged, keyword matches, rows rest overlays) tested for being
+# submitted without reading their wide rows (the spec): a tag's total reads ten times fewer pages.
+ID_INDEX = ("ix_jobs_id_submitted", ["id", "submitted_at"])
 
 COUNT_TRIGGERS = [
     """CREATE TRIGGER jobs_count_insert AFTER INSERT ON jobs WHEN NEW.submitted_at IS NOT NULL
@@ -96,6 +101,7 @@ def upgrade() -> None:
     for name, column in NULL_INDEXES.items():
         op.create_index(name, "jobs", ["id"], sqlite_where=sa.text(f"{column} IS NULL"),
                         postgresql_where=sa.text(f"{column} IS NULL"))
+    op.create_index(ID_INDEX[0], "jobs", ID_INDEX[1])
     # Served by ix_jobs_order_name and ix_jobs_order_completed (their first column).
     op.drop_index("ix_jobs_name", "jobs")
     op.drop_index("ix_jobs_completed", "jobs")
@@ -131,5 +137,5 @@ def downgrade() -> None:
         op.drop_table("job_counts")
     op.create_index("ix_jobs_completed", "jobs", ["completed_at"])
     op.create_index("ix_jobs_name", "jobs", ["name"])
-    for name in [*NULL_INDEXES, *ORDER_INDEXES]:
+    for name in [ID_INDEX[0], *NULL_INDEXES, *ORDER_INDEXES]:
         op.drop_index(name, "jobs")
