@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from libs.common.protocol.paths import DocPath
 
 RULE = "encoding"
@@ -27,10 +29,21 @@ def encodable(text: str) -> bool:
     return True
 
 
+_probe = msgspec.json.Encoder()
+
+
 def unencodable_paths(data: Any, *, most: int = 10) -> list[DocPath]:
     """The paths of strings (mapping keys included) in a decoded JSON/YAML document
     that UTF-8 cannot encode, in document order, at most `most`. A bad key is
     named by its own path. Iterative: a deep document is no recursion risk."""
+    try:
+        # The common case in one pass of C: msgspec encodes every string as UTF-8 and
+        # refuses a surrogate. Only a document it refuses (a surrogate, or a key type
+        # JSON has no spelling for, such as YAML's null) is walked to find the paths.
+        _probe.encode(data)
+        return []
+    except (UnicodeEncodeError, TypeError, ValueError, msgspec.EncodeError):
+        pass
     found: list[DocPath] = []
     stack: list[tuple[DocPath, Any]] = [((), data)]
     while stack and len(found) < most:
