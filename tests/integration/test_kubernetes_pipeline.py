@@ -21,12 +21,15 @@ from tests.integration.conftest import Api, job_yaml, platform_config
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-async def kube_platform(tmp_path):
+# One platform and emulator for the module (a platform start is most of each test's
+# time): each test has a job of its own, found by its job label, and every job ends.
+@pytest.fixture(scope="module")
+async def kube_platform(tmp_path_factory):
     emulator = PodApiEmulator()
     async with emulator, kmock.Server(emulator) as server:
         config = platform_config(
-            tmp_path / "pai", backend="kubernetes", kube_api_url=str(server.url).rstrip("/"), kube_namespace=NAMESPACE
+            tmp_path_factory.mktemp("kube") / "pai", backend="kubernetes", kube_api_url=str(server.url).rstrip("/"),
+            kube_namespace=NAMESPACE,
         )
         plat = Platform(config, print_fn=lambda *_: None)
         try:
