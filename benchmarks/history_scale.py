@@ -252,8 +252,12 @@ async def main(args) -> dict:
             out["seed"] = await seed(engine, args.jobs, have)
         async with engine.connect() as connection:
             await connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-        size = sum(p.stat().st_size for p in path.parent.iterdir() if p.name.startswith(path.name))
+            pages = [(await connection.exec_driver_sql(f"PRAGMA {name}")).scalar_one()
+                     for name in ("page_count", "freelist_count", "page_size")]
+        # In use (free pages of deleted rows, e.g. a previous run's busy jobs, are not the history's).
+        size = (pages[0] - pages[1]) * pages[2]
         out["store_bytes"] = size
+        out["file_bytes"] = sum(p.stat().st_size for p in path.parent.iterdir() if p.name.startswith(path.name))
         out["bytes_per_job"] = round(size / args.jobs)
         if args.seed_only:
             await engine.dispose()

@@ -66,6 +66,15 @@ def _keyword(keyword: str, dialect: str) -> Any:
     return jobs.c.id.like(pattern, escape="\\")  # SQLite's LIKE ignores ASCII case
 
 
+def _among(ids: list[str], dialect: str) -> Any:
+    """The set of these job ids, to test `jobs.id IN` it. SQLite: one JSON parameter read by
+    json_each, instead of a parameter per id (rest leaves out up to thousands on every
+    page: rendering and binding each cost more CPU than the query)."""
+    if dialect == "sqlite":
+        return sa.select(sa.func.json_each(json.dumps(ids)).table_valued("value").c.value).scalar_subquery()
+    return ids
+
+
 def _tagged(tags: frozenset[str], *, driving: bool) -> Any:
     """Jobs with one of the tags. `driving`: as the set of such jobs (read from the tag
     index: a count visits only them); otherwise tested row by row (a page walking the
@@ -131,13 +140,13 @@ async def _total(connection: Any, f: JobFilter, excluding: list[str]) -> int:
             # Each left-out job looked up by id and matched here: a filter on the query
             # would have the planner walk that filter's index instead (every job of a VC).
             left_out = (await connection.execute(sa.select(jobs.c.user, jobs.c.vc, jobs.c.state).where(
-                jobs.c.id.in_(excluding), jobs.c.submitted_at.is_not(None)))).all()
+                jobs.c.id.in_(_among(excluding, dialect)), jobs.c.submitted_at.is_not(None)))).all()
             total -= sum(1 for row in left_out if (f.user is None or row.user == f.user)
                          and (f.vc is None or row.vc == f.vc) and (not f.states or row.state in f.states))
         return int(total)
     where = _where(f, dialect, counting=True)
     if excluding:
-        where.append(jobs.c.id.not_in(excluding))
+        where.append(jobs.c.id.not_in(_among(excluding, dialect)))
     return (await connection.execute(sa.select(sa.func.count()).select_from(jobs).where(*where))).scalar_one()
 
 
@@ -196,7 +205,7 @@ async def list_jobs(engine: AsyncEngine, f: JobFilter, *, with_total: bool = Tru
     async with engine.connect() as connection:
         where = _where(f, connection.dialect.name)
         if left_out:
-            where.append(jobs.c.id.not_in(left_out))
+            where.append(jobs.c.id.not_in(_among(left_out, connection.dialect.name)))
         rows = await _page(connection, f, where)
         total = await _total(connection, f, left_out) if with_total else None
     return total, [job_row(row) for row in rows]
