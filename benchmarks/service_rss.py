@@ -12,8 +12,10 @@ processes, in a temporary data dir on free ports, one node of 64 one-CPU cells):
    working size), then every process's RSS (/proc/<pid>/status VmRSS, and RssAnon:
    the heap, without mapped files): the base;
 2. bursts of trivial jobs (`true`, 16 clients) up to each total of `--totals`
-   (cumulative), each waited for until every job SUCCEEDED and the history's live
-   finished jobs are back within the bound; then every process's RSS;
+   (cumulative), each waited for until every job SUCCEEDED, then until pai_jobs holds
+   no more than the bound (the history's projection has applied every job's end and the
+   sweep archived the excess; `--catch-up-timeout`, whether and when it got there is
+   reported); then every process's RSS;
 3. after the last burst (after each with `--restart-each`), each service is restarted
    (SIGTERM, started again, timed to /readyz), then nats-server (SIGTERM, started
    again, timed until it answers), and every process's RSS read 10 s after all are
@@ -151,12 +153,20 @@ async def burst(api: Api, url: str, token: str, prefix: str, start: int, count: 
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def within_bound(platform: Platform, bound: int, deadline: float) -> int | None:
+async def caught_up(platform: Platform, bus: Bus, bound: int, timeout: float) -> dict[str, Any]:
+    """Wait (up to `timeout` s) until the platform holds no more live finished jobs than
+    the bound: the history has applied every job's end (its projection lags under load;
+    a job it has not applied cannot be archived) and the sweep has archived the excess,
+    so pai_jobs holds at most `bound` keys. What was reached, and how long it took."""
+    started = time.monotonic()
     while True:
         live = live_finished(platform)
-        if live is None or live <= bound or time.monotonic() > deadline:
+        keys = len(await all_keys(await bus.kv(Bucket.JOBS)))
+        waited = time.monotonic() - started
+        if (live is not None and live <= bound and keys <= bound) or waited > timeout:
             await asyncio.sleep(SETTLE_SECONDS)
-            return live_finished(platform)
+            return {"live_finished": live_finished(platform), "pai_jobs_keys": keys,
+                    "caught_up": keys <= bound, "caught_up_in_s": round(waited, 1)}
         await asyncio.sleep(POLL_SECONDS)
 
 
@@ -190,10 +200,9 @@ async def measure(platform: Platform, conn, args, result: dict) -> dict:
         if args.warmup:
             await burst(api, conn.url, conn.token, prefix, 0, args.warmup, args.clients, deadline)
             done = args.warmup
-        await within_bound(platform, args.live_max, deadline)
+        reached = await caught_up(platform, bus, args.live_max, args.catch_up_timeout)
         points: list[dict[str, Any]] = [{"finished_jobs": done, "rss_mib": snapshot(platform),
-                                         "rss_anon_mib": snapshot(platform, "RssAnon"),
-                                         "live_finished": live_finished(platform),
+                                         "rss_anon_mib": snapshot(platform, "RssAnon"), **reached,
                                          "buckets": await buckets(bus)}]
         restarted: list[dict[str, Any]] = []
         for total in args.totals:
@@ -204,11 +213,11 @@ async def measure(platform: Platform, conn, args, result: dict) -> dict:
                 done = total
             else:
                 burst_s = 0.0
-            live = await within_bound(platform, args.live_max, deadline)
+            reached = await caught_up(platform, bus, args.live_max, args.catch_up_timeout)
             points.append({"finished_jobs": done, "burst_jobs_per_s": round((total - points[-1]["finished_jobs"])
                                                                             / burst_s, 1) if burst_s else None,
                            "rss_mib": snapshot(platform), "rss_anon_mib": snapshot(platform, "RssAnon"),
-                           "live_finished": live, "buckets": await buckets(bus)})
+                           **reached, "buckets": await buckets(bus)})
             print(json.dumps(points[-1]), file=sys.stderr, flush=True)
             if args.restart_each or total == args.totals[-1]:
                 await bus.close()
@@ -249,6 +258,8 @@ def main() -> None:
     parser.add_argument("--retention-seconds", type=float, default=10.0)
     parser.add_argument("--restart-each", action="store_true",
                         help="restart every process after each burst (by default only after the last)")
+    parser.add_argument("--catch-up-timeout", type=float, default=300.0,
+                        help="seconds to wait after a burst for the live finished jobs to be back within the bound")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args()
