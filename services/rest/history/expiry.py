@@ -147,7 +147,7 @@ async def _purge(kv: Any, key: str, ttl: float) -> None:
 async def archive_due(ctx: ServiceContext, engine: AsyncEngine, *, now: float | None = None) -> int:
     """Archive every job due, by age or past the count bound; how many."""
     cutoff = (time.time() if now is None else now) - ctx.config.live_finished_job_seconds
-    by_count = await count_cutoff(engine, keep=ctx.config.live_finished_job_max)
+    by_count = await count_cutoff(engine, keep=max(ctx.config.live_finished_job_max, 0))
     if by_count is not None:
         cutoff = max(cutoff, by_count)
     done = 0
