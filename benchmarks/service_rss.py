@@ -22,7 +22,8 @@ processes, in a temporary data dir on free ports, one node of 64 one-CPU cells):
    ready: what a restart rebuilds from the live records.
 
 Reported per process, in MiB per 1,000 finished jobs (the target: at most 1):
-`running`, the least-squares slope of RSS over the points (`running_anon`: of RssAnon);
+`running`, the least-squares slope of RSS over the points (`running_anon`: of RssAnon;
+`running_last_burst`: over the last burst alone, where caches that fill once have filled);
 `after_restart`, the slope from the base to the RSS after the restart(s). And each
 process's restart-to-ready seconds; per point, the live finished jobs the history
 counts (not archived), and per live bucket its keys with a value and the messages its
@@ -237,7 +238,8 @@ async def measure(platform: Platform, conn, args, result: dict) -> dict:
         running = [(p["finished_jobs"], p["rss_mib"].get(name)) for p in since]
         after = [(base["finished_jobs"], base["rss_mib"].get(name))] + [
             (r["finished_jobs"], r["rss_mib"].get(name)) for r in restarted]
-        slopes[name] = {"running": slope_per_1000(running), "after_restart": slope_per_1000(after),
+        slopes[name] = {"running": slope_per_1000(running), "running_last_burst": slope_per_1000(running[-2:]),
+                        "after_restart": slope_per_1000(after),
                         "running_anon": slope_per_1000([(p["finished_jobs"], p["rss_anon_mib"].get(name))
                                                         for p in since])}
     return result | {"base_finished_jobs": base["finished_jobs"], "points": points, "restarted": restarted,
