@@ -375,21 +375,25 @@ async def run_pai(api: Api, who: str, *args: str, stdin: str | None = None) -> s
 
 
 async def test_the_pai_command_reads_and_sets_rules_and_reports(api, tmp_path):
-    got = await run_pai(api, "admin", "alerts", "rules", "get")
-    assert got.returncode == 0, got.stderr
-    assert "rules:" in got.stdout and "revision" in got.stderr
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text("rules: [{name: Cpu, when: node_cpu_usage, threshold: high}]\n")
-    refused = await run_pai(api, "admin", "alerts", "rules", "set", str(wrong))
-    assert refused.returncode == 2
-    assert "rules[0] (Cpu).threshold" in refused.stderr.replace("\n", " ")
     good = tmp_path / "good.yaml"
     good.write_text(START_RULES)
-    stale = await run_pai(api, "admin", "alerts", "rules", "set", str(good), "--revision", "99999")
+    # Run side by side (each is mostly a Python start): none changes anything, the two
+    # sets being refused (checked below), so no answer depends on another's.
+    got, refused, stale, listed, report = await asyncio.gather(
+        run_pai(api, "admin", "alerts", "rules", "get"),
+        run_pai(api, "admin", "alerts", "rules", "set", str(wrong)),
+        run_pai(api, "admin", "alerts", "rules", "set", str(good), "--revision", "99999"),
+        run_pai(api, "alice", "alerts", "--json"),
+        run_pai(api, "admin", "report", "--json", "--days", "1"),
+    )
+    assert got.returncode == 0, got.stderr
+    assert "rules:" in got.stdout and "revision" in got.stderr
+    assert refused.returncode == 2
+    assert "rules[0] (Cpu).threshold" in refused.stderr.replace("\n", " ")
     assert stale.returncode == 2 and "412" in stale.stderr
-    listed = await run_pai(api, "alice", "alerts", "--json")
     assert listed.returncode == 0 and isinstance(json.loads(listed.stdout)["alerts"], list)
-    report = await run_pai(api, "admin", "report", "--json", "--days", "1")
     assert report.returncode == 0 and "gpuHoursByVc" in json.loads(report.stdout)
 
 
