@@ -121,33 +121,53 @@ def _counted_by_table(f: JobFilter) -> bool:
 
 
 async def _total(connection: Any, f: JobFilter, excluding: list[str]) -> int:
-    """How many jobs match, but those in `excluding`, reading as few rows as it can:
-    job_counts for user/VC/state (SQLite), the tag index for tags, the trigram index for
-    a keyword; a count of the rows matching `none of these tags` is the count without
-    that filter less those having one of them."""
+    """How many jobs match, but those in `excluding`: the count of every match less the
+    left-out ones that match (looked up by id and matched here, so no row of the count
+    is tested against the left-out set)."""
+    total = await _count(connection, f)
+    if excluding:
+        total -= await _left_out_matching(connection, f, excluding)
+    return total
+
+
+async def _count(connection: Any, f: JobFilter) -> int:
+    """How many jobs match, reading as few rows as it can: job_counts for user/VC/state
+    (SQLite), the tag index for tags, the trigram index for a keyword; the rows matching
+    `none of these tags` are those without that filter less those having one of them."""
     dialect = connection.dialect.name
     if f.tags_none and not f.tags_any:
         base = msgspec.structs.replace(f, tags_none=frozenset())
-        return (await _total(connection, base, excluding)
-                - await _total(connection, msgspec.structs.replace(base, tags_any=f.tags_none), excluding))
+        return await _count(connection, base) - await _count(connection, msgspec.structs.replace(
+            base, tags_any=f.tags_none))
     if dialect == "sqlite" and _counted_by_table(f):
         counted = [job_counts.c[name] == value for name, value in (("user", f.user), ("vc", f.vc)) if value is not None]
         if f.states:
             counted.append(job_counts.c.state.in_(sorted(f.states)))
-        total = (await connection.execute(sa.select(sa.func.coalesce(sa.func.sum(job_counts.c.n), 0))
-                                          .where(*counted))).scalar_one()
-        if excluding:
-            # Each left-out job looked up by id and matched here: a filter on the query
-            # would have the planner walk that filter's index instead (every job of a VC).
-            left_out = (await connection.execute(sa.select(jobs.c.user, jobs.c.vc, jobs.c.state).where(
-                jobs.c.id.in_(_among(excluding, dialect)), jobs.c.submitted_at.is_not(None)))).all()
-            total -= sum(1 for row in left_out if (f.user is None or row.user == f.user)
-                         and (f.vc is None or row.vc == f.vc) and (not f.states or row.state in f.states))
-        return int(total)
-    where = _where(f, dialect, counting=True)
-    if excluding:
-        where.append(jobs.c.id.not_in(_among(excluding, dialect)))
-    return (await connection.execute(sa.select(sa.func.count()).select_from(jobs).where(*where))).scalar_one()
+        return int((await connection.execute(sa.select(sa.func.coalesce(sa.func.sum(job_counts.c.n), 0))
+                                             .where(*counted))).scalar_one())
+    return (await connection.execute(sa.select(sa.func.count()).select_from(jobs).where(
+        *_where(f, dialect, counting=True)))).scalar_one()
+
+
+async def _left_out_matching(connection: Any, f: JobFilter, excluding: list[str]) -> int:
+    """How many of the left-out jobs the history has that match the filter: each looked
+    up by id and matched here as _where does in SQL (a filter in the query would have the
+    planner walk that filter's index instead, e.g. every job of a VC)."""
+    among = _among(excluding, connection.dialect.name)
+    rows = (await connection.execute(sa.select(jobs.c.id, jobs.c.user, jobs.c.vc, jobs.c.state, jobs.c.submitted_at)
+                                     .where(jobs.c.id.in_(among), jobs.c.submitted_at.is_not(None)))).all()
+    tags: dict[str, set[str]] = {}
+    if f.tags_any or f.tags_none:
+        for job, tag in (await connection.execute(sa.select(job_tags.c.job, job_tags.c.tag)
+                                                   .where(job_tags.c.job.in_(among)))).all():
+            tags.setdefault(job, set()).add(tag)
+    keyword = f.keyword.lower() if f.keyword else None
+    return sum(1 for r in rows if (f.user is None or r.user == f.user) and (f.vc is None or r.vc == f.vc)
+               and (not f.states or r.state in f.states) and (keyword is None or keyword in r.id.lower())
+               and (not f.tags_any or f.tags_any & tags.get(r.id, set()))
+               and not (f.tags_none & tags.get(r.id, set()))
+               and (f.submitted_from is None or r.submitted_at >= f.submitted_from)
+               and (f.submitted_until is None or r.submitted_at < f.submitted_until))
 
 
 async def _page(connection: Any, f: JobFilter, where: list[Any]) -> list[Any]:
