@@ -433,14 +433,24 @@ def _pool_candidates(parent: str, bounds: str):
         if _pooled_here[i].startswith(same):
             yield _pooled_here.pop(i)
     try:
-        names = [entry.name for entry in os.scandir(parent) if entry.name.startswith(POOL_PREFIX)]
+        # One pass over plain names (the parent also holds every running task's
+        # cgroup): this listing ran for most claims of a busy node, and building
+        # DirEntry objects and sorting them all cost a shim more than its task.
+        names = os.listdir(parent)
     except OSError:
         return
-    names.sort(key=lambda name: not name.startswith(same))
-    # Shims listing the pool at once start at different places in it.
-    start = os.getpid() % len(names) if names else 0
-    yield from names[start:]
-    yield from names[:start]
+    alike: list[str] = []
+    other: list[str] = []
+    for name in names:
+        if name.startswith(same):
+            alike.append(name)
+        elif name.startswith(POOL_PREFIX):
+            other.append(name)
+    for group in (alike, other):
+        # Shims listing the pool at once start at different places in it.
+        start = os.getpid() % len(group) if group else 0
+        yield from group[start:]
+        yield from group[:start]
 
 
 def claim_task_cgroups_v1(
