@@ -424,18 +424,27 @@ def _bounds_tag(cpu: int, memory_mb: int, pids_max: int) -> str:
     return f"{max(memory_mb, 0)}m-{max(cpu, 0)}c-{max(pids_max, 0)}p"
 
 
+# Pool names a listing of the parent found and this process has not tried yet, by
+# (parent, bounds prefix), the next to try last: claims take them before listing
+# again. A name another shim took meanwhile only fails its rename.
+_listed: dict[tuple[str, str], list[str]] = {}
+
+
 def _pool_candidates(parent: str, bounds: str):
     """Names of pooled cgroups to try: this process's own with the same
-    bounds (nothing to rewrite; most likely still free), then all of the
-    pool, those with the same bounds first."""
+    bounds (nothing to rewrite; most likely still free), then those its last
+    listing of the pool found, then a new listing's, same bounds first."""
     same = POOL_PREFIX + bounds + "-"
     for i in range(len(_pooled_here) - 1, -1, -1):
         if _pooled_here[i].startswith(same):
             yield _pooled_here.pop(i)
+    queue = _listed.setdefault((parent, same), [])
+    while queue:
+        yield queue.pop()
     try:
-        # One pass over plain names (the parent also holds every running task's
-        # cgroup): this listing ran for most claims of a busy node, and building
-        # DirEntry objects and sorting them all cost a shim more than its task.
+        # The parent also holds every running task's cgroup: listed only when what
+        # the last listing found is used up (at 64 tasks in flight, a listing and
+        # sort of every entry per claim was a fifth of a shim's CPU).
         names = os.listdir(parent)
     except OSError:
         return
@@ -446,11 +455,12 @@ def _pool_candidates(parent: str, bounds: str):
             alike.append(name)
         elif name.startswith(POOL_PREFIX):
             other.append(name)
-    for group in (alike, other):
-        # Shims listing the pool at once start at different places in it.
+    # Shims listing the pool at once start at different places in it.
+    for group in (other, alike):  # queued so that pop() gives alike first
         start = os.getpid() % len(group) if group else 0
-        yield from group[start:]
-        yield from group[:start]
+        queue.extend(reversed(group[start:] + group[:start]))
+    while queue:
+        yield queue.pop()
 
 
 def claim_task_cgroups_v1(

@@ -14,6 +14,7 @@ from services.launcher.backends.local_limits import POOL_PREFIX
 def own_pool(monkeypatch):
     pooled: list[str] = []
     monkeypatch.setattr(local_limits, "_pooled_here", pooled)
+    monkeypatch.setattr(local_limits, "_listed", {})
     return pooled
 
 
@@ -49,3 +50,23 @@ def test_a_parent_that_is_gone_offers_only_its_own(tmp_path, own_pool):
     mine = f"{POOL_PREFIX}512m-1c-64p-o0-1.0"
     own_pool.append(mine)
     assert list(local_limits._pool_candidates(str(tmp_path / "gone"), "512m-1c-64p")) == [mine]
+
+
+def test_a_claim_tries_what_the_last_listing_left_before_listing_again(tmp_path, own_pool, monkeypatch):
+    same = f"{POOL_PREFIX}512m-1c-64p-o0-"
+    for i in range(3):
+        (tmp_path / f"{same}9.{i}").mkdir()
+    listings = []
+    real_listdir = local_limits.os.listdir
+    monkeypatch.setattr(local_limits.os, "listdir", lambda path: listings.append(path) or real_listdir(path))
+    first = next(local_limits._pool_candidates(str(tmp_path), "512m-1c-64p"))  # claimed: the claim stops there
+    (tmp_path / first).rmdir()
+    (tmp_path / f"{same}9.7").mkdir()  # pooled since by another shim: not seen until the next listing
+    second = local_limits._pool_candidates(str(tmp_path), "512m-1c-64p")
+    cached = [next(second), next(second)]
+    assert sorted([first, *cached]) == sorted(f"{same}9.{i}" for i in range(3))  # the listing's, untried
+    assert len(listings) == 1
+    for name in cached:  # taken by other shims meanwhile
+        (tmp_path / name).rmdir()
+    assert list(second) == [f"{same}9.7"]  # then a new listing
+    assert len(listings) == 2
