@@ -36,7 +36,9 @@ async def kube_platform(tmp_path_factory):
             conn = await asyncio.to_thread(plat.start)
             yield Api(plat, conn), emulator, Kubelet(emulator)
         finally:
-            await asyncio.to_thread(plat.stop)
+            from tests.chaos.harness import _stop_quickly  # idle services are not awaited in NATS drain
+
+            await asyncio.to_thread(_stop_quickly, plat)
             await emulator.end_watches()
 
 
