@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 
 import pytest
+import yaml
 
 from libs.common.messages import TaskPlacement
 from libs.common.protocol.model import PRIORITY_CLASSES, JobSpec, Resources, TaskRole
@@ -38,7 +41,14 @@ def reference_hived(name: str = "") -> Path:
 
 
 def cluster(name: str) -> ClusterConfig:
-    return load_cluster_config(FIXTURES / f"{name}.yaml")
+    # Parsed once per file (PyYAML's pure-Python parse was much of a harness's start, and
+    # the properties start hundreds); loaded and checked from a fresh copy every time.
+    return load_cluster_config(copy.deepcopy(_fixture_document(name)))
+
+
+@functools.cache
+def _fixture_document(name: str) -> dict:
+    return yaml.safe_load((FIXTURES / f"{name}.yaml").read_text())
 
 
 def quota_leaves(config: ClusterConfig, vc_name: str) -> dict[str, int]:
