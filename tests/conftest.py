@@ -12,6 +12,7 @@ import pytest
 
 from libs.common.busauth import load_or_create_credentials
 from libs.common.natsserver import NatsServer
+from tests.fixtures.settings import TEST_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -30,6 +31,11 @@ _SESSION_TEMP = Path(tempfile.mkdtemp(prefix="pai-tests-", dir="/var/tmp" if Pat
 _SESSION_TEMP.chmod(0o755)
 os.environ["TMPDIR"] = str(_SESSION_TEMP)
 tempfile.tempdir = str(_SESSION_TEMP)
+
+# The settings every PAI the tests start runs with (tests/fixtures/settings.py): the
+# services started as processes read them from here, in-process ones are given them.
+for _name, _value in TEST_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -87,6 +87,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # on a task's working directory in MiB (docs/local-isolation.md; 0: no bound).
     task_pids_max: int = 4096
     task_work_dir_mb: int = 10 * 1024
+    # rest: the argon2id cost of each password hash it makes (argon2-cffi's defaults,
+    # 3 passes over 64 MiB: about 0.4 CPU s here). A hash carries its own cost, so a
+    # change applies to passwords set from then on; the check of a name that does not
+    # exist costs what a wrong password does at this cost.
+    password_hash_time_cost: int = 3
+    password_hash_memory_kib: int = 65536
     # rest: requests per bearer token, a token bucket (services/rest/ratelimit.py):
     # this many at once, refilled at this many per second; past it 429.
     rest_rate_limit_burst: int = 200

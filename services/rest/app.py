@@ -159,6 +159,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
         client_max_size=MAX_BODY_BYTES * 2,
     )
     app[CTX] = ctx
+    identity_store.configure_hashing(ctx.config.password_hash_time_cost, ctx.config.password_hash_memory_kib)
     auth.setup(app, lambda app: app[CTX].bus)  # who each token is, remembered and kept current
     app.add_routes(health_routes(lambda: ctx))
     app.add_routes(

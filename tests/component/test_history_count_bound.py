@@ -30,6 +30,7 @@ from aiohttp.test_utils import TestServer
 from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.config import load_config
+from tests.fixtures.settings import TEST_ENV
 from libs.common.messages import JobState
 from libs.common.records import AttemptRecord, JobRecord
 from libs.common.service import ServiceContext
@@ -67,7 +68,7 @@ async def rest(nats_server, tmp_path) -> AsyncIterator[dict]:
     # A day-long grace period: only the count bound archives anything here.
     # The event stream's duplicate window as rest reads it (the server's stream keeps its
     # own): how long the purge marker of an archived job's record stays, here a second.
-    config = load_config(env={}, data_dir=str(tmp_path), live_finished_job_max=BOUND,
+    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path), live_finished_job_max=BOUND,
                          live_finished_job_seconds=10 ** 9, rest_rate_limit_burst=10_000,
                          nats_events_duplicate_window_seconds=MARKER_SECONDS)
     ctx = ServiceContext(name="rest", config=config, bus=bus)

@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
+from tests.fixtures.settings import TEST_ENV
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
@@ -73,7 +74,7 @@ async def platform(nats_server) -> AsyncIterator[Bus]:
 @pytest.fixture(scope="module")
 async def setup(nats_server, platform, tmp_path_factory) -> AsyncIterator[tuple[Api, str]]:
     bus = await Bus.connect(nats_server.url, name="identity-rest", **nats_server.login("rest"))
-    config = load_config(env={}, data_dir=str(tmp_path_factory.mktemp("identity")), admin_user=ADMIN)
+    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("identity")), admin_user=ADMIN)
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     await startup(ctx)  # the built-in groups and the admin, as at rest's first start
     admin_token = config.token_path.read_text().strip()
@@ -350,7 +351,9 @@ async def test_the_bucket_keeps_no_password_nor_token(setup, platform):
     kv = await platform.kv(Bucket.USERS)
     stored = b"".join([(await kv.get(key)).value or b"" for key in await kv.keys(filters=[f"user.{name}", f"token.{name}.>"])])
     assert PASSWORD.encode() not in stored and token.encode() not in stored and token.split(".", 1)[1].encode() not in stored
-    assert b"$argon2id$" in stored
+    # At the cost rest was configured with (the tests' cost: tests/fixtures/settings.py).
+    cost = f"m={TEST_ENV['PAI_PASSWORD_HASH_MEMORY_KIB']},t={TEST_ENV['PAI_PASSWORD_HASH_TIME_COST']},p=4"
+    assert f"$argon2id$v=19${cost}$".encode() in stored
 
 
 async def test_names_longer_than_any_are_404_without_asking_nats(setup):

@@ -24,7 +24,7 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 
 from libs.common.bus import Bus, all_keys, get_json
-from libs.common.errors import ConflictGroup, ConflictUser, NoGroup, NoToken, NoUser
+from libs.common.errors import BadInput, ConflictGroup, ConflictUser, NoGroup, NoToken, NoUser
 from libs.common.ids import NAME_PATTERN
 from libs.common.protocol.limits import MAX_USERNAME_LENGTH
 from services.rest.identity import core
@@ -60,6 +60,21 @@ async def password_matches(password_hash: str, password: str) -> bool:
 # A hash to verify against when the user does not exist, so a wrong name takes as
 # long as a wrong password and the answer does not tell which was wrong.
 _DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+
+
+def configure_hashing(time_cost: int, memory_kib: int) -> None:
+    """New hashes at this argon2id cost (config password_hash_time_cost and
+    password_hash_memory_kib), the check of an unknown name too. Hashes already
+    stored keep the cost they carry."""
+    global _hasher, _DUMMY_HASH
+    if (time_cost, memory_kib) == (_hasher.time_cost, _hasher.memory_cost):
+        return
+    floor = 8 * _hasher.parallelism  # argon2's least memory for its lanes
+    if time_cost < 1 or memory_kib < floor:
+        raise BadInput(f"configuration: password_hash_time_cost must be at least 1 (is {time_cost}) and "
+                       f"password_hash_memory_kib at least {floor} (is {memory_kib})")
+    _hasher = argon2.PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=_hasher.parallelism)
+    _DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
 
 
 async def spend_password_check(password: str) -> None:
