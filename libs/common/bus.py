@@ -121,6 +121,13 @@ PUBLISH_ACK_SECONDS = 5.0
 KV_OPERATION, KV_DELETE = "KV-Operation", "DEL"
 
 
+def purge_marker(gone_after: float) -> dict[str, str]:
+    """The headers of a KV purge whose marker expires after `gone_after` seconds (at
+    least 1: JetStream counts whole seconds), as nats-py's `KeyValue.purge(key,
+    msg_ttl=...)` sends them; the buckets allow per-message TTLs."""
+    return {KV_OPERATION: "PURGE", "Nats-Rollup": "sub", "Nats-TTL": str(max(1, int(gone_after)))}
+
+
 class Bus:
     """One NATS connection with its JetStream context and opened KV buckets."""
 
@@ -295,16 +302,20 @@ class Bus:
         writes = [(*_outgoing(event), f"publish of {event.id}") for event in events]
         await self._store_together(writes, attempts=attempts)
 
-    async def kv_write_many(self, bucket: Bucket, writes: dict[str, bytes | None], *, attempts: int = 5) -> None:
+    async def kv_write_many(self, bucket: Bucket, writes: dict[str, bytes | None], *, attempts: int = 5,
+                            gone_after: float | None = None) -> None:
         """Put (or, for None, delete) every key of `writes`, all in flight at once;
         return once all are stored, raise `Transient` when one could not be.
 
         A KV put is a publish on the key's subject, a delete one with a delete
-        marker header (as nats-py's KeyValue writes them)."""
+        marker header (as nats-py's KeyValue writes them). `gone_after`: a delete
+        is a purge marker that expires after that many seconds (as `KeyValue.purge`
+        with `msg_ttl`), so nothing of the key stays in the bucket's stream."""
         await self.kv(bucket)  # the bucket must exist: a write to a missing one has no responder
         prefix = f"$KV.{bucket.value}."
+        deleted = {KV_OPERATION: KV_DELETE} if gone_after is None else purge_marker(gone_after)
         await self._store_together(
-            [(prefix + key, value or b"", None if value is not None else {KV_OPERATION: KV_DELETE},
+            [(prefix + key, value or b"", None if value is not None else deleted,
               f"writing {bucket.value}/{key}") for key, value in writes.items()],
             attempts=attempts,
         )

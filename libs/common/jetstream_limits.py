@@ -133,3 +133,11 @@ def store_settings(config: Config) -> StoreSettings:
             limits = msgspec.structs.replace(limits, max_message_bytes=config.nats_max_message_bytes)
         buckets[bucket] = limits
     return StoreSettings(replicas=max(1, config.nats_replicas), events=events, buckets=buckets)
+
+
+def marker_seconds(config: Config) -> float:
+    """How long the purge marker of a record that left a bucket stays (then nothing of
+    its key is left in the bucket's stream, nor in nats-server's memory): the event
+    stream's duplicate window, within which an event about the job may still come
+    again and find the record gone rather than never there."""
+    return store_settings(config).events.duplicate_window_seconds

@@ -47,6 +47,7 @@ import nats.errors
 
 from libs.common import exitspecs as exits
 from libs.common import ids, job_secrets, service
+from libs.common.jetstream_limits import marker_seconds
 from libs.common.bus import BATCH_MAX, get_json, get_many, load_all, read_pages
 from libs.common.config import Config, load_config
 from libs.common.errors import NotFound, PaiError, Transient
@@ -308,7 +309,9 @@ class LauncherShell:
             release = getattr(self.backend, "release_job", None)
             if release is not None:
                 release(event.job)
-        await (await self.ctx.bus.kv(Bucket.JOB_STATUS)).delete(ids.job_key(event.job))
+        # A purge whose marker expires: nothing of the job stays in the bucket (jetstream_limits.marker_seconds).
+        status = await self.ctx.bus.kv(Bucket.JOB_STATUS)
+        await status.purge(ids.job_key(event.job), msg_ttl=marker_seconds(self.ctx.config))
         self.core.forget(event.job)
         self._finished.pop(event.job, None)
         log.info("deleted %s (by %s): its record, task files and logs", event.job, event.by, extra={"job": event.job})
@@ -330,7 +333,9 @@ class LauncherShell:
         """An archived job's record leaves the bucket once nothing on disk needs it."""
         if not record_may_go(record, keeps_files=getattr(self.backend, "prune", None) is not None):
             return
-        await (await self.ctx.bus.kv(Bucket.JOB_STATUS)).delete(ids.job_key(record.job))
+        # A purge whose marker expires: nothing of the job stays in the bucket (jetstream_limits.marker_seconds).
+        status = await self.ctx.bus.kv(Bucket.JOB_STATUS)
+        await status.purge(ids.job_key(record.job), msg_ttl=marker_seconds(self.ctx.config))
         self.core.forget(record.job)
         self._finished.pop(record.job, None)
         log.info("%s is in the history: its record left pai_job_status", record.job, extra={"job": record.job})

@@ -35,6 +35,7 @@ import msgspec
 import nats.errors
 
 from libs.common import ids, machine, service
+from libs.common.jetstream_limits import marker_seconds
 from libs.common.bus import load_all, read_pages
 from libs.common.config import Config, load_config
 from libs.common.errors import BadInput, Transient
@@ -232,7 +233,7 @@ class SchedulerShell:
             if self.core.knows(event.job):
                 return
             key = ids.job_key(event.job)
-            await (await self.ctx.bus.kv(Bucket.SCHEDULE)).delete(key)
+            await (await self.ctx.bus.kv(Bucket.SCHEDULE)).purge(key, msg_ttl=marker_seconds(self.ctx.config))
             self._stored.discard(key)
 
     async def tick_forever(self) -> None:
@@ -290,7 +291,8 @@ class SchedulerShell:
         events = [*also, *(e for d in every if (e := _event(d, cause=causes.get(d.job, cause))) is not None)]
         try:
             if writes:
-                await self.ctx.bus.kv_write_many(Bucket.SCHEDULE, writes)
+                # A released job's entry leaves no marker behind for long (jetstream_limits.marker_seconds).
+                await self.ctx.bus.kv_write_many(Bucket.SCHEDULE, writes, gone_after=marker_seconds(self.ctx.config))
                 self._stored.difference_update(key for key, value in writes.items() if value is None)
             if events:
                 await self.ctx.bus.publish_many(events)

@@ -15,7 +15,7 @@ import pytest
 
 from libs.common.bus import Bus
 from libs.common.config import Config
-from libs.common.messages import JobPlaced, JobSubmitted, subject_of
+from libs.common.messages import JobPlaced, JobReleased, JobSubmitted, subject_of
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
 from libs.common.schedule import ScheduleEntry
 from libs.common.service import ServiceContext
@@ -122,3 +122,54 @@ async def test_a_placement_whose_publish_the_stream_refused_reaches_the_launcher
             task.cancel()
         await asyncio.gather(consuming, *ctx.tasks, return_exceptions=True)
         await bus.close()
+
+
+async def test_a_released_job_leaves_nothing_in_the_schedule_bucket_once_its_marker_expires(admin, nats_server):
+    """Its entry is purged with a marker that expires (jetstream_limits.marker_seconds, here
+    the event stream's duplicate window of 1 s): no key of a finished job stays in the
+    bucket's stream, nor in nats-server's memory, however many jobs ran."""
+    job = f"alice~released{RUN}"
+    subject = f"$KV.{Bucket.SCHEDULE.value}.{job.replace('~', '.')}"
+    stream = f"KV_{Bucket.SCHEDULE.value}"
+
+    async def last() -> nats.js.api.RawStreamMsg | None:
+        try:
+            return await admin.js.get_last_msg(stream, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+
+    bus = await Bus.connect(nats_server.url, name="scheduler", **nats_server.login("scheduler"))
+    ctx = ServiceContext(name="scheduler", config=Config(nats_events_duplicate_window_seconds=1.0), bus=bus)
+    core = SchedulerCore(local_cluster_config(node="node-a", gpus=0, cpus=4, memory_mb=8192), clock=time.time)
+    shell = SchedulerShell(ctx, core)
+    await shell.restore()
+    consuming = asyncio.create_task(bus.consume_batches(Durable.SCHEDULER, CONSUMED_KINDS, CONSUMED,
+                                                        shell.handle_batch, stopping=ctx.stopping, ordered=True))
+    try:
+        await admin.publish(submitted(job))
+
+        async def placed() -> bool:
+            msg = await last()
+            return msg is not None and bool(msg.data) and msgspec.json.decode(msg.data, type=ScheduleEntry).placed
+
+        await until(placed, "the job's entry, placed")
+        await admin.publish(JobReleased(id=f"{job}/released/1", job=job, vc="default", attempt=1, at=time.time()))
+        marker = await until(lambda: _purged(last), "the entry purged")
+        assert marker.headers and marker.headers.get("Nats-TTL") == "1"
+        await until(lambda: _gone(last), "the purge marker to expire")
+        core.validate_state()
+    finally:
+        ctx.stopping.set()
+        for task in [consuming, *ctx.tasks]:
+            task.cancel()
+        await asyncio.gather(consuming, *ctx.tasks, return_exceptions=True)
+        await bus.close()
+
+
+async def _purged(last):
+    msg = await last()
+    return msg if msg is not None and msg.headers and msg.headers.get("KV-Operation") == "PURGE" else None
+
+
+async def _gone(last) -> bool:
+    return await last() is None

@@ -50,7 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from libs.common import ids
 from libs.common.bus import get_json
 from libs.common.errors import Transient
-from libs.common.jetstream_limits import store_settings
+from libs.common.jetstream_limits import marker_seconds
 from libs.common.messages import JobArchived, JobState, job_archived_id
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
@@ -132,7 +132,7 @@ async def archive_page(ctx: ServiceContext, engine: AsyncEngine, rows: list[Any]
     await ctx.bus.publish_many([JobArchived(id=job_archived_id(row.id, row.submitted_at), job=row.id,
                                             vc=row.vc or "default", at=time.time(), submittedAt=row.submitted_at)
                                 for row in rows])
-    ttl = store_settings(ctx.config).events.duplicate_window_seconds
+    ttl = marker_seconds(ctx.config)
     await asyncio.gather(*(_purge(kv, key, ttl) for key, mine in zip(keys, ours, strict=True) if mine))
     await _update_many(engine, [{"job": row.id, "at": row.submitted_at} for row in rows], archived_at=time.time())
 
