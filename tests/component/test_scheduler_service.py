@@ -62,6 +62,29 @@ async def until(check, what: str):
     raise AssertionError(f"waited {WAIT_SECONDS:g}s for {what}")
 
 
+async def start_scheduler(nats_server, config: Config, *, ticking: bool = False):
+    """The scheduler's shell as its service runs it (restored, consuming; ticking if asked),
+    on a one-node cluster: (bus, ctx, core, the consuming task)."""
+    bus = await Bus.connect(nats_server.url, name="scheduler", **nats_server.login("scheduler"))
+    ctx = ServiceContext(name="scheduler", config=config, bus=bus)
+    core = SchedulerCore(local_cluster_config(node="node-a", gpus=0, cpus=4, memory_mb=8192), clock=time.time)
+    shell = SchedulerShell(ctx, core)
+    await shell.restore()
+    if ticking:
+        ctx.spawn(shell.tick_forever(), "tick")
+    consuming = asyncio.create_task(bus.consume_batches(Durable.SCHEDULER, CONSUMED_KINDS, CONSUMED,
+                                                        shell.handle_batch, stopping=ctx.stopping, ordered=True))
+    return bus, ctx, core, consuming
+
+
+async def stop_scheduler(bus: Bus, ctx: ServiceContext, consuming: asyncio.Task) -> None:
+    ctx.stopping.set()
+    for task in [consuming, *ctx.tasks]:
+        task.cancel()
+    await asyncio.gather(consuming, *ctx.tasks, return_exceptions=True)
+    await bus.close()
+
+
 async def test_a_placement_whose_publish_the_stream_refused_reaches_the_launcher_without_a_restart(
     admin, nats_server, caplog
 ):
@@ -86,16 +109,7 @@ async def test_a_placement_whose_publish_the_stream_refused_reaches_the_launcher
         return msgspec.json.decode(msg.data, type=JobPlaced)
 
     try:
-        bus = await Bus.connect(nats_server.url, name="scheduler", **nats_server.login("scheduler"))
-        ctx = ServiceContext(name="scheduler", config=Config(), bus=bus)
-        core = SchedulerCore(local_cluster_config(node="node-a", gpus=0, cpus=4, memory_mb=8192), clock=time.time)
-        shell = SchedulerShell(ctx, core)
-        await shell.restore()
-        ctx.spawn(shell.tick_forever(), "tick")
-        consuming = asyncio.create_task(
-            bus.consume_batches(Durable.SCHEDULER, CONSUMED_KINDS, CONSUMED, shell.handle_batch,
-                                stopping=ctx.stopping, ordered=True)
-        )
+        bus, ctx, core, consuming = await start_scheduler(nats_server, Config(), ticking=True)
 
         async def refused() -> bool:
             return any("Place of " + job in r.getMessage() and "not sent" in r.getMessage() for r in caplog.records)
@@ -117,11 +131,7 @@ async def test_a_placement_whose_publish_the_stream_refused_reaches_the_launcher
         assert msgspec.json.decode(stored.value, type=ScheduleEntry).placed
         core.validate_state()
     finally:
-        ctx.stopping.set()
-        for task in [consuming, *ctx.tasks]:
-            task.cancel()
-        await asyncio.gather(consuming, *ctx.tasks, return_exceptions=True)
-        await bus.close()
+        await stop_scheduler(bus, ctx, consuming)
 
 
 async def test_a_released_job_leaves_nothing_in_the_schedule_bucket_once_its_marker_expires(admin, nats_server):
@@ -138,13 +148,7 @@ async def test_a_released_job_leaves_nothing_in_the_schedule_bucket_once_its_mar
         except nats.js.errors.NotFoundError:
             return None
 
-    bus = await Bus.connect(nats_server.url, name="scheduler", **nats_server.login("scheduler"))
-    ctx = ServiceContext(name="scheduler", config=Config(nats_events_duplicate_window_seconds=1.0), bus=bus)
-    core = SchedulerCore(local_cluster_config(node="node-a", gpus=0, cpus=4, memory_mb=8192), clock=time.time)
-    shell = SchedulerShell(ctx, core)
-    await shell.restore()
-    consuming = asyncio.create_task(bus.consume_batches(Durable.SCHEDULER, CONSUMED_KINDS, CONSUMED,
-                                                        shell.handle_batch, stopping=ctx.stopping, ordered=True))
+    bus, ctx, core, consuming = await start_scheduler(nats_server, Config(nats_events_duplicate_window_seconds=1.0))
     try:
         await admin.publish(submitted(job))
 
@@ -159,11 +163,7 @@ async def test_a_released_job_leaves_nothing_in_the_schedule_bucket_once_its_mar
         await until(lambda: _gone(last), "the purge marker to expire")
         core.validate_state()
     finally:
-        ctx.stopping.set()
-        for task in [consuming, *ctx.tasks]:
-            task.cancel()
-        await asyncio.gather(consuming, *ctx.tasks, return_exceptions=True)
-        await bus.close()
+        await stop_scheduler(bus, ctx, consuming)
 
 
 async def _purged(last):
