@@ -51,7 +51,7 @@ import nats.js
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_PURGE, MSG_ROLLUP_SUBJECT, KeyValue
 
 from libs.common import bus_wire, busauth, reconnect, telemetry
 from libs.common.bus_wire import DirectSubscription, Inbox, Received
@@ -119,13 +119,16 @@ PUBLISH_TROUBLE = (
 PUBLISH_ACK_SECONDS = 5.0
 # The header nats-py's KeyValue marks a delete with.
 KV_OPERATION, KV_DELETE = "KV-Operation", "DEL"
+# A message's own time to live (the buckets allow it): on a purge marker, how long it stays.
+KV_TTL_HEADER = api.Header.MSG_TTL.value
 
 
 def purge_marker(gone_after: float) -> dict[str, str]:
     """The headers of a KV purge whose marker expires after `gone_after` seconds (at
     least 1: JetStream counts whole seconds), as nats-py's `KeyValue.purge(key,
-    msg_ttl=...)` sends them; the buckets allow per-message TTLs."""
-    return {KV_OPERATION: "PURGE", "Nats-Rollup": "sub", "Nats-TTL": str(max(1, int(gone_after)))}
+    msg_ttl=...)` sends them."""
+    return {KV_OPERATION: KV_PURGE, api.Header.ROLLUP.value: MSG_ROLLUP_SUBJECT,
+            KV_TTL_HEADER: str(max(1, int(gone_after)))}
 
 
 class Bus:

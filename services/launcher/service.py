@@ -47,10 +47,10 @@ import nats.errors
 
 from libs.common import exitspecs as exits
 from libs.common import ids, job_secrets, service
-from libs.common.jetstream_limits import marker_seconds
 from libs.common.bus import BATCH_MAX, get_json, get_many, load_all, read_pages
 from libs.common.config import Config, load_config
 from libs.common.errors import NotFound, PaiError, Transient
+from libs.common.jetstream_limits import marker_seconds
 from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest
 from libs.common.messages import (
     EventDeadLettered,
@@ -309,9 +309,7 @@ class LauncherShell:
             release = getattr(self.backend, "release_job", None)
             if release is not None:
                 release(event.job)
-        # A purge whose marker expires: nothing of the job stays in the bucket (jetstream_limits.marker_seconds).
-        status = await self.ctx.bus.kv(Bucket.JOB_STATUS)
-        await status.purge(ids.job_key(event.job), msg_ttl=marker_seconds(self.ctx.config))
+        await self._forget_status(event.job)
         self.core.forget(event.job)
         self._finished.pop(event.job, None)
         log.info("deleted %s (by %s): its record, task files and logs", event.job, event.by, extra={"job": event.job})
@@ -329,13 +327,17 @@ class LauncherShell:
             record = msgspec.structs.replace(record, archivedAt=time.time())
         await self._drop_if_done(record)
 
+    async def _forget_status(self, job: str) -> None:
+        """The job's record leaves pai_job_status, its purge marker expiring after a while
+        (jetstream_limits.marker_seconds): nothing of the job stays in the bucket."""
+        await self.ctx.bus.kv_write_many(Bucket.JOB_STATUS, {ids.job_key(job): None},
+                                         gone_after=marker_seconds(self.ctx.config))
+
     async def _drop_if_done(self, record: JobRecord) -> None:
         """An archived job's record leaves the bucket once nothing on disk needs it."""
         if not record_may_go(record, keeps_files=getattr(self.backend, "prune", None) is not None):
             return
-        # A purge whose marker expires: nothing of the job stays in the bucket (jetstream_limits.marker_seconds).
-        status = await self.ctx.bus.kv(Bucket.JOB_STATUS)
-        await status.purge(ids.job_key(record.job), msg_ttl=marker_seconds(self.ctx.config))
+        await self._forget_status(record.job)
         self.core.forget(record.job)
         self._finished.pop(record.job, None)
         log.info("%s is in the history: its record left pai_job_status", record.job, extra={"job": record.job})

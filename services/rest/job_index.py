@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import nats.js.api
 
-from libs.common.bus import Bus, apply_on_arrival
+from libs.common.bus import KV_TTL_HEADER, Bus, apply_on_arrival
 from libs.common.messages import JobState
 from libs.common.protocol.model import DEFAULT_PRIORITY_CLASS, PRIORITY_CLASSES
 from libs.common.subjects import Bucket
@@ -52,7 +52,6 @@ KV_MARKER_DELETIONS = ("MaxAge", "Purge", "Remove")
 # A purge marker with a TTL is the history's expiry archiving a finished job
 # (services/rest/history/expiry.py; a deletion's has none): the history holds the job and
 # its name, so it is no deletion to remember (`purged`) and its row stays listed from there.
-KV_TTL_HEADER = "Nats-TTL"
 # Results remembered between changes (orders, filtered lists): any query string makes one.
 MAX_MEMOS = 128
 

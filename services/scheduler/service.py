@@ -35,10 +35,10 @@ import msgspec
 import nats.errors
 
 from libs.common import ids, machine, service
-from libs.common.jetstream_limits import marker_seconds
 from libs.common.bus import load_all, read_pages
 from libs.common.config import Config, load_config
 from libs.common.errors import BadInput, Transient
+from libs.common.jetstream_limits import marker_seconds
 from libs.common.messages import (
     Event,
     JobArchived,
@@ -233,7 +233,7 @@ class SchedulerShell:
             if self.core.knows(event.job):
                 return
             key = ids.job_key(event.job)
-            await (await self.ctx.bus.kv(Bucket.SCHEDULE)).purge(key, msg_ttl=marker_seconds(self.ctx.config))
+            await self.ctx.bus.kv_write_many(Bucket.SCHEDULE, {key: None}, gone_after=marker_seconds(self.ctx.config))
             self._stored.discard(key)
 
     async def tick_forever(self) -> None:

@@ -30,7 +30,6 @@ from aiohttp.test_utils import TestServer
 from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
 from libs.common.messages import JobState
 from libs.common.records import AttemptRecord, JobRecord
 from libs.common.service import ServiceContext
@@ -41,6 +40,8 @@ from services.rest.history import consumer, expiry, projection, schema, store
 from services.rest.history.wiring import HISTORY
 from services.rest.records import SubmittedJob
 from tests.fixtures import history_events as ev
+from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.waiting import eventually
 
 BOUND = 3
 FINISHED = 8
@@ -79,10 +80,7 @@ async def rest(nats_server, tmp_path) -> AsyncIterator[dict]:
     owner = f"ann{uuid.uuid4().hex[:6]}"  # each test its own user: its jobs, its recent jobs
     token = await auth.create_user(bus, owner)
     index = app[jobs_api.INDEX]
-    for _ in range(100):
-        if index.ready:
-            break
-        await asyncio.sleep(0.1)
+    await eventually(lambda: asyncio.sleep(0, index.ready), timeout=10.0, every=0.1)
     async with ClientSession() as session:
 
         async def call(path: str):
@@ -159,15 +157,6 @@ async def _archived_messages(platform: Bus, owner: str) -> dict[str, int]:
     return {f"{owner}~{subject.rsplit('.', 1)[1]}": count for subject, count in (info.state.subjects or {}).items()}
 
 
-async def _until(check, timeout: float = 20.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = await check()
-        if got or asyncio.get_running_loop().time() > deadline:
-            return got
-        await asyncio.sleep(0.2)
-
-
 async def test_past_the_bound_the_oldest_finished_are_archived_and_still_read_and_counted(rest):
     ctx, engine, platform, call, owner = rest["ctx"], rest["engine"], rest["platform"], rest["call"], rest["owner"]
     finished, running = await _jobs(platform, engine, owner)
@@ -181,13 +170,13 @@ async def test_past_the_bound_the_oldest_finished_are_archived_and_still_read_an
     assert await _archived_messages(platform, owner) == {jid: 1 for jid in oldest}
     assert await expiry.archive_due(ctx, engine) == 0  # at the bound: nothing more
     # Their records' purge markers expire: nothing of them stays in pai_jobs' stream.
-    assert await _until(lambda: _no_message_left(platform, oldest)), "purge markers still stored"
+    assert await eventually(lambda: _no_message_left(platform, oldest)), "purge markers still stored"
     assert await _live(platform, newest + running) == set(newest + running)
     # rest's index let them go as archived, not as deletions: no name held for them
     # (memory that would grow with every job archived), and the list shows them.
     index = rest["index"]
     keys = [ids.job_key(jid) for jid in oldest]
-    assert await _until(lambda: asyncio.sleep(0, not any(index.get(key) for key in keys)))
+    assert await eventually(lambda: asyncio.sleep(0, not any(index.get(key) for key in keys)))
     assert not any(key in index.purged for key in keys)
     status, listed = await call(f"/api/v2/jobs?username={owner}")
     assert status == 200 and {row["debugId"] for row in listed} == set(finished + running)
@@ -211,7 +200,7 @@ async def test_past_the_bound_the_oldest_finished_are_archived_and_still_read_an
                [row["debugId"] for row in body["myRecentJobs"]])
         return got if got[:2] == (FINISHED, 2) else None
 
-    succeeded, run, recent = await _until(counted) or (None, None, None)
+    succeeded, run, recent = await eventually(counted) or (None, None, None)
     assert (succeeded, run) == (FINISHED, 2)
     assert recent == list(reversed(finished + running))[:8]  # newest first: archived ones among them
 
@@ -232,12 +221,12 @@ async def test_a_sweep_that_dies_mid_page_is_finished_by_the_next_without_double
             raise Died
         await real_update(engine_, rows, **values)
 
-    async def purge_dies(kv, key, ttl):
+    async def purge_dies(ctx_, keys):
         raise Died
 
     with pytest.MonkeyPatch.context() as crash:
         if dies == "after-publish":
-            crash.setattr(expiry, "_purge", purge_dies)
+            crash.setattr(expiry, "_purge_records", purge_dies)
         else:
             crash.setattr(expiry, "_update_many", update_dies_at_marking)
         with pytest.raises(Died):

@@ -132,16 +132,15 @@ async def archive_page(ctx: ServiceContext, engine: AsyncEngine, rows: list[Any]
     await ctx.bus.publish_many([JobArchived(id=job_archived_id(row.id, row.submitted_at), job=row.id,
                                             vc=row.vc or "default", at=time.time(), submittedAt=row.submitted_at)
                                 for row in rows])
-    ttl = marker_seconds(ctx.config)
-    await asyncio.gather(*(_purge(kv, key, ttl) for key, mine in zip(keys, ours, strict=True) if mine))
+    await _purge_records(ctx, [key for key, mine in zip(keys, ours, strict=True) if mine])
     await _update_many(engine, [{"job": row.id, "at": row.submitted_at} for row in rows], archived_at=time.time())
 
 
-async def _purge(kv: Any, key: str, ttl: float) -> None:
-    try:
-        await kv.purge(key, msg_ttl=ttl)
-    except nats.js.errors.NotFoundError:
-        pass
+async def _purge_records(ctx: ServiceContext, keys: list[str]) -> None:
+    """Their records leave pai_jobs, each purge marker expiring after a while
+    (jetstream_limits.marker_seconds): the history holds the jobs and their names."""
+    if keys:
+        await ctx.bus.kv_write_many(Bucket.JOBS, dict.fromkeys(keys), gone_after=marker_seconds(ctx.config))
 
 
 async def archive_due(ctx: ServiceContext, engine: AsyncEngine, *, now: float | None = None) -> int:
