@@ -26,6 +26,7 @@ from services.rest.app import create_app
 from services.rest.history import consumer, projection, store
 from services.rest.history.wiring import HISTORY
 from tests.fixtures import history_events as ev
+from tests.fixtures.waiting import eventually
 
 RUN = uuid.uuid4().hex[:6]
 OWNER, OTHER = f"ann{RUN}", f"bob{RUN}"
@@ -64,10 +65,7 @@ async def api(nats_server, tmp_path_factory) -> AsyncIterator[tuple]:
     await store.apply_batch(engine, projection.project_batch(batch), len(batch), len(batch))
     tokens = {"owner": await auth.create_user(bus, OWNER), "other": await auth.create_user(bus, OTHER)}
     index = app[jobs_api.INDEX]
-    for _ in range(100):
-        if index.ready:
-            break
-        await asyncio.sleep(0.1)
+    await eventually(lambda: asyncio.sleep(0, index.ready), timeout=10.0, every=0.1)
     async with ClientSession() as session:
 
         async def call(who: str, method: str, path: str, body: bytes | None = None, ctype="application/json"):

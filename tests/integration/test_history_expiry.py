@@ -24,6 +24,7 @@ from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.subjects import Bucket
 from tests.integration.conftest import Api, job_yaml, platform_config
+from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -53,15 +54,6 @@ async def _records(bus: Bus, jid: str) -> set[str]:
         if entry.value:
             there.add(bucket.value)
     return there
-
-
-async def _until(check, timeout: float = 20.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = await check()
-        if got or asyncio.get_running_loop().time() > deadline:
-            return got
-        await asyncio.sleep(0.2)
 
 
 def _status_of(detail: dict) -> dict:
@@ -95,7 +87,7 @@ async def test_expired_jobs_leave_the_buckets_only_once_in_the_history_and_read_
         # Past the grace period, with the history holding them: pai_jobs and pai_schedule go;
         # the launcher's record waits for its logs' retention.
         for j in (jid, early_jid):
-            left = await _until(lambda j=j: _only_status(bus, j))
+            left = await eventually(lambda j=j: _only_status(bus, j))
             assert left, f"{j} still has {await _records(bus, j)}"
         assert _status_of(await api.job(jid)) == before
         assert await api.client.request("GET", f"/api/v2/jobs/{jid}/config") == config_before
@@ -105,7 +97,7 @@ async def test_expired_jobs_leave_the_buckets_only_once_in_the_history_and_read_
         assert refused.value.status == 409 and "already exists" in refused.value.body["message"]
 
         # Retention prunes the logs: the launcher's record goes then; the job still reads the same.
-        assert await _until(lambda: _none(bus, jid), timeout=30.0), await _records(bus, jid)
+        assert await eventually(lambda: _none(bus, jid), timeout=30.0), await _records(bus, jid)
         assert _status_of(await api.job(jid)) == before
         assert await api.client.request("GET", f"/api/v2/jobs/{jid}/config") == config_before
 
@@ -141,7 +133,7 @@ async def test_an_expired_job_is_tagged_and_deleted_by_its_owner_from_the_histor
         jid = f"admin~{name}"
         await api.submit(job_yaml(name, ["echo from-an-old-job"]))
         await api.wait_state(jid, "SUCCEEDED")
-        assert await _until(lambda: _only_status(bus, jid)), await _records(bus, jid)  # archived
+        assert await eventually(lambda: _only_status(bus, jid)), await _records(bus, jid)  # archived
         made = await api.client.request("POST", "/api/v2/users", json_body={"username": f"st{uuid.uuid4().hex[:6]}"})
         stranger = Client(Connection(url=api.conn.url, token=made["token"]))
 
@@ -153,7 +145,7 @@ async def test_an_expired_job_is_tagged_and_deleted_by_its_owner_from_the_histor
         assert (await api.job(jid))["tags"] == [tag]
         # Listed from the history once rest's index has found it archived there (its purge
         # from pai_jobs looks like a deletion until then).
-        assert await _until(lambda: _listed_as(api.client, [jid], tags=tag)), await _listed(api.client, tags=tag)
+        assert await eventually(lambda: _listed_as(api.client, [jid], tags=tag)), await _listed(api.client, tags=tag)
         for method in ("PUT", "DELETE"):
             assert await _answer(stranger, method, f"/api/v2/jobs/{jid}/tag", json_body={"value": tag}) == 403
         assert await _answer(stranger, "DELETE", f"/api/v2/jobs/{jid}") == 403
@@ -165,7 +157,7 @@ async def test_an_expired_job_is_tagged_and_deleted_by_its_owner_from_the_histor
         assert await _listed(api.client, tags=tag) == []
         assert jid not in await _listed(api.client, username="admin")
         assert _history_rows(plat, jid) == 0
-        assert await _until(lambda: _none(bus, jid), timeout=10.0), await _records(bus, jid)
+        assert await eventually(lambda: _none(bus, jid), timeout=10.0), await _records(bus, jid)
         assert await _answer(api.client, "DELETE", f"/api/v2/jobs/{jid}") == 404
         # Its name waits out the event stream's duplicate window, as after a live deletion.
         with pytest.raises(ApiError) as refused:
