@@ -836,6 +836,14 @@ def _indexed_row(job: IndexedJob) -> JobRow:
     return job_row(job.brief, job.status, job.schedule)
 
 
+def row_of(job: IndexedJob) -> JobRow:
+    """The job's list row, made when first asked for and kept until the job changes
+    (the index drops it then: job_index.JobIndex._relist)."""
+    if job.row is None:
+        job.row = _indexed_row(job)
+    return job.row
+
+
 def _ordered_from_index(index: JobIndex, field: str, descending: bool):
     """The index's (brief, row) pairs in this order: sorted once, then kept sorted through
     every change (job_index.OrderedView: a page reads a slice, not every row)."""
@@ -861,10 +869,9 @@ async def _list_from_history(engine: AsyncEngine, index: JobIndex, query: ListQu
         job = index.jobs.get(key)
         if job is None:
             continue
-        if job.row is None:
-            job.row = _indexed_row(job)
-        if _matches(query, job.brief, job.row):
-            overlaid.append(job.row)
+        row = row_of(job)
+        if _matches(query, job.brief, row):
+            overlaid.append(row)
     start, count = overlay.window(query.offset, query.limit, len(overlaid))
     found = history_query.JobFilter(
         user=query.username, vc=query.vc, states=query.states, keyword=query.keyword, tags_any=query.tags_any,
@@ -948,9 +955,7 @@ async def settle_once(index: JobIndex, engine: AsyncEngine, *, quiet: float = 0.
                 continue
             if row is None:
                 continue
-            if job.row is None:
-                job.row = _indexed_row(job)
-            live = msgspec.to_builtins(job.row)
+            live = msgspec.to_builtins(row_of(job))
             if live == row:
                 index.unsettled.discard(key)
             elif live | {"tags": row["tags"]} == row:

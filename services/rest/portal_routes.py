@@ -246,11 +246,10 @@ async def _overview_from_history(request: web.Request, engine: AsyncEngine, inde
         job = index.jobs.get(key)
         if job is None:
             continue  # deleted (or archived, until the index finds it so): not shown, as in the list
-        if job.row is None:
-            job.row = jobs_api._indexed_row(job)
-        counts[job.row.state] += 1
+        row = jobs_api.row_of(job)
+        counts[row.state] += 1
         if job.brief.user == username:
-            overlaid.append(job.row)
+            overlaid.append(row)
     _, rows = await history_query.list_jobs(
         engine, history_query.JobFilter(user=username, limit=RECENT_JOBS), with_total=False,
         excluding=set(unsettled))
