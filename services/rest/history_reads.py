@@ -168,9 +168,7 @@ class _HoldLookups:
         while self._waiting:
             waiting, self._waiting = self._waiting, {}
             try:
-                found = self.local.archived_among(list(waiting))
-                if found is None:
-                    found = await history_store.archived_among(self.engine, list(waiting))
+                found = await history_store.archived_among(self.engine, list(waiting))
             except BaseException as exc:
                 for futures in waiting.values():
                     for future in futures:

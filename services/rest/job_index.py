@@ -49,9 +49,6 @@ KV_OPERATION_HEADER = "KV-Operation"
 KV_DELETIONS = ("DEL", "PURGE")
 KV_MARKER_HEADER = "Nats-Marker-Reason"
 KV_MARKER_DELETIONS = ("MaxAge", "Purge", "Remove")
-# A purge marker with a TTL is the history's expiry archiving a finished job
-# (services/rest/history/expiry.py; a deletion's has none): the history holds the job and
-# its name, so it is no deletion to remember (`purged`) and its row stays listed from there.
 # Results remembered between changes (orders, filtered lists): any query string makes one.
 MAX_MEMOS = 128
 
@@ -486,6 +483,9 @@ class _Watch:
             operation = headers.get(KV_OPERATION_HEADER)
             if operation is not None:
                 deleted = deleted or operation in KV_DELETIONS
+                # A purge marker with a TTL is the history's expiry archiving a finished job
+                # (services/rest/history/expiry.py; a deletion's has none): the history holds the
+                # job and its name, so it is no deletion to remember (`purged`).
                 if operation == "PURGE" and self.on_purge is not None and KV_TTL_HEADER not in headers:
                     self.on_purge(msg.subject[len(self.prefix):], msg.metadata.timestamp.timestamp())
             elif KV_MARKER_HEADER in headers:  # a marker the server placed (nats-server 2.11+)
