@@ -55,7 +55,6 @@ import msgspec
 import nats.errors
 import nats.js.errors
 from aiohttp import web
-
 from nats.js import api
 
 from libs.common import ids
@@ -166,10 +165,6 @@ def _sequences(reply: bytes) -> tuple[int, int] | None:
         return None
 
 
-async def _subscribe_direct(nc: Any, subject: str, handler) -> DirectSubscription:
-    return await DirectSubscription.open(nc, subject, handler)
-
-
 class EventHub:
     """The one reader of job state events in this rest process, and its fan-out.
 
@@ -177,7 +172,8 @@ class EventHub:
     process: under a burst of submissions with no one watching, each event would
     cost rest and nats-server a delivery for nobody."""
 
-    def __init__(self, bus: Bus, *, queue_limit: int = STREAM_QUEUE_EVENTS, subscribe=_subscribe_direct):
+    def __init__(self, bus: Bus, *, queue_limit: int = STREAM_QUEUE_EVENTS,
+                 subscribe=DirectSubscription.open):
         self.bus = bus
         self.queue_limit = queue_limit
         self.cursor = 0  # the next sequence the hub hands out; every earlier event is handed out
