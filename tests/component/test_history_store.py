@@ -213,7 +213,7 @@ async def test_a_migration_on_a_populated_database(engine):
             await connection.execute(sa.text(f"INSERT INTO jobs ({columns}) VALUES ({', '.join(':' + k for k in row)})"),
                                      row)
     await store.migrate(engine)
-    assert await store.current_revision(engine) == "0004"  # the newest (0004: the list's indexes and counts)
+    assert await store.current_revision(engine) == "0005"  # the newest (0005: the list's tag counts)
     total, listed = await query.list_jobs(engine, query.JobFilter(limit=100))
     assert total == 13
     counts = {r["debugId"]: (r["totalTaskNumber"], r["totalGpuNumber"]) for r in listed}
@@ -253,8 +253,12 @@ _ROW_FIELDS = {"createdTime": "submitted_at", "completedTime": "completed_at", "
 _LIST_CASES = [
     {}, {"user": "bob"}, {"vc": "vc1"}, {"states": frozenset({"FAILED"})},
     {"user": "carol", "states": frozenset({"SUCCEEDED", "RUNNING"})}, {"keyword": "JOB1"}, {"keyword": "b~"},
-    {"keyword": "b_1"}, {"keyword": "ob0", "vc": "default"}, {"tags_any": frozenset({"x"})},
+    {"keyword": "b_1"}, {"keyword": "ob0", "vc": "default"}, {"keyword": "job01"}, {"keyword": "early"},
+    {"keyword": "job", "offset": 5, "limit": 4}, {"keyword": "~job", "states": frozenset({"FAILED"})},
+    {"tags_any": frozenset({"x"})}, {"tags_any": frozenset({"y"}), "user": "bob"},
+    {"tags_any": frozenset({"x"}), "vc": "vc1", "states": frozenset({"SUCCEEDED", "RUNNING"})},
     {"tags_none": frozenset({"x"})}, {"tags_none": frozenset({"x"}), "user": "bob"},
+    {"tags_none": frozenset({"x", "y"}), "states": frozenset({"FAILED"})},
     {"tags_any": frozenset({"x", "y"}), "tags_none": frozenset({"y"})},
     {"submitted_from": ev.T0 + 50, "submitted_until": ev.T0 + 150},
     {"order_field": "completedTime", "limit": 30}, {"order_field": "completedTime", "descending": False, "offset": 20},
@@ -297,9 +301,12 @@ async def _lists_agree(engine) -> None:
 async def test_the_list_indexes_and_counts_added_to_a_populated_database_answer_as_the_rows_do(engine):
     """A history written at revision 3, upgraded to 0004 (an index per list order; on SQLite
     the per-(user, vc, state) counts and the keyword trigram index, both filled in from the
-    rows there and kept by triggers): every filter's total and page is what the rows say,
-    right after the upgrade and after new jobs, state changes, a state event before its
-    job's submission (a placeholder, not listed, then listed), tags and a deletion."""
+    rows there and kept by triggers) and then to 0005 (on SQLite the per-(tag, user, vc,
+    state) counts; the trigram index of submitted jobs only): every filter's total and
+    page is what the rows say, right after the upgrade and after new jobs, state
+    changes, a state event before its job's submission (a placeholder, not listed, then
+    listed; tagged before it is), tags added, changed and removed, and deletions of
+    tagged jobs (by the projection and of an archived job)."""
     await store.migrate(engine, "0003")
     events = []
     for i in range(30):
@@ -309,30 +316,48 @@ async def test_the_list_indexes_and_counts_added_to_a_populated_database_answer_
     await _apply(engine, _numbered(events))
     await store.set_tags(engine, "bob~job01", ["x", "y"])
     await store.set_tags(engine, "alice~job03", ["y"])
+    await store.migrate(engine, "0004")
+    seq = len(events)
+    # A placeholder at 0004 (its id in the trigram index), tagged before its submission.
+    await _apply(engine, _numbered([ev.state("frank~early", JobState.RUNNING, at=ev.T0 + 398, vc="vc1")], seq + 1))
+    await store.set_tags(engine, "frank~early", ["x"])
+    await store.set_tags(engine, "bob~job07", ["x"])
     await store.migrate(engine)
-    assert await store.current_revision(engine) == "0004"
+    assert await store.current_revision(engine) == "0005"
     await _lists_agree(engine)
 
-    seq = len(events)
     more = [ev.submitted("dave~new1", at=ev.T0 + 400, vc="vc1"),
             ev.state("dave~new1", JobState.RUNNING, at=ev.T0 + 401, previous=JobState.WAITING, vc="vc1"),
             ev.state("erin~early", JobState.RUNNING, at=ev.T0 + 402, vc="vc1"),  # before its submission
             ev.deleted("alice~job00", submitted_at=ev.T0),
+            ev.deleted("alice~job03", submitted_at=ev.T0 + 30),  # tagged y
             ev.state("carol~job02", JobState.RUNNING, attempt=2, at=ev.T0 + 403, vc="default")]  # a retry
-    await _apply(engine, _numbered(more, seq + 1))
+    await _apply(engine, _numbered(more, seq + 2))
     await store.set_tags(engine, "carol~job05", ["x"])
+    await store.set_tags(engine, "bob~job01", ["y"])  # x removed
+    await store.set_tags(engine, "erin~early", ["x", "y"])
     await _lists_agree(engine)
     assert (await query.list_jobs(engine, query.JobFilter(keyword="erin")))[0] == 0  # a placeholder: not listed
-    await _apply(engine, _numbered([ev.submitted("erin~early", at=ev.T0 + 399, vc="vc1")], seq + 10))
+    await _apply(engine, _numbered([ev.submitted("erin~early", at=ev.T0 + 399, vc="vc1"),
+                                    ev.submitted("frank~early", at=ev.T0 + 397, vc="vc1"),
+                                    ev.state("bob~job07", JobState.RUNNING, attempt=2, at=ev.T0 + 404, vc="vc1")],
+                                   seq + 10))
     await _lists_agree(engine)
     assert (await query.list_jobs(engine, query.JobFilter(keyword="erin", states=frozenset({"RUNNING"}))))[0] == 1
+    assert (await query.list_jobs(engine, query.JobFilter(tags_any=frozenset({"x"}))))[0] == 4
+    assert await store.delete_job(engine, "bob~job07", ev.T0 + 70)  # an archived job deleted, tagged x
+    assert await store.replace_tags(engine, "carol~job05", '["x"]', ["z"])
+    await _lists_agree(engine)
+    assert (await query.list_jobs(engine, query.JobFilter(tags_any=frozenset({"x"}))))[0] == 2
 
 
 async def test_sqlite_lists_walk_an_index_in_each_order_and_total_without_counting_every_job(tmp_path):
     """At a million jobs a sort of every row or a count over every row is seconds: each
-    order's page walks an index (no sort of all rows), and the total of the unfiltered,
-    user, VC and state lists is read from job_counts (no count over jobs). Checked on
-    the plans SQLite makes for the statements the list runs."""
+    order's page walks an index (no sort of all rows), the total of the unfiltered,
+    user, VC and state lists is read from job_counts, of one tag (or without some) from
+    tag_counts, of a keyword from the trigram index alone (no count over jobs), and a
+    keyword that most rows hold walks the order. Checked on the plans SQLite makes for
+    the statements the list runs, and on the statements."""
     engine = await store.open_store(store.dsn_for("", tmp_path))
     statements: list[tuple[str, Any]] = []
     sa.event.listen(engine.sync_engine, "before_cursor_execute",
@@ -353,5 +378,23 @@ async def test_sqlite_lists_walk_an_index_in_each_order_and_total_without_counti
             total, _ = await query.list_jobs(engine, f, excluding={"alice~a"})
             assert total == (0 if f.vc == "vc1" else 1)
             assert not [s for s, _ in statements if "count(" in s.lower() and "FROM jobs" in s], statements
+        # One tag's total (with user, VC and state, or the jobs without some tags) is read
+        # from tag_counts, a keyword's alone from the trigram index: no count over jobs or tags.
+        await store.set_tags(engine, "bob~b", ["x"])
+        for f, expected in ((query.JobFilter(tags_any=frozenset({"x"})), 1),
+                            (query.JobFilter(tags_any=frozenset({"x"}), user="bob", states=frozenset({"FAILED"})), 1),
+                            (query.JobFilter(tags_none=frozenset({"x"}), vc="vc1"), 1),
+                            (query.JobFilter(keyword="bob~"), 1), (query.JobFilter(keyword="nobody"), 0)):
+            statements.clear()
+            assert (await query.list_jobs(engine, f))[0] == expected, f
+            assert not [s for s, _ in statements if "count(" in s.lower() and ("FROM jobs" in s or "FROM job_tags" in s)
+                        and "job_keywords" not in s.split("WHERE")[0]], (f, statements)
+        # A keyword page walks the list's order testing each id when matches are many for
+        # the rows it reads, and reads the matches from the trigram index when they are few.
+        for offset, walks in ((0, True), (100, False)):
+            statements.clear()
+            await query.list_jobs(engine, query.JobFilter(keyword="bob~", offset=offset, limit=1))
+            page = [s for s, _ in statements if s.lstrip().startswith("SELECT jobs.id, jobs.name")]
+            assert len(page) == 1 and ("LIKE" in page[0]) == walks and ("MATCH" in page[0]) != walks, page
     finally:
         await engine.dispose()

@@ -14,7 +14,7 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.rest.history.schema import attempts, events, job_counts, job_tags, jobs, tasks
+from services.rest.history.schema import attempts, events, job_counts, job_tags, jobs, tag_counts, tasks
 
 # The list's order fields (GET /api/v2/jobs `order`, as jobs_api.ORDER_FIELDS names them) -> columns.
 ORDER_COLUMNS = {
@@ -53,16 +53,23 @@ TRIGRAM = 3
 _keyword_ids = sa.table("job_keywords", sa.column("id"))
 
 
-def _keyword(keyword: str, dialect: str) -> Any:
+def _phrase(keyword: str) -> str:
+    """The FTS5 query of a keyword: a phrase of trigrams is exactly a substring (the
+    tokenizer folds case; ids are ASCII)."""
+    return '"' + keyword.lower().replace('"', '""') + '"'
+
+
+def _keyword(keyword: str, dialect: str, *, indexed: bool = True) -> Any:
+    """Jobs whose id holds the keyword. SQLite: `indexed`, as the set of jobs the trigram
+    index finds (a count or page visits only them); otherwise tested row by row (a page
+    walking the list's order, when matches are so many that its rows come first)."""
     keyword = keyword.lower()
     pattern = "%" + keyword.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
     if dialect != "sqlite":
         return sa.func.lower(jobs.c.id).like(pattern, escape="\\")  # PostgreSQL: the trigram index on lower(id)
-    if len(keyword) >= TRIGRAM:
-        # A phrase of trigrams is exactly a substring (the tokenizer folds case; ids are ASCII).
-        phrase = '"' + keyword.replace('"', '""') + '"'
+    if indexed and len(keyword) >= TRIGRAM:
         return jobs.c.id.in_(sa.select(_keyword_ids.c.id).where(sa.text("job_keywords MATCH :phrase")
-                                                                 .bindparams(phrase=phrase)))
+                                                                 .bindparams(phrase=_phrase(keyword))))
     return jobs.c.id.like(pattern, escape="\\")  # SQLite's LIKE ignores ASCII case
 
 
@@ -84,7 +91,7 @@ def _tagged(tags: frozenset[str], *, driving: bool) -> Any:
     return sa.exists().where(job_tags.c.job == jobs.c.id, job_tags.c.tag.in_(sorted(tags)))
 
 
-def _where(f: JobFilter, dialect: str = "sqlite", *, counting: bool = False) -> list[Any]:
+def _where(f: JobFilter, dialect: str = "sqlite", *, counting: bool = False, keyword_indexed: bool = True) -> list[Any]:
     where: list[Any] = [jobs.c.submitted_at.is_not(None)]  # placeholders wait for their submission
     if f.user is not None:
         where.append(jobs.c.user == f.user)
@@ -93,7 +100,7 @@ def _where(f: JobFilter, dialect: str = "sqlite", *, counting: bool = False) -> 
     if f.states:
         where.append(jobs.c.state.in_(sorted(f.states)))
     if f.keyword:
-        where.append(_keyword(f.keyword, dialect))
+        where.append(_keyword(f.keyword, dialect, indexed=keyword_indexed))
     if f.tags_any:
         where.append(_tagged(f.tags_any, driving=counting))
     if f.tags_none:
@@ -115,9 +122,18 @@ def _order(f: JobFilter) -> list[Any]:
 
 
 def _counted_by_table(f: JobFilter) -> bool:
-    """Whether job_counts (SQLite) answers the filter's total: user, VC and state only."""
-    return not (f.keyword or f.tags_any or f.tags_none or f.submitted_from is not None
+    """Whether the count tables (SQLite) answer the filter's total: user, VC and state
+    (job_counts), and with them one tag (tag_counts, 0005)."""
+    return not (f.keyword or len(f.tags_any) > 1 or f.tags_none or f.submitted_from is not None
                 or f.submitted_until is not None)
+
+
+def _keyword_alone(f: JobFilter) -> bool:
+    """A keyword the trigram index answers with no other filter (SQLite: since 0005 the
+    index holds exactly the submitted jobs, the list's rows)."""
+    return (f.keyword is not None and len(f.keyword) >= TRIGRAM and f.user is None and f.vc is None
+            and not (f.states or f.tags_any or f.tags_none) and f.submitted_from is None
+            and f.submitted_until is None)
 
 
 async def _total(connection: Any, f: JobFilter, excluding: list[str]) -> int:
@@ -132,7 +148,8 @@ async def _total(connection: Any, f: JobFilter, excluding: list[str]) -> int:
 
 async def _count(connection: Any, f: JobFilter) -> int:
     """How many jobs match, reading as few rows as it can: job_counts for user/VC/state
-    (SQLite), the tag index for tags, the trigram index for a keyword; the rows matching
+    and tag_counts for one tag with them (SQLite), the tag index for tags, the trigram
+    index for a keyword (alone, without reading the matches' rows); the rows matching
     `none of these tags` are those without that filter less those having one of them."""
     dialect = connection.dialect.name
     if f.tags_none and not f.tags_any:
@@ -140,13 +157,39 @@ async def _count(connection: Any, f: JobFilter) -> int:
         return await _count(connection, base) - await _count(connection, msgspec.structs.replace(
             base, tags_any=f.tags_none))
     if dialect == "sqlite" and _counted_by_table(f):
-        counted = [job_counts.c[name] == value for name, value in (("user", f.user), ("vc", f.vc)) if value is not None]
+        table = tag_counts if f.tags_any else job_counts
+        counted = [table.c[name] == value for name, value in (("user", f.user), ("vc", f.vc)) if value is not None]
         if f.states:
-            counted.append(job_counts.c.state.in_(sorted(f.states)))
-        return int((await connection.execute(sa.select(sa.func.coalesce(sa.func.sum(job_counts.c.n), 0))
+            counted.append(table.c.state.in_(sorted(f.states)))
+        if f.tags_any:
+            counted.append(table.c.tag == next(iter(f.tags_any)))
+        return int((await connection.execute(sa.select(sa.func.coalesce(sa.func.sum(table.c.n), 0))
                                              .where(*counted))).scalar_one())
+    if dialect == "sqlite" and f.keyword is not None and _keyword_alone(f):
+        return int((await connection.execute(sa.text("SELECT count(*) FROM job_keywords WHERE job_keywords MATCH :p"),
+                                             {"p": _phrase(f.keyword)})).scalar_one())
     return (await connection.execute(sa.select(sa.func.count()).select_from(jobs).where(
         *_where(f, dialect, counting=True)))).scalar_one()
+
+
+# Walking the list's order with a row-by-row keyword test visits about (offset + limit) *
+# jobs / matches rows; reading the matches from the trigram index costs about this many
+# times more per match than the walk per row (benchmarks/history_scale.py, SQLite 3.40).
+WALK_COST_RATIO = 16
+
+
+async def _keyword_walks(connection: Any, f: JobFilter, matches: int) -> bool:
+    """Whether a keyword page (SQLite) walks the list's order testing each id, rather
+    than reading every match from the trigram index: when matches are so many that the
+    page's rows come after few rows of the walk (a keyword whose trigrams most ids hold
+    costs the index a read of each of them)."""
+    if connection.dialect.name != "sqlite" or f.keyword is None or len(f.keyword) < TRIGRAM:
+        return False
+    others = msgspec.structs.replace(f, keyword=None)
+    if not _counted_by_table(others):
+        return False
+    jobs_in_order = await _count(connection, others)
+    return matches * matches * WALK_COST_RATIO >= (f.offset + f.limit) * jobs_in_order
 
 
 async def _left_out_matching(connection: Any, f: JobFilter, excluding: list[str]) -> int:
@@ -223,11 +266,13 @@ async def list_jobs(engine: AsyncEngine, f: JobFilter, *, with_total: bool = Tru
     `excluding`: job ids left out (rest overlays its own newer rows of them)."""
     left_out = sorted(excluding)
     async with engine.connect() as connection:
-        where = _where(f, connection.dialect.name)
-        if left_out:
-            where.append(jobs.c.id.not_in(_among(left_out, connection.dialect.name)))
-        rows = await _page(connection, f, where)
+        dialect = connection.dialect.name
         total = await _total(connection, f, left_out) if with_total else None
+        walk = total is not None and await _keyword_walks(connection, f, total)
+        where = _where(f, dialect, keyword_indexed=not walk)
+        if left_out:
+            where.append(jobs.c.id.not_in(_among(left_out, dialect)))
+        rows = await _page(connection, f, where)
     return total, [job_row(row) for row in rows]
 
 

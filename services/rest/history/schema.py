@@ -75,8 +75,8 @@ sa.Index("ix_jobs_id_submitted", jobs.c.id, jobs.c.submitted_at)
 sa.Index("ix_jobs_no_priority", jobs.c.id, sqlite_where=jobs.c.priority.is_(None),
          postgresql_where=jobs.c.priority.is_(None))
 # Keyword: a substring of the id. PostgreSQL has a trigram index on lower(id) (0004);
-# SQLite an FTS5 trigram table `job_keywords` (id) kept by triggers (0004), read with
-# raw SQL (query.py): a virtual table is no SQLAlchemy Table.
+# SQLite an FTS5 trigram table `job_keywords` (id) of the submitted jobs kept by triggers
+# (0004, 0005), read with raw SQL (query.py): a virtual table is no SQLAlchemy Table.
 
 # SQLite only (0004): submitted jobs per (user, vc, state), kept by triggers on `jobs`
 # in the writing transaction, so a list's total is a sum over a few rows. PostgreSQL
@@ -84,6 +84,18 @@ sa.Index("ix_jobs_no_priority", jobs.c.id, sqlite_where=jobs.c.priority.is_(None
 job_counts = sa.Table(
     "job_counts",
     metadata,
+    sa.Column("user", sa.String(128), primary_key=True),
+    sa.Column("vc", sa.String(256), primary_key=True),
+    sa.Column("state", sa.String(16), primary_key=True),
+    sa.Column("n", sa.BigInteger, nullable=False),
+)
+
+# SQLite only (0005): submitted jobs per (tag, user, vc, state), kept by triggers on
+# `job_tags` and `jobs`, so a total by one tag (or without some) is a sum over a few rows.
+tag_counts = sa.Table(
+    "tag_counts",
+    metadata,
+    sa.Column("tag", sa.String(64), primary_key=True),
     sa.Column("user", sa.String(128), primary_key=True),
     sa.Column("vc", sa.String(256), primary_key=True),
     sa.Column("state", sa.String(16), primary_key=True),
