@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector  # noqa: E402
 
-from benchmarks.e2e_throughput import Api, Submitter, git_commit, slots64_cluster_file  # noqa: E402
+from benchmarks.e2e_throughput import Api, Submitter, git_commit, projector_of, slots64_cluster_file  # noqa: E402
 from benchmarks.stats import filesystem_of  # noqa: E402
 from cli.up import SERVICES, Platform  # noqa: E402
 from libs.common.bus import Bus, all_keys  # noqa: E402
@@ -88,6 +88,9 @@ def pids(platform: Platform) -> dict[str, int]:
     found = {name: proc.pid for name, proc in platform.procs.items()}
     assert platform.nats is not None and platform.nats.pid is not None
     found["nats-server"] = platform.nats.pid
+    projector = projector_of(found["rest"])  # rest's history projection process (projector.py)
+    if projector is not None:
+        found["rest_history"] = projector
     return found
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import yaml
@@ -197,6 +197,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     history_sweep_seconds: float = 60.0
     # Finished jobs older than this many days leave the history database; 0: kept forever.
     history_retention_days: float = 0.0
+    # Where rest runs the projection (events -> history rows) and the expiry sweep:
+    # "process": a child process of each rest (services/rest/history/projector.py), at
+    # `history_projection_nice` lower CPU priority, so under load the API's requests
+    # come first and the history catches up in bigger batches; "inline": on rest's own
+    # event loop (for a rest built inside another program, e.g. a test, whose bus the
+    # child could not log in to).
+    history_projection: Literal["process", "inline"] = "process"
+    history_projection_nice: int = 10
 
     @property
     def data_path(self) -> Path:

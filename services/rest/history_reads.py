@@ -130,9 +130,10 @@ async def holds(request: web.Request, jid: str) -> bool:
     engine = _engine(request.app)
     if engine is None:
         return False
-    lookups = request.app.get(_HOLD_LOOKUPS)
+    history = request.app[HISTORY]
+    lookups = history.hold_lookups
     if lookups is None or lookups.engine is not engine:
-        lookups = request.app[_HOLD_LOOKUPS] = _HoldLookups(engine)
+        lookups = history.hold_lookups = _HoldLookups(engine)
     # The embedded database answers at once, on this thread: no task, no turn of the loop
     # (on a busy loop each turn is milliseconds, and a submission took three).
     found = lookups.local.archived_among([jid])
@@ -183,9 +184,6 @@ class _HoldLookups:
                     if not future.done():
                         future.set_result(jid in found)
         self._asking = None
-
-
-_HOLD_LOOKUPS = web.AppKey("history_hold_lookups", _HoldLookups)
 
 
 async def archived(request: web.Request, jid: str) -> tuple[SubmittedJob, str] | None:

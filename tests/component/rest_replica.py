@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestServer
 from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.service import ServiceContext
 from libs.common.subjects import STREAM, Bucket
 from services.rest import intake, jobs_api
@@ -50,7 +50,7 @@ class Rest:
 
         self.bus.publish = counted
         self.bus.publish_each = counted_each
-        self.ctx = ServiceContext(name="rest", config=load_config(env=dict(TEST_ENV), data_dir=str(self.tmp_path)), bus=self.bus)
+        self.ctx = ServiceContext(name="rest", config=load_config(env=dict(IN_PROCESS_ENV), data_dir=str(self.tmp_path)), bus=self.bus)
         self.server = TestServer(await create_app(self.ctx))
         await self.server.start_server()
         self.ctx.set_ready()

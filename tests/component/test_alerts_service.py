@@ -34,7 +34,7 @@ from aiosmtpd.controller import Controller
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.messages import (
     EventDeadLettered,
     ExitSpec,
@@ -139,7 +139,7 @@ class RestServer:
 
 @pytest.fixture(scope="module")
 async def rest(bus, tmp_path_factory) -> AsyncIterator[RestServer]:
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("rest")))
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("rest")))
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     server = TestServer(await create_app(ctx))
     await server.start_server()

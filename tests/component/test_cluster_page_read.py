@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.nodes import NodeHealthRecord, encode_health, node_key
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
@@ -52,7 +52,7 @@ async def pages(nats_server, tmp_path_factory) -> AsyncIterator[dict[str, object
     await samples.put("not-a-sample", b"[1, 2")
 
     bus = await Bus.connect(nats_server.url, name="page-rest", **nats_server.login("rest"))
-    ctx = ServiceContext(name="rest", config=load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("page"))),
+    ctx = ServiceContext(name="rest", config=load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("page"))),
                          bus=bus)
     server = TestServer(await create_app(ctx))
     await server.start_server()

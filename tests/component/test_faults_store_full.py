@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from libs.common.bus import Bus, store_is_full
 from libs.common.busauth import load_or_create_credentials
 from libs.common.config import Config, load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.jetstream_limits import StoreLimits, store_settings
 from libs.common.messages import StopRequested
 from libs.common.natsserver import NatsServer
@@ -61,7 +61,7 @@ async def admin(tiny_store) -> AsyncIterator[Bus]:
 @pytest.fixture
 async def api(tiny_store, tmp_path) -> AsyncIterator[Any]:
     bus = await Bus.connect(tiny_store.url, name="rest", **tiny_store.login("rest"))
-    ctx = ServiceContext(name="rest", config=load_config(env=dict(TEST_ENV), data_dir=str(tmp_path)), bus=bus)
+    ctx = ServiceContext(name="rest", config=load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path)), bus=bus)
     server = TestServer(await create_app(ctx))
     await server.start_server()
     ctx.set_ready()

@@ -40,7 +40,7 @@ from services.rest.history import consumer, expiry, projection, schema, store
 from services.rest.history.wiring import HISTORY
 from services.rest.records import SubmittedJob
 from tests.fixtures import history_events as ev
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from tests.fixtures.waiting import eventually
 
 BOUND = 3
@@ -69,7 +69,7 @@ async def rest(nats_server, tmp_path) -> AsyncIterator[dict]:
     # A day-long grace period: only the count bound archives anything here.
     # The event stream's duplicate window as rest reads it (the server's stream keeps its
     # own): how long the purge marker of an archived job's record stays, here a second.
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path), live_finished_job_max=BOUND,
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path), live_finished_job_max=BOUND,
                          live_finished_job_seconds=10 ** 9, rest_rate_limit_burst=10_000,
                          nats_events_duplicate_window_seconds=MARKER_SECONDS)
     ctx = ServiceContext(name="rest", config=config, bus=bus)

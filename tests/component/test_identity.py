@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus, all_keys
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV, TEST_ENV
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
@@ -74,7 +74,7 @@ async def platform(nats_server) -> AsyncIterator[Bus]:
 @pytest.fixture(scope="module")
 async def setup(nats_server, platform, tmp_path_factory) -> AsyncIterator[tuple[Api, str]]:
     bus = await Bus.connect(nats_server.url, name="identity-rest", **nats_server.login("rest"))
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("identity")), admin_user=ADMIN)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("identity")), admin_user=ADMIN)
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     await startup(ctx)  # the built-in groups and the admin, as at rest's first start
     admin_token = config.token_path.read_text().strip()

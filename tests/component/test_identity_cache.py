@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.service import ServiceContext
 from services.rest import auth
 from services.rest.app import create_app, startup
@@ -62,7 +62,7 @@ class Replica:
 async def replicas(nats_server, tmp_path_factory) -> AsyncIterator[tuple[Replica, Replica, str]]:
     platform = await Bus.connect(nats_server.url, name="cache-platform", **nats_server.login("platform"))
     await platform.bootstrap()
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("identity-cache")), admin_user=ADMIN)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("identity-cache")), admin_user=ADMIN)
     buses, servers = [], []
     for n in range(2):
         bus = await Bus.connect(nats_server.url, name=f"cache-rest-{n}", **nats_server.login("rest"))

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 from libs.common.bus import Bus
 from libs.common.busauth import load_or_create_credentials
 from libs.common.config import Config, load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.jetstream_limits import StoreLimits, store_settings
 from libs.common.natsserver import NatsServer
 from libs.common.service import ServiceContext
@@ -57,7 +57,7 @@ def small_store(tmp_path_factory):
 async def rest(small_store, tmp_path) -> AsyncIterator[tuple[Api, Bus, Bus]]:
     bus = await Bus.connect(small_store.url, name="rest", **small_store.login("rest"))
     admin_bus = await Bus.connect(small_store.url, name="test-admin", **small_store.login("platform"))
-    ctx = ServiceContext(name="rest", config=load_config(env=dict(TEST_ENV), data_dir=str(tmp_path)), bus=bus)
+    ctx = ServiceContext(name="rest", config=load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path)), bus=bus)
     server = TestServer(await create_app(ctx))
     await server.start_server()
     ctx.set_ready()

@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
@@ -51,7 +51,7 @@ async def api(nats_server, tmp_path_factory) -> AsyncIterator[tuple]:
     platform = await Bus.connect(nats_server.url, name="history-api-test", **nats_server.login("platform"))
     await (await platform.kv(Bucket.CLUSTER)).put(CLUSTER_VCS_KEY, msgspec.json.encode(VIEW))
     bus = await Bus.connect(nats_server.url, name="rest", **nats_server.login("rest"))
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("rest")), rest_rate_limit_burst=10_000)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("rest")), rest_rate_limit_burst=10_000)
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     app = await create_app(ctx)
     server = TestServer(app)

@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestServer
 from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest
 from libs.common.messages import ExitSpec, JobState, TaskState
 from libs.common.records import AttemptRecord, JobRecord, TaskRecord, Transition, encode_job_record
@@ -91,7 +91,7 @@ async def platform(nats_server) -> AsyncIterator[Bus]:
 @pytest.fixture(scope="module")
 async def api(platform, nats_server, tmp_path_factory) -> AsyncIterator[Api]:
     rest_bus = await Bus.connect(nats_server.url, name="rest", **nats_server.login("rest"))
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("rest")), rest_rate_limit_burst=10_000)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("rest")), rest_rate_limit_burst=10_000)
     ctx = ServiceContext(name="rest", config=config, bus=rest_bus)
     server = TestServer(await create_app(ctx))
     await server.start_server()

@@ -25,7 +25,7 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.logs import LOG_SUBJECT, LogReply
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView
 from libs.common.service import ServiceContext
@@ -63,7 +63,7 @@ async def served(nats_server, tmp_path_factory) -> AsyncIterator[tuple[TestServe
 
     subscription = await platform.nc.subscribe(LOG_SUBJECT, cb=logs)
     rest_bus = await Bus.connect(nats_server.url, name="rest", **nats_server.login("rest"))
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("rest")), rest_rate_limit_burst=1_000_000,
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("rest")), rest_rate_limit_burst=1_000_000,
                          rest_rate_limit_per_second=1_000_000.0)
     ctx = ServiceContext(name="rest", config=config, bus=rest_bus)
     app = await create_app(ctx)

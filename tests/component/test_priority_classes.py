@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
@@ -31,7 +31,7 @@ async def setup(nats_server, tmp_path_factory) -> AsyncIterator[tuple[Api, str]]
     view = ClusterView(virtualClusters=[{"name": "default"}])
     await (await platform.kv(Bucket.CLUSTER)).put(CLUSTER_VCS_KEY, msgspec.json.encode(view))
     bus = await Bus.connect(nats_server.url, name="priority-rest", **nats_server.login("rest"))
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("priority")), admin_user=ADMIN)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("priority")), admin_user=ADMIN)
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     await startup(ctx)
     admin_token = config.token_path.read_text().strip()

@@ -19,7 +19,7 @@ from aiohttp import ClientSession, TCPConnector
 from libs.common import http_server
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.service import ServiceContext
 from services.rest import auth
 from services.rest.app import create_app
@@ -66,7 +66,7 @@ class Served:
 async def served(nats_server, tmp_path, **settings) -> AsyncIterator[Served]:
     """rest's app behind the HTTP server every service runs (`http_server.serve`), on a free port."""
     bus = await Bus.connect(nats_server.url, name="rest", **nats_server.login("rest"))
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path), **settings)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path), **settings)
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     runner, site = await http_server.serve(await create_app(ctx), "127.0.0.1", 0, http_server.Limits.of(config))
     ctx.set_ready()

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.nodes import NodeHealthRecord, encode_health, node_key
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView
 from libs.common.service import ServiceContext
@@ -57,7 +57,7 @@ async def nodes(nats_server, tmp_path_factory) -> AsyncIterator[list[dict]]:
         await health.put(node_key(record.node), encode_health(record))
 
     bus = await Bus.connect(nats_server.url, name="nodes-rest", **nats_server.login("rest"))
-    ctx = ServiceContext(name="rest", config=load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("nodes"))),
+    ctx = ServiceContext(name="rest", config=load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("nodes"))),
                          bus=bus)
     server = TestServer(await create_app(ctx))
     await server.start_server()

@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestServer
 from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.logs import LOG_SUBJECT, LogReply
 from libs.common.protocol import JobSpec, limits
 from libs.common.records import JobRecord
@@ -91,7 +91,7 @@ async def bus(nats_server) -> AsyncIterator[Bus]:
 
 
 async def serve(bus: Bus, tmp_path, **settings: Any) -> tuple[TestServer, ServiceContext]:
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path), **settings)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path), **settings)
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     server = TestServer(await create_app(ctx))
     await server.start_server()
@@ -383,7 +383,7 @@ async def test_accepted_jobs_are_counted_per_virtual_cluster(rest):
 
 async def test_a_bus_closed_for_good_is_unhealthy_and_ends_the_service(nats_server, tmp_path):
     bus = await Bus.connect(nats_server.url, name="closing", **nats_server.login("platform"))
-    ctx = ServiceContext(name="rest", config=load_config(env=dict(TEST_ENV), data_dir=str(tmp_path)), bus=bus)
+    ctx = ServiceContext(name="rest", config=load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path)), bus=bus)
     ctx.set_ready()
     app = web.Application()
     app.add_routes(health_routes(lambda: ctx))

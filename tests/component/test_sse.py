@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.messages import JobState, JobStateChanged
 from libs.common.service import ServiceContext
 from services.rest import auth
@@ -50,7 +50,7 @@ async def buses(nats_server) -> AsyncIterator[dict[str, Bus]]:
 
 @pytest.fixture(scope="module")
 async def api(buses, tmp_path_factory):
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("sse")),
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("sse")),
                          rest_events_heartbeat_seconds=HEARTBEAT_SECONDS)
     ctx = ServiceContext(name="rest", config=config, bus=buses["rest"])
     server = TestServer(await create_app(ctx))

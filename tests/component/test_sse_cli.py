@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 from cli.main import main
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.messages import JobState, JobStateChanged
 from libs.common.service import ServiceContext
 from services.rest.app import create_app, startup
@@ -37,7 +37,7 @@ async def rest(nats_server, tmp_path_factory):
     await platform.bootstrap()
     bus = await Bus.connect(nats_server.url, name="cli-rest", **nats_server.login("rest"))
     launcher = await Bus.connect(nats_server.url, name="cli-launcher", **nats_server.login("launcher"))
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("cli-rest")), admin_user=ADMIN)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("cli-rest")), admin_user=ADMIN)
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     await startup(ctx)
     server = TestServer(await create_app(ctx))

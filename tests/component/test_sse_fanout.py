@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.messages import JobState, JobStateChanged
 from libs.common.service import ServiceContext
 from services.rest import auth, events
@@ -55,7 +55,7 @@ async def buses(nats_server) -> AsyncIterator[dict[str, Bus]]:
 
 @pytest.fixture(scope="module")
 async def api(buses, tmp_path_factory):
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path_factory.mktemp("fanout")), rest_events_heartbeat_seconds=1.0)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("fanout")), rest_events_heartbeat_seconds=1.0)
     ctx = ServiceContext(name="rest", config=config, bus=buses["rest"])
     app = await create_app(ctx)
     server = TestServer(app)

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from libs.common.bus import Bus
 from libs.common.busauth import load_or_create_credentials
 from libs.common.config import Config, load_config
-from tests.fixtures.settings import TEST_ENV
+from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.jetstream_limits import StoreLimits, store_settings
 from libs.common.natsserver import NatsServer
 from libs.common.service import ServiceContext
@@ -73,7 +73,7 @@ class Api:
 async def rest(small_store, tmp_path, request) -> AsyncIterator[tuple[Api, Bus, Any]]:
     limits = getattr(request, "param", {})
     bus = await Bus.connect(small_store.url, name="rest", **small_store.login("rest"))
-    config = load_config(env=dict(TEST_ENV), data_dir=str(tmp_path), **limits)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path), **limits)
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     app = await create_app(ctx)
     server = TestServer(app)

@@ -6,15 +6,19 @@
   (its logs are still readable) until retention prunes its logs, then goes too;
 - GET the job and its config answer as before; resubmitting its name is a 409;
 - after every service is killed and started again, nothing comes back and nothing is lost;
-- such a job is tagged, and deleted, by its owner (others: 403) as a live one is.
+- such a job is tagged, and deleted, by its owner (others: 403) as a live one is;
+- the projection runs in a process of rest's own, at a lower CPU priority: killed, it
+  is started again and the history catches up; it dies with rest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sqlite3
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +194,58 @@ def _history_rows(plat: Platform, jid: str) -> int:
         return sum(db.execute(f"SELECT count(*) FROM {table} WHERE {column} = ?", (jid,)).fetchone()[0]  # noqa: S608
                    for table, column in (("jobs", "id"), ("attempts", "job"), ("tasks", "job"), ("events", "job"),
                                          ("job_tags", "job")))
+
+
+def _projection_process(rest_pid: int) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == rest_pid and b"history.projector" in (entry / "cmdline").read_bytes():
+                return int(entry.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+async def _now(value):
+    return value
+
+
+def _history_state(plat: Platform, jid: str) -> str | None:
+    [path] = list(plat.data.rglob("history.sqlite"))
+    with sqlite3.connect(path) as db:
+        row = db.execute("SELECT state FROM jobs WHERE id = ?", (jid,)).fetchone()
+    return row[0] if row else None
+
+
+async def test_the_projection_runs_beside_rest_comes_back_when_killed_and_dies_with_rest(short_lived):
+    api, plat = short_lived, short_lived.platform
+    rest_pid = plat.procs["rest"].pid
+    first = await eventually(lambda: _now(_projection_process(rest_pid)))
+    assert first, "rest started no history projection process"
+    assert os.getpriority(os.PRIO_PROCESS, first) - os.getpriority(os.PRIO_PROCESS, rest_pid) == 10
+
+    # Killed, it is started again, and what finished meanwhile reaches the history.
+    os.kill(first, signal.SIGKILL)
+    name = f"proj-{uuid.uuid4().hex[:6]}"
+    jid = f"admin~{name}"
+    await api.submit(job_yaml(name, ["echo projected"]))
+    await api.wait_state(jid, "SUCCEEDED")
+    second = await eventually(lambda: _now((p := _projection_process(rest_pid)) not in (None, first) and p))
+    assert second, "the history projection process was not started again"
+    assert await eventually(lambda: _now(_history_state(plat, jid) == "SUCCEEDED")), _history_state(plat, jid)
+
+    # rest killed: its projection goes with it (no orphan keeps writing); rest started again runs a new one.
+    plat.kill_service("rest", signal.SIGKILL)
+    assert await eventually(lambda: _now(not _alive(second))), "the projection outlived rest"
+    plat.start_service("rest")
+    assert await eventually(lambda: _now(_projection_process(plat.procs["rest"].pid)))

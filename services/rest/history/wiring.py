@@ -1,5 +1,6 @@
 """The history database in rest: opened and migrated before rest serves, the
-projection consumer run beside the API, the engine handed to routes (`HISTORY`).
+projection consumer run beside the API (in a process of its own, projector.py, or
+inline on rest's loop), the engine handed to routes (`HISTORY`).
 
 A database that cannot be opened at start-up (PostgreSQL still starting) does not
 keep rest from serving: rest tries again in the background, and until the history
@@ -10,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 from aiohttp import web
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from libs.common.service import ServiceContext
-from services.rest.history import consumer, expiry, store
+from services.rest.history import consumer, expiry, projector, store
 
 log = logging.getLogger("pai.rest.history")
 
@@ -31,6 +33,8 @@ class History:
     def __init__(self) -> None:
         self.engine: AsyncEngine | None = None
         self.opened = asyncio.Event()
+        # The name checks' reader of this engine (history_reads._HoldLookups), made at the first check.
+        self.hold_lookups: Any = None
 
 
 HISTORY = web.AppKey("history", History)
@@ -62,6 +66,9 @@ def setup(app: web.Application, ctx: ServiceContext) -> None:
         async def project() -> None:
             await history.opened.wait()
             assert history.engine is not None
+            if ctx.config.history_projection == "process":  # (projector.py says why)
+                await projector.supervise(ctx.config, stopping)
+                return
             # The expiry sweep beside the projection (expiry.py): live records of jobs it holds leave the buckets.
             await asyncio.gather(consumer.run(ctx.bus, history.engine, stopping),
                                  expiry.run(ctx, history.engine, stopping))
