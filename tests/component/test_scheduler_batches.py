@@ -26,7 +26,7 @@ from libs.common.service import ServiceContext
 from libs.common.subjects import STREAM, Bucket, Durable
 from services.scheduler import service
 from services.scheduler.cluster import local_cluster_config
-from services.scheduler.core import SchedulerCore
+from services.scheduler.core import SchedulerCore, SchedulingPolicy
 from services.scheduler.service import CONSUMED, CONSUMED_KINDS, SchedulerShell
 from tests.conftest import platform_bus, publish_half_then_fail_once
 
@@ -75,7 +75,8 @@ class Scheduler:
         self.bus = bus
         self.ctx = ServiceContext(name="scheduler", config=Config(), bus=bus)
         self.core = SchedulerCore(local_cluster_config(node="node-a", gpus=0, cpus=CPUS, memory_mb=8192),
-                                  clock=time.time, announce_wait_after_s=announce_wait_after_s)
+                                  clock=time.time,
+                                  policy=SchedulingPolicy(announce_wait_after_s=announce_wait_after_s))
         self.shell = SchedulerShell(self.ctx, self.core)
         self.batches: list[list[str]] = []
         self.consuming: asyncio.Task | None = None

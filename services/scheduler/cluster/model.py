@@ -87,6 +87,3 @@ class ClusterConfig(msgspec.Struct, frozen=True, kw_only=True):
         for top in self.physicalCells:
             visit(top)
         return list(seen)
-
-    def chain_sku(self, chain: str) -> str:
-        return self.cellTypes[chain].skuType

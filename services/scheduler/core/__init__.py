@@ -1,6 +1,7 @@
 """The HiveD-style cell scheduler core: pure, synchronous, deterministic (no I/O, injected clock).
 
     core = SchedulerCore(config, clock=clock)  # config: services.scheduler.cluster.load_cluster_config(path)
+    core = SchedulerCore(config, clock=clock, policy=SchedulingPolicy(shape_fallback=None))  # other rules
     core.handle(Restore(...), ...)           # at start-up: attempts already running
     decisions = core.handle(Submit(...))     # -> [Place | Preempt | Wait | Announce, ...]
     core.waiting_reason(job)                 # why a job waits, with current counts
@@ -26,16 +27,20 @@ from services.scheduler.core.events import (
     Submit,
     Tick,
 )
-from services.scheduler.core.scheduler import (
+from services.scheduler.core.policy import (
     ANNOUNCE_WAIT_AFTER_S,
     GANG_PRIORITY_AFTER_S,
-    SchedulerCore,
+    AdaptiveReserve,
+    SchedulingPolicy,
+    ShapeFallback,
 )
+from services.scheduler.core.scheduler import SchedulerCore
 from services.scheduler.core.status import VcSkuStatus, VcStatus
 
 __all__ = [
     "ANNOUNCE_WAIT_AFTER_S",
     "GANG_PRIORITY_AFTER_S",
+    "AdaptiveReserve",
     "Announce",
     "Cancel",
     "ClusterConfig",
@@ -49,6 +54,8 @@ __all__ = [
     "Restore",
     "SchedulerCore",
     "SchedulerEvent",
+    "SchedulingPolicy",
+    "ShapeFallback",
     "Submit",
     "Tick",
     "VcSkuStatus",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from libs.common.messages import TaskPlacement
@@ -53,7 +54,7 @@ class JobRecord:
         self.reserved: list[tuple[GroupDemand, list[TaskDemand], list[list[Cell]]]] = []
         self.reason_key: tuple | None = None
         # Builds the reason text for a given number of jobs ahead in the queue (counts are read when called).
-        self.reason_text = None
+        self.reason_text: Callable[[int], str] | None = None
         self.never: str | None = None  # why the job can never be placed as submitted (set once)
         self.skus: list[str] = []  # every sku any of its groups may use
         self.skus_set: frozenset[str] = frozenset()

@@ -60,8 +60,7 @@ def plan_with_victims(state: ClusterState, record: JobRecord, vc: VcRecord, sku:
 def _plan_with_downgrades(state: ClusterState, record: JobRecord, vc: VcRecord, sku: str, sizes: list[int],
                           lazy: list[JobRecord]) -> Plan | None:
     downgraded: list[JobRecord] = []
-    state.unbind_log = []
-    try:
+    with state.unbinds_recorded() as unbound:
         for job in lazy:
             state.refresh_job_leaves(job, lambda job=job: setattr(job, "opportunistic", True))
             downgraded.append(job)
@@ -69,10 +68,8 @@ def _plan_with_downgrades(state: ClusterState, record: JobRecord, vc: VcRecord, 
             plan = plan_guaranteed(state, record, vc, sku, sizes, View(take_oppo=True, excluded=excluded))
             if plan is not None:
                 return plan  # the downgraded jobs keep running as opportunistic work
-        for vc_record, quota, cell in reversed(state.unbind_log):
+        for vc_record, quota, cell in reversed(unbound):
             state.bind(vc_record, quota, cell)
         for job in reversed(downgraded):
             state.refresh_job_leaves(job, lambda job=job: setattr(job, "opportunistic", False))
         return None
-    finally:
-        state.unbind_log = None

@@ -131,7 +131,7 @@ class Queues:
             if gangs is not None and not gangs:
                 del buckets[record.bucket]
 
-    def next_due(self, pair: Pair, bucket: tuple, after: tuple[int, int] | None) -> JobRecord | None:
+    def next_due(self, pair: Pair, bucket: tuple, after: tuple[int, int, int] | None) -> JobRecord | None:
         """The bucket's first gang in `due` after the queue position `after` (None: from the start)."""
         gangs = self.due.get(pair, {}).get(bucket)
         if not gangs:
@@ -163,12 +163,6 @@ class Queues:
         for sku in skus or (None,):
             if (lane, sku) in self.by_sku:
                 self.dirty.add((lane, sku))
-
-    def mark_lane(self, lane: Lane) -> None:
-        self.dirty.update(pair for pair in self.by_sku if pair[0] == lane)
-
-    def mark_all(self) -> None:
-        self.dirty.update(self.by_sku)
 
     def mark_due(self, now: float) -> None:
         """Time passed: the lists of gangs that have just become old enough are looked at."""

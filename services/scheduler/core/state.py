@@ -9,6 +9,8 @@ back to the buddy free lists as soon as none of that work holds it any more.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from services.scheduler.cluster.model import ClusterConfig
 from services.scheduler.core.buddy import shortfall
@@ -76,7 +78,14 @@ def _holds(leaf: Cell) -> bool:
 
 
 class ClusterState:
-    def __init__(self, config: ClusterConfig):
+    """The cells, the VCs' bindings and when cells last became more usable.
+
+    The pass number (`epoch`) and the freed-cell marks change only through the methods here
+    (note_freed, next_epoch, take_freed, note_reserve_shrank, note_room_in_unit); the core and
+    the planners read them.
+    """
+
+    def __init__(self, config: ClusterConfig, *, bind_anywhere: bool = False):
         self.config = config
         self.tree = CellTree(config)
         self.vcs: dict[str, VcRecord] = {}
@@ -119,33 +128,81 @@ class ClusterState:
                            if quota.chain is chain), default=len(chain.types) - 1)
             chain.split_freely = set(chain.types[:biggest + 1])
         # Binding may cut a cell out of any free bigger cell (see Chain.bindable), not only out of the
-        # smallest bigger one when no free cell of its type is left (SchedulerCore: bind_anywhere).
-        self.bind_anywhere = False
+        # smallest bigger one when no free cell of its type is left (SchedulingPolicy.bind_anywhere).
+        self.bind_anywhere = bind_anywhere
         # When cells last became more usable, by scheduling pass number (`epoch`): a job
         # that failed in a later pass cannot fit now unless cells it may use were freed since.
-        self.epoch = 0
-        self.freed_anywhere: dict[str, int] = {}  # sku -> epoch (what opportunistic jobs may use)
-        self.freed_unbound: dict[str, int] = {}  # sku -> epoch (cells no VC holds: what binding may take)
-        self.freed_in_vc: dict[tuple[str, str], int] = {}  # (vc, sku) -> epoch (inside the VC's cells)
+        self._epoch = 0
+        self._freed_anywhere: dict[str, int] = {}  # sku -> epoch (what opportunistic jobs may use)
+        self._freed_unbound: dict[str, int] = {}  # sku -> epoch (cells no VC holds: what binding may take)
+        self._freed_in_vc: dict[tuple[str, str], int] = {}  # (vc, sku) -> epoch (inside the VC's cells)
         self.unhealthy_leaves: dict[str, int] = {}  # sku -> leaves on unhealthy nodes
         # What was freed since the last pass, coarsely, to know which queues to look at:
         # ("vc", vc, sku), ("unbound", sku), ("any", sku).
-        self.freed_since_pass: set[tuple] = set()
+        self._freed_since_pass: set[tuple[str, ...]] = set()
         # While set, every unbinding is recorded here, so a tentative change can be undone exactly.
-        self.unbind_log: list[tuple[VcRecord, Quota, Cell]] | None = None
+        self._unbind_log: list[tuple[VcRecord, Quota, Cell]] | None = None
+
+    # --- passes and freed cells -----------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The current scheduling pass's number."""
+        return self._epoch
+
+    @property
+    def freed_anywhere(self) -> Mapping[str, int]:
+        return self._freed_anywhere
+
+    @property
+    def freed_unbound(self) -> Mapping[str, int]:
+        return self._freed_unbound
+
+    @property
+    def freed_in_vc(self) -> Mapping[tuple[str, str], int]:
+        return self._freed_in_vc
+
+    def next_epoch(self) -> int:
+        """A new pass (or the shape fallback's second walk of one) begins: its number."""
+        self._epoch += 1
+        return self._epoch
+
+    def take_freed(self) -> set[tuple[str, ...]]:
+        """What was freed since the last pass, coarsely, to know which queues to look at (and forget it):
+        ("vc", vc, sku), ("unbound", sku), ("any", sku)."""
+        freed, self._freed_since_pass = self._freed_since_pass, set()
+        return freed
+
+    def note_reserve_shrank(self, sku: str) -> None:
+        """The adaptive reserve gives back idle cells of the sku: for opportunistic work as if freed."""
+        self._freed_anywhere[sku] = self._epoch
+
+    def note_room_in_unit(self, unit: Cell) -> None:
+        """A VC keeps a newly bound cell with room left in it: for its other jobs as if cells were freed
+        in the VC."""
+        self._freed_in_vc[(unit.vc, unit.sku)] = self._epoch
+
+    @contextmanager
+    def unbinds_recorded(self) -> Iterator[list[tuple[VcRecord, Quota, Cell]]]:
+        """Record every unbinding while inside, so a tentative change can be undone exactly."""
+        self._unbind_log = log = []
+        try:
+            yield log
+        finally:
+            self._unbind_log = None
 
     def note_freed(self, leaf: Cell) -> None:
-        epoch = self.epoch
+        epoch = self._epoch
         sku = leaf.sku
-        self.freed_anywhere[sku] = epoch
-        self.freed_since_pass.add(("any", sku))
+        self._freed_anywhere[sku] = epoch
+        self._freed_since_pass.add(("any", sku))
         unit = leaf.unit
         if unit is None:
-            self.freed_unbound[sku] = epoch
-            self.freed_since_pass.add(("unbound", sku))
+            self._freed_unbound[sku] = epoch
+            self._freed_since_pass.add(("unbound", sku))
         else:
-            self.freed_in_vc[(unit.vc, sku)] = epoch
-            self.freed_since_pass.add(("vc", unit.vc, sku))
+            self._freed_in_vc[(unit.vc, sku)] = epoch
+            self._freed_since_pass.add(("vc", unit.vc, sku))
 
     def refresh(self, leaf: Cell) -> None:
         if refresh_leaf(leaf):
@@ -185,8 +242,8 @@ class ClusterState:
             if delta < 0:
                 # More of the VC's quota unused, even with no leaf freed (one on an unhealthy node): a job of
                 # the VC may now fit its quota in count, so bind or fall back (SchedulerCore.shape_fallback).
-                self.freed_in_vc[(unit.vc, unit.sku)] = self.epoch
-                self.freed_since_pass.add(("vc", unit.vc, unit.sku))
+                self._freed_in_vc[(unit.vc, unit.sku)] = self._epoch
+                self._freed_since_pass.add(("vc", unit.vc, unit.sku))
 
     def bind(self, vc: VcRecord, quota: Quota, cell: Cell, *, taken: bool = False) -> None:
         """Bind a free (or already taken by a tentative plan) cell to the VC's quota."""
@@ -202,12 +259,12 @@ class ClusterState:
             return
         vc = self.vcs[unit.vc]
         quota = vc.quotas[unit.quota_key]
-        if self.unbind_log is not None:
-            self.unbind_log.append((vc, quota, unit))
+        if self._unbind_log is not None:
+            self._unbind_log.append((vc, quota, unit))
         self.release_unit(vc, quota, unit)
-        self.freed_unbound[unit.sku] = self.epoch
-        self.freed_anywhere[unit.sku] = self.epoch
-        self.freed_since_pass.update({("unbound", unit.sku), ("any", unit.sku)})
+        self._freed_unbound[unit.sku] = self._epoch
+        self._freed_anywhere[unit.sku] = self._epoch
+        self._freed_since_pass.update({("unbound", unit.sku), ("any", unit.sku)})
 
     def release_unit(self, vc: VcRecord, quota: Quota, unit: Cell) -> None:
         """Give a VC cell back to the buddy free lists."""

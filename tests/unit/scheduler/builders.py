@@ -23,6 +23,7 @@ from services.scheduler.core import (
     Release,
     Restore,
     SchedulerCore,
+    SchedulingPolicy,
     Submit,
     Tick,
     Wait,
@@ -94,7 +95,7 @@ class Harness:
     def __init__(self, config: ClusterConfig | str, **options) -> None:
         self.config = cluster(config) if isinstance(config, str) else config
         self.clock = Clock()
-        self.core = SchedulerCore(self.config, clock=self.clock, **options)
+        self.core = SchedulerCore(self.config, clock=self.clock, policy=SchedulingPolicy(**options))
         self.attempts: dict[str, int] = {}
         self.placed: dict[str, list[TaskPlacement]] = {}
         self.log: list[Decision] = []

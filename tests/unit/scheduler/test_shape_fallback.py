@@ -1,4 +1,4 @@
-"""Shape fallback (`SchedulerCore(shape_fallback=...)`): a guaranteed job that fits its VC's unused
+"""Shape fallback (`SchedulingPolicy(shape_fallback=...)`): a guaranteed job that fits its VC's unused
 quota in count, but in no cell its VC holds (each holds some small job of the VC and the VC may
 bind no more), runs at once on idle cells outside the quota as borrowed work: opportunistic while
 it runs (preemptible, not counted in the quota), guaranteed again when it is queued once more.

@@ -21,7 +21,16 @@ delay, as the service's periodic Tick would.
 from __future__ import annotations
 
 from libs.common.protocol.model import OPPORTUNISTIC_PRIORITY, PRIORITY_CLASSES, JobSpec, Resources, TaskRole
-from services.scheduler.core import GANG_PRIORITY_AFTER_S, Place, Preempt, Release, SchedulerCore, Submit, Tick
+from services.scheduler.core import (
+    GANG_PRIORITY_AFTER_S,
+    Place,
+    Preempt,
+    Release,
+    SchedulerCore,
+    SchedulingPolicy,
+    Submit,
+    Tick,
+)
 from services.scheduler.sim.cluster import SimCluster
 from services.scheduler.sim.policies.base import GUARANTEED, OPPORTUNISTIC, Step
 from services.scheduler.sim.workload import SimJob
@@ -45,8 +54,8 @@ class CorePolicy:
         self._now = 0.0
         # `private` runs each VC on its own cells only: no guaranteed job falls back onto idle cells
         # outside its quota (the core's shape fallback), or it would not be the private-cluster baseline.
-        self.core = SchedulerCore(cluster.config, clock=lambda: self._now,
-                                  **({"shape_fallback": None} if priority_rule == "guaranteed" else {}))
+        policy = SchedulingPolicy(shape_fallback=None) if priority_rule == "guaranteed" else SchedulingPolicy()
+        self.core = SchedulerCore(cluster.config, clock=lambda: self._now, policy=policy)
         self._index_of: dict[str, int] = {}
         self._attempt: dict[int, int] = {}
         self._priority: dict[int, int] = {}
