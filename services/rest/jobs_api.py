@@ -110,11 +110,14 @@ class JobRow(msgspec.Struct, frozen=True, kw_only=True):
     tags: list[str] = []
 
 
-class JobPage(msgspec.Struct, frozen=True, kw_only=True):
+class JobPage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """GET /api/v2/jobs?withTotalCount=true (OpenPAI's paged shape)."""
 
     totalCount: int
     data: list[JobRow]
+    # PAI's addition, only when true: a keyword's count stopped at its cap, totalCount is a
+    # lower bound (history_query.KEYWORD_TOTAL_MAX).
+    totalCountCapped: bool = False
 
 
 class ClusterInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -859,10 +862,12 @@ def _order_rows(field: str, descending: bool) -> Any:
     return lambda rows: [row for _, row in order_jobs([(None, row) for row in rows], field, descending)]
 
 
-async def _list_from_history(engine: AsyncEngine, index: JobIndex, query: ListQuery) -> tuple[int, list[JobRow]]:
+async def _list_from_history(engine: AsyncEngine, index: JobIndex,
+                             query: ListQuery) -> tuple[int, list[JobRow], bool]:
     """The page from the history database, with the index's rows of jobs the database may
     not have as they are now laid over it (services/rest/history/overlay.py): a job just
-    submitted, or just changed, shows at its latest state; a job just deleted does not show."""
+    submitted, or just changed, shows at its latest state; a job just deleted does not show.
+    (total, page, whether the total is a lower bound: a keyword's count stops at a cap)."""
     keys = list(index.unsettled)
     overlaid = []
     for key in keys:
@@ -877,11 +882,11 @@ async def _list_from_history(engine: AsyncEngine, index: JobIndex, query: ListQu
         user=query.username, vc=query.vc, states=query.states, keyword=query.keyword, tags_any=query.tags_any,
         tags_none=query.tags_none, order_field=query.order_field, descending=query.descending, offset=start,
         limit=count)
-    total, rows = await history_query.list_jobs(engine, found, excluding={ids.job_id_from_key(k) for k in keys})
+    total, rows = await history_query.list_page(engine, found, excluding={ids.job_id_from_key(k) for k in keys})
     db_rows = [msgspec.convert(row, JobRow) for row in rows]
     page = overlay.page(db_rows, start, overlaid, query.offset, query.limit,
                         _order_rows(query.order_field, query.descending))
-    return (total or 0) + len(overlaid), page
+    return (total.n if total else 0) + len(overlaid), page, bool(total and total.capped)
 
 
 async def list_jobs(request: web.Request) -> web.Response:
@@ -890,8 +895,8 @@ async def list_jobs(request: web.Request) -> web.Response:
     engine = history_engine(request)
     if engine is not None and index is not None and index.ready and len(index.unsettled) <= MAX_OVERLAY:
         try:
-            total, page = await _list_from_history(engine, index, query)
-            return _list_response(query, total, page)
+            total, page, capped = await _list_from_history(engine, index, query)
+            return _list_response(query, total, page, capped=capped)
         except (SQLAlchemyError, OSError) as exc:  # the database away: the index answers
             log.warning("job list: the history database did not answer (%r); listing from the index", exc)
     if index is not None and index.ready:
@@ -910,10 +915,12 @@ async def list_jobs(request: web.Request) -> web.Response:
     return _list_response(query, total, page)
 
 
-def _list_response(query: ListQuery, total: int, page: list[JobRow]) -> web.Response:
+def _list_response(query: ListQuery, total: int, page: list[JobRow], *, capped: bool = False) -> web.Response:
     headers = {"X-Total-Count": str(total)}
+    if capped:  # at least this many match
+        headers["X-Total-Count-Capped"] = "true"
     if query.with_total:
-        return json_response(JobPage(totalCount=total, data=page), headers=headers)
+        return json_response(JobPage(totalCount=total, data=page, totalCountCapped=capped), headers=headers)
     return json_response(page, headers=headers)
 
 

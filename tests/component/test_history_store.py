@@ -298,7 +298,7 @@ async def _lists_agree(engine) -> None:
             assert (total, [r["debugId"] for r in rows]) == await _expected(engine, f, excluding), (case, excluding)
 
 
-async def test_the_list_indexes_and_counts_added_to_a_populated_database_answer_as_the_rows_do(engine):
+async def test_the_list_indexes_and_counts_added_to_a_populated_database_answer_as_the_rows_do(engine, monkeypatch):
     """A history written at revision 3, upgraded to 0004 (an index per list order; on SQLite
     the per-(user, vc, state) counts and the keyword trigram index, both filled in from the
     rows there and kept by triggers) and then to 0005 (on SQLite the per-(tag, user, vc,
@@ -349,6 +349,19 @@ async def test_the_list_indexes_and_counts_added_to_a_populated_database_answer_
     assert await store.replace_tags(engine, "carol~job05", '["x"]', ["z"])
     await _lists_agree(engine)
     assert (await query.list_jobs(engine, query.JobFilter(tags_any=frozenset({"x"}))))[0] == 2
+    # A keyword's count stops at its cap: the total is then a lower bound and says so.
+    cap = 4
+    monkeypatch.setattr(query, "KEYWORD_TOTAL_MAX", cap)
+    for f, excluding, capped in ((query.JobFilter(keyword="job", limit=3), set(), True),
+                                 (query.JobFilter(keyword="~JOB", vc="vc1"), {"bob~job01", "nobody~x"}, True),
+                                 (query.JobFilter(keyword="~job2", tags_none=frozenset({"x"})), {"carol~job20"}, True),
+                                 (query.JobFilter(keyword="job2", user="bob"), set(), False)):
+        total, rows = await query.list_page(engine, f, excluding=excluding)
+        matching, _ = await _expected(engine, f, set())
+        exact, expected_ids = await _expected(engine, f, excluding)
+        assert (matching >= cap) == capped and total.capped == capped, f
+        assert total.n == min(matching, cap) - (matching - exact) and total.n <= exact, f
+        assert [r["debugId"] for r in rows] == expected_ids, f
 
 
 async def test_sqlite_lists_walk_an_index_in_each_order_and_total_without_counting_every_job(tmp_path):

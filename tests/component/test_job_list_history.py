@@ -11,6 +11,7 @@ from libs.common import ids
 from libs.common.messages import JobState
 from services.rest import jobs_api
 from services.rest.history import projection, store
+from services.rest.history import query as history_query
 from services.rest.job_index import JobIndex, ScheduleBrief, StatusBrief
 from services.rest.records import SubmittedJob
 from tests.fixtures import history_events as ev
@@ -93,7 +94,8 @@ def _from_index(index: JobIndex, params: dict) -> tuple[int, list]:
 
 
 async def _from_history(engine, index: JobIndex, params: dict) -> tuple[int, list]:
-    total, page = await jobs_api._list_from_history(engine, index, jobs_api.parse_list_query(params))
+    total, page, capped = await jobs_api._list_from_history(engine, index, jobs_api.parse_list_query(params))
+    assert not capped  # fewer matches than a keyword's count stops at
     return total, msgspec.to_builtins(page)
 
 
@@ -124,3 +126,26 @@ async def test_rows_the_database_lacks_or_has_old_are_laid_over_its_page(engine,
     await jobs_api.settle_once(index, engine)
     assert len(index.unsettled) > N // 3
     assert await _from_history(engine, index, params) == _from_index(index, params)
+
+
+async def test_a_keyword_total_past_its_cap_is_a_lower_bound_and_the_answer_says_so(engine, monkeypatch):
+    """A keyword's count stops at KEYWORD_TOTAL_MAX matches (a keyword most ids hold would
+    count them all on every page): the total is then at least the count, pages are
+    still exact, and the answer says the total is capped; under the cap nothing says so."""
+    plans = [_plan(i) for i in range(N)]
+    index, events = _index_and_events(plans)
+    await _project(engine, events, plans)
+    await jobs_api.settle_once(index, engine)
+    monkeypatch.setattr(history_query, "KEYWORD_TOTAL_MAX", 5)
+    for params, exact in (({"keyword": "job", "limit": "4"}, N), ({"keyword": "BOB~", "offset": "3"}, N // 3),
+                          ({"keyword": "job", "username": "cy", "state": "WAITING"}, 4)):
+        query = jobs_api.parse_list_query(params)
+        total, page, capped = await jobs_api._list_from_history(engine, index, query)
+        want_total, want_page = _from_index(index, params)
+        assert want_total == exact and msgspec.to_builtins(page) == want_page
+        assert (total, capped) == ((5, True) if exact > 5 else (exact, False)), params
+        response = jobs_api._list_response(msgspec.structs.replace(query, with_total=True), total, page, capped=capped)
+        body = msgspec.json.decode(response.body)
+        assert response.headers["X-Total-Count"] == str(total) and body["totalCount"] == total
+        assert response.headers.get("X-Total-Count-Capped") == ("true" if capped else None)
+        assert body.get("totalCountCapped") == (True if capped else None)

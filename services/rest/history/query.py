@@ -136,23 +136,40 @@ def _keyword_alone(f: JobFilter) -> bool:
             and f.submitted_until is None)
 
 
-async def _total(connection: Any, f: JobFilter, excluding: list[str]) -> int:
+# A total with a keyword counts at most this many matches (SQLite and PostgreSQL): a
+# keyword that most ids hold (a user's name is in every id of theirs) would have every
+# page count all of them, and SQLite's trigram index reads each of its trigrams' whole
+# lists for that (tens of ms at a million jobs). Past it the total is a lower bound,
+# which the API says (jobs_api: X-Total-Count-Capped).
+KEYWORD_TOTAL_MAX = 1000
+
+
+class Total(msgspec.Struct, frozen=True):
+    n: int
+    capped: bool = False  # n is a lower bound: the count stopped at KEYWORD_TOTAL_MAX matches
+
+
+async def _total(connection: Any, f: JobFilter, excluding: list[str]) -> Total:
     """How many jobs match, but those in `excluding`: the count of every match less the
     left-out ones that match (looked up by id and matched here, so no row of the count
-    is tested against the left-out set)."""
-    total = await _count(connection, f)
+    is tested against the left-out set). A capped count less the left-out ones that
+    match is still a lower bound."""
+    cap = KEYWORD_TOTAL_MAX if f.keyword else None
+    total = await _count(connection, f, cap)
+    capped = cap is not None and total >= cap
     if excluding:
         total -= await _left_out_matching(connection, f, excluding)
-    return total
+    return Total(total, capped)
 
 
-async def _count(connection: Any, f: JobFilter) -> int:
-    """How many jobs match, reading as few rows as it can: job_counts for user/VC/state
-    and tag_counts for one tag with them (SQLite), the tag index for tags, the trigram
-    index for a keyword (alone, without reading the matches' rows); the rows matching
-    `none of these tags` are those without that filter less those having one of them."""
+async def _count(connection: Any, f: JobFilter, cap: int | None = None) -> int:
+    """How many jobs match (up to `cap`), reading as few rows as it can: job_counts for
+    user/VC/state and tag_counts for one tag with them (SQLite), the tag index for tags,
+    the trigram index for a keyword (alone, without reading the matches' rows); the rows
+    matching `none of these tags` are those without that filter less those having one
+    of them (not with a cap: a difference of two capped counts bounds nothing)."""
     dialect = connection.dialect.name
-    if f.tags_none and not f.tags_any:
+    if f.tags_none and not f.tags_any and cap is None:
         base = msgspec.structs.replace(f, tags_none=frozenset())
         return await _count(connection, base) - await _count(connection, msgspec.structs.replace(
             base, tags_any=f.tags_none))
@@ -166,19 +183,23 @@ async def _count(connection: Any, f: JobFilter) -> int:
         return int((await connection.execute(sa.select(sa.func.coalesce(sa.func.sum(table.c.n), 0))
                                              .where(*counted))).scalar_one())
     if dialect == "sqlite" and f.keyword is not None and _keyword_alone(f):
-        return int((await connection.execute(sa.text("SELECT count(*) FROM job_keywords WHERE job_keywords MATCH :p"),
-                                             {"p": _phrase(f.keyword)})).scalar_one())
-    return (await connection.execute(sa.select(sa.func.count()).select_from(jobs).where(
-        *_where(f, dialect, counting=True)))).scalar_one()
+        found = sa.select(_keyword_ids.c.id).where(sa.text("job_keywords MATCH :phrase")
+                                                   .bindparams(phrase=_phrase(f.keyword)))
+    else:
+        found = sa.select(jobs.c.id).where(*_where(f, dialect, counting=True))
+    if cap is not None:
+        found = found.limit(cap)
+    return int((await connection.execute(sa.select(sa.func.count()).select_from(found.subquery()))).scalar_one())
 
 
 # Walking the list's order with a row-by-row keyword test visits about (offset + limit) *
-# jobs / matches rows; reading the matches from the trigram index costs about this many
-# times more per match than the walk per row (benchmarks/history_scale.py, SQLite 3.40).
-WALK_COST_RATIO = 16
+# jobs / matches rows; reading the matches from the trigram index costs at least this many
+# times more per match than the walk per row (benchmarks/history_scale.py, SQLite 3.40): a
+# keyword's capped total (KEYWORD_TOTAL_MAX) walks the first page at a million jobs.
+WALK_COST_RATIO = 32
 
 
-async def _keyword_walks(connection: Any, f: JobFilter, matches: int) -> bool:
+async def _keyword_walks(connection: Any, f: JobFilter, total: Total) -> bool:
     """Whether a keyword page (SQLite) walks the list's order testing each id, rather
     than reading every match from the trigram index: when matches are so many that the
     page's rows come after few rows of the walk (a keyword whose trigrams most ids hold
@@ -189,7 +210,7 @@ async def _keyword_walks(connection: Any, f: JobFilter, matches: int) -> bool:
     if not _counted_by_table(others):
         return False
     jobs_in_order = await _count(connection, others)
-    return matches * matches * WALK_COST_RATIO >= (f.offset + f.limit) * jobs_in_order
+    return total.n * total.n * WALK_COST_RATIO >= (f.offset + f.limit) * jobs_in_order
 
 
 async def _left_out_matching(connection: Any, f: JobFilter, excluding: list[str]) -> int:
@@ -262,6 +283,14 @@ _LIST_COLUMNS = [jobs.c.id, jobs.c.name, jobs.c.user, jobs.c.state, jobs.c.stop_
 
 async def list_jobs(engine: AsyncEngine, f: JobFilter, *, with_total: bool = True,
                     excluding: frozenset[str] | set[str] = frozenset()) -> tuple[int | None, list[dict]]:
+    """(how many match, or None without `with_total`; the page): list_page's, the total
+    a lower bound where a keyword's count was capped."""
+    total, rows = await list_page(engine, f, with_total=with_total, excluding=excluding)
+    return (None if total is None else total.n), rows
+
+
+async def list_page(engine: AsyncEngine, f: JobFilter, *, with_total: bool = True,
+                    excluding: frozenset[str] | set[str] = frozenset()) -> tuple[Total | None, list[dict]]:
     """(how many match, or None without `with_total`; the page) in one read transaction.
     `excluding`: job ids left out (rest overlays its own newer rows of them)."""
     left_out = sorted(excluding)

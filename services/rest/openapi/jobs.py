@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.rest import jobs_api
+from services.rest.history import query as history_query
 from services.rest.openapi.common import (
     ERROR_SCHEMA,
     json_content,
@@ -188,9 +189,13 @@ PATHS: dict[str, Any] = {
         "get": operation(
             "List jobs", tags=_JOBS, fails=(400,), params=_LIST_PARAMS,
             description="Every user sees every job's row. The number of rows matching the filters is in the "
-                        "`X-Total-Count` header (and in the body with withTotalCount=true).",
+                        "`X-Total-Count` header (and in the body with withTotalCount=true). With a keyword the "
+                        "count stops at " + f"{history_query.KEYWORD_TOTAL_MAX:,}" + " matches from the history "
+                        "database: then `X-Total-Count-Capped: true` (and totalCountCapped in the body) says the "
+                        "total is a lower bound.",
             ok={"200": {"description": "the page asked for",
-                        "headers": {"X-Total-Count": {"schema": {"type": "integer"}}},
+                        "headers": {"X-Total-Count": {"schema": {"type": "integer"}},
+                                    "X-Total-Count-Capped": {"schema": {"type": "string", "enum": ["true"]}}},
                         "content": json_content({"oneOf": [{"type": "array", "items": ref("JobRow")},
                                                            ref("JobPage")]})}}),
     },

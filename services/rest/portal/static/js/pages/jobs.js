@@ -102,11 +102,14 @@ export async function render(main, { params, go }) {
     draw();
     const first = page.totalCount ? q.offset + 1 : 0;
     const last = q.offset + rows.length;
-    status.textContent = `${first}–${last} of ${page.totalCount.toLocaleString()} jobs`;
+    // A keyword's total may be a lower bound (totalCountCapped): "at least", and a full page has a next one.
+    const more = page.totalCountCapped ? "+" : "";
+    const total = Math.max(page.totalCount, last);
+    status.textContent = `${first}–${last} of ${total.toLocaleString()}${more} jobs`;
     clear(pager,
       h("button", { type: "button", disabled: q.offset === 0, onclick: () => navigate({ offset: Math.max(0, q.offset - PAGE_SIZE) }) }, "‹ Previous"),
-      h("span", {}, `Page ${Math.floor(q.offset / PAGE_SIZE) + 1} of ${Math.max(1, Math.ceil(page.totalCount / PAGE_SIZE))}`),
-      h("button", { type: "button", disabled: last >= page.totalCount, onclick: () => navigate({ offset: q.offset + PAGE_SIZE }) }, "Next ›"));
+      h("span", {}, `Page ${Math.floor(q.offset / PAGE_SIZE) + 1} of ${Math.max(1, Math.ceil(total / PAGE_SIZE))}${more}`),
+      h("button", { type: "button", disabled: page.totalCountCapped ? rows.length < PAGE_SIZE : last >= total, onclick: () => navigate({ offset: q.offset + PAGE_SIZE }) }, "Next ›"));
   }
 
   async function bulkStop() {
