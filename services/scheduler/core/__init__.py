@@ -8,10 +8,28 @@
     core.vc_status()                         # per VC and sku: guaranteed/used/total cells, queue
     core.restore_warnings                    # what Restore could not bring back exactly
 
-See `scheduler.py` for the policy (queues, anti-starvation, preemption) and
-`cells.py` for buddy allocation and VC safety, `lifecycle.py` for the states of an
-attempt. The core reads a `ClusterConfig` but never the file: loading is
+The core reads a `ClusterConfig` but never the file: loading is
 `services.scheduler.cluster`'s job, and nothing here imports the loader or YAML.
+
+Where things are:
+
+    policy.py      SchedulingPolicy: every switch of the policy, frozen; the rules in words
+    scheduler.py   SchedulerCore: events in, decisions out; the core's books; committing a plan
+    passes.py      SchedulingPass: one pass over the dirty queue lists (an object per pass)
+    placing.py     PlacementMode and one planner per mode; Placed / Reserved outcomes
+    rules.py       small rules about one attempt (budget, large borrower, fallback kind, bucket)
+    borrowers.py   opportunistic work by age; the adaptive idle reserve
+    waits.py       reasons, Wait and Announce, decisions given again after NotSent
+    queues.py      queue order, lanes, sku lists and buckets; fairness.py: fair share in a VC
+    jobs.py        JobRecord (spec, lifecycle, cells) with QueueNotes (the queue's bookkeeping)
+                   and Told (what the shell was told); lifecycle.py: the states of an attempt
+    state.py       ClusterState: VC quotas, bindings, every leaf change, freed-cell marks
+    cells.py, buddy.py, planner.py, search.py, preemption.py: cells and how tasks fit them
+    demand.py, eligibility.py, restore.py, truth.py, status.py, invariants.py, reasons.py
+
+To change one placement rule: edit its planner in placing.py (the order modes are tried
+in is `modes_for`) and its table in tests/unit/scheduler/test_planners.py; to add a switch,
+add a field to SchedulingPolicy and read it where the rule is applied.
 """
 
 from services.scheduler.cluster.model import ClusterConfig

@@ -105,14 +105,14 @@ class FairShare:
 
     @staticmethod
     def _order(record: JobRecord) -> tuple[int, int]:
-        return (-record.priority, record.order)
+        return (-record.priority, record.queue.order)
 
     # --- what the core tells -------------------------------------------------------------
 
     def queued(self, record: JobRecord) -> None:
         """The attempt joins its VC's lane: its tag is set before the queue files it."""
         if not self.tracks(record):
-            record.fair = 0
+            record.queue.fair = 0
             return
         key = (record.vc, record.spec.user)
         user = self._user(key)
@@ -121,12 +121,12 @@ class FairShare:
         order = self._order(record)
         if key not in self._dirty and (user.last is None or order > user.last):
             # Joins behind every job of theirs (the usual case): the tags ahead stand.
-            demand = record.fair_demand = self._demand(record)
-            record.fair = self.share(record.vc, user.tail)
+            demand = record.queue.fair_demand = self._demand(record)
+            record.queue.fair = self.share(record.vc, user.tail)
             _add(user.tail, demand)
             user.last = order
         else:
-            record.fair = 0  # set right by the next refresh, before any pass walks the queue
+            record.queue.fair = 0  # set right by the next refresh, before any pass walks the queue
             self._dirty[key] = None
 
     def dequeued(self, record: JobRecord) -> None:
@@ -155,7 +155,7 @@ class FairShare:
         # Its user's later tags counted all it asked for, on the sku where that weighed least: placed in
         # part, or on another sku, or never counted (restored), their share moved; and placed before
         # their jobs ahead of it (it fitted, they did not), its cells count for those now.
-        if got != record.fair_demand or record not in self._where or any(
+        if got != record.queue.fair_demand or record not in self._where or any(
                 self._order(other) < self._order(record) for other in user.queued):
             self._dirty[key] = None
 
@@ -194,9 +194,9 @@ class FairShare:
         for record in records:
             tag = self.share(vc, tail)
             demand = self._demand(record)
-            record.fair_demand = demand
+            record.queue.fair_demand = demand
             _add(tail, demand)
-            if tag != record.fair:
+            if tag != record.queue.fair:
                 self._reorder(record, tag)
         user.tail = tail
         user.last = self._order(records[-1]) if records else None

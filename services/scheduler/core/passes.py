@@ -156,7 +156,7 @@ class SchedulingPass:
         """
         epoch = self.state.epoch
         blockers = lane_pass.blockers
-        for gone in [b for b in blockers if not (b.blocking and b.waiting)]:  # placed from another list
+        for gone in [b for b in blockers if not (b.queue.blocking and b.waiting)]:  # placed from another list
             blockers.remove(gone)
             lane_pass.blocking_ids.discard(gone.id)
         lane, sku = pair
@@ -180,7 +180,7 @@ class SchedulingPass:
             if bucket[0] == "never" or (only is not None and bucket not in only):
                 continue  # they only need a reason, given once
             if free is not None and self._bucket_cells(pair, bucket, head) > free and (
-                    head.blocking or head.gang_deadline > lane_pass.now):
+                    head.queue.blocking or head.queue.gang_deadline > lane_pass.now):
                 gang = next_due(pair, bucket, None) if only is None else None
                 if gang is not None:
                     heap.append((gang.key, next(count), bucket, gang))
@@ -202,7 +202,7 @@ class SchedulingPass:
                 record = members[index]
             else:
                 record = entry
-                if record.seen_epoch == epoch or not (record.due or bucket_key is None):
+                if record.queue.seen_epoch == epoch or not (record.queue.due or bucket_key is None):
                     if bucket_key is not None:  # a gang seen from another list, or no longer due: the next one
                         gang = next_due(pair, bucket_key, record.key)
                         if gang is not None:
@@ -214,14 +214,14 @@ class SchedulingPass:
                 # No cell this list may use is left: nobody further down can be placed in this pass.
                 break
             goes_on = self._visit(record, sku, lane_pass)
-            if record.id in lane_pass.blocking_ids and not (record.blocking and record.waiting):
+            if record.id in lane_pass.blocking_ids and not (record.queue.blocking and record.waiting):
                 # An aged gang placed (or gone) in this pass no longer holds anyone back.
                 lane_pass.blocking_ids.discard(record.id)
                 blockers.remove(record)
                 if lane_pass.cut_off_by is None:
                     held_back_after = min((b.key for b in blockers if sku in b.skus_set),
                                           default=None) if vc_lane else None
-            elif record.blocking and record.waiting and sku in record.skus_set and vc_lane:
+            elif record.queue.blocking and record.waiting and sku in record.skus_set and vc_lane:
                 held_back_after = record.key if held_back_after is None else min(held_back_after, record.key)
             if members is not None and goes_on:
                 assert bucket_key is not None
@@ -230,8 +230,8 @@ class SchedulingPass:
                 cursor[bucket_key] = index
                 if index < len(members):
                     heapq.heappush(heap, (members[index].key, next(count), bucket_key, None))
-            elif bucket_key is not None and only is None and not (record.blocking and record.waiting) and (
-                    record.behind is None or record.behind not in lane_pass.blocking_ids):
+            elif bucket_key is not None and only is None and not (record.queue.blocking and record.waiting) and (
+                    record.queue.behind is None or record.queue.behind not in lane_pass.blocking_ids):
                 # The bucket is left here (or this gang did not age): the later jobs of the bucket would
                 # not fit, but a gang among them old enough to hold back backfill must still be looked
                 # at where it stands in the queue, or the jobs behind it would go ahead of it. (Not
@@ -246,15 +246,15 @@ class SchedulingPass:
         """Look at one job in a pass; False when the jobs behind it in its bucket cannot fit in this pass."""
         core, decisions = self.core, self.decisions
         epoch = self.state.epoch
-        if record.seen_epoch == epoch:
+        if record.queue.seen_epoch == epoch:
             # Already looked at from another sku list in this pass and still queued: it did not fit there.
             return bool(record.victims)
-        record.seen_epoch = epoch
+        record.queue.seen_epoch = epoch
         self.queues.looked_at(record)
         if record.preempting or not record.waiting or core._jobs.get(record.id) is not record:
             return True  # a preempted job is queued again by its Release
         if record.never is not None:
-            if record.reason_key is None:
+            if record.queue.reason_key is None:
                 core._waits.set_reason(record, reasons.never(record.never), decisions)
             return True
         now = lane_pass.now
@@ -264,7 +264,7 @@ class SchedulingPass:
             return False
         blockers = lane_pass.blockers
         if blockers and not record.victims and not record.reserved:
-            if record.behind in lane_pass.blocking_ids:
+            if record.queue.behind in lane_pass.blocking_ids:
                 return False  # still behind the same gang
             blocker = _blocked_by(record, blockers)
             if blocker is not None:
@@ -282,7 +282,7 @@ class SchedulingPass:
             self._age(record, now, lane_pass)
             return False
         core._try_place(record, decisions, falling_back=self.falling_back)
-        failed = record.waiting and record.failed_epoch == epoch and not record.victims
+        failed = record.waiting and record.queue.failed_epoch == epoch and not record.victims
         tree, config = self.state.tree, self.state.config
         if shape is not None and failed and not kept_unheld(self.policy, config, tree, record) and (
                 not self.falling_back or fallback_kind(self.policy, record) == self.policy.shape_fallback):
@@ -294,11 +294,11 @@ class SchedulingPass:
         return not failed
 
     def _note_behind(self, record: JobRecord, blocker: JobRecord) -> None:
-        if record.behind != blocker.id:
-            record.behind = blocker.id
+        if record.queue.behind != blocker.id:
+            record.queue.behind = blocker.id
             self.core._waits.set_reason(record, reasons.behind_gang(
                 blocker.id, None if blocker.opportunistic else blocker.vc, blocker.queued_at,
-                blocker.blocking, self.core._clock), self.decisions)
+                blocker.queue.blocking, self.core._clock), self.decisions)
 
     def _holding_reservations(self, pair: Pair) -> list[JobRecord]:
         """Queued jobs of the list whose victims are gone, to take their reserved cells (few).
@@ -368,14 +368,14 @@ class SchedulingPass:
         epoch = self.state.epoch
         blockers = lane_pass.blockers
         for record in list(self.queues.fresh.get(pair, ())):
-            if record.seen_epoch == epoch:
+            if record.queue.seen_epoch == epoch:
                 continue
-            record.seen_epoch = epoch
+            record.queue.seen_epoch = epoch
             self.queues.looked_at(record)
             if record.preempting or not record.waiting or core._jobs.get(record.id) is not record:
                 continue
             if record.never is not None:
-                if record.reason_key is None:
+                if record.queue.reason_key is None:
                     core._waits.set_reason(record, reasons.never(record.never), decisions)
                 continue
             blocker = _blocked_by(record, blockers) if blockers else None
@@ -389,18 +389,22 @@ class SchedulingPass:
 
     def _age(self, record: JobRecord, now: float, lane_pass: LanePass) -> None:
         """A gang that waited long enough for cells stops the backfill behind it."""
-        if record.blocking == 0 and now >= record.gang_deadline and record.failed_epoch >= 0 \
-                and record.waiting and record.reason_key is not None and record.reason_key[0] in ("vc", "idle"):
-            record.blocking = record.reason_key[-1]
+        notes = record.queue
+        reason = notes.reason_key
+        if notes.blocking == 0 and now >= notes.gang_deadline and notes.failed_epoch >= 0 \
+                and record.waiting and reason is not None and reason[0] in ("vc", "idle"):
+            cells = reason[-1]
+            assert isinstance(cells, int)
+            notes.blocking = cells
             self.core._blocking.setdefault(self.queues.lane_of(record), {})[record] = None
             self.queues.not_due(record)
-        if record.blocking and record.waiting and record.id not in lane_pass.blocking_ids:
+        if notes.blocking and record.waiting and record.id not in lane_pass.blocking_ids:
             lane_pass.blockers.append(record)
             lane_pass.blocking_ids.add(record.id)
 
     def _may_fit_now(self, record: JobRecord) -> bool:
         """False when nothing the job may use was freed since it last failed to fit (it would fail again)."""
-        failed = record.failed_epoch
+        failed = record.queue.failed_epoch
         if failed < 0 or record.victims or record.reserved:
             return True
         if self.falling_back and failed == self.failed_before_fallback and fallback_kind(self.policy, record):

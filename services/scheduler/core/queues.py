@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
+
 from services.scheduler.core.jobs import JobRecord
 
 Lane = str | None
@@ -60,15 +61,15 @@ class Queues:
 
     def add(self, record: JobRecord) -> None:
         lane = self.lane_of(record)
-        record.fresh = True
-        if record.gang_deadline != float("inf"):
+        record.queue.fresh = True
+        if record.queue.gang_deadline != float("inf"):
             self._pushed += 1
-            heapq.heappush(self._deadlines, (record.gang_deadline, self._pushed, record))
-            heapq.heappush(self._due_at, (record.gang_deadline, self._pushed, record))
+            heapq.heappush(self._deadlines, (record.queue.gang_deadline, self._pushed, record))
+            heapq.heappush(self._due_at, (record.queue.gang_deadline, self._pushed, record))
         _insert(self.lanes.setdefault(lane, []), record)
         for sku in self._skus_of(record):
             _insert(self.by_sku.setdefault((lane, sku), []), record)
-            _insert(self.buckets.setdefault((lane, sku), {}).setdefault(record.bucket, []), record)
+            _insert(self.buckets.setdefault((lane, sku), {}).setdefault(record.queue.bucket, []), record)
             self.fresh.setdefault((lane, sku), {})[record] = None
             self.dirty.add((lane, sku))
 
@@ -79,10 +80,10 @@ class Queues:
         for sku in self._skus_of(record):
             _remove(self.by_sku.get((lane, sku)), record)
             buckets = self.buckets.get((lane, sku), {})
-            bucket = buckets.get(record.bucket)
+            bucket = buckets.get(record.queue.bucket)
             _remove(bucket, record)
             if bucket is not None and not bucket:
-                del buckets[record.bucket]
+                del buckets[record.queue.bucket]
             self.fresh.get((lane, sku), {}).pop(record, None)
         self.not_due(record)
         return True
@@ -91,15 +92,15 @@ class Queues:
         """Give a queued job a new fair tag (fairness.py): it moves in every list it is in, keeping its notes."""
         lane = self.lane_of(record)
         pairs = [(lane, sku) for sku in self._skus_of(record)]
-        due = record.due
+        due = record.queue.due
         lists = [self.lanes.get(lane)]
         for pair in pairs:
             lists.append(self.by_sku.get(pair))
-            lists.append(self.buckets.get(pair, {}).get(record.bucket))
+            lists.append(self.buckets.get(pair, {}).get(record.queue.bucket))
             if due:
-                lists.append(self.due.get(pair, {}).get(record.bucket))
+                lists.append(self.due.get(pair, {}).get(record.queue.bucket))
         found = [queue for queue in lists if _remove(queue, record)]
-        record.fair = fair
+        record.queue.fair = fair
         for queue in found:
             _insert(queue, record)
         # Its place changed: its lists are looked at again. A job noted waiting behind an aged gang keeps
@@ -111,25 +112,25 @@ class Queues:
         due_at = self._due_at
         while due_at and due_at[0][0] <= now:
             _, _, record = heapq.heappop(due_at)
-            if record.due or record.blocking or not self._queued(record) or not may_age(record):
+            if record.queue.due or record.queue.blocking or not self._queued(record) or not may_age(record):
                 continue
-            record.due = True
+            record.queue.due = True
             lane = self.lane_of(record)
             for sku in self._skus_of(record):
-                _insert(self.due.setdefault((lane, sku), {}).setdefault(record.bucket, []), record)
+                _insert(self.due.setdefault((lane, sku), {}).setdefault(record.queue.bucket, []), record)
 
     def not_due(self, record: JobRecord) -> None:
         """The gang holds back backfill now, or left the queue."""
-        if not record.due:
+        if not record.queue.due:
             return
-        record.due = False
+        record.queue.due = False
         lane = self.lane_of(record)
         for sku in self._skus_of(record):
             buckets = self.due.get((lane, sku), {})
-            gangs = buckets.get(record.bucket)
+            gangs = buckets.get(record.queue.bucket)
             _remove(gangs, record)
             if gangs is not None and not gangs:
-                del buckets[record.bucket]
+                del buckets[record.queue.bucket]
 
     def next_due(self, pair: Pair, bucket: tuple, after: tuple[int, int, int] | None) -> JobRecord | None:
         """The bucket's first gang in `due` after the queue position `after` (None: from the start)."""
@@ -140,15 +141,15 @@ class Queues:
         return gangs[index] if index < len(gangs) else None
 
     def looked_at(self, record: JobRecord) -> None:
-        if not record.fresh:
+        if not record.queue.fresh:
             return
-        record.fresh = False
+        record.queue.fresh = False
         lane = self.lane_of(record)
         for sku in self._skus_of(record):
             self.fresh.get((lane, sku), {}).pop(record, None)
 
     def look_again(self, record: JobRecord) -> None:
-        record.fresh = True
+        record.queue.fresh = True
         lane = self.lane_of(record)
         for sku in self._skus_of(record):
             self.fresh.setdefault((lane, sku), {})[record] = None

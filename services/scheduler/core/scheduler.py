@@ -143,23 +143,23 @@ class SchedulerCore:
 
     def waiting_reason(self, job: str) -> str | None:
         record = self._jobs.get(job)
-        if record is None or not record.waiting or record.reason_text is None:
+        if record is None or not record.waiting or record.queue.reason_text is None:
             return None
-        return record.reason_text(self._queues.position(record))
+        return record.queue.reason_text(self._queues.position(record))
 
     def entry(self, job: str) -> ScheduleEntry | None:
         """What is recorded about the job's current attempt (pai_schedule); None: nothing."""
         record = self._jobs.get(job)
         if record is None:
             return None
-        placed = bool(record.sent)
+        placed = bool(record.told.sent)
         return ScheduleEntry(
             job=record.id,
             attempt=record.attempt,
             vc=record.vc,
             placed=placed,
             reason="" if placed else (self.waiting_reason(job) or "queued"),
-            tasks=list(record.sent.values()),
+            tasks=list(record.told.sent.values()),
             updatedAt=self._clock(),
             spec=record.spec,
             queuedAt=record.submitted_at,
@@ -187,8 +187,8 @@ class SchedulerCore:
             queued = [record for queue in self._queues.lanes.values() for record in queue]
             expected = self._fair.expected_tags(queued, self._jobs.values())
             for record in queued:
-                if record.fair != expected.get(record, 0):
-                    raise AssertionError(f"{record} has fair tag {record.fair}, its user's share says "
+                if record.queue.fair != expected.get(record, 0):
+                    raise AssertionError(f"{record} has fair tag {record.queue.fair}, its user's share says "
                                          f"{expected.get(record, 0)}")
 
     # --- events ------------------------------------------------------------------------------
@@ -206,13 +206,13 @@ class SchedulerCore:
                 sku for group in record.groups for sku in candidate_skus(self._state, record, vc, group)))
             record.skus_set = frozenset(record.skus)
         if record.spec.gangAllocation and any(len(group.tasks) > 1 for group in record.groups):
-            record.gang_deadline = record.queued_at + self.policy.gang_priority_after_s
+            record.queue.gang_deadline = record.queued_at + self.policy.gang_priority_after_s
         record.shape = shape_of(record)
         self._waits.queued(record)
         return record
 
     def _enqueue(self, record: JobRecord) -> None:
-        record.bucket = bucket_of(self.policy, record)
+        record.queue.bucket = bucket_of(self.policy, record)
         if self._fair is not None:
             self._fair.queued(record)
         self._queues.add(record)
@@ -271,7 +271,7 @@ class SchedulerCore:
                 # before every job that arrived while it ran and has never run. At the back it waits as a
                 # new arrival would (FIFO from its preemption: no starvation). The place lives in the
                 # core's memory only, as the preemption count does. Figures: the cluster README.
-                again.order = self._next_seq
+                again.queue.order = self._next_seq
                 self._next_seq += 1
             self._jobs[record.id] = again
             self._enqueue(again)
@@ -349,15 +349,15 @@ class SchedulerCore:
 
     def _stop_blocking(self, record: JobRecord) -> None:
         """The jobs held back behind this gang are looked at again."""
-        if not record.blocking:
+        if not record.queue.blocking:
             return
-        record.blocking = 0
+        record.queue.blocking = 0
         lane = self._queues.lane_of(record)
         self._blocking.get(lane, {}).pop(record, None)
         for other in self._queues.lanes.get(lane, ()):
-            if other.behind == record.id:
-                other.behind = None
-                other.failed_epoch = -1
+            if other.queue.behind == record.id:
+                other.queue.behind = None
+                other.queue.failed_epoch = -1
                 self._queues.look_again(other)
 
     def _restore(self, event: Restore) -> None:
@@ -373,7 +373,7 @@ class SchedulerCore:
         record.placed_at = float("-inf")
         self._jobs[event.job] = record
         self.restore_warnings.extend(restore_attempt(self._state, record, event.tasks, borrowed=event.borrowed))
-        record.sent = {(t.role, t.index): t for t in event.tasks if (t.role, t.index) in record.placed}
+        record.told.sent = {(t.role, t.index): t for t in event.tasks if (t.role, t.index) in record.placed}
         if record.placed:
             self._note_holding(record)
         if record.pending_groups:
@@ -431,12 +431,12 @@ class SchedulerCore:
             if record.placed_at is None:
                 record.placed_at = self._clock()
             self._note_holding(record)
-            record.sent.update(((p.role, p.index), p) for p in placements)
+            record.told.sent.update(((p.role, p.index), p) for p in placements)
             decisions.append(Place(job=record.id, attempt=record.attempt, vc=record.vc, tasks=placements,
                                    partial=bool(record.pending_groups)))
         if not record.pending_groups:
-            record.reason_text = None
-            record.reason_key = None
+            record.queue.reason_text = None
+            record.queue.reason_key = None
             self._stop_blocking(record)
             self._dequeue(record)
         _settle(record, reasons.BORROWED.format(vc=record.vc) if record.borrowed and placements else None)
@@ -464,7 +464,7 @@ class SchedulerCore:
             return False
         if not any(quota_free(record, vc, sku) >= self._cells_for(tasks, sku) for sku in record.skus):
             return False
-        self._fallback_buckets.update(dict.fromkeys(((record.vc, sku), record.bucket) for sku in record.skus))
+        self._fallback_buckets.update(dict.fromkeys(((record.vc, sku), record.queue.bucket) for sku in record.skus))
         return True
 
     def _commit(self, record: JobRecord, vc: VcRecord, choice: Choice, decisions: list[Decision]) -> Placed | Reserved:

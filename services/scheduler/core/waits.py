@@ -45,18 +45,18 @@ class Waits:
     def fail(self, record: JobRecord, group: GroupDemand, tasks: list[TaskDemand], decisions: list[Decision]) -> None:
         """The tasks did not fit in this pass: the job's reason says what it waits for."""
         state = self._state
-        record.failed_epoch = state.epoch
+        record.queue.failed_epoch = state.epoch
         vc = state.vcs[record.vc]
         skus = candidate_skus(state, record, vc, group)
         cells = cells_for(state.config, tasks, skus[0])
         if over_budget(self._policy, record):
             key: tuple[object, ...] = ("unheld", tuple(skus), cells)
-            if key != record.reason_key or record.reason_text is None:
+            if key != record.queue.reason_key or record.queue.reason_text is None:
                 self.set_reason(record, reasons.unheld_only(cells, skus, record.preemptions, self._idle_counts(skus)),
                                 decisions)
             return
         key = ("idle", tuple(skus), cells) if record.opportunistic else ("vc", vc.name, tuple(skus), cells)
-        if key != record.reason_key or record.reason_text is None:
+        if key != record.queue.reason_key or record.queue.reason_text is None:
             if record.opportunistic and large_borrower(self._policy, state.tree, skus[0],
                                                        max(cells_for(state.config, [t], skus[0]) for t in tasks)):
                 reason = reasons.unheld_large(cells, skus, self._idle_counts(skus))
@@ -77,23 +77,23 @@ class Waits:
 
     def set_reason(self, record: JobRecord, reason: reasons.Reason, decisions: list[Decision]) -> None:
         key, text = reason
-        record.reason_text = text
+        record.queue.reason_text = text
         if key[0] != "behind":
-            record.behind = None
-        if key != record.reason_key:
-            record.reason_key = key
+            record.queue.behind = None
+        if key != record.queue.reason_key:
+            record.queue.reason_key = key
             decisions.append(self.wait(record))
 
     def wait(self, record: JobRecord) -> Wait:
         """The Wait to give now; it also announces the wait of an attempt not yet placed that has
         waited long enough and was not announced (else announcements_due does, when it has)."""
-        assert record.reason_text is not None
-        reason = record.reason_text(self._queues.position(record))
+        assert record.queue.reason_text is not None
+        reason = record.queue.reason_text(self._queues.position(record))
         now = self._clock()
-        first = not record.wait_given and not record.sent and now - record.queued_at >= self._announce_after
-        record.wait_given = record.wait_given or first
-        record.reason_given = reason
-        record.reason_given_at = now
+        first = not record.told.wait_given and not record.told.sent and now - record.queued_at >= self._announce_after
+        record.told.wait_given = record.told.wait_given or first
+        record.told.reason_given = reason
+        record.told.reason_given_at = now
         return Wait(job=record.id, attempt=record.attempt, vc=record.vc, reason=reason, first=first)
 
     def announcements_due(self) -> list[Decision]:
@@ -105,10 +105,10 @@ class Waits:
         while self._unannounced and self._unannounced[0][0] <= due:
             _, job, attempt = self._unannounced.popleft()
             record = self._jobs.get(job)
-            if (record is None or record.attempt != attempt or record.wait_given or record.sent
-                    or not record.waiting or record.reason_given_at == float("-inf")):
+            if (record is None or record.attempt != attempt or record.told.wait_given or record.told.sent
+                    or not record.waiting or record.told.reason_given_at == float("-inf")):
                 continue
-            record.wait_given = True
+            record.told.wait_given = True
             announcements.append(_announce(record))
         return announcements
 
@@ -117,9 +117,10 @@ class Waits:
         waits: list[Decision] = []
         given_before = self._clock() - older_than
         for record in self._jobs.values():
-            if record.sent or not record.waiting or record.reason_text is None or record.reason_given_at > given_before:
+            text, told = record.queue.reason_text, record.told
+            if told.sent or not record.waiting or text is None or told.reason_given_at > given_before:
                 continue
-            if record.reason_text(self._queues.position(record)) != record.reason_given:
+            if text(self._queues.position(record)) != told.reason_given:
                 waits.append(self.wait(record))
         return waits
 
@@ -131,19 +132,19 @@ class Waits:
             if record is None or record.attempt != decision.attempt:
                 continue  # released meanwhile: nothing left to say
             match decision:
-                case Place() if record.sent:
+                case Place() if record.told.sent:
                     decisions.append(Place(job=job, attempt=record.attempt, vc=record.vc,
-                                           tasks=list(record.sent.values()), partial=bool(record.pending_groups)))
+                                           tasks=list(record.told.sent.values()), partial=bool(record.pending_groups)))
                 case Preempt() if record.preempting:
                     decisions.append(decision)
-                case Wait() if not record.sent and record.reason_text is not None:
-                    record.wait_given = record.wait_given and not decision.first
+                case Wait() if not record.told.sent and record.queue.reason_text is not None:
+                    record.told.wait_given = record.told.wait_given and not decision.first
                     decisions.append(self.wait(record))
-                case Announce() if not record.sent and record.waiting:
+                case Announce() if not record.told.sent and record.waiting:
                     decisions.append(_announce(record))
         self.not_sent.clear()
         return decisions
 
 
 def _announce(record: JobRecord) -> Announce:
-    return Announce(job=record.id, attempt=record.attempt, vc=record.vc, reason=record.reason_given)
+    return Announce(job=record.id, attempt=record.attempt, vc=record.vc, reason=record.told.reason_given)
