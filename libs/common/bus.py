@@ -1,7 +1,7 @@
 """The JetStream bus: connection, idempotent bootstrap, deduplicated publish and a
 durable pull consumer implementing PAI's ack rules.
 
-Ack rules (DESIGN.md):
+Ack rules (docs/architecture.md, "The bus"):
 - a handler returns normally        -> ack (its effect is durable by then);
 - it raises `errors.BadInput`, or the message does not decode -> term, reason logged;
 - it raises `errors.Transient` or a NATS timeout -> nak with a growing delay;
@@ -1182,7 +1182,7 @@ async def read_pages(kv: KeyValue, *, prefix: str = "", headers_only: bool = Fal
     reads it, one page per request. A key written while the read goes on comes
     again later in it, at its newer value: a reader keeps the last it saw.
 
-    Read only from a store that is ready (DESIGN.md, State and recovery): the
+    Read only from a store that is ready (docs/architecture.md, "State and recovery"): the
     stream must answer, and a consumer made on it must find as many entries as
     the stream said it holds; an empty or short answer of a JetStream still
     recovering is retried, never taken for "nothing to restore". A read that

@@ -1,11 +1,12 @@
 """Who may do what on the NATS bus: PAI's one permission table, and the credentials
 and nats-server configuration made from it.
 
-Every process on the bus logs in as a NATS user (DESIGN.md, Security):
+Every process on the bus logs in as a NATS user (docs/architecture.md, "Security"):
 
-- each service as itself, allowed exactly what the ownership table of DESIGN.md gives
-  it: publish the event kinds it owns, consume with its own durable, write its own
-  KV buckets, read the buckets it reads, serve or ask its RPC subjects;
+- each service as itself, allowed exactly what the ownership table of
+  docs/architecture.md ("Services") gives it: publish the event kinds it owns,
+  consume with its own durable, write its own KV buckets, read the buckets it
+  reads, serve or ask its RPC subjects;
 - `integrator`: the event stream, read-only (live subscriptions and reads by
   sequence); no publish, no consumers, no KV;
 - `platform`: everything. Only the bootstrap uses it (`pai up`, the chart's

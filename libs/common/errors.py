@@ -1,4 +1,4 @@
-"""PAI's one error taxonomy (DESIGN.md, "How the services talk").
+"""PAI's one error taxonomy (docs/architecture.md, "The bus").
 
 - `BadInput`: the message or request can never succeed; a consumer terminates
   it (`term`) with the reason logged, rest answers 4xx.

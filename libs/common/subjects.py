@@ -77,7 +77,7 @@ def kind_of(subject: str) -> Kind:
 
 
 class Bucket(StrEnum):
-    """KV buckets; each has exactly one writing service (see DESIGN.md)."""
+    """KV buckets; each has exactly one writing service (docs/architecture.md, "Services")."""
 
     JOBS = "pai_jobs"  # rest: the submitted job (spec + raw config), key user.name
     USERS = "pai_users"  # rest: users and their token hashes

@@ -3,7 +3,7 @@
 `monitor_mode` (services/monitor/agent.py): `agent` only samples this node,
 `cluster` decides node health and handles events, `both` does both.
 
-Start-up order (DESIGN.md, "State and recovery"): load the launcher's job
+Start-up order (docs/architecture.md, "State and recovery"): load the launcher's job
 records so `pai_jobs` is right before the first event arrives, then sample the
 node every `node_sample_seconds` and consume every event kind with the durable
 consumer "monitor".

@@ -1,5 +1,5 @@
-"""The permission table of the bus (libs/common/busauth.py) against DESIGN.md's
-ownership rules, and the credentials `pai up` keeps."""
+"""The permission table of the bus (libs/common/busauth.py) against the ownership
+rules of docs/architecture.md ("Services"), and the credentials `pai up` keeps."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every service's core stays pure (shared/DESIGN.md, code style 1): importing it, even
+"""Every service's core stays pure (docs/architecture.md, "Code style"): importing it, even
 indirectly, loads no asyncio, nats, aiohttp or kubernetes. Each core is imported in a fresh
 interpreter, so what other tests imported does not hide a leak.
 
