@@ -41,9 +41,17 @@ postgres-deps:
 			-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold postgresql >/dev/null; \
 	else echo "PostgreSQL is not installed and this is not root on Debian: the history tests on PostgreSQL will skip (apt-get install postgresql)" >&2; fi
 
+# The tests run in TEST_WORKERS processes (pytest-xdist): each module whole on one, and
+# the modules that run tasks on the local backend one after another on one (their
+# group, tests/conftest.py); the others side by side with them, so that the tests that
+# wait (on timers, services, tasks) overlap with those that compute. Modules are
+# handed out in file order, the local-backend group (browser, chaos, integration, the
+# local backend's component tests) first. TEST_WORKERS=0: one process, as before.
+TEST_WORKERS ?= 2
+
 ## Install everything the tests need, then run every test tier.
 test: $(STAMP) browser-deps postgres-deps
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x tests/unit

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -42,6 +43,52 @@ for _name, _value in TEST_ENV.items():
 def _session_temp_removed_at_the_end():
     yield
     shutil.rmtree(_SESSION_TEMP, ignore_errors=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Also in a run with workers (pytest-xdist), whose controller runs no test and so no
+    # session fixture: its temp dir holds the workers' tmp_path roots.
+    shutil.rmtree(_SESSION_TEMP, ignore_errors=True)
+
+
+# `make test` runs the tests in worker processes (pytest-xdist, --dist loadgroup), each
+# test module as a whole on one worker (its module fixtures made once), except the
+# modules that run tasks on the local backend: those run one after another on one
+# worker, as in a run without workers. Two launchers of different data dirs hand out
+# the same uids (each registry starts at local_uids.JOB_UID_BASE) and mark tasks by job
+# name, so tasks of tests running side by side would share uids (a task sees and
+# holds up the other's processes: the isolation and uid-release tests would fail) and
+# be found by each other's process scans.
+ONE_AT_A_TIME = "local-tasks"
+_LOCAL_TASK_DIRS = ("tests/browser/", "tests/chaos/", "tests/integration/")
+# What a module that starts a launcher with the local backend, a whole platform, or
+# a task the way the shim does, names (read from its source, so that a new such
+# module joins the group without a list to keep).
+_RUNS_LOCAL_TASKS = re.compile(
+    r"LocalBackend|open_harness|test_local_backend|Platform\(|platform_config|start_platform"
+    r"|local_shim|local_forkserver|spawn_as|backends\.local|backends import local|local_procs|local_limits"
+)
+
+
+def _xdist_group(path: str, cache: dict[str, str]) -> str:
+    if path not in cache:
+        runs_tasks = path.startswith(_LOCAL_TASK_DIRS)
+        if not runs_tasks:
+            try:
+                runs_tasks = bool(_RUNS_LOCAL_TASKS.search((REPO / path).read_text(errors="replace")))
+            except OSError:
+                runs_tasks = True  # unknown: the safe side
+        cache[path] = ONE_AT_A_TIME if runs_tasks else path
+    return cache[path]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    cache: dict[str, str] = {}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item.nodeid.split("::", 1)[0], cache)))
 
 
 def shared_path(*parts: str) -> Path:

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(os.environ.get("PAI_ARTIFACTS", ROOT / "artifacts")) / "screenshots"
 PASSWORD = "portal-test-password"
 SAVED: list[Path] = []
+_STARTED = time.time()
 
 try:
     from playwright.sync_api import sync_playwright
@@ -160,7 +161,10 @@ def shot(page, name: str) -> Path:
 
 
 def pytest_terminal_summary(terminalreporter):
-    if SAVED:
-        terminalreporter.write_line(f"portal screenshots ({len(SAVED)}) in {SCREENSHOTS}:")
-        for path in SAVED:
+    # Those of this run, found on disk: with workers (pytest-xdist, as `make test` runs),
+    # the screenshots were taken in a worker, and SAVED of this process is empty.
+    saved = SAVED or sorted(p for p in SCREENSHOTS.glob("*.png") if p.stat().st_mtime >= _STARTED)
+    if saved:
+        terminalreporter.write_line(f"portal screenshots ({len(saved)}) in {SCREENSHOTS}:")
+        for path in saved:
             terminalreporter.write_line(f"  {path}")
