@@ -216,6 +216,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _niceness(pid: int) -> int | None:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, pid)
+    except OSError:
+        return None
+
+
 async def _now(value):
     return value
 
@@ -232,7 +239,7 @@ async def test_the_projection_runs_beside_rest_comes_back_when_killed_and_dies_w
     rest_pid = plat.procs["rest"].pid
     first = await eventually(lambda: _now(_projection_process(rest_pid)))
     assert first, "rest started no history projection process"
-    assert os.getpriority(os.PRIO_PROCESS, first) - os.getpriority(os.PRIO_PROCESS, rest_pid) == 10
+    assert await eventually(lambda: _now(_niceness(first) - _niceness(rest_pid) == 10)), (_niceness(first), _niceness(rest_pid))
 
     # Killed, it is started again, and what finished meanwhile reaches the history.
     os.kill(first, signal.SIGKILL)

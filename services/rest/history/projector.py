@@ -43,6 +43,7 @@ log = logging.getLogger("pai.rest.history")
 RESTART_SECONDS = 1.0
 # rest's stop waits this long for the process to finish its batch, then kills it.
 STOP_WAIT_SECONDS = 10.0
+ORPHAN_CHECK_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -57,6 +58,7 @@ async def supervise(config: Config, stopping: asyncio.Event) -> None:
     while not stopping.is_set():
         proc = await asyncio.create_subprocess_exec(*command(os.getpid()), env=env, stdin=asyncio.subprocess.DEVNULL)
         log.info("history projection: process %d started", proc.pid)
+        _lower_priority(proc.pid, config.history_projection_nice)
         try:
             exited = asyncio.ensure_future(proc.wait())
             stop = asyncio.ensure_future(stopping.wait())
@@ -72,6 +74,16 @@ async def supervise(config: Config, stopping: asyncio.Event) -> None:
             await asyncio.wait_for(stopping.wait(), RESTART_SECONDS)
 
 
+def _lower_priority(pid: int, nice: int) -> None:
+    """The process's niceness raised by `nice` (from its start: its imports too)."""
+    if nice <= 0:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    except OSError as exc:  # gone already, or not allowed: it runs at rest's priority
+        log.warning("history projection: could not lower the priority of process %d (%r)", pid, exc)
+
+
 async def _stop(proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is not None:
         return
@@ -79,7 +91,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         proc.terminate()
     try:
         await asyncio.wait_for(asyncio.shield(proc.wait()), STOP_WAIT_SECONDS)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         log.warning("history projection: process %d did not stop in %.0fs; killing it", proc.pid, STOP_WAIT_SECONDS)
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
@@ -87,15 +99,25 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 
 def _die_with(parent: int) -> None:
-    """SIGKILL when `parent` (rest) dies, so no projection outlives the rest that started it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    """SIGKILL when `parent` (rest) dies, so no projection outlives the rest that started it
+    (Linux; elsewhere `_stop_when_orphaned` notices within a second)."""
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is not None and prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         log.warning("history projection: PR_SET_PDEATHSIG failed (errno %d)", ctypes.get_errno())
     if os.getppid() != parent:  # rest died before the line above took effect
         os._exit(0)
 
 
-async def _run(config: Config) -> None:
+async def _stop_when_orphaned(parent: int, stopping: asyncio.Event) -> None:
+    while not stopping.is_set():
+        if os.getppid() != parent:
+            log.warning("history projection: rest (%d) is gone; stopping", parent)
+            stopping.set()
+            return
+        await asyncio.sleep(ORPHAN_CHECK_SECONDS)
+
+
+async def _run(config: Config, parent: int) -> None:
     bus = await Bus.connect(config.nats_url, name="pai-rest-history", **busauth.login_of_config(config))
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     loop = asyncio.get_running_loop()
@@ -105,7 +127,8 @@ async def _run(config: Config) -> None:
     engine = store.open_engine(store.dsn_for(config.history_dsn, config.data_path))
     work = [asyncio.ensure_future(consumer.run(bus, engine, ctx.stopping)),
             asyncio.ensure_future(expiry.run(ctx, engine, ctx.stopping)),
-            asyncio.ensure_future(exit_when_bus_closed(ctx))]
+            asyncio.ensure_future(exit_when_bus_closed(ctx)),
+            asyncio.ensure_future(_stop_when_orphaned(parent, ctx.stopping))]
     try:
         done, _ = await asyncio.wait([*work, asyncio.ensure_future(ctx.stopping.wait())],
                                      return_when=asyncio.FIRST_COMPLETED)
@@ -121,13 +144,12 @@ async def _run(config: Config) -> None:
 
 
 def main(argv: list[str]) -> None:
-    _die_with(int(argv[1]))
+    parent = int(argv[1])
+    _die_with(parent)
     config = load_config()
     telemetry.setup("rest-history", level=config.log_level, otlp_endpoint=config.otlp_endpoint)
-    if config.history_projection_nice > 0:
-        os.nice(config.history_projection_nice)
     try:
-        asyncio.run(_run(config))
+        asyncio.run(_run(config, parent))
     except KeyboardInterrupt:
         pass
     except Exception:
