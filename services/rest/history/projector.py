@@ -41,7 +41,8 @@ log = logging.getLogger("pai.rest.history")
 
 # After the process exited (a crash, NATS gone for good), rest starts it again after this.
 RESTART_SECONDS = 1.0
-# rest's stop waits this long for the process to finish its batch, then kills it.
+# rest's stop waits this long for the process to close its connections (a batch in
+# flight is abandoned, unacked: it comes back), then kills it.
 STOP_WAIT_SECONDS = 10.0
 ORPHAN_CHECK_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1
