@@ -15,9 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cli import nodes, rules
-from cli import alerts as alerts_cli
-from cli import report as report_cli
+from cli import alerts as alerts_cli, nodes, report as report_cli, rules
 from cli.client import ApiError, Client, resolve
 
 console = Console()
@@ -290,8 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
     alerts_cli.add_parser(sub)
     report_cli.add_parser(sub)
     nodes.add_parser(sub)
-    from cli.simulate import add_parser as add_simulate; add_simulate(sub)  # noqa: E702
-    from cli import login, users, watch  # noqa: E402
+    from cli import login, users, watch
+    from cli.simulate import add_parser as add_simulate
+
+    add_simulate(sub)
     login.add_parser(sub)
     users.add_parser(sub)
     watch.add_parser(sub)

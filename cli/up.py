@@ -26,8 +26,8 @@ import msgspec
 
 from cli.client import Connection, connection_file
 from libs.common import sealing
-from libs.common.config import Config
 from libs.common.busauth import BusCredentials, load_or_create_credentials
+from libs.common.config import Config
 from libs.common.jetstream_limits import store_settings
 from libs.common.natsserver import NatsServer
 

@@ -64,7 +64,7 @@ async def events(conn: Connection, *, job: str | None = None, last_id: str | Non
                         last_id = event.get("id", last_id)
                         event["data"] = json.loads(event["data"])
                         yield event
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, aiohttp.ClientError, ConnectionError):
             pass  # network trouble or rest restarting: resume below (API errors were raised above)
         delay = RECONNECT_SECONDS[min(failures, len(RECONNECT_SECONDS) - 1)]
         failures += 1

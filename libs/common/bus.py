@@ -206,7 +206,7 @@ class Bus:
                 bus = cls(nc, name, user=user)
                 await bus_wire.take_request_answers(nc)
                 return bus
-            except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError, nats.errors.Error) as exc:
                 refused = next((e for e in (last_error[0], exc) if reconnect.is_auth_refusal(e)), None)
                 if refused is not None:
                     # A wrong or unknown key stays wrong: say so now, not after the timeout.
@@ -330,7 +330,8 @@ class Bus:
         reads it). For callers that answer each event's sender on its own (rest's intake)."""
         writes = [(*_outgoing(event), f"publish of {event.id}") for event in events]
         answers = await self._send_together(writes)
-        return await asyncio.gather(*(self._retried(write, answer, attempts) for write, answer in zip(writes, answers)))
+        return await asyncio.gather(
+            *(self._retried(write, answer, attempts) for write, answer in zip(writes, answers, strict=True)))
 
     async def kv_create_each(self, bucket: Bucket, entries: Sequence[tuple[str, bytes]]) -> list[int | Exception]:
         """Create every `(key, value)` of `entries`, all in flight at once, each only if the key
@@ -374,7 +375,7 @@ class Bus:
         """`_send_together`; what is refused, or not answered, is published again by
         itself, with retries; past `attempts` this raises `Transient` naming it."""
         answers = await self._send_together(writes)
-        for write, answer in zip(writes, answers):
+        for write, answer in zip(writes, answers, strict=True):
             failed = await self._retried(write, answer, attempts)
             if failed is not None:
                 raise failed
@@ -571,14 +572,16 @@ class Bus:
                     return
                 except (Transient, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
                     if deliveries >= TRANSIENT_DEAD_LETTER_AFTER:
-                        await self._dead_letter(msg, event, durable, deliveries, f"still failing after {deliveries} tries: {exc!r}")
+                        await self._dead_letter(msg, event, durable, deliveries,
+                                                f"still failing after {deliveries} tries: {exc!r}")
                         return
                     problem = repr(exc)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     if deliveries >= DEAD_LETTER_AFTER:
-                        log.exception("bug while handling %s, for the %d. time; giving up on it", event.id, deliveries, extra={"job": event.job})
+                        log.exception("bug while handling %s, for the %d. time; giving up on it", event.id, deliveries,
+                                      extra={"job": event.job})
                         await self._dead_letter(msg, event, durable, deliveries, f"{type(exc).__name__}: {exc}")
                         return
                     log.exception("bug while handling %s; exiting so the service restarts", event.id, extra={"job": event.job})
@@ -846,13 +849,13 @@ class _StoreAcks:
                 # A connection whose `publish` was replaced on the instance (the fault
                 # tests break writes there: tests/component/rest_replica.py) gets
                 # every request through it, as nats-py's own requests do.
-                for position, ((subject, data, headers), reply) in enumerate(zip(requests, pending.replies)):
+                for position, ((subject, data, headers), reply) in enumerate(zip(requests, pending.replies, strict=True)):
                     await self._publish(pending, position, subject, data, reply, headers)
                 return await pending.answered(timeout)
             formatted: list[bytes] = []  # commands not yet sent, of the requests at `positions`
             positions: list[int] = []
             payload_bytes = 0
-            for position, ((subject, data, headers), reply) in enumerate(zip(requests, pending.replies)):
+            for position, ((subject, data, headers), reply) in enumerate(zip(requests, pending.replies, strict=True)):
                 if len(data) > nc._max_payload:
                     pending.answer(position, nats.errors.MaxPayloadError())
                     continue
@@ -1195,7 +1198,7 @@ async def read_pages(kv: KeyValue, *, prefix: str = "", headers_only: bool = Fal
     while True:
         try:
             consumer, pending = await _restore_consumer(kv, subjects, after, headers_only)
-        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError, _NotReady) as exc:
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error, _NotReady) as exc:
             problem = repr(exc)
         else:
             problem = ""
@@ -1210,7 +1213,7 @@ async def read_pages(kv: KeyValue, *, prefix: str = "", headers_only: bool = Fal
                     progress_at = time.monotonic()
                     yield page
                     await asyncio.sleep(0)  # the event loop's turn: lease renewal, health checks
-            except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            except (TimeoutError, nats.errors.Error) as exc:
                 problem = repr(exc)
             finally:
                 await puller.close()

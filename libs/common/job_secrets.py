@@ -15,10 +15,10 @@ from pathlib import Path
 import msgspec
 import nats.js.errors
 
+from libs.common import sealing
 from libs.common.errors import Conflict, Transient
 from libs.common.protocol.masking import secret_values
 from libs.common.protocol.render import has_secret_references
-from libs.common import sealing
 
 
 class SecretsUnavailable(Transient):

@@ -18,7 +18,7 @@ new subject version (see libs.common.subjects).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Union
+from typing import Union, get_args
 
 import msgspec
 
@@ -310,28 +310,28 @@ class EventDeadLettered(Event, kw_only=True, frozen=True, tag=Kind.EVENT_DEAD_LE
     reason: str  # the last failure, for a person
 
 
-AnyEvent = Union[
-    JobSubmitted,
-    StopRequested,
-    JobDeleted,
-    JobArchived,
-    JobPlaced,
-    JobWaiting,
-    PreemptRequested,
-    JobStateChanged,
-    JobReleased,
-    TaskStarted,
-    TaskExited,
-    TaskVerdict,
-    NodeStatus,
-    NodeCordonChanged,
-    AlertFiring,
-    AlertResolved,
-    EventDeadLettered,
-]
+AnyEvent = (
+    JobSubmitted
+    | StopRequested
+    | JobDeleted
+    | JobArchived
+    | JobPlaced
+    | JobWaiting
+    | PreemptRequested
+    | JobStateChanged
+    | JobReleased
+    | TaskStarted
+    | TaskExited
+    | TaskVerdict
+    | NodeStatus
+    | NodeCordonChanged
+    | AlertFiring
+    | AlertResolved
+    | EventDeadLettered
+)
 
 EVENT_TYPES: dict[Kind, type[Event]] = {
-    Kind(t.__struct_config__.tag): t for t in AnyEvent.__args__  # type: ignore[attr-defined]
+    Kind(t.__struct_config__.tag): t for t in get_args(AnyEvent)
 }
 
 
@@ -378,4 +378,4 @@ def decoder_for(*types: type[Event]) -> msgspec.json.Decoder:
     """A decoder that accepts only the given event types (one per consumer)."""
     if len(types) == 1:
         return msgspec.json.Decoder(types[0])
-    return msgspec.json.Decoder(Union[types])  # type: ignore[valid-type]
+    return msgspec.json.Decoder(Union[types])  # type: ignore[valid-type]  # noqa: UP007 (a union of types known at run time)

@@ -28,8 +28,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import context as otel_context, trace
 from opentelemetry.context import Context
 from opentelemetry.propagate import extract, inject as otel_inject
 from opentelemetry.sdk.resources import Resource

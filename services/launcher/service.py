@@ -45,8 +45,7 @@ from collections.abc import AsyncIterator
 import msgspec
 import nats.errors
 
-from libs.common import exitspecs as exits
-from libs.common import ids, job_secrets, service
+from libs.common import exitspecs as exits, ids, job_secrets, service
 from libs.common.bus import BATCH_MAX, get_json, get_many, load_all, read_pages
 from libs.common.config import Config, load_config
 from libs.common.errors import NotFound, PaiError, Transient
@@ -437,7 +436,8 @@ class LauncherShell:
         if values == []:
             return event
         if values is None:
-            return msgspec.structs.replace(event, userLogTail="", platformMessage="(hidden: the job's secrets could not be opened to scrub it)")
+            return msgspec.structs.replace(
+                event, userLogTail="", platformMessage="(hidden: the job's secrets could not be opened to scrub it)")
         return msgspec.structs.replace(
             event,
             userLogTail=scrub_text(event.userLogTail, values),
@@ -730,7 +730,8 @@ class LauncherShell:
         started = task is not None and (task.startRequested if isinstance(task, TaskRecord) else task.started)
         if task is None or not started:
             raise NotFound(f"task {req.role}[{req.index}] of {req.job} attempt {req.attempt} has not started")
-        key = TaskKey(job=req.job, attempt=req.attempt, role=req.role, index=req.index, taskAttempt=task.taskAttempt if req.taskAttempt is None else req.taskAttempt)
+        key = TaskKey(job=req.job, attempt=req.attempt, role=req.role, index=req.index,
+                      taskAttempt=task.taskAttempt if req.taskAttempt is None else req.taskAttempt)
         values = await self._secret_values(req.job)
         if values is None:
             raise NotFound(f"the log of {req.job} cannot be shown: its secrets cannot be opened to scrub it")
@@ -764,7 +765,8 @@ def live_tasks_on(core: LauncherCore, node: str) -> list[TaskKey]:
         attempt = record.current
         for task in attempt.tasks:
             if task.node == node and task.live and task.killReason is None:
-                keys.append(TaskKey(job=job, attempt=attempt.attempt, role=task.role, index=task.index, taskAttempt=task.taskAttempt))
+                keys.append(TaskKey(job=job, attempt=attempt.attempt, role=task.role, index=task.index,
+                                    taskAttempt=task.taskAttempt))
     return keys
 
 

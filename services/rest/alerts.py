@@ -81,13 +81,15 @@ async def put_rules(request: web.Request) -> web.Response:
     if not text.strip():
         raise bad_field("", "required", "the body is empty; send the whole rule document (YAML), or POST .../reset")
     reply = await _ask(request, AlertsRequest(action=AlertAction.SET_RULES, rules=text,
-                                              revision=if_match_revision(request, "/api/v2/alerts/rules"), by=request[USER].username))
+                                              revision=if_match_revision(request, "/api/v2/alerts/rules"),
+                                              by=request[USER].username))
     return _rules_response(reply)
 
 
 async def reset_rules(request: web.Request) -> web.Response:
     _require_admin(request, "reset the alert rules")
-    reply = await _ask(request, AlertsRequest(action=AlertAction.RESET_RULES, revision=if_match_revision(request, "/api/v2/alerts/rules"),
+    reply = await _ask(request, AlertsRequest(action=AlertAction.RESET_RULES,
+                                              revision=if_match_revision(request, "/api/v2/alerts/rules"),
                                               by=request[USER].username))
     return _rules_response(reply)
 

@@ -41,14 +41,25 @@ from libs.common.records import JobRecord
 from libs.common.schedule import ClusterView
 from libs.common.service import ServiceContext, health_routes
 from libs.common.subjects import Bucket
-from services.rest import auth, events, fallback, intake, metrics, nodes, ratelimit, rules, views
-from services.rest.identity import core as identity_core
-from services.rest.identity import routes as identity_routes
-from services.rest.identity import store as identity_store
-from services.rest import alerts as alert_routes
-from services.rest import deletion, history_reads, jobs_api, portal_routes, quotas
-from services.rest.history import query as history_query
-from services.rest.history import wiring as history
+from services.rest import (
+    alerts as alert_routes,
+    auth,
+    deletion,
+    events,
+    fallback,
+    history_reads,
+    intake,
+    jobs_api,
+    metrics,
+    nodes,
+    portal_routes,
+    quotas,
+    ratelimit,
+    rules,
+    views,
+)
+from services.rest.history import query as history_query, wiring as history
+from services.rest.identity import core as identity_core, routes as identity_routes, store as identity_store
 from services.rest.log_stream import log_response
 from services.rest.records import SubmittedJob
 from services.rest.request import CTX, USER, ctx_of, read_body, read_json_object
@@ -253,7 +264,8 @@ def _check_virtual_cluster(view: ClusterView, user: identity_core.Principal, vc:
     if known and vc not in known:
         raise NoVirtualCluster(
             f"virtual cluster {vc!r} does not exist; known: {', '.join(sorted(known))}",
-            details={"errors": [{"path": "defaults.virtualCluster", "rule": "unknown_virtual_cluster", "message": f"no virtual cluster {vc!r}"}]},
+            details={"errors": [{"path": "defaults.virtualCluster", "rule": "unknown_virtual_cluster",
+                                 "message": f"no virtual cluster {vc!r}"}]},
         )
     # As OpenPAI: a VC is open to a user when one of their groups lists it
     # (`extension.acls.virtualClusters`; the default group lists `default`).

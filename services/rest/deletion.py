@@ -29,7 +29,6 @@ from collections.abc import Sequence
 
 import nats.errors
 import nats.js.errors
-from aiohttp import web
 
 from libs.common import ids
 from libs.common.bus import get_json
@@ -103,6 +102,6 @@ async def consume(ctx: ServiceContext, stopping: asyncio.Event) -> None:
                                           lambda events: handle_deleted(ctx, events), stopping=stopping)
         except asyncio.CancelledError:
             raise
-        except (Transient, nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, Transient, nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             log.warning("the job.deleted consumer stopped (%r); starting it again", exc)
             await asyncio.sleep(1.0)

@@ -63,7 +63,7 @@ from libs.common.bus_wire import DirectSubscription, parse_headers, status_of
 from libs.common.errors import BadInput
 from libs.common.messages import JobStateChanged
 from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_USERNAME_LENGTH
-from libs.common.subjects import PREFIX, STREAM, Kind, kind_filter
+from libs.common.subjects import PREFIX, STREAM, Kind
 from services.rest.identity import core
 from services.rest.request import CTX, USER, ctx_of
 
@@ -264,7 +264,7 @@ class EventHub:
         )
         try:
             await self.bus.js.add_consumer(STREAM, config=config)
-        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
             self._feed = None
             await feed.close()
             log.warning("the event hub could not follow events from %d: %r", self.cursor, exc)
@@ -485,7 +485,7 @@ async def _stream(request: web.Request, ctx, hub: EventHub, watcher: Watcher, su
                     break
                 try:
                     await asyncio.wait_for(watcher.ready.wait(), heartbeat)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     await response.write(b": heartbeat\n\n")
                 continue
             chunk = []
@@ -546,7 +546,7 @@ async def _next(bus: Bus, sequence: int, subject: str):
         return await bus.js.get_msg(STREAM, seq=sequence, subject=subject, next=True)
     except nats.js.errors.NotFoundError:
         return None
-    except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+    except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
         # NATS restarting: the responses are under way, so no error body can be sent;
         # the streams stay open, and the read is tried again from the same sequence.
         log.warning("reading events after %d failed: %r", sequence, exc)

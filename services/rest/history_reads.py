@@ -30,8 +30,7 @@ from libs.common.messages import JobState, TaskState
 from libs.common.protocol.model import JobSpec
 from libs.common.records import AttemptRecord, JobRecord, TaskRecord
 from libs.common.subjects import Bucket
-from services.rest.history import schema
-from services.rest.history import store as history_store
+from services.rest.history import schema, store as history_store
 from services.rest.history.wiring import HISTORY
 from services.rest.records import SubmittedJob
 from services.rest.request import ctx_of

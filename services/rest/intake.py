@@ -199,14 +199,14 @@ class Intake:
         bus = self.ctx.bus
         keys = [ids.job_key(s.record.job) for s in batch]
         values = [s.value for s in batch]
-        revisions = await bus.kv_create_each(Bucket.JOBS, list(zip(keys, values)))
+        revisions = await bus.kv_create_each(Bucket.JOBS, list(zip(keys, values, strict=True)))
         existing = [i for i, revision in enumerate(revisions) if isinstance(revision, nats.js.errors.KeyWrongLastSequenceError)]
         if existing:
             # The key has a history: the job exists (a 409), or its record was deleted
             # (a submission taken back), which nats-py's create tells apart and re-creates.
             kv = await bus.kv(Bucket.JOBS)
             again = await asyncio.gather(*(kv.create(keys[i], values[i]) for i in existing), return_exceptions=True)
-            for i, revision in zip(existing, again):
+            for i, revision in zip(existing, again, strict=True):
                 revisions[i] = revision
             # A record written by a batch that then failed, now written again alone: the
             # stored record is this very submission (same bytes, to its submission time), not a 409.
@@ -219,7 +219,7 @@ class Intake:
                     if entry.value == values[i] and entry.revision is not None:
                         revisions[i] = entry.revision
         created: list[tuple[_Submission, str, int]] = []
-        for submission, key, value, revision in zip(batch, keys, values, revisions):
+        for submission, key, value, revision in zip(batch, keys, values, revisions, strict=True):
             if isinstance(revision, BaseException):
                 submission.fail(revision)
             else:
@@ -229,7 +229,7 @@ class Intake:
             return
         outcomes = await bus.publish_each([submitted_event(s.record) for s, _, _ in created], attempts=PUBLISH_ATTEMPTS)
         refused: list[tuple[_Submission, str, int, BaseException]] = []
-        for (submission, key, revision), failure in zip(created, outcomes):
+        for (submission, key, revision), failure in zip(created, outcomes, strict=True):
             if failure is None:
                 self._published(key)
                 submission.succeed(True)
@@ -245,7 +245,7 @@ class Intake:
             kv = await bus.kv(Bucket.JOBS)
             deleted = await asyncio.gather(*(kv.delete(key, last=revision) for _, key, revision, _ in refused),
                                            return_exceptions=True)
-            for (submission, key, _, failure), outcome in zip(refused, deleted):
+            for (submission, key, _, failure), outcome in zip(refused, deleted, strict=True):
                 if not isinstance(outcome, BaseException):
                     # Out of this replica's list before the request is answered, not when the watch
                     # brings the delete: a GET right after the refusal must not find the job. A record
@@ -312,11 +312,11 @@ class Intake:
             try:
                 await asyncio.wait_for(stopping.wait(), timeout=every)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             try:
                 await self.sweep_once()
             except asyncio.CancelledError:
                 raise
-            except (Transient, nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            except (TimeoutError, Transient, nats.errors.Error, nats.js.errors.Error) as exc:
                 log.warning("the sweep of unpublished submissions failed (%r); trying again in %.0f s", exc, every)

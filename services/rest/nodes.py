@@ -222,7 +222,7 @@ async def latest_values(kv: KeyValue) -> dict[str, bytes]:
             before = received
             try:
                 await asyncio.wait_for(complete.wait(), RESTORE_ENTRY_TIMEOUT_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if received == before:
                     raise nats.errors.TimeoutError from None
     finally:

@@ -42,10 +42,8 @@ from libs.common.bus import all_keys
 from libs.common.errors import NotFound
 from libs.common.messages import JobState
 from libs.common.subjects import Bucket
-from services.rest import jobs_api
-from services.rest import nodes as nodes_api
-from services.rest.history import query as history_query
-from services.rest.history import schema
+from services.rest import jobs_api, nodes as nodes_api
+from services.rest.history import query as history_query, schema
 from services.rest.job_index import JobIndex
 from services.rest.request import USER, ctx_of
 

@@ -12,11 +12,9 @@ from aiohttp import web
 
 from libs.common.errors import BadInput, RequestTimeout, TooLarge
 from libs.common.protocol.depth import NestingTooDeep, check_json_depth
-from libs.common.protocol.encodable import MESSAGE as UNENCODABLE_MESSAGE
-from libs.common.protocol.encodable import RULE as UNENCODABLE_RULE
-from libs.common.protocol.encodable import unencodable_paths
-from libs.common.protocol.paths import format_path
+from libs.common.protocol.encodable import MESSAGE as UNENCODABLE_MESSAGE, RULE as UNENCODABLE_RULE, unencodable_paths
 from libs.common.protocol.limits import MAX_ADMIN_BODY_BYTES
+from libs.common.protocol.paths import format_path
 from libs.common.service import ServiceContext
 from services.rest.identity.core import Principal
 
@@ -111,4 +109,5 @@ def if_match_revision(request: web.Request, etag_of: str) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise bad_field("If-Match", "header", f'must be a revision like "3" (the ETag of GET {etag_of}), got {header!r}') from None
+        raise bad_field("If-Match", "header",
+                        f'must be a revision like "3" (the ETag of GET {etag_of}), got {header!r}') from None

@@ -21,9 +21,7 @@ from aiohttp import web
 
 from libs.common.errors import Forbidden
 from libs.common.protocol.depth import NestingTooDeep, check_yaml_depth
-from libs.common.protocol.encodable import MESSAGE as UNENCODABLE_MESSAGE
-from libs.common.protocol.encodable import RULE as UNENCODABLE_RULE
-from libs.common.protocol.encodable import unencodable_paths
+from libs.common.protocol.encodable import MESSAGE as UNENCODABLE_MESSAGE, RULE as UNENCODABLE_RULE, unencodable_paths
 from libs.common.protocol.limits import MAX_ADMIN_BODY_BYTES
 from libs.common.protocol.paths import format_path
 from libs.common.rules_rpc import (
@@ -62,7 +60,8 @@ async def change_rule(request: web.Request) -> web.Response:
     _require_admin(request, "change")
     code = _code(request)
     rule, placement = await _read_rule(request)
-    reply = await _ask(request, RuleAction.CHANGE, code=code, rule=rule, **placement, revision=if_match_revision(request, "/api/v2/rules"))
+    reply = await _ask(request, RuleAction.CHANGE, code=code, rule=rule, **placement,
+                       revision=if_match_revision(request, "/api/v2/rules"))
     return _json(_one_rule(reply), reply)
 
 

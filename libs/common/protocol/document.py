@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import ClassVar
 
 import yaml
@@ -96,14 +97,14 @@ def load_document(body: bytes | str, content_type: str | None) -> Document:
         _fail("content_type", f"content type {kind!r} is not supported; send text/yaml or application/json")
     text = _decode_text(body)
     _check_depth(text, is_json)
-    work_out_lines = None
+    work_out_lines: Callable[[], dict[DocPath, int]] | None = None
     if is_json:
         data, repeats_a_key = _load_json(text)
         if repeats_a_key:  # the YAML walk says which, with lines, as it always did
             lines, duplicates = _lines_or_nothing(text)
         else:
             lines, duplicates = None, []
-            work_out_lines = lambda: _lines_or_nothing(text)[0]  # only a refusal asks
+            work_out_lines = partial(_json_lines, text)  # only a refusal asks
     else:
         # The common block-style job is read without PyYAML's composer (blockyaml.py);
         # a text long enough to hold more values than the expansion bound goes to
@@ -111,11 +112,11 @@ def load_document(body: bytes | str, content_type: str | None) -> Document:
         data = load_simple(text) if 4 * len(text) < MAX_EXPANDED_NODES else NOT_SIMPLE
         if type(data) is dict:
             lines, duplicates = None, []  # blockyaml leaves repeated keys to PyYAML
-            work_out_lines = lambda: _lines_or_nothing(text)[0]  # only a refusal asks
+            work_out_lines = partial(_json_lines, text)  # only a refusal asks
         else:
             data, lines, duplicates, root = _load_yaml(text, may_expand=_may_expand(text))
             if root is not None:
-                work_out_lines = lambda: _walk_lines(root)[0]  # only a refusal asks
+                work_out_lines = partial(_node_lines, root)  # only a refusal asks
     if duplicates:
         raise ProtocolError(duplicates)
     if data is None:
@@ -323,6 +324,14 @@ def _lines_or_nothing(text: str) -> tuple[dict[DocPath, int], list[FieldError]]:
         return {}, []
     finally:
         loader.dispose()
+
+
+def _json_lines(text: str) -> dict[DocPath, int]:
+    return _lines_or_nothing(text)[0]
+
+
+def _node_lines(root: yaml.Node) -> dict[DocPath, int]:
+    return _walk_lines(root)[0]
 
 
 def _check_expansion(root: yaml.Node) -> None:

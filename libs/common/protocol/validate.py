@@ -11,9 +11,7 @@ from collections.abc import Callable
 
 from libs.common.ids import NAME_PATTERN
 from libs.common.protocol.checks import Checker, Ignored
-from libs.common.protocol.encodable import MESSAGE as UNENCODABLE_MESSAGE
-from libs.common.protocol.encodable import RULE as UNENCODABLE_RULE
-from libs.common.protocol.encodable import unencodable_paths
+from libs.common.protocol.encodable import MESSAGE as UNENCODABLE_MESSAGE, RULE as UNENCODABLE_RULE, unencodable_paths
 from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_JOB_RETRY_COUNT, MAX_NAME_LENGTH
 from libs.common.protocol.model import FieldError
 from libs.common.protocol.paths import DocPath

@@ -49,7 +49,6 @@ from kubernetes_asyncio.config import ConfigException, load_incluster_config, lo
 
 from libs.common.errors import NotFound, Transient
 from services.launcher.backends import kube_names
-from services.launcher.core.tasks import BackendEvent, TaskFinished, TaskKey, TaskLaunch, TaskRunning
 from services.launcher.backends.kube_logs import read_log
 from services.launcher.backends.kube_pods import (
     DEFAULT_IMAGE,
@@ -72,6 +71,7 @@ from services.launcher.backends.kube_status import (
     judge,
 )
 from services.launcher.backends.kube_watch import PodWatch, list_pods, read_json
+from services.launcher.core.tasks import BackendEvent, TaskFinished, TaskKey, TaskLaunch, TaskRunning
 
 log = logging.getLogger(__name__)
 

@@ -86,6 +86,7 @@ from pathlib import Path
 import msgspec
 
 from libs.common.errors import NotFound
+from services.launcher import metrics
 from services.launcher.backends import (
     local_forkserver,
     local_limits,
@@ -143,7 +144,6 @@ from services.launcher.backends.local_layout import (
 )
 from services.launcher.backends.local_logs import read_log
 from services.launcher.backends.local_shim import BASH
-from services.launcher import metrics
 from services.launcher.core.tasks import (
     BackendEvent,
     TaskFinished,

@@ -9,8 +9,6 @@ order. Publishing uses `event.id` as `Nats-Msg-Id`.
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 from libs.common import messages
@@ -52,4 +50,4 @@ class ForgetTask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     key: TaskKey
 
 
-Action = Union[SaveJob, StartTask, KillTask, Publish, StartTimer, ForgetTask]
+Action = SaveJob | StartTask | KillTask | Publish | StartTimer | ForgetTask

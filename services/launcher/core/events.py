@@ -10,8 +10,6 @@ from the shell's timers (ordered by a `StartTimer` action).
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 from libs.common import messages
@@ -101,20 +99,20 @@ class PortsBusy(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     busy: dict[str, list[int]]  # node -> ports found in use
 
 
-LauncherEvent = Union[
-    Submitted,
-    Placed,
-    PreemptRequested,
-    StopRequested,
-    Verdict,
-    DeadLettered,
-    BackoffElapsed,
-    TaskRunning,
-    TaskFinished,
-    LogsPruned,
-    Archived,
-    PortsBusy,
-]
+LauncherEvent = (
+    Submitted
+    | Placed
+    | PreemptRequested
+    | StopRequested
+    | Verdict
+    | DeadLettered
+    | BackoffElapsed
+    | TaskRunning
+    | TaskFinished
+    | LogsPruned
+    | Archived
+    | PortsBusy
+)
 
 
 def from_message(message: messages.Event) -> LauncherEvent | None:

@@ -36,8 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from libs.common import exitspecs as exits
-from libs.common import messages
+from libs.common import exitspecs as exits, messages
 from libs.common.errors import BadInput, Transient
 from libs.common.messages import JobState, TaskPlacement, TaskState
 from libs.common.records import (
@@ -62,10 +61,10 @@ from services.launcher.core.actions import (
 from services.launcher.core.compaction import compact_older, trim_task_attempts
 from services.launcher.core.env import peers_env
 from services.launcher.core.events import (
+    Archived,
     BackoffElapsed,
     DeadLettered,
     LauncherEvent,
-    Archived,
     LogsPruned,
     Placed,
     PortsBusy,

@@ -45,17 +45,19 @@ def record_may_go(record: JobRecord, *, keeps_files: bool) -> bool:
 def task_keys(record: JobRecord) -> list[TaskKey]:
     """Every task attempt of the job that may have left files, in every attempt."""
     keys: list[TaskKey] = []
-    for attempt in record.attempts:
-        def key(role: str, index: int, task_attempt: int) -> TaskKey:
-            return TaskKey(job=record.job, attempt=attempt.attempt, role=role, index=index, taskAttempt=task_attempt)
 
+    def key(attempt: int, role: str, index: int, task_attempt: int) -> TaskKey:
+        return TaskKey(job=record.job, attempt=attempt, role=role, index=index, taskAttempt=task_attempt)
+
+    for attempt in record.attempts:
+        number = attempt.attempt
         seen: set[tuple[str, int]] = set()
         for task in attempt.tasks:
             seen.add((task.role, task.index))
-            keys.extend(key(task.role, task.index, s.taskAttempt) for s in task.taskAttempts)
+            keys.extend(key(number, task.role, task.index, s.taskAttempt) for s in task.taskAttempts)
             if task.startRequested:
-                keys.append(key(task.role, task.index, task.taskAttempt))
+                keys.append(key(number, task.role, task.index, task.taskAttempt))
         for brief in attempt.taskBriefs:  # a compacted attempt: its task attempts 0..n
             if (brief.role, brief.index) not in seen and brief.started:
-                keys.extend(key(brief.role, brief.index, n) for n in range(brief.taskAttempt + 1))
+                keys.extend(key(number, brief.role, brief.index, n) for n in range(brief.taskAttempt + 1))
     return keys

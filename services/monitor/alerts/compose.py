@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import html
 import time
+from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.utils import format_datetime, make_msgid
-from datetime import datetime, timezone
 
 from libs.common.alerts_messages import AlertRecord
 from libs.common.ids import split_job_id
@@ -147,7 +147,7 @@ def _message(subject: str, text: str, body: str, *, sender: str, to: list[str], 
     message["Subject"] = subject
     message["From"] = sender
     message["To"] = ", ".join(to)
-    message["Date"] = format_datetime(datetime.fromtimestamp(now or time.time(), tz=timezone.utc))
+    message["Date"] = format_datetime(datetime.fromtimestamp(now or time.time(), tz=UTC))
     message["Message-ID"] = make_msgid(domain=sender.rpartition("@")[2] or "pai")
     for key, value in (headers or {}).items():
         message[key] = value
@@ -163,4 +163,4 @@ def _html_value(key: str, value: str) -> str:
 
 
 def _when(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -87,7 +87,7 @@ class Mailer:
                 self.failed += 1
                 log.error("mail %r to %s refused: %r; not retried", message["Subject"], message["To"], error)
                 return False
-            except (aiosmtplib.SMTPException, OSError, asyncio.TimeoutError) as error:
+            except (TimeoutError, aiosmtplib.SMTPException, OSError) as error:
                 if attempt == ATTEMPTS:
                     self.failed += 1
                     log.error("gave up mailing %r to %s after %d attempts: %r",

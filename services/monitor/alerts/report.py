@@ -16,7 +16,7 @@ from __future__ import annotations
 import html
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from libs.common.messages import JobState
 from libs.common.records import JobRecord
@@ -83,7 +83,7 @@ def weekly_report_due(now: float, weekday: int) -> str | None:
     """The ISO week ("2026-W48") whose report is due at `now`, or None: due from
     08:00 UTC on `weekday` (0 Monday .. 6 Sunday; -1 never) to the end of that day.
     The caller claims the week, so replicas and restarts mail it once."""
-    day = datetime.fromtimestamp(now, tz=timezone.utc)
+    day = datetime.fromtimestamp(now, tz=UTC)
     if weekday < 0 or day.weekday() != weekday or day.hour < REPORT_HOUR_UTC:
         return None
     year, week, _ = day.isocalendar()
@@ -97,7 +97,8 @@ def report_text(report: dict) -> str:
     lines.append("GPU-hours per user:")
     lines += [f"  {user}: {h}" for user, h in report["gpuHoursByUser"].items()] or ["  (none)"]
     lines.append("Top jobs:")
-    lines += [f"  {j['job']} ({j['vc']}, {j['gpus']} GPUs, {j['state']}): {j['gpuHours']}" for j in report["topJobs"]] or ["  (none)"]
+    lines += [f"  {j['job']} ({j['vc']}, {j['gpus']} GPUs, {j['state']}): {j['gpuHours']}"
+              for j in report["topJobs"]] or ["  (none)"]
     lines.append(f"Idle GPUs now (under {IDLE_PERCENT:g}% busy), of {report['gpus']}:")
     lines += [f"  {g['node']} GPU {g['gpu']}: {g['utilization']}%" + (" (held by a running job)" if g["heldByRunningJob"] else "")
               for g in report["idleGpus"]] or ["  (none)"]
@@ -125,4 +126,4 @@ def report_html(report: dict) -> str:
 
 
 def _iso(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="seconds")

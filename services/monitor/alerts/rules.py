@@ -252,7 +252,8 @@ def _check_rule(index: int, raw: Any, default_repeat: float, problems: list[Rule
         bad("when", f"must be one of {', '.join(c.value for c in Condition)}, got {raw.get('when')!r}")
         return None
     default_threshold, default_window = PARAMETERS[when]
-    threshold = _number(raw, "threshold", default_threshold, bad, duration=when in (Condition.NODE_NOT_READY, Condition.JOB_WAITING))
+    threshold = _number(raw, "threshold", default_threshold, bad,
+                        duration=when in (Condition.NODE_NOT_READY, Condition.JOB_WAITING))
     window = _number(raw, "window", default_window, bad, duration=True)
     if default_threshold is None and "threshold" in raw:
         bad("threshold", f"{when.value} takes no threshold")

@@ -41,8 +41,8 @@ from libs.common.alerts_messages import (
     AlertAction,
     AlertRecord,
     AlertsReply,
-    AlertState,
     AlertsRequest,
+    AlertState,
     Outcome,
     Problem,
 )
@@ -76,7 +76,7 @@ from services.monitor.alerts.core import (
 )
 from services.monitor.alerts.mailer import Mailer, MailSettings
 from services.monitor.alerts.report import build_report, weekly_report_due
-from services.monitor.alerts.rules import Action, InvalidRules, RuleSet, load_rules_text
+from services.monitor.alerts.rules import Action, InvalidRules, load_rules_text
 from services.monitor.alerts.store import (
     REPORT_PREFIX,
     SENT_PREFIX,
@@ -318,7 +318,8 @@ class AlertShell:
         try:
             revision = await self.rules_key.write(document, last=current.revision)
         except nats.js.errors.KeyWrongLastSequenceError:
-            return AlertsReply(outcome=Outcome.STALE, message="someone changed the alert rules at the same moment; read them again")
+            return AlertsReply(outcome=Outcome.STALE,
+                               message="someone changed the alert rules at the same moment; read them again")
         self.follow(Snapshot(document=document, revision=revision))
         log.info("alert rules %s by %s: revision %d", "set" if text else "reset", request.by or "-", revision)
         return self._rules_reply()
@@ -409,7 +410,7 @@ class AlertShell:
             return
         claims = await asyncio.gather(*(self.store.claim(SENT_PREFIX, n.id) for n in notifications),
                                       return_exceptions=True)
-        for notification, claimed in zip(notifications, claims):
+        for notification, claimed in zip(notifications, claims, strict=True):
             if claimed is True:  # claimed by someone before (False): mailed already, or being
                 self.outbox.put_nowait(notification)
         for claimed in claims:
@@ -592,7 +593,7 @@ class AlertShell:
                         log.warning("tag-job: %s refused tagging %s %s: %s %s", url, job, tag, resp.status, answer)
                         return
                     problem = f"{resp.status} {answer}"
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+            except (TimeoutError, aiohttp.ClientError, OSError) as error:
                 problem = repr(error)
             if attempt < TAG_ATTEMPTS:
                 log.warning("tag-job: tagging %s failed (%s); retrying in %.0f s", job, problem, pause)
@@ -645,7 +646,7 @@ async def _probe(http: aiohttp.ClientSession, name: str, url: str, clock: Callab
         async with http.get(url) as response:
             ready = response.status == 200
             reason = "" if ready else f"{url} answered {response.status}: {(await response.text())[:200]}"
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+    except (TimeoutError, aiohttp.ClientError, OSError) as error:
         ready, reason = False, f"{url} did not answer: {error.__class__.__name__} {error}".strip()
     return ServiceReading(service=name, ready=ready, at=clock(), reason=reason)
 

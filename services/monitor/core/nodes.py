@@ -34,7 +34,6 @@ Contracts:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Union
 
 import msgspec
 
@@ -85,7 +84,7 @@ class Tick(msgspec.Struct, frozen=True, kw_only=True):
     listeningSince: float = 0.0
 
 
-HealthInput = Union[Heard, Cordon, Tick]
+HealthInput = Heard | Cordon | Tick
 
 
 # --- outputs ----------------------------------------------------------------------
@@ -117,7 +116,7 @@ class NodeConditionCounts(msgspec.Struct, frozen=True, kw_only=True):
     counts: dict[tuple[str, str, str, str], int]
 
 
-HealthOutput = Union[StatusChanged, SaveHealth, NodeConditionCounts, NodeUp]
+HealthOutput = StatusChanged | SaveHealth | NodeConditionCounts | NodeUp
 
 
 def count_labels(record: NodeHealthRecord) -> tuple[str, str, str, str]:
@@ -151,7 +150,8 @@ class NodeHealthCore:
             if record.heard:
                 record = msgspec.structs.replace(record, lastHeard=now)
             self._nodes[record.node] = record
-        outputs: list[HealthOutput] = [NodeUp(node=r.node, up=r.healthy) for r in self._nodes.values() if r.heard or not r.healthy]
+        outputs: list[HealthOutput] = [
+            NodeUp(node=r.node, up=r.healthy) for r in self._nodes.values() if r.heard or not r.healthy]
         return outputs + [self._counts()]
 
     def handle(self, event: HealthInput) -> list[HealthOutput]:
@@ -220,7 +220,8 @@ class NodeHealthCore:
         if changed or announce or decided.cordoned != (previous.cordoned if previous else False):
             out.append(SaveHealth(record=decided))
         if changed or announce:
-            out.append(StatusChanged(node=decided.node, healthy=decided.healthy, conditions=conditions, reason=reason, at=at, cause=cause))
+            out.append(StatusChanged(node=decided.node, healthy=decided.healthy, conditions=conditions, reason=reason,
+                                     at=at, cause=cause))
             out.append(NodeUp(node=decided.node, up=decided.healthy))
             out.append(self._counts())
         return out

@@ -40,7 +40,8 @@ WANTED_ENV = frozenset({TASK_KEY_ENV, *_ENV_LABELS.values()})
 
 # cgroup v1 (`.../kubepods/burstable/pod<uid>/<id>`) and v2 with the systemd
 # driver (`.../kubepods-burstable-pod<uid with _>.slice/...`).
-_POD_UID = re.compile(r"kubepods[^\n]*?[/-]pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
+_POD_UID = re.compile(
+    r"kubepods[^\n]*?[/-]pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
 
 
 class TaskIdentity(msgspec.Struct, frozen=True, kw_only=True):

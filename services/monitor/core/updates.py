@@ -6,8 +6,6 @@ harmless; counter and histogram updates are emitted once per fact by the core.
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 
@@ -56,4 +54,4 @@ class RaiseAlert(msgspec.Struct, frozen=True, kw_only=True):
     labels: dict[str, str]
 
 
-Update = Union[JobsGauge, SubmitToRunning, EventCounted, TaskExitCounted, NodeUp, NodeCount, RaiseAlert]
+Update = JobsGauge | SubmitToRunning | EventCounted | TaskExitCounted | NodeUp | NodeCount | RaiseAlert

@@ -27,9 +27,9 @@ from libs.common.bus import Bus, all_keys, get_json
 from libs.common.errors import BadInput, ConflictGroup, ConflictUser, NoGroup, NoToken, NoUser
 from libs.common.ids import NAME_PATTERN
 from libs.common.protocol.limits import MAX_USERNAME_LENGTH
+from libs.common.subjects import Bucket
 from services.rest.identity import core
 from services.rest.records import Group, TokenKind, TokenRecord, User
-from libs.common.subjects import Bucket
 
 _hasher = argon2.PasswordHasher()  # argon2id with argon2-cffi's current defaults
 UPDATE_ATTEMPTS = 10
