@@ -224,7 +224,7 @@ async def main():
     engine = await store.open_store({dsn!r})
     opened = time.perf_counter()
     index = JobIndex(); index.ready = True
-    total, page = await jobs_api._list_from_history(engine, index, jobs_api.parse_list_query({{"limit": "20"}}))
+    total, page, _ = await jobs_api._list_from_history(engine, index, jobs_api.parse_list_query({{"limit": "20"}}))
     listed = time.perf_counter()
     await engine.dispose()
     print(json.dumps({{"import_s": round(imported - t0, 2), "open_and_migrate_s": round(opened - imported, 2),

@@ -882,10 +882,15 @@ async def _list_from_history(engine: AsyncEngine, index: JobIndex,
         user=query.username, vc=query.vc, states=query.states, keyword=query.keyword, tags_any=query.tags_any,
         tags_none=query.tags_none, order_field=query.order_field, descending=query.descending, offset=start,
         limit=count)
-    total, rows = await history_query.list_page(engine, found, excluding={ids.job_id_from_key(k) for k in keys})
+    order = _order_rows(query.order_field, query.descending)
+    # A window longer than the page (rows laid over it may come before any of its rows):
+    # only its rows that land on the page are read in full.
+    place = (lambda window: overlay.on_page(window, start, overlaid, query.offset, query.limit, order)
+             ) if count > query.limit else None
+    total, rows, skipped = await history_query.list_page(
+        engine, found, excluding={ids.job_id_from_key(k) for k in keys}, place=place)
     db_rows = [msgspec.convert(row, JobRow) for row in rows]
-    page = overlay.page(db_rows, start, overlaid, query.offset, query.limit,
-                        _order_rows(query.order_field, query.descending))
+    page = overlay.page(db_rows, start + skipped, overlaid, query.offset, query.limit, order)
     return (total.n if total else 0) + len(overlaid), page, bool(total and total.capped)
 
 

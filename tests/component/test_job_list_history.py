@@ -83,6 +83,9 @@ QUERIES = [
     {"tagsContain": "old,new"}, {"tagsNotContain": "gold"}, {"offset": "7", "limit": "9"},
     {"offset": "55", "limit": "10"}, {"offset": "90"}, {"username": "bob", "state": "running", "offset": "2", "limit": "3"},
     {"vc": "default", "order": "completionTime,DESC", "offset": "5", "limit": "20"},
+    {"order": "name,ASC", "offset": "11", "limit": "6"}, {"order": "completionTime,ASC", "offset": "30", "limit": "7"},
+    {"order": "state", "offset": "13", "limit": "5"}, {"order": "totalGpuNumber", "offset": "9", "limit": "4"},
+    {"tags": "gold", "order": "username", "offset": "4", "limit": "3"},
 ]
 
 
@@ -149,3 +152,25 @@ async def test_a_keyword_total_past_its_cap_is_a_lower_bound_and_the_answer_says
         assert response.headers["X-Total-Count"] == str(total) and body["totalCount"] == total
         assert response.headers.get("X-Total-Count-Capped") == ("true" if capped else None)
         assert body.get("totalCountCapped") == (True if capped else None)
+
+
+async def test_a_page_past_rows_laid_over_it_reads_only_its_own_rows_in_full(engine):
+    """A page at an offset, with rows laid over the list, may be preceded by any of them:
+    the database rows its window could hold are read as far as the order goes (id and
+    the order column), and only those that land on the page in full."""
+    import sqlalchemy as sa
+
+    plans = [_plan(i) for i in range(N)]
+    index, _ = _index_and_events(plans)
+    kept = [p for i, p in enumerate(plans) if i % 3 != 0]
+    _, events = _index_and_events(kept)
+    await _project(engine, events, kept)
+    await jobs_api.settle_once(index, engine)
+    statements: list[tuple[str, object]] = []
+    sa.event.listen(engine.sync_engine, "before_cursor_execute",
+                    lambda _c, _cur, statement, parameters, _ctx, _many: statements.append((statement, parameters)))
+    for params in ({"offset": "30", "limit": "5"}, {"order": "name", "offset": "25", "limit": "4"}):
+        statements.clear()
+        assert await _from_history(engine, index, params) == _from_index(index, params)
+        wide = [(s, p) for s, p in statements if "jobs.tags" in s]
+        assert len(wide) == 1 and len(wide[0][1]) <= int(params["limit"]), wide  # one id per row read in full

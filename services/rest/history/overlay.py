@@ -38,3 +38,23 @@ def page(db_rows: Sequence[Any], db_start: int, overlaid: list[Any], offset: int
     merged = order([*db_rows, *overlaid])
     at = offset - db_start
     return merged[at:at + limit]
+
+
+def on_page(window: Sequence[Any], db_start: int, overlaid: list[Any], offset: int, limit: int,
+            order: Callable[[list[Any]], list[Any]]) -> tuple[int, int]:
+    """[p, q): which of the window's database rows (from index `db_start`, in the list's
+    order; only what `order` reads of them is needed) land on the merged page [offset,
+    offset + limit), so that only those are read in full. Every overlaid row is in the
+    merge, so each row sits at db_start plus its place in it. `page` gives the same
+    page from window[p:q] read from index db_start + p: the rows left out before p are
+    all before the page, and so are the overlaid rows ordered before them."""
+    merged = order([*window, *overlaid])
+    window_ids = {id(row) for row in window}
+    p = q = 0
+    for at, row in enumerate(merged):
+        if id(row) in window_ids:
+            if db_start + at < offset:
+                p += 1
+            if db_start + at < offset + limit:
+                q += 1
+    return p, q

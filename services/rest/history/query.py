@@ -8,6 +8,8 @@ API answers them (services/rest/views.py), so a route can serve either.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -149,17 +151,13 @@ class Total(msgspec.Struct, frozen=True):
     capped: bool = False  # n is a lower bound: the count stopped at KEYWORD_TOTAL_MAX matches
 
 
-async def _total(connection: Any, f: JobFilter, excluding: list[str]) -> Total:
-    """How many jobs match, but those in `excluding`: the count of every match less the
-    left-out ones that match (looked up by id and matched here, so no row of the count
-    is tested against the left-out set). A capped count less the left-out ones that
-    match is still a lower bound."""
+async def _total(connection: Any, f: JobFilter, left_out: int) -> Total:
+    """How many jobs match, but the `left_out` matching ones (_left_out_matching): the
+    count of every match less those, so no row of the count is tested against the
+    left-out set. A capped count less them is still a lower bound."""
     cap = KEYWORD_TOTAL_MAX if f.keyword else None
     total = await _count(connection, f, cap)
-    capped = cap is not None and total >= cap
-    if excluding:
-        total -= await _left_out_matching(connection, f, excluding)
-    return Total(total, capped)
+    return Total(total - left_out, cap is not None and total >= cap)
 
 
 async def _count(connection: Any, f: JobFilter, cap: int | None = None) -> int:
@@ -213,10 +211,13 @@ async def _keyword_walks(connection: Any, f: JobFilter, total: Total) -> bool:
     return total.n * total.n * WALK_COST_RATIO >= (f.offset + f.limit) * jobs_in_order
 
 
-async def _left_out_matching(connection: Any, f: JobFilter, excluding: list[str]) -> int:
-    """How many of the left-out jobs the history has that match the filter: each looked
-    up by id and matched here as _where does in SQL (a filter in the query would have the
-    planner walk that filter's index instead, e.g. every job of a VC)."""
+async def _left_out_matching(connection: Any, f: JobFilter, excluding: list[str]) -> list[str]:
+    """Which of the left-out jobs the history has match the filter: each looked up by id
+    and matched here as _where does in SQL (a filter in the query would have the planner
+    walk that filter's index instead, e.g. every job of a VC). Only these are left out
+    of the page's walk, often none: most jobs rest lays over a page are too new for the
+    history to have them, and testing each row walked against the whole set cost a deep
+    page more than the walk."""
     among = _among(excluding, connection.dialect.name)
     rows = (await connection.execute(sa.select(jobs.c.id, jobs.c.user, jobs.c.vc, jobs.c.state, jobs.c.submitted_at)
                                      .where(jobs.c.id.in_(among), jobs.c.submitted_at.is_not(None)))).all()
@@ -226,17 +227,17 @@ async def _left_out_matching(connection: Any, f: JobFilter, excluding: list[str]
                                                    .where(job_tags.c.job.in_(among)))).all():
             tags.setdefault(job, set()).add(tag)
     keyword = f.keyword.lower() if f.keyword else None
-    return sum(1 for r in rows if (f.user is None or r.user == f.user) and (f.vc is None or r.vc == f.vc)
-               and (not f.states or r.state in f.states) and (keyword is None or keyword in r.id.lower())
-               and (not f.tags_any or f.tags_any & tags.get(r.id, set()))
-               and not (f.tags_none & tags.get(r.id, set()))
-               and (f.submitted_from is None or r.submitted_at >= f.submitted_from)
-               and (f.submitted_until is None or r.submitted_at < f.submitted_until))
+    return [r.id for r in rows if (f.user is None or r.user == f.user) and (f.vc is None or r.vc == f.vc)
+            and (not f.states or r.state in f.states) and (keyword is None or keyword in r.id.lower())
+            and (not f.tags_any or f.tags_any & tags.get(r.id, set()))
+            and not (f.tags_none & tags.get(r.id, set()))
+            and (f.submitted_from is None or r.submitted_at >= f.submitted_from)
+            and (f.submitted_until is None or r.submitted_at < f.submitted_until)]
 
 
-async def _page(connection: Any, f: JobFilter, where: list[Any]) -> list[Any]:
+async def _page(connection: Any, f: JobFilter, where: list[Any], columns: list[Any] | None = None) -> list[Any]:
     column = ORDER_COLUMNS[f.order_field]
-    page = sa.select(*_LIST_COLUMNS).where(*where)
+    page = sa.select(*(columns or _LIST_COLUMNS)).where(*where)
     if f.after is not None:
         at, job = f.after
         if f.order_field != "createdTime":
@@ -285,24 +286,50 @@ async def list_jobs(engine: AsyncEngine, f: JobFilter, *, with_total: bool = Tru
                     excluding: frozenset[str] | set[str] = frozenset()) -> tuple[int | None, list[dict]]:
     """(how many match, or None without `with_total`; the page): list_page's, the total
     a lower bound where a keyword's count was capped."""
-    total, rows = await list_page(engine, f, with_total=with_total, excluding=excluding)
+    total, rows, _ = await list_page(engine, f, with_total=with_total, excluding=excluding)
     return (None if total is None else total.n), rows
 
 
+# What a row's list field reads as in job_row (the API's units), by order field: the rows
+# rest lays over a page are merged with the database's in Python by these.
+_ORDER_VALUES = {
+    "createdTime": lambda r: _ms(r.submitted_at), "completedTime": lambda r: _ms(r.completed_at),
+    "priority": lambda r: r.priority if r.priority is not None else 0,
+}
+
+
+def _order_key(f: JobFilter, row: Any) -> SimpleNamespace:
+    """A window row as far as the list's order reads it (the field of job_row and the id)."""
+    value = _ORDER_VALUES.get(f.order_field)
+    return SimpleNamespace(debugId=row.id, **{f.order_field: value(row) if value else row[1]})
+
+
 async def list_page(engine: AsyncEngine, f: JobFilter, *, with_total: bool = True,
-                    excluding: frozenset[str] | set[str] = frozenset()) -> tuple[Total | None, list[dict]]:
-    """(how many match, or None without `with_total`; the page) in one read transaction.
-    `excluding`: job ids left out (rest overlays its own newer rows of them)."""
-    left_out = sorted(excluding)
+                    excluding: frozenset[str] | set[str] = frozenset(),
+                    place: Callable[[list[Any]], tuple[int, int]] | None = None,
+                    ) -> tuple[Total | None, list[dict], int]:
+    """(how many match, or None without `with_total`; the page; how many of the page's
+    first rows were not read) in one read transaction. `excluding`: job ids left out
+    (rest overlays its own newer rows of them). `place`: given the page's rows as far as
+    the order reads them, which of them [p, q) are wanted in full (overlay.on_page: of a
+    window that rows laid over it make longer than the page, those that land on it), so
+    only those are read in full (a deep page reads hundreds of rows for twenty)."""
     async with engine.connect() as connection:
         dialect = connection.dialect.name
-        total = await _total(connection, f, left_out) if with_total else None
+        left_out = sorted(await _left_out_matching(connection, f, sorted(excluding))) if excluding else []
+        total = await _total(connection, f, len(left_out)) if with_total else None
         walk = total is not None and await _keyword_walks(connection, f, total)
         where = _where(f, dialect, keyword_indexed=not walk)
         if left_out:
             where.append(jobs.c.id.not_in(_among(left_out, dialect)))
-        rows = await _page(connection, f, where)
-    return total, [job_row(row) for row in rows]
+        if place is None:
+            return total, [job_row(row) for row in await _page(connection, f, where)], 0
+        keys = await _page(connection, f, where, [jobs.c.id, ORDER_COLUMNS[f.order_field]])
+        p, q = place([_order_key(f, k) for k in keys])
+        wanted = [k.id for k in keys[p:q]]
+        found = {row.id: row for row in (await connection.execute(
+            sa.select(*_LIST_COLUMNS).where(jobs.c.id.in_(wanted)))).all()} if wanted else {}
+    return total, [job_row(found[job]) for job in wanted if job in found], p
 
 
 async def rows_of(engine: AsyncEngine, ids: list[str]) -> dict[str, dict[str, Any]]:
