@@ -27,7 +27,6 @@ class Waits:
     def __init__(self, policy: SchedulingPolicy, *, clock: Callable[[], float], state: ClusterState,
                  queues: Queues, jobs: dict[str, JobRecord], reserve: IdleReserve):
         self._policy = policy
-        self._announce_after = policy.announce_wait_after_s
         self._clock = clock
         self._state = state
         self._queues = queues
@@ -39,7 +38,7 @@ class Waits:
 
     def queued(self, record: JobRecord) -> None:
         """A new attempt: its wait is announced once it has waited long enough."""
-        if self._announce_after > 0:
+        if self._policy.announce_wait_after_s > 0:
             self._unannounced.append((record.queued_at, record.id, record.attempt))
 
     def fail(self, record: JobRecord, group: GroupDemand, tasks: list[TaskDemand], decisions: list[Decision]) -> None:
@@ -90,17 +89,18 @@ class Waits:
         assert record.queue.reason_text is not None
         reason = record.queue.reason_text(self._queues.position(record))
         now = self._clock()
-        first = not record.told.wait_given and not record.told.sent and now - record.queued_at >= self._announce_after
-        record.told.wait_given = record.told.wait_given or first
-        record.told.reason_given = reason
-        record.told.reason_given_at = now
+        told = record.told
+        first = not told.wait_given and not told.sent and now - record.queued_at >= self._policy.announce_wait_after_s
+        told.wait_given = told.wait_given or first
+        told.reason_given = reason
+        told.reason_given_at = now
         return Wait(job=record.id, attempt=record.attempt, vc=record.vc, reason=reason, first=first)
 
     def announcements_due(self) -> list[Decision]:
         """Announce the attempts, queued long enough ago, that still wait for their first cells
         with a reason given and not yet announced. One queued without a reason given yet is dropped
         here: its first Wait, later than this, announces it (see wait)."""
-        due = self._clock() - self._announce_after
+        due = self._clock() - self._policy.announce_wait_after_s
         announcements: list[Decision] = []
         while self._unannounced and self._unannounced[0][0] <= due:
             _, job, attempt = self._unannounced.popleft()

@@ -179,5 +179,5 @@ def waits(decisions: list[Decision]) -> dict[str, str]:
     return {d.job: d.reason for d in decisions if isinstance(d, Wait)}
 
 
-__all__ = ["Harness", "cluster", "quota_leaves", "spec", "role", "only", "placed_jobs", "preempted_jobs", "waits", "Tick",
-           "reference_hived", "Place", "Preempt", "Wait", "FIXTURES"]
+__all__ = ["Harness", "cluster", "quota_leaves", "spec", "role", "only", "placed_jobs", "preempted_jobs", "waits",
+           "Tick", "reference_hived", "Announce", "Place", "Preempt", "Wait", "FIXTURES"]
