@@ -61,7 +61,7 @@ def _phrase(keyword: str) -> str:
     return '"' + keyword.lower().replace('"', '""') + '"'
 
 
-def _keyword(keyword: str, dialect: str, *, indexed: bool = True) -> Any:
+def _keyword(keyword: str, dialect: str, *, indexed: bool = True, found: list[str] | None = None) -> Any:
     """Jobs whose id holds the keyword. SQLite: `indexed`, as the set of jobs the trigram
     index finds (a count or page visits only them); otherwise tested row by row (a page
     walking the list's order, when matches are so many that its rows come first)."""
@@ -69,6 +69,8 @@ def _keyword(keyword: str, dialect: str, *, indexed: bool = True) -> Any:
     pattern = "%" + keyword.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
     if dialect != "sqlite":
         return sa.func.lower(jobs.c.id).like(pattern, escape="\\")  # PostgreSQL: the trigram index on lower(id)
+    if found is not None:  # the matches, already read from the trigram index
+        return jobs.c.id.in_(_among(found, dialect))
     if indexed and len(keyword) >= TRIGRAM:
         return jobs.c.id.in_(sa.select(_keyword_ids.c.id).where(sa.text("job_keywords MATCH :phrase")
                                                                  .bindparams(phrase=_phrase(keyword))))
@@ -93,7 +95,8 @@ def _tagged(tags: frozenset[str], *, driving: bool) -> Any:
     return sa.exists().where(job_tags.c.job == jobs.c.id, job_tags.c.tag.in_(sorted(tags)))
 
 
-def _where(f: JobFilter, dialect: str = "sqlite", *, counting: bool = False, keyword_indexed: bool = True) -> list[Any]:
+def _where(f: JobFilter, dialect: str = "sqlite", *, counting: bool = False, keyword_indexed: bool = True,
+           keyword_found: list[str] | None = None) -> list[Any]:
     where: list[Any] = [jobs.c.submitted_at.is_not(None)]  # placeholders wait for their submission
     if f.user is not None:
         where.append(jobs.c.user == f.user)
@@ -102,7 +105,7 @@ def _where(f: JobFilter, dialect: str = "sqlite", *, counting: bool = False, key
     if f.states:
         where.append(jobs.c.state.in_(sorted(f.states)))
     if f.keyword:
-        where.append(_keyword(f.keyword, dialect, indexed=keyword_indexed))
+        where.append(_keyword(f.keyword, dialect, indexed=keyword_indexed, found=keyword_found))
     if f.tags_any:
         where.append(_tagged(f.tags_any, driving=counting))
     if f.tags_none:
@@ -317,9 +320,21 @@ async def list_page(engine: AsyncEngine, f: JobFilter, *, with_total: bool = Tru
     async with engine.connect() as connection:
         dialect = connection.dialect.name
         left_out = sorted(await _left_out_matching(connection, f, sorted(excluding))) if excluding else []
-        total = await _total(connection, f, len(left_out)) if with_total else None
+        found = None
+        if with_total and dialect == "sqlite" and _keyword_alone(f):
+            # Up to the cap, the matches themselves: their number is the count, and the page
+            # looks them up instead of asking the trigram index again.
+            assert f.keyword is not None
+            found = list((await connection.execute(
+                sa.select(_keyword_ids.c.id).where(sa.text("job_keywords MATCH :phrase").bindparams(
+                    phrase=_phrase(f.keyword))).limit(KEYWORD_TOTAL_MAX))).scalars())
+            total: Total | None = Total(len(found) - len(left_out), len(found) >= KEYWORD_TOTAL_MAX)
+        else:
+            total = await _total(connection, f, len(left_out)) if with_total else None
         walk = total is not None and await _keyword_walks(connection, f, total)
-        where = _where(f, dialect, keyword_indexed=not walk)
+        where = _where(f, dialect, keyword_indexed=not walk,
+                       keyword_found=found if found is not None and not walk and len(found) < KEYWORD_TOTAL_MAX
+                       else None)
         if left_out:
             where.append(jobs.c.id.not_in(_among(left_out, dialect)))
         if place is None:
