@@ -57,9 +57,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.stats import filesystem_of, percentile, python_loop_seconds  # noqa: E402
 from libs.common.messages import JobState, TaskPlacement  # noqa: E402
 from libs.common.protocol.model import JobSpec, Resources, TaskRole  # noqa: E402
-from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, TaskRunning  # noqa: E402
 from services.launcher.backends.local import LocalBackend  # noqa: E402
 from services.launcher.backends.local_layout import TaskFiles, read_task_exit  # noqa: E402
+from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, TaskRunning  # noqa: E402
+
 # Imported here, not in the measured run: the launcher's shell brings in the NATS client.
 from services.launcher.service import BATCH_MAX, backend_batches  # noqa: E402
 

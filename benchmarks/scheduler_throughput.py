@@ -61,7 +61,7 @@ def read_machines(path: Path) -> list[dict]:
     header = header_path.read_text().strip().split(",") if header_path.exists() else [
         "machine", "gpu_type", "cap_cpu", "cap_mem", "cap_gpu"]
     with path.open() as handle:
-        rows = [dict(zip(header, row)) for row in csv.reader(handle) if row]
+        rows = [dict(zip(header, row, strict=False)) for row in csv.reader(handle) if row]
     return [row for row in rows if int(row["cap_gpu"]) > 0]
 
 
@@ -96,7 +96,7 @@ def cluster_config(machines: list[dict]) -> dict:
         for name in names[racks * rack_nodes:]:
             physical.append({"cellType": node_type, "cellAddress": name})
         # Split the rack nodes and the loose nodes of this model over the VCs.
-        for chain, count, path in ((rack_type, racks * rack_nodes, f"{rack_type}.{node_type}"),
+        for _chain, count, path in ((rack_type, racks * rack_nodes, f"{rack_type}.{node_type}"),
                                    (node_type, loose, node_type)):
             share, extra = divmod(count, VC_COUNT)
             for index, vc in enumerate(vcs):
@@ -158,7 +158,8 @@ def run(jobs: int, seed: int, data: Path, load: float = 0.8, long_queue: int = 0
     runtimes = [rng.expovariate(1 / mean_runtime) for _ in specs]
     # Offered load: arrivals per second = load * GPUs / (mean GPU-seconds asked per job).
     mean_gpu_seconds = statistics.mean(
-        spec.taskRoles[0].instances * spec.taskRoles[0].resources.gpu * runtime for spec, runtime in zip(specs, runtimes))
+        spec.taskRoles[0].instances * spec.taskRoles[0].resources.gpu * runtime
+        for spec, runtime in zip(specs, runtimes, strict=True))
     arrival_rate = load * total_gpus / mean_gpu_seconds
     events: list[tuple[float, int, str, str, int]] = []
     by_id: dict[str, JobSpec] = {}
@@ -173,7 +174,7 @@ def run(jobs: int, seed: int, data: Path, load: float = 0.8, long_queue: int = 0
         runtime[job_id] = rng.expovariate(1 / mean_runtime)
         core.handle(Submit(job=job_id, attempt=0, spec=spec))
     arrival = 0.0
-    for number, (spec, seconds) in enumerate(zip(specs, runtimes)):
+    for number, (spec, seconds) in enumerate(zip(specs, runtimes, strict=True)):
         arrival += rng.expovariate(arrival_rate)
         job_id = f"{spec.user}~{spec.name}"
         by_id[job_id] = spec

@@ -29,7 +29,6 @@ from libs.common.config import load_config  # noqa: E402
 from libs.common.natsserver import free_port  # noqa: E402
 
 
-
 async def measure(client: Client, jobs: int) -> list[float]:
     latencies = []
     for n in range(jobs):

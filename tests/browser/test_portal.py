@@ -12,10 +12,10 @@ import re
 
 import pytest
 
+from tests.browser.conftest import PASSWORD, Rest, shot
+
 expect = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: `make test` installs the "
                              "test extra (pip install -e '.[test]')").expect
-
-from tests.browser.conftest import PASSWORD, Rest, shot
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -242,7 +242,8 @@ def test_clone_and_upload_fill_the_editor(page, url, tmp_path):
     page.goto(f"{url}/#/jobs/alice~portal-hello")
     page.get_by_role("button", name="Clone").click()
     page.wait_for_url(re.compile(r".*#/submit\?clone=.*"))
-    expect(page.locator("#job-text")).to_have_value(re.compile("portal-hello-clone"))  # (the CSP forbids wait_for_function's eval)
+    # (the CSP forbids wait_for_function's eval)
+    expect(page.locator("#job-text")).to_have_value(re.compile("portal-hello-clone"))
     text = page.locator("#job-text").input_value()
     assert "greeting" in text and "name: portal-hello-clone" in text
 

@@ -3,7 +3,6 @@ would carry one test's damage into the next."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.chaos.harness import start_platform, stop_platform, task_writable_dir

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import psutil
-
 import msgspec
+import psutil
 
 from cli.client import ApiError, Connection, connection_file
 from cli.up import SERVICES, Platform, secure_data_dir

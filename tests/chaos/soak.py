@@ -132,7 +132,8 @@ class SoakReport:
     def summary(self) -> str:
         skip = ("kills", "recovery_s", "wrong", "unfinished", "orphans")
         figures = " ".join(f"{k}={v}" for k, v in asdict(self).items() if k not in skip)
-        return f"{figures} kills={','.join(self.kills)} wrong={self.wrong[:5]} unfinished={self.unfinished[:5]} orphans={self.orphans[:5]}"
+        return (f"{figures} kills={','.join(self.kills)} wrong={self.wrong[:5]} unfinished={self.unfinished[:5]} "
+                f"orphans={self.orphans[:5]}")
 
     def figures(self) -> dict:
         out = asdict(self)

@@ -83,7 +83,9 @@ async def test_the_standby_takes_over_when_the_active_replica_is_killed(platform
         print(f"{service} takeover: {took:.2f}s")
 
         final = await wait_all_final(platform, jobs, timeout=90)
-        assert states(final) == dict.fromkeys(jobs, "SUCCEEDED"), [(d["jobStatus"].get("appExitSpec"), d["jobStatus"].get("appExitDiagnostics")) for d in final.values() if d and d["jobStatus"]["state"] != "SUCCEEDED"]
+        assert states(final) == dict.fromkeys(jobs, "SUCCEEDED"), [
+            (d["jobStatus"].get("appExitSpec"), d["jobStatus"].get("appExitDiagnostics"))
+            for d in final.values() if d and d["jobStatus"]["state"] != "SUCCEEDED"]
         assert_each_task_started_once(starts_dir, jobs)
     finally:
         standby.send_signal(signal.SIGKILL)

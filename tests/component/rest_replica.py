@@ -13,12 +13,12 @@ from aiohttp.test_utils import TestServer
 from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.service import ServiceContext
 from libs.common.subjects import STREAM, Bucket
 from services.rest import intake, jobs_api
 from services.rest.app import create_app
 from services.rest.records import SubmittedJob
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 
 class Rest:
@@ -45,12 +45,13 @@ class Rest:
 
         async def counted_each(events, **kwargs):
             failures = await real_publish_each(events, **kwargs)
-            self.published.extend(event.id for event, failed in zip(events, failures) if failed is None)
+            self.published.extend(event.id for event, failed in zip(events, failures, strict=True) if failed is None)
             return failures
 
         self.bus.publish = counted
         self.bus.publish_each = counted_each
-        self.ctx = ServiceContext(name="rest", config=load_config(env=dict(IN_PROCESS_ENV), data_dir=str(self.tmp_path)), bus=self.bus)
+        config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(self.tmp_path))
+        self.ctx = ServiceContext(name="rest", config=config, bus=self.bus)
         self.server = TestServer(await create_app(self.ctx))
         await self.server.start_server()
         self.ctx.set_ready()

@@ -34,7 +34,7 @@ from aiosmtpd.controller import Controller
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
+from libs.common.ids import job_key
 from libs.common.messages import (
     EventDeadLettered,
     ExitSpec,
@@ -44,7 +44,6 @@ from libs.common.messages import (
     encode,
     subject_of,
 )
-from libs.common.ids import job_key
 from libs.common.natsserver import free_port
 from libs.common.protocol.model import JobSpec
 from libs.common.records import AttemptRecord, JobRecord, encode_job_record
@@ -55,6 +54,7 @@ from services.monitor.alerts.store import RuleDocument
 from services.monitor.core.samples import GpuSample, NodeSample, encode_node_sample, node_key
 from services.rest import auth
 from services.rest.app import create_app
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = uuid.uuid4().hex[:6]

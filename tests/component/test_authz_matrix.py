@@ -26,11 +26,11 @@ from aiohttp.test_utils import TestServer
 from libs.common import sealing
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.logs import LOG_SUBJECT, LogReply
 from libs.common.rules_rpc import RULES_SUBJECT, Outcome, RulesReply
 from libs.common.service import ServiceContext
 from services.rest.app import create_app, startup
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 OWNER, OTHER, ADMIN = f"mxowner{RUN}", f"mxother{RUN}", f"mxadmin{RUN}"
@@ -267,7 +267,8 @@ async def matrix(nats_server, tmp_path_factory) -> AsyncIterator[Matrix]:
     bus = await Bus.connect(nats_server.url, name="matrix-rest", **nats_server.login("rest"))
     data = tmp_path_factory.mktemp("matrix")
     sealing.write_key_pair(data / "secrets.key", data / "secrets.pub")
-    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(data), admin_user=ADMIN, secrets_public_key_file=str(data / "secrets.pub"))
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(data), admin_user=ADMIN,
+                         secrets_public_key_file=str(data / "secrets.pub"))
     ctx = ServiceContext(name="rest", config=config, bus=bus)
     await startup(ctx)
     server = TestServer(await create_app(ctx))

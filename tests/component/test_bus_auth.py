@@ -116,7 +116,8 @@ async def test_a_password_is_refused(nats_server):
     """Users log in with nkeys only: a password, even for a real user name, is refused."""
     with pytest.raises((nats.errors.Error, nats.errors.NoServersError)):
         await nats.connect(
-            nats_server.url, user="platform", password="guessed", allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2
+            nats_server.url, user="platform", password="guessed", allow_reconnect=False, max_reconnect_attempts=0,
+            connect_timeout=2,
         )
 
 

@@ -16,13 +16,13 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.nodes import NodeHealthRecord, encode_health, node_key
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
 from services.monitor.core.samples import GpuSample, NodeSample, encode_node_sample
 from services.rest import auth
 from services.rest.app import create_app
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 NODES = [f"page-{RUN}-{n:03d}" for n in range(300)]

@@ -16,8 +16,7 @@ from libs.common.bus import Bus
 from libs.common.config import Config
 from libs.common.messages import JobPlaced, JobState, subject_of
 from libs.common.protocol.model import JobSpec, Resources, TaskRole
-from libs.common.records import AttemptRecord, TaskRecord, encode_job_record
-from libs.common.records import JobRecord as LauncherRecord
+from libs.common.records import AttemptRecord, JobRecord as LauncherRecord, TaskRecord, encode_job_record
 from libs.common.schedule import ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import STREAM, Bucket

@@ -19,7 +19,6 @@ from aiohttp.test_utils import TestServer
 from libs.common.bus import Bus, store_is_full
 from libs.common.busauth import load_or_create_credentials
 from libs.common.config import Config, load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.jetstream_limits import StoreLimits, store_settings
 from libs.common.messages import StopRequested
 from libs.common.natsserver import NatsServer
@@ -27,6 +26,7 @@ from libs.common.service import ServiceContext
 from libs.common.subjects import STREAM, Bucket, Kind, job_subject
 from services.rest import auth
 from services.rest.app import create_app
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 _users = iter(range(1000))

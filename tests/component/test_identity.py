@@ -17,11 +17,11 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus, all_keys
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV, TEST_ENV
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
 from services.rest.app import create_app, startup
+from tests.fixtures.settings import IN_PROCESS_ENV, TEST_ENV
 
 RUN = uuid.uuid4().hex[:6]
 ADMIN = f"idadmin{RUN}"

@@ -18,13 +18,13 @@ from aiohttp.test_utils import TestServer
 from libs.common.bus import Bus
 from libs.common.busauth import load_or_create_credentials
 from libs.common.config import Config, load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.jetstream_limits import StoreLimits, store_settings
 from libs.common.natsserver import NatsServer
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
 from services.rest import auth
 from services.rest.app import create_app
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 PASSWORD = "correct horse battery"

@@ -17,7 +17,6 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
@@ -26,6 +25,7 @@ from services.rest.app import create_app
 from services.rest.history import consumer, projection, store
 from services.rest.history.wiring import HISTORY
 from tests.fixtures import history_events as ev
+from tests.fixtures.settings import IN_PROCESS_ENV
 from tests.fixtures.waiting import eventually
 
 RUN = uuid.uuid4().hex[:6]

@@ -23,7 +23,6 @@ from aiohttp.test_utils import TestServer
 from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.logs import LOG_SUBJECT, LogReply, LogRequest
 from libs.common.messages import ExitSpec, JobState, TaskState
 from libs.common.records import AttemptRecord, JobRecord, TaskRecord, Transition, encode_job_record
@@ -32,6 +31,7 @@ from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
 from services.rest import auth
 from services.rest.app import create_app
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 OWNER, OTHER, ADMIN = f"alice{RUN}", f"bob{RUN}", f"root{RUN}"

@@ -22,7 +22,6 @@ from hypothesis import given
 from libs.common.errors import NotFound
 from libs.common.messages import TaskPlacement
 from services.launcher.backends import kube_names
-from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, TaskRunning
 from services.launcher.backends.kube_pods import (
     DEFAULT_IMAGE,
     END_ANNOTATION,
@@ -33,6 +32,7 @@ from services.launcher.backends.kube_pods import (
 )
 from services.launcher.backends.kube_status import Exited, Pending, PullFailing, Running, Terminating, judge
 from services.launcher.backends.kubernetes import KubernetesBackend
+from services.launcher.core.tasks import TaskFinished, TaskKey, TaskLaunch, TaskRunning
 from tests.component.kube_emulator import NAMESPACE, Kubelet, PodApiEmulator, delete_pod, wait_until
 
 pytestmark = pytest.mark.timeout(30)

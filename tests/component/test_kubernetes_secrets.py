@@ -8,7 +8,6 @@ import base64
 import json
 import subprocess
 
-
 from services.launcher.backends import kube_names
 from services.launcher.backends.kubernetes import SECRET_SCRIPT_ENV, SECRET_SCRIPT_LOADER
 from services.launcher.core.tasks import TaskFinished, TaskRunning

@@ -15,8 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import pytest_asyncio
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from libs.common.errors import NotFound
 from libs.common.messages import TaskPlacement

@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from services.launcher import metrics
 from services.launcher.core.tasks import TaskFinished
-from tests.component.test_local_backend import Harness, launch, open_harness, read_pid, is_running, wait_until
+from tests.component.test_local_backend import Harness, is_running, launch, open_harness, read_pid, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tasks run as other uids only when the launcher runs as root")
 

@@ -77,7 +77,8 @@ async def test_a_task_runs_as_its_jobs_own_uid_never_root(isolated: Harness):
         "cat {tasks}/$PAI_TASK_KEY/spec.json",
         "cat {tasks}/$PAI_TASK_KEY/output.log",
     ],
-    ids=["token-relative", "token", "list-data", "list-tasks", "private-key", "nats-store", "list-work-root", "own-spec", "own-log-file"],
+    ids=["token-relative", "token", "list-data", "list-tasks", "private-key", "nats-store", "list-work-root", "own-spec",
+         "own-log-file"],
 )
 async def test_a_task_cannot_reach_the_platforms_files(isolated: Harness, data_dir: Path, attempt: str):
     name = f"intruder-{abs(hash(attempt)) % 10_000}"

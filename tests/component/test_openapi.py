@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -25,7 +24,6 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.logs import LOG_SUBJECT, LogReply
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView
 from libs.common.service import ServiceContext
@@ -33,6 +31,7 @@ from libs.common.subjects import Bucket
 from services.rest import auth
 from services.rest.app import create_app
 from services.rest.openapi import document
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 METHODS = {"get", "put", "post", "delete", "patch"}

@@ -14,12 +14,12 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
 from services.rest.app import create_app, startup
 from tests.component.test_identity import RUN, Api, unique
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 ADMIN = f"prioadmin{RUN}"
 

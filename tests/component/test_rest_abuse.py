@@ -19,11 +19,11 @@ from aiohttp import ClientSession, TCPConnector
 from libs.common import http_server
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.service import ServiceContext
 from services.rest import auth
 from services.rest.app import create_app
 from tests.component.rest_replica import job_body
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 LORIS = 2_000

@@ -15,13 +15,13 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.nodes import NodeHealthRecord, encode_health, node_key
 from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
 from services.rest import auth
 from services.rest.app import create_app
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 HEALTHY, LOST, SILENT, AGENT_ONLY = (f"{kind}-{RUN}" for kind in ("healthy", "lost", "silent", "agentonly"))
@@ -57,8 +57,8 @@ async def nodes(nats_server, tmp_path_factory) -> AsyncIterator[list[dict]]:
         await health.put(node_key(record.node), encode_health(record))
 
     bus = await Bus.connect(nats_server.url, name="nodes-rest", **nats_server.login("rest"))
-    ctx = ServiceContext(name="rest", config=load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("nodes"))),
-                         bus=bus)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("nodes")))
+    ctx = ServiceContext(name="rest", config=config, bus=bus)
     server = TestServer(await create_app(ctx))
     await server.start_server()
     ctx.set_ready()

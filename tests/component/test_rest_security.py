@@ -22,7 +22,6 @@ from aiohttp.test_utils import TestServer
 from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.logs import LOG_SUBJECT, LogReply
 from libs.common.protocol import JobSpec, limits
 from libs.common.records import JobRecord
@@ -31,6 +30,7 @@ from libs.common.service import BusClosed, ServiceContext, exit_when_bus_closed,
 from libs.common.subjects import Bucket
 from services.rest import auth
 from services.rest.app import create_app
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 OWNER, OTHER, ADMIN = f"alice{RUN}", f"bob{RUN}", f"root{RUN}"

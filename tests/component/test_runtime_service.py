@@ -23,8 +23,7 @@ from pathlib import Path
 import aiohttp
 import msgspec
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from libs.common.bus import Bus
 from libs.common.errors import BadInput

@@ -20,11 +20,11 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.messages import JobState, JobStateChanged
 from libs.common.service import ServiceContext
 from services.rest import auth
 from services.rest.app import create_app
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 OWNER, OTHER, ADMIN = f"sse{RUN}", f"sseother{RUN}", f"sseadmin{RUN}"
@@ -93,7 +93,7 @@ class SseReader:
         while (left := deadline - time.monotonic()) > 0:
             try:
                 got.append(await self.next_event(timeout=left))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         return got
 

@@ -16,10 +16,10 @@ from aiohttp.test_utils import TestServer
 from cli.main import main
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.messages import JobState, JobStateChanged
 from libs.common.service import ServiceContext
 from services.rest.app import create_app, startup
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 ADMIN, USER = f"cliadmin{RUN}", f"cliuser{RUN}"

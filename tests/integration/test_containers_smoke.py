@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from libs.common.natsserver import binary as nats_server_binary
-from libs.common.natsserver import free_port, wait_for_port
+from libs.common.natsserver import binary as nats_server_binary, free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +74,8 @@ def test_compose_builds_the_images_and_runs_a_job_to_succeeded() -> None:
             time.sleep(1)
         name = f"smoke-{uuid.uuid4().hex[:6]}"
         job = (f"protocolVersion: 2\nname: {name}\ntype: job\ntaskRoles:\n  main:\n    instances: 1\n"
-               "    resourcePerInstance: {cpu: 1, memoryMB: 256, gpu: 0}\n    commands:\n      - echo hello from PAI\n")  # fmt: skip
+               "    resourcePerInstance: {cpu: 1, memoryMB: 256, gpu: 0}\n"
+               "    commands:\n      - echo hello from PAI\n")  # fmt: skip
         while True:
             try:
                 api("POST", "/api/v2/jobs", token, job.encode())

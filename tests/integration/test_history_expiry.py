@@ -27,8 +27,8 @@ from cli.up import Platform
 from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.subjects import Bucket
-from tests.integration.conftest import Api, job_yaml, platform_config
 from tests.fixtures.waiting import eventually
+from tests.integration.conftest import Api, job_yaml, platform_config
 
 pytestmark = pytest.mark.integration
 

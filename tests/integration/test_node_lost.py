@@ -26,9 +26,8 @@ import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
-
 from email.message import Message
+from pathlib import Path
 
 import msgspec
 import pytest

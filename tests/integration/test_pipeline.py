@@ -64,14 +64,16 @@ async def test_stopped_sleep_job_ends_stopped_and_leaves_no_process(platform, tm
     assert detail["jobStatus"]["executionType"] == "STOP"
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     marker = f"admin.{name}."
-    leftovers = [p.pid for p in psutil.process_iter(["environ"]) if marker in ((p.info.get("environ") or {}).get("PAI_TASK_KEY", ""))]
+    leftovers = [p.pid for p in psutil.process_iter(["environ"])
+                 if marker in ((p.info.get("environ") or {}).get("PAI_TASK_KEY", ""))]
     assert leftovers == []
 
 
 async def test_two_roles_three_instances_see_their_pai_environment(platform, tmp_path):
     name = unique("env")
     jid = f"admin~{name}"
-    dump = f"env | grep -E '^(PAI_|CUDA_VISIBLE_DEVICES)' | sort > {tmp_path}/$PAI_CURRENT_TASK_ROLE_NAME-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX.env"
+    dump = (f"env | grep -E '^(PAI_|CUDA_VISIBLE_DEVICES)' | sort > "
+            f"{tmp_path}/$PAI_CURRENT_TASK_ROLE_NAME-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX.env")
     await platform.submit(job_yaml(name, [dump], roles={"ps": 1, "worker": 3}))
     await platform.wait_state(jid, "SUCCEEDED")
     envs = {}

@@ -7,6 +7,7 @@ import json
 import stat
 from pathlib import Path
 
+import nkeys
 import pytest
 
 from libs.common import busauth
@@ -100,7 +101,7 @@ def test_a_damaged_seed_is_refused_not_replaced(tmp_path):
     stored = json.loads(path.read_text())
     stored["users"]["rest"]["seed"] = "SUAAAA"
     path.write_text(json.dumps(stored))
-    with pytest.raises(Exception):
+    with pytest.raises(nkeys.ErrInvalidSeed):
         busauth.load_or_create_credentials(path)
 
 

@@ -178,7 +178,8 @@ def test_every_pai_variable_set_is_a_config_setting_pai_accepts(manifests: list[
     assert unknown == []
     config = load_config(env=env)  # raises BadInput on a value of the wrong type
     # Every pod of the three-server NATS cluster, by its stable name.
-    assert config.nats_url == ",".join(f"nats://{RELEASE}-nats-{i}.{RELEASE}-nats-headless.{NAMESPACE}.svc:4222" for i in range(3))
+    assert config.nats_url == ",".join(
+        f"nats://{RELEASE}-nats-{i}.{RELEASE}-nats-headless.{NAMESPACE}.svc:4222" for i in range(3))
 
 
 @pytest.mark.parametrize("service", SERVICES, ids=SERVICES)
@@ -470,7 +471,8 @@ def test_rest_keeps_the_history_in_the_bundled_postgresql_by_default(manifests: 
         pg_env["POSTGRES_DB"]["value"], pg_env["POSTGRES_USER"]["value"], password)
     assert password not in json.dumps(rest)  # the password comes from the Secret, not the Deployment
     for service_name in SERVICES[1:]:  # nobody else gets the database
-        assert not {"PAI_HISTORY_DSN", "HISTORY_DB_PASSWORD"} & {e["name"] for e in container(deployment(manifests, service_name))["env"]}
+        env = {e["name"] for e in container(deployment(manifests, service_name))["env"]}
+        assert not {"PAI_HISTORY_DSN", "HISTORY_DB_PASSWORD"} & env
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,8 @@ def key_volume(doc: dict) -> dict | None:
 
 
 def test_rest_mounts_the_public_key_and_the_launcher_the_private_key(manifests: list[dict]) -> None:
-    expected = {"rest": ("secrets.pub", "PAI_SECRETS_PUBLIC_KEY_FILE"), "launcher": ("secrets.key", "PAI_SECRETS_PRIVATE_KEY_FILE")}
+    expected = {"rest": ("secrets.pub", "PAI_SECRETS_PUBLIC_KEY_FILE"),
+                "launcher": ("secrets.key", "PAI_SECRETS_PRIVATE_KEY_FILE")}
     for service, (item, variable) in expected.items():
         doc = deployment(manifests, service)
         volume = key_volume(doc)

@@ -9,8 +9,7 @@ import json
 import msgspec
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from libs.common.errors import TooLarge
 from libs.common.messages import EVENT_TYPES, decode, decoder_for

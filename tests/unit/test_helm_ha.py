@@ -21,9 +21,9 @@ import yaml
 from libs.common.config import load_config
 from libs.common.natsserver import binary as nats_server_binary
 from tests.tools_helm import KubeTools
+
 # The chart's renderer and the helm fixture, shared with the other chart tests.
-from tests.unit.test_deploy import CHART, NAMESPACE, RELEASE, REPO, nats_conf_as_the_pod_makes_it, render, tools  # noqa: F401 - tools is a fixture
-from tests.unit.test_deploy import run_helm as helm
+from tests.unit.test_deploy import CHART, NAMESPACE, RELEASE, REPO, nats_conf_as_the_pod_makes_it, render, run_helm as helm, tools  # noqa: F401 - tools is a fixture
 
 PRODUCTION = CHART / "values-production.yaml"
 SERVICES = ("rest", "scheduler", "launcher", "runtime", "monitor")
@@ -126,7 +126,8 @@ def test_every_scaled_out_component_has_a_disruption_budget(rendered) -> None:
 
 
 def test_external_nats_renders_no_nats_of_its_own(tools: KubeTools) -> None:
-    docs = render(tools, "-f", str(PRODUCTION), "--set", "nats.enabled=false", "--set-string", f"nats.externalUrl={EXTERNAL.replace(',', chr(92) + ',')}")
+    docs = render(tools, "-f", str(PRODUCTION), "--set", "nats.enabled=false",
+                  "--set-string", f"nats.externalUrl={EXTERNAL.replace(',', chr(92) + ',')}")
     assert kinds(docs, "StatefulSet") == {}
     assert f"{RELEASE}-nats" not in kinds(docs, "Secret") and f"{RELEASE}-nats" not in kinds(docs, "Service")
     assert f"{RELEASE}-nats" not in kinds(docs, "PodDisruptionBudget")

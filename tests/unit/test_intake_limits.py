@@ -10,8 +10,7 @@ import msgspec
 import pytest
 
 from libs.common.messages import JobPlaced, JobSubmitted, TaskPlacement, encode
-from libs.common.protocol import ProtocolError, parse_job
-from libs.common.protocol import limits
+from libs.common.protocol import ProtocolError, limits
 from libs.common.records import AttemptRecord, JobRecord, TaskRecord
 from tests.unit.test_protocol import BASE_JOB, job, rejection, submit
 

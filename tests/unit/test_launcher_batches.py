@@ -150,7 +150,8 @@ def test_a_batch_writes_each_job_once_with_every_publication_in_its_outbox():
         assert save.record.state == JobState.SUCCEEDED
         kinds = [type(e).__name__ for e in save.record.outbox]
         assert kinds == ["JobStateChanged", "TaskStarted", "JobStateChanged", "TaskExited", "JobReleased", "JobStateChanged"]
-        assert [e.id for e in save.record.outbox] == [a.event.id for a in actions if isinstance(a, Publish) and a.event.job == save.record.job]
+        assert [e.id for e in save.record.outbox] == [
+            a.event.id for a in actions if isinstance(a, Publish) and a.event.job == save.record.job]
 
 
 def test_a_batch_with_an_event_the_core_cannot_use_yet_changes_nothing():

@@ -4,8 +4,7 @@ task-exit and node metrics show for a stream of events, redelivered or not."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from libs.common.messages import (
     ExitSpec,

@@ -7,8 +7,7 @@ from types import SimpleNamespace as Obj
 
 import msgspec
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from services.monitor.core import (
     GpuProcess,

@@ -10,7 +10,6 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.monitor import metrics
-from services.monitor.core.nodes import NodeConditionCounts
 from services.monitor.core import (
     EventCounted,
     GpuSample,
@@ -21,6 +20,7 @@ from services.monitor.core import (
     SubmitToRunning,
     TaskExitCounted,
 )
+from services.monitor.core.nodes import NodeConditionCounts
 
 TAG = uuid.uuid4().hex[:8]
 VC = f"vc{TAG}"

@@ -8,8 +8,7 @@ import json
 import msgspec
 import pytest
 import yaml
-from hypothesis import assume, HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from libs.common.protocol import ParsedJob, ProtocolError, parse_job, protocol_error_body
 from libs.common.protocol.render import has_secret_references, render_secrets
@@ -133,7 +132,8 @@ SECRET = "hunter2-Very-Secret"
 def test_secrets_stay_references_in_the_spec_and_reach_the_launcher_apart():
     parsed = submit(job(secrets={"token": SECRET, "nested": {"key": "k-" + SECRET}},
                         parameters={"user": "bob"},
-                        **{"taskRoles.worker.commands": ["login <%$secrets.token%> <% $secrets.nested.key %> <% $parameters.user %>"]}))
+                        **{"taskRoles.worker.commands": [
+                            "login <%$secrets.token%> <% $secrets.nested.key %> <% $parameters.user %>"]}))
     # Parameters render at intake; secret references stay, canonically spelled.
     assert commands_of(parsed) == ["login <% $secrets.token %> <% $secrets.nested.key %> bob"]
     assert SECRET not in msgspec.json.encode(parsed.spec).decode()

@@ -32,8 +32,10 @@ def delivery(reply: str) -> Msg:
 @pytest.mark.parametrize(
     ("reply", "delivered", "stream_seq", "pending"),
     [
-        pytest.param("$JS.ACK.PAI_EVENTS.monitor.1.2045.1988.1732430000000000000.0", 1, 2045, 0, id="first-delivery-nothing-behind"),
-        pytest.param("$JS.ACK.PAI_EVENTS.scheduler.3.17.90.1732430000000000000.255", 3, 17, 255, id="redelivered-with-more-waiting"),
+        pytest.param("$JS.ACK.PAI_EVENTS.monitor.1.2045.1988.1732430000000000000.0", 1, 2045, 0,
+                     id="first-delivery-nothing-behind"),
+        pytest.param("$JS.ACK.PAI_EVENTS.scheduler.3.17.90.1732430000000000000.255", 3, 17, 255,
+                     id="redelivered-with-more-waiting"),
         pytest.param("$JS.ACK.hub.ACCHASH.PAI_EVENTS.launcher.2.99.7.1732430000000000000.12.r4nd0m", 2, 99, 12,
                      id="with-domain-and-account-hash"),
         pytest.param("$JS.ACK._.ACCHASH.PAI_EVENTS.launcher.1.5.5.1732430000000000000.0", 1, 5, 0, id="no-domain-no-token"),
@@ -54,7 +56,8 @@ def test_a_pub_ack_is_stored_a_duplicate_too():
 @pytest.mark.parametrize(
     ("data", "kind", "full"),
     [
-        pytest.param(b'{"error":{"code":503,"err_code":10077,"description":"maximum bytes exceeded"},"stream":"KV_pai_jobs","seq":0}',
+        pytest.param(b'{"error":{"code":503,"err_code":10077,"description":"maximum bytes exceeded"},'
+                     b'"stream":"KV_pai_jobs","seq":0}',
                      nats.js.errors.ServiceUnavailableError, True, id="no-room"),
         pytest.param(b'{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}}',
                      nats.js.errors.BadRequestError, False, id="too-large"),

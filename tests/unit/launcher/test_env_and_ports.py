@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from libs.common.exitspecs import PORTS_EXHAUSTED_EXIT_CODE
 from libs.common.messages import JobState, TaskPlacement
 from services.launcher.core import PeerAddress, Placed, StartTask, Submitted, task_env
-from libs.common.exitspecs import PORTS_EXHAUSTED_EXIT_CODE
 from tests.unit.launcher.builders import JOB, Driver, job_spec, role, started
 
 

@@ -96,7 +96,8 @@ def test_the_script_fd_reaches_the_task_and_nothing_else_does(work: Path):
     fd = local_shim._script_file("echo from-memory\n")
     try:
         # (not last: bash would exec ls in its own place, and list ls's fds)
-        code, out, err = run(local_shim.script_loader(_script_fd_in_task(fd, True)) + "ls /proc/$$/fd\ntrue\n", work, script_fd=fd)
+        code, out, err = run(local_shim.script_loader(_script_fd_in_task(fd, True)) + "ls /proc/$$/fd\ntrue\n", work,
+                             script_fd=fd)
     finally:
         os.close(fd)
     assert code == 0, err

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from libs.common import exitspecs as exits
-from libs.common import messages
+from libs.common import exitspecs as exits, messages
 from libs.common.messages import JobState, Reaction
 from services.launcher.core.policy import TaskRetry, task_retry
 from tests.unit.launcher.builders import Driver, job_spec, killed, published, role, started, states_published

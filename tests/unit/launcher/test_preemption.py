@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from libs.common import messages
-from libs.common.messages import JobState, Reaction, TaskState
 from libs.common.exitspecs import PREEMPTED_EXIT_CODE
+from libs.common.messages import JobState, Reaction, TaskState
 from tests.unit.launcher.builders import Driver, job_spec, killed, published, role, states_published
 
 

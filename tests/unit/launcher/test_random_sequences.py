@@ -16,8 +16,7 @@ after every step:
 from __future__ import annotations
 
 import msgspec
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from libs.common import messages
 from libs.common.messages import JobState, Reaction, TaskPlacement

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from libs.common import messages
+from libs.common.exitspecs import LOST_EXIT_CODE
 from libs.common.messages import JobState, Reaction, TaskState
 from libs.common.records import decode_job_record, encode_job_record
 from services.launcher.core import Action, ForgetTask, KillTask, LauncherCore, Publish, SaveJob, StartTask
-from libs.common.exitspecs import LOST_EXIT_CODE
 from services.launcher.core.tasks import TaskKey
 from tests.unit.launcher.builders import JOB, Driver, job_spec, published, role, started, timers
 

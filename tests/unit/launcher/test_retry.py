@@ -189,7 +189,8 @@ def test_a_failure_retried_without_counting_is_retried_at_most_the_platform_limi
     driver.submit()
     fail_attempts(driver, R.ALWAYS_RETRY, MAX_PLATFORM_RETRIES)
     record = driver.record
-    assert (record.state, record.attempt, record.platformRetries) == (JobState.WAITING, MAX_PLATFORM_RETRIES + 1, MAX_PLATFORM_RETRIES)
+    assert (record.state, record.attempt, record.platformRetries) == (
+        JobState.WAITING, MAX_PLATFORM_RETRIES + 1, MAX_PLATFORM_RETRIES)
     # The first few come at once, the rest after a growing delay.
     assert record.backoffRetries == MAX_PLATFORM_RETRIES - PLATFORM_RETRIES_BEFORE_BACKOFF
 

@@ -3,14 +3,13 @@ and still shows what the API needs."""
 
 from __future__ import annotations
 
-from libs.common.messages import ExitSpec, JobState, Reaction, TaskState
-from libs.common.records import decode_job_record, encode_job_record
-from services.launcher.core import SaveJob, Verdict
-from services.launcher.core.tasks import TaskFinished
 import pytest
 
-from services.launcher.core import compaction
+from libs.common.messages import ExitSpec, JobState, Reaction, TaskState
+from libs.common.records import decode_job_record, encode_job_record
+from services.launcher.core import SaveJob, Verdict, compaction
 from services.launcher.core.compaction import BRIEFED_OLDER_ATTEMPTS, FULL_TASK_ATTEMPTS, compact_attempt
+from services.launcher.core.tasks import TaskFinished
 from tests.unit.launcher.builders import Driver, job_spec, role
 
 NATS_MAX_PAYLOAD = 1024 * 1024

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from libs.common import messages
-from libs.common.messages import JobState, Reaction, TaskState
 from libs.common.exitspecs import STOP_EXIT_CODE
+from libs.common.messages import JobState, Reaction, TaskState
 from tests.unit.launcher.builders import Driver, job_spec, killed, published, role, states_published
 
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from libs.common.alerts_messages import AlertState
 from libs.common.ids import EventId, JobId, NodeName, UserName, VcName

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -81,5 +81,5 @@ def test_the_report_mail_has_both_bodies():
     ],
 )
 def test_the_weekly_report_is_due_once_a_week_from_8_utc(when, weekday, due):
-    at = datetime.fromisoformat(when).replace(tzinfo=timezone.utc).timestamp()
+    at = datetime.fromisoformat(when).replace(tzinfo=UTC).timestamp()
     assert weekly_report_due(at, weekday) == due

@@ -16,7 +16,6 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.monitor import metrics
-from services.monitor.core.samples import GpuSample
 from services.monitor.core.series import node_series
 from services.monitor.core.tasks import ProcessReading, TaskIdentity, identify, parse_environ, pod_uid_from_cgroup, task_usage
 from services.monitor.sampler import NodeSampler, NvmlGpus, TaskProcesses
@@ -99,7 +98,8 @@ BOARDS = [
     {"uuid": "GPU-c", "minor": 2, "util": 100, "used": 30 * GIB, "procs": [(EXTERNAL_PID, 10 * GIB), (OTHER_TASK_PID, 20 * GIB)]},
 ]
 
-WORKER = TaskIdentity(key="alice.train.1.worker.0.0", username="alice", job_name="alice~train", role_name="worker", task_index="0", virtual_cluster="vc1")
+WORKER = TaskIdentity(key="alice.train.1.worker.0.0", username="alice", job_name="alice~train", role_name="worker",
+                      task_index="0", virtual_cluster="vc1")
 PS = TaskIdentity(key="bob.ps.1.ps.0.0", username="bob", job_name="bob~ps", role_name="ps", task_index="0", virtual_cluster="vc2")
 
 
@@ -162,7 +162,8 @@ def test_series_of_a_task_that_ended_are_removed_at_the_next_sample(sample):
     assert REGISTRY.get_sample_value("task_mem_usage_byte", labels) == GIB
     metrics.record_node_sample(type(sample)(node=sample.node, at=sample.at + 5))
     assert REGISTRY.get_sample_value("task_mem_usage_byte", labels) is None
-    assert REGISTRY.get_sample_value("gpu_used_by_external_process_count", {"minor_number": "2", "pid": str(EXTERNAL_PID)}) is None
+    external = {"minor_number": "2", "pid": str(EXTERNAL_PID)}
+    assert REGISTRY.get_sample_value("gpu_used_by_external_process_count", external) is None
 
 
 # --- which task a process belongs to -------------------------------------------------
@@ -173,15 +174,19 @@ def test_environment_names_the_task():
           b"PAI_CURRENT_TASK_ROLE_NAME=w\0PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX=0\0PAI_VIRTUAL_CLUSTER=default\0junk"
     env = parse_environ(raw)
     assert "PATH" not in env
-    assert identify(env) == TaskIdentity(key="alice.t.1.w.0.0", username="alice", job_name="alice~t", role_name="w", task_index="0", virtual_cluster="default")
+    assert identify(env) == TaskIdentity(key="alice.t.1.w.0.0", username="alice", job_name="alice~t", role_name="w",
+                                         task_index="0", virtual_cluster="default")
     assert identify(parse_environ(b"HOME=/root\0")) is None
 
 
 @pytest.mark.parametrize(
     "cgroup, uid",
     [
-        pytest.param("12:pids:/kubepods/burstable/pod0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/abc123\n", "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", id="cgroup-v1"),
-        pytest.param("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice/cri-containerd-1.scope\n", "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", id="cgroup-v2-systemd"),
+        pytest.param("12:pids:/kubepods/burstable/pod0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/abc123\n",
+                     "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", id="cgroup-v1"),
+        pytest.param("0::/kubepods.slice/kubepods-besteffort.slice/"
+                     "kubepods-besteffort-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice/cri-containerd-1.scope\n",
+                     "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", id="cgroup-v2-systemd"),
         pytest.param("0::/user.slice/user-1000.slice/session-3.scope\n", None, id="not-a-pod"),
     ],
 )
@@ -193,7 +198,8 @@ def test_a_kubernetes_pod_is_found_from_the_cgroup(cgroup, uid):
 
 def test_a_real_process_with_a_task_environment_is_found_with_its_cpu_and_memory():
     env = {**os.environ, "PAI_TASK_KEY": "carol.probe.1.main.0.0", "PAI_JOB_NAME": "carol~probe", "PAI_USER_NAME": "carol",
-           "PAI_CURRENT_TASK_ROLE_NAME": "main", "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": "0", "PAI_VIRTUAL_CLUSTER": "default"}
+           "PAI_CURRENT_TASK_ROLE_NAME": "main", "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": "0",
+           "PAI_VIRTUAL_CLUSTER": "default"}
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
     try:
         reader = TaskProcesses()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from libs.common.messages import NodeCondition
@@ -105,7 +106,8 @@ CASES = {
         [(False, ["cordoned"])],
     ),
     "cordon twice publishes once": (
-        [heard(at=0), Cordon(node="n1", cordoned=True, reason="a", by="x", at=1), Cordon(node="n1", cordoned=True, reason="b", by="x", at=2)],
+        [heard(at=0), Cordon(node="n1", cordoned=True, reason="a", by="x", at=1),
+         Cordon(node="n1", cordoned=True, reason="b", by="x", at=2)],
         [(True, []), (False, ["cordoned"])],
     ),
 }
@@ -196,6 +198,6 @@ def test_restored_ecc_condition_holds_until_a_new_sample():
 
 
 def test_a_stored_record_that_is_not_json_is_refused():
-    with pytest.raises(Exception):
+    with pytest.raises(msgspec.DecodeError):
         decode_health(b"{not json")
     assert decode_health(encode_health(NodeHealthRecord(node="x"))).node == "x"

@@ -10,8 +10,7 @@ import pathlib
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from benchmarks.jobs import trivial_job
 from libs.common.protocol.blockyaml import NOT_SIMPLE, load_simple

@@ -50,7 +50,8 @@ def test_sku_type_that_is_neither_null_nor_a_name_is_refused(value):
 
 
 def test_job_level_null_sku_type_is_accepted():
-    text = (SHAPES / "hived-null-sku.yaml").read_text().replace("    jobPriorityClass: test", "    jobPriorityClass: test\n    skuType: null")
+    text = (SHAPES / "hived-null-sku.yaml").read_text().replace(
+        "    jobPriorityClass: test", "    jobPriorityClass: test\n    skuType: null")
     assert _parse(text).spec.skuType is None
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from services.scheduler.sim.cluster import cluster_from_vc_capacities
 from services.scheduler.sim.policies.base import GUARANTEED
@@ -46,7 +45,7 @@ def test_every_policy_runs_jobs_after_submission_within_capacity_and_to_the_end(
         span = max(run.end - run.origin, 1e-9)
         buckets = int(span // series.interval) + 1
         assert max(series.mean_gpus("", buckets)) <= CLUSTER.total_gpus + 1e-6, name
-        for job, outcome in zip(workload.jobs, run.outcomes):
+        for job, outcome in zip(workload.jobs, run.outcomes, strict=True):
             # Once the cluster drains nothing is left waiting, but a job that only its VC's
             # cells may serve and that is bigger than the VC's quota never starts.
             confined = name in ("private", "sjf", "helios-fifo", "helios-sjf") or (

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from services.scheduler.sim.cluster import load_sim_cluster
 from services.scheduler.sim.readers import read_trace
@@ -74,7 +73,7 @@ def test_a_load_factor_brings_arrivals_closer_but_keeps_run_times(philly):
     normal = prepare_workload(trace, cluster)
     doubled = prepare_workload(trace, cluster, load_factor=2.0)
     first = normal.jobs[0].submit
-    for a, b in zip(normal.jobs, doubled.jobs):
+    for a, b in zip(normal.jobs, doubled.jobs, strict=True):
         assert b.submit - first == pytest.approx((a.submit - first) / 2)
         assert b.duration == a.duration
 
