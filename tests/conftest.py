@@ -70,7 +70,8 @@ _RUNS_LOCAL_TASKS = re.compile(
 )
 
 
-def _xdist_group(path: str, cache: dict[str, str]) -> str:
+def xdist_group(path: str, cache: dict[str, str]) -> str:
+    """The group of the test module at `path` (relative to the repository)."""
     if path not in cache:
         runs_tasks = path.startswith(_LOCAL_TASK_DIRS)
         if not runs_tasks:
@@ -82,13 +83,23 @@ def _xdist_group(path: str, cache: dict[str, str]) -> str:
     return cache[path]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    cache: dict[str, str] = {}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item.nodeid.split("::", 1)[0], cache)))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """--dist loadgroup, the groups being xdist_group() of each test's module. Not
+    xdist's own loadgroup with xdist_group marks: it names a test's group by appending
+    it to the test's id, which pytest 9 no longer lets a plugin change, and then puts
+    every test on its own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndLocalTaskGroup(LoadScopeScheduling):
+        _groups: dict[str, str] = {}
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid.split("::", 1)[0], self._groups)
+
+    return ModulesAndLocalTaskGroup(config, log)
 
 
 def shared_path(*parts: str) -> Path:
