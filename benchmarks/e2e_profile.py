@@ -105,7 +105,7 @@ def step_of(frames: list[tuple[str, str]]) -> str:
     for step, matches in STEPS:
         if any(matches(fn, f) for fn, f in mine):  # type: ignore[operator]
             return step
-    for fn, f in reversed(mine):
+    for _fn, f in reversed(mine):
         if f.startswith(("services/", "libs/")):
             return f"code: {f}"
     fn, f = frames[-1] if frames else ("?", "?")

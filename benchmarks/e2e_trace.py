@@ -90,7 +90,7 @@ class Recorder:
         busy: dict[str, int] = {}
         sequence = []
         job_bytes = job.encode()
-        for (at, subject, reply, size, _), data in zip(self.messages, self.payloads):
+        for (at, subject, reply, size, _), data in zip(self.messages, self.payloads, strict=True):
             key = pattern(subject, name)
             (quiet if at < split else busy)[key] = (quiet if at < split else busy).get(key, 0) + 1
             if at >= split and (name in subject or job_bytes in data):

@@ -119,7 +119,7 @@ def replay(trace, cluster, workload, policies: tuple[str, ...], options: SimOpti
         runs.update(run_policies(workload, cluster, msgspec.structs.replace(options, policies=(name,))))
         seconds[name] = time.perf_counter() - started
     report = build_report(trace, cluster, workload, runs, msgspec.structs.replace(options, policies=policies))
-    served = sum(job.duration * job.gpus for job, outcome in zip(workload.jobs, runs[policies[0]].outcomes)) / 3600
+    served = sum(job.duration * job.gpus for job, outcome in zip(workload.jobs, runs[policies[0]].outcomes, strict=True)) / 3600
     rows = {name: _row(report["policies"][name], served, seconds[name]) for name in policies}
     anomalies = report.get("sharing_anomaly", {})
     for name, row in rows.items():

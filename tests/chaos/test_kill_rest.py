@@ -31,7 +31,7 @@ async def test_every_accepted_submission_survives_a_killed_rest_and_runs_once(pl
     await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
     await kill(platform, "rest")
     accepted, cut_off = [names[0]], []
-    for name, request in zip(names[1:], in_flight):
+    for name, request in zip(names[1:], in_flight, strict=True):
         try:
             await request
             accepted.append(name)

@@ -164,7 +164,7 @@ class PodApiEmulator(kmock.KubernetesEmulator):
             cursor = int(version)
         while True:
             start = bisect.bisect_right(self._change_revisions, cursor)
-            changes = list(zip(self._change_revisions[start:], self._changes[start:]))
+            changes = list(zip(self._change_revisions[start:], self._changes[start:], strict=True))
             for revision, (resource, event) in changes:
                 cursor = revision
                 if resource == request.resource and _selected(event["object"], request.namespace, selector):

@@ -58,7 +58,7 @@ async def test_concurrent_submissions_are_each_stored_and_answered(nats_server, 
     async with Rest(nats_server, tmp_path) as rest:
         token = await auth.create_user(rest.bus, user)
         answers = await asyncio.gather(*(rest.submit(token, name) for name in names))
-        for name, (status, body) in zip(names, answers):
+        for name, (status, body) in zip(names, answers, strict=True):
             assert status == 202, body
             assert body["job"] == f"{user}~{name}" and body["warnings"] == []
         for name in names:
@@ -85,7 +85,7 @@ async def test_refused_writes_fail_their_own_submissions_only_and_leave_nothing_
 
         stores_again = fail_at_send(rest, faults)
         answers = await asyncio.gather(*(rest.submit(token, name) for name in ["norecord", "noroom", *fine]))
-        statuses = {name: status for name, (status, _) in zip(["norecord", "noroom", *fine], answers)}
+        statuses = {name: status for name, (status, _) in zip(["norecord", "noroom", *fine], answers, strict=True)}
         assert statuses == {"norecord": 503, "noroom": 507} | dict.fromkeys(fine, 202), answers
         # Nothing half-way: neither refused job has a record or an event; the others have both.
         for job in (no_record, no_room):

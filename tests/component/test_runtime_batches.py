@@ -113,7 +113,7 @@ def expect_one_verdict_per_failed_exit(verdicts: list[dict], sent: list[TaskExit
     assert Counter(v["cause"] for v in verdicts) == Counter(
         {event.id: 1 for event in sent if event.exitCode != 0}), "one verdict per failed exit, none for exit 0"
     phrases = {v["cause"]: v["spec"]["phrase"] for v in verdicts}
-    assert phrases == {event.id: phrase for event, (_, _, phrase) in zip(sent, EXITS) if phrase is not None}
+    assert phrases == {event.id: phrase for event, (_, _, phrase) in zip(sent, EXITS, strict=True) if phrase is not None}
 
 
 async def test_a_crash_after_a_batchs_verdicts_before_its_acks_gives_each_verdict_once(admin, nats_server):

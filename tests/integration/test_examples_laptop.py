@@ -47,9 +47,9 @@ async def test_every_example_and_openpai_shape_runs_to_its_end_on_two_cores(lapt
         submitted[got["job"]] = EXPECTED.get(path.stem, "SUCCEEDED")
     finals = await asyncio.gather(*(laptop.wait_state(job, {"SUCCEEDED", "FAILED", "STOPPED"}, timeout=180)
                                     for job in submitted))
-    ended = {job: detail["jobStatus"]["state"] for job, detail in zip(submitted, finals)}
+    ended = {job: detail["jobStatus"]["state"] for job, detail in zip(submitted, finals, strict=True)}
     assert ended == submitted
-    LAST_RUN.update(zip(submitted, finals))
+    LAST_RUN.update(zip(submitted, finals, strict=True))
 
 
 LAST_RUN: dict[str, dict] = {}

@@ -139,10 +139,10 @@ def test_panel_ids_are_unique_per_dashboard():
     for path in DASHBOARDS:
         ids: list[int] = []
 
-        def walk(panels: list[dict]) -> None:
+        def walk(panels: list[dict], ids: list[int]) -> None:
             for panel in panels:
                 ids.append(panel["id"])
-                walk(panel.get("panels", []))
+                walk(panel.get("panels", []), ids)
 
-        walk(json.loads(path.read_text())["panels"])
+        walk(json.loads(path.read_text())["panels"], ids)
         assert len(ids) == len(set(ids)), f"{path.name}: duplicate panel ids"

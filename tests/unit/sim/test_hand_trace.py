@@ -78,12 +78,12 @@ def result():
 def _delays(result, policy: str) -> dict[str, float | None]:
     run = result.runs[policy]
     return {job.job_id: None if outcome.first_start is None else outcome.first_start - job.submit
-            for job, outcome in zip(result.workload.jobs, run.outcomes)}
+            for job, outcome in zip(result.workload.jobs, run.outcomes, strict=True)}
 
 
 @pytest.mark.parametrize("policy", list(EXPECTED_DELAYS), ids=list(EXPECTED_DELAYS))
 def test_queueing_delays_match_the_hand_worked_table(result, policy):
-    assert _delays(result, policy) == dict(zip(JOBS, EXPECTED_DELAYS[policy]))
+    assert _delays(result, policy) == dict(zip(JOBS, EXPECTED_DELAYS[policy], strict=True))
 
 
 @pytest.mark.parametrize("policy", list(EXPECTED_DELAYS), ids=list(EXPECTED_DELAYS))
@@ -111,7 +111,7 @@ def test_hived_preempted_jobs_restart_from_scratch(result):
 
 def test_hived_submits_within_quota_as_guaranteed_and_the_rest_as_opportunistic(result):
     run = result.runs["hived"]
-    classes = {job.job_id: outcome.job_class for job, outcome in zip(result.workload.jobs, run.outcomes)}
+    classes = {job.job_id: outcome.job_class for job, outcome in zip(result.workload.jobs, run.outcomes, strict=True)}
     assert sorted(job for job, kind in classes.items() if kind == "guaranteed") == ["a1", "a6", "b1", "b3"]
 
 
