@@ -212,17 +212,5 @@ def span(name: str, **attributes: str) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def job_span(name: str, job: str, **attributes: str) -> Iterator[None]:
-    """A span of work done for `job` outside any event of it (e.g. a request)."""
-    if not _exporting():
-        with _within_job(job):
-            yield
-        return
-    context, links = _in_job_trace(job, None)
-    with _tracer.start_as_current_span(name, context=context, links=links, attributes={"job": job, **attributes}):
-        yield
-
-
 def now() -> float:
     return time.time()
