@@ -118,8 +118,8 @@ class JobDeleted(Event, kw_only=True, frozen=True, tag=Kind.JOB_DELETED.value):
     submittedAt: float
 
 
-def job_deleted_id(job: str, submitted_at: float) -> str:
-    return f"{job}/deleted/{submitted_at!r}"
+def job_deleted_id(job: str, submitted_at: float) -> EventId:
+    return EventId(f"{job}/deleted/{submitted_at!r}")
 
 
 class JobArchived(Event, kw_only=True, frozen=True, tag=Kind.JOB_ARCHIVED.value):
@@ -135,8 +135,8 @@ class JobArchived(Event, kw_only=True, frozen=True, tag=Kind.JOB_ARCHIVED.value)
     submittedAt: float
 
 
-def job_archived_id(job: str, submitted_at: float) -> str:
-    return f"{job}/archived/{submitted_at!r}"
+def job_archived_id(job: str, submitted_at: float) -> EventId:
+    return EventId(f"{job}/archived/{submitted_at!r}")
 
 
 # --- scheduler --------------------------------------------------------------
@@ -357,8 +357,8 @@ def subject_of(event: Event) -> str:
             return job_subject(kind, event.vc, event.job)  # type: ignore[attr-defined]
 
 
-def task_event_id(job: str, attempt: int, role: str, index: int, task_attempt: int, what: str) -> str:
-    return f"{job}/{attempt}/{role}/{index}/{task_attempt}/{what}"
+def task_event_id(job: str, attempt: int, role: str, index: int, task_attempt: int, what: str) -> EventId:
+    return EventId(f"{job}/{attempt}/{role}/{index}/{task_attempt}/{what}")
 
 
 _encoder = msgspec.json.Encoder()

@@ -29,6 +29,7 @@ from enum import StrEnum
 
 import msgspec
 
+from libs.common.ids import JobId, NodeName, UserName, VcName
 from libs.common.messages import AnyEvent, ExitSpec, JobState, TaskState
 from libs.common.protocol.model import JobSpec
 
@@ -68,7 +69,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     taskAttempt: int = 0
     state: TaskState = TaskState.WAITING
     # Placement (from the scheduler); None until placed.
-    node: str | None = None
+    node: NodeName | None = None
     hostIp: str | None = None
     gpus: list[int] = []
     leafCells: list[str] = []
@@ -203,10 +204,10 @@ class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
 
 
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    job: str  # user~name
+    job: JobId  # user~name
     name: str
-    user: str
-    vc: str
+    user: UserName
+    vc: VcName
     spec: JobSpec
     state: JobState = JobState.WAITING
     createdTime: float = 0.0  # submission time

@@ -9,8 +9,9 @@ A rejected document raises ProtocolError with every problem found;
 `protocol_error_body` turns it into the 400 body.
 """
 
+from libs.common.protocol.limits import MAX_BODY_BYTES
 from libs.common.protocol.model import FieldError, JobSpec, ProtocolError
-from libs.common.protocol.parse import MAX_BODY_BYTES, ParsedJob, parse_job, protocol_error_body
+from libs.common.protocol.parse import ParsedJob, parse_job, protocol_error_body
 
 __all__ = [
     "MAX_BODY_BYTES",

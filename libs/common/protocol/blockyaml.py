@@ -21,6 +21,8 @@ import re
 
 import yaml
 
+from libs.common.protocol.paths import RawMapping
+
 NOT_SIMPLE = object()
 
 # Characters PyYAML reads as printable and not as a line break or tab (\x85,
@@ -93,9 +95,9 @@ class _Reader:
             return self.mapping(column)
         raise _NotSimple  # a scalar on a line of its own, or something else
 
-    def mapping(self, column: int) -> dict:
+    def mapping(self, column: int) -> RawMapping:
         lines = self.lines
-        mapping: dict = {}
+        mapping: RawMapping = {}
         keys: set[str] = set()
         while self.at < len(lines):
             line_column, content = lines[self.at]
@@ -126,9 +128,9 @@ class _Reader:
                 mapping[key] = None
         return mapping
 
-    def sequence(self, column: int, *, indentless: bool) -> list:
+    def sequence(self, column: int, *, indentless: bool) -> list[object]:
         lines = self.lines
-        items: list = []
+        items: list[object] = []
         while self.at < len(lines):
             line_column, content = lines[self.at]
             if line_column < column:
@@ -229,7 +231,7 @@ def _flow(text: str, start: int) -> tuple[object, int]:
             pieces.pop()  # a trailing comma; an empty piece anywhere else is refused below
         if inner is None:
             return [_flow_plain(piece) for piece in pieces], flat.end()
-        mapping: dict = {}
+        mapping: dict[str, str] = {}
         for piece in pieces:
             key_text, colon, value_text = piece.partition(": ")
             key_text = key_text.strip(" ")
@@ -252,17 +254,18 @@ def _flow_plain(text: str) -> object:
 
 def _nested_flow(text: str, start: int) -> tuple[object, int]:
     closing = "]" if text[start] == "[" else "}"
-    collection: list | dict = [] if closing == "]" else {}
+    items: list[object] = []
+    mapping: RawMapping = {}
     keys: set[str] = set()
     at = _skip_spaces(text, start + 1)
     while True:
         if at >= len(text):
             raise _NotSimple  # goes on to the next line
         if text[at] == closing:
-            return collection, at + 1
+            return (items if closing == "]" else mapping), at + 1
         if closing == "]":
             item, at = _flow_node(text, at)
-            collection.append(item)
+            items.append(item)
         else:
             if text[at] in "[{":
                 raise _NotSimple  # a collection as a key
@@ -275,7 +278,7 @@ def _nested_flow(text: str, start: int) -> tuple[object, int]:
                 raise _NotSimple
             keys.add(key_text)
             value, at = _flow_node(text, _skip_spaces(text, at + 2))
-            collection[key] = value
+            mapping[key] = value
         at = _skip_spaces(text, at)
         if at < len(text) and text[at] == ",":
             at = _skip_spaces(text, at + 1)
@@ -310,7 +313,7 @@ def _plain(text: str) -> object:
     value = _PLAIN_VALUES.get(text, _PLAIN_VALUES)
     if value is not _PLAIN_VALUES:
         return value
-    tag = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False))
+    tag = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]  # untyped in PyYAML's stubs
     if tag not in _PLAIN_TAGS:
         raise _NotSimple  # "<<" or "=": PyYAML's full constructor decides
     value = _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, yaml.ScalarNode(tag, text))

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from typing import TypeGuard
 
 import msgspec
 
 from libs.common.protocol.document import type_name
 from libs.common.protocol.model import FieldError
-from libs.common.protocol.paths import DocPath, format_path
+from libs.common.protocol.paths import DocPath, RawMapping, format_path
 
 # Task role names and port labels become parts of environment variable names
 # (PAI_TASK_ROLE_TASK_COUNT_<role>), so the schema asks for C identifiers.
@@ -42,15 +43,16 @@ class Checker:
     def ignore(self, path: DocPath, reason: str) -> None:
         self.ignored.append(Ignored(path=path, reason=reason))
 
-    # Each check below returns True when the value is of the expected shape.
+    # Each check below returns True when the value is of the expected shape (TypeGuard:
+    # the type checker then knows it in the caller's branch).
 
-    def mapping(self, value: object, path: DocPath) -> bool:
+    def mapping(self, value: object, path: DocPath) -> TypeGuard[RawMapping]:
         if isinstance(value, dict):
             return True
         self.error(path, "type", f"must be a mapping, not {type_name(value)}")
         return False
 
-    def string(self, value: object, path: DocPath, *, non_empty: bool = False) -> bool:
+    def string(self, value: object, path: DocPath, *, non_empty: bool = False) -> TypeGuard[str]:
         if not isinstance(value, str):
             self.error(path, "type", f"must be a string, not {type_name(value)}")
             return False
@@ -66,14 +68,14 @@ class Checker:
             return False
         return True
 
-    def boolean(self, value: object, path: DocPath) -> bool:
+    def boolean(self, value: object, path: DocPath) -> TypeGuard[bool]:
         if isinstance(value, bool):
             return True
         self.error(path, "type", f"must be true or false, not {type_name(value)}")
         return False
 
     def integer(self, value: object, path: DocPath, *, minimum: int | None = None,
-                maximum: int | None = None, limit: str = "") -> bool:
+                maximum: int | None = None, limit: str = "") -> TypeGuard[int]:
         """`limit` names PAI's bound behind `maximum` for the message (see limits.py)."""
         # YAML reads `yes` as a boolean, and bool is an int in Python: reject it explicitly.
         if not isinstance(value, int) or isinstance(value, bool):
@@ -93,7 +95,7 @@ class Checker:
         self.error(path, "maxLength", f"a {what} is at most {maximum} characters, got {len(value)}")
         return False
 
-    def string_list(self, value: object, path: DocPath, *, non_empty: bool) -> bool:
+    def string_list(self, value: object, path: DocPath, *, non_empty: bool) -> TypeGuard[list[str]]:
         if not isinstance(value, list):
             self.error(path, "type", f"must be a list of strings, not {type_name(value)}")
             return False
@@ -114,7 +116,7 @@ class Checker:
         self.error(path, "pattern", f"{value!r} is not a valid {what}: use only {_describe(pattern)}")
         return False
 
-    def known_keys(self, mapping: dict, path: DocPath, known: Iterable[str]) -> None:
+    def known_keys(self, mapping: RawMapping, path: DocPath, known: Iterable[str]) -> None:
         """Reject keys the schema does not allow here (`additionalProperties: false`)."""
         allowed = sorted(known)
         for key in mapping:
@@ -122,7 +124,7 @@ class Checker:
                 self.error((*path, str(key)), "unknown_key",
                            f"unknown key {str(key)!r}; allowed here: {', '.join(allowed)}")
 
-    def required(self, mapping: dict, path: DocPath, keys: Iterable[str]) -> bool:
+    def required(self, mapping: RawMapping, path: DocPath, keys: Iterable[str]) -> bool:
         ok = True
         for key in keys:
             if key not in mapping:

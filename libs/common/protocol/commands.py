@@ -9,12 +9,12 @@ than fail; validation reports those shapes separately.
 
 from __future__ import annotations
 
-from libs.common.protocol.paths import DocPath
+from libs.common.protocol.paths import DocPath, RawMapping
 from libs.common.protocol.render import PREREQUISITE_ROOTS, TEMPLATE_START, RenderContext, has_secret_references, render
 
 
-def prerequisites_by_name(data: dict) -> dict[str, dict]:
-    found: dict[str, dict] = {}
+def prerequisites_by_name(data: RawMapping) -> dict[str, RawMapping]:
+    found: dict[str, RawMapping] = {}
     prerequisites = data.get("prerequisites")
     if isinstance(prerequisites, list):
         for prerequisite in prerequisites:
@@ -23,7 +23,7 @@ def prerequisites_by_name(data: dict) -> dict[str, dict]:
     return found
 
 
-def active_deployment(data: dict) -> tuple[int, dict] | None:
+def active_deployment(data: RawMapping) -> tuple[int, RawMapping] | None:
     """(index, deployment) named by defaults.deployment; None when no deployment is active."""
     defaults = data.get("defaults")
     wanted = defaults.get("deployment") if isinstance(defaults, dict) else None
@@ -36,7 +36,7 @@ def active_deployment(data: dict) -> tuple[int, dict] | None:
     return None
 
 
-def role_context(data: dict, role: dict) -> RenderContext:
+def role_context(data: RawMapping, role: RawMapping) -> RenderContext:
     by_name = prerequisites_by_name(data)
     selected = {}
     for kind in PREREQUISITE_ROOTS:
@@ -52,7 +52,7 @@ def role_context(data: dict, role: dict) -> RenderContext:
     )
 
 
-def command_templates(data: dict, role_name: str) -> list[tuple[DocPath, str]]:
+def command_templates(data: RawMapping, role_name: str) -> list[tuple[DocPath, str]]:
     """Every line the role runs, in order, with the path it was written at."""
     lines: list[tuple[DocPath, str]] = []
     role = data["taskRoles"][role_name]
@@ -73,7 +73,7 @@ def command_templates(data: dict, role_name: str) -> list[tuple[DocPath, str]]:
     return lines
 
 
-def rendered_commands(data: dict, role_name: str) -> list[str]:
+def rendered_commands(data: RawMapping, role_name: str) -> list[str]:
     """The shell lines of a role, secret references kept; the document must already be valid."""
     templates = [template for _, template in command_templates(data, role_name)]
     if not any(TEMPLATE_START in template for template in templates):
@@ -82,7 +82,7 @@ def rendered_commands(data: dict, role_name: str) -> list[str]:
     return [render(template, context, keep_secrets=True) for template in templates]
 
 
-def referenced_secrets(data: dict, commands: list[list[str]]) -> dict:
+def referenced_secrets(data: RawMapping, commands: list[list[str]]) -> RawMapping:
     """The job's `secrets` when some role's rendered commands use them, else {}:
     a job that uses no secret has nothing to seal (and the launcher nothing to open)."""
     secrets = data.get("secrets")

@@ -10,17 +10,21 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from functools import partial
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, NoReturn
 
 import yaml
 
 from libs.common.protocol.blockyaml import NOT_SIMPLE, load_simple
 from libs.common.protocol.depth import NestingTooDeep, cannot_nest_deeper_than, check_json_depth, check_yaml_depth
 from libs.common.protocol.model import FieldError, ProtocolError
-from libs.common.protocol.paths import DocPath, format_path
+from libs.common.protocol.paths import DocPath, RawMapping, format_path
 
 # The C loader is much faster on large documents; fall back when PyYAML was built without libyaml.
-_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# (Both are the safe loader to a type checker: the same resolver and constructors.)
+if TYPE_CHECKING:
+    _BaseLoader = yaml.SafeLoader
+else:
+    _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # Plain scalars remembered with the tag they resolve to (job files repeat the same
 # keys and small values); short ones only, and forgotten all at once when full.
 _RESOLVED_MAX = 4096
@@ -34,13 +38,15 @@ class _YamlLoader(_BaseLoader):
 
     _resolved: ClassVar[dict[tuple[str, bool, bool], str]] = {}
 
-    def resolve(self, kind, value, implicit):
+    def resolve(self, kind: type[yaml.Node], value: str, implicit: tuple[bool, bool]) -> str:
         if kind is not yaml.ScalarNode or len(value) > _RESOLVED_MAX_LENGTH or self.yaml_path_resolvers:
-            return super().resolve(kind, value, implicit)
+            # PyYAML's stubs leave resolve untyped.
+            uncached: str = super().resolve(kind, value, implicit)  # type: ignore[no-untyped-call]
+            return uncached
         known = (value, *implicit)
         tag = self._resolved.get(known)
         if tag is None:
-            tag = super().resolve(kind, value, implicit)
+            tag = super().resolve(kind, value, implicit)  # type: ignore[no-untyped-call]
             if len(self._resolved) >= _RESOLVED_MAX:
                 self._resolved.clear()
             self._resolved[known] = tag
@@ -62,7 +68,7 @@ class Document:
 
     __slots__ = ("_lines", "_work_out_lines", "data")
 
-    def __init__(self, data: dict, lines: dict[DocPath, int] | None = None,
+    def __init__(self, data: RawMapping, lines: dict[DocPath, int] | None = None,
                  work_out_lines: Callable[[], dict[DocPath, int]] | None = None):
         self.data = data
         self._lines = lines
@@ -144,7 +150,7 @@ def type_name(value: object) -> str:
             return f"a {type(value).__name__}"
 
 
-def _fail(rule: str, message: str, line: int | None = None) -> None:
+def _fail(rule: str, message: str, line: int | None = None) -> NoReturn:
     raise ProtocolError([FieldError(path="$", rule=rule, message=message, line=line)])
 
 
@@ -175,7 +181,7 @@ def _load_json(text: str) -> tuple[object, bool]:
     """The document, and whether an object in it repeats a key."""
     repeats = False
 
-    def mapping(pairs: list[tuple[str, object]]) -> dict:
+    def mapping(pairs: list[tuple[str, object]]) -> dict[str, object]:
         nonlocal repeats
         built = dict(pairs)
         if len(built) < len(pairs):
@@ -258,7 +264,7 @@ class _NotPlain(Exception):
     """The document uses what only PyYAML's full constructor handles."""
 
 
-def _construct_plain(loader, root: yaml.Node, *, shares_nodes: bool = True) -> tuple[object, bool]:
+def _construct_plain(loader: yaml.SafeLoader, root: yaml.Node, *, shares_nodes: bool = True) -> tuple[object, bool]:
     """The document PyYAML's safe constructor makes of `root`, built in one direct
     walk (a job file's mappings, lists and scalars), or `_NOT_PLAIN` when the
     document needs the full constructor: merge keys (`<<`), sets, ordered maps,
@@ -287,7 +293,7 @@ def _construct_plain(loader, root: yaml.Node, *, shares_nodes: bool = True) -> t
                 built[id(node)] = value
             return value
         if kind is _MappingNode and tag == _MAP_TAG:
-            mapping: dict = {}
+            mapping: RawMapping = {}
             if shares_nodes:
                 built[id(node)] = mapping
             pairs = node.value
@@ -301,7 +307,7 @@ def _construct_plain(loader, root: yaml.Node, *, shares_nodes: bool = True) -> t
                 mapping[build(key_node)] = build(value_node)
             return mapping
         if kind is _SequenceNode and tag == _SEQ_TAG:
-            items: list = []
+            items: list[object] = []
             if shares_nodes:
                 built[id(node)] = items
             items.extend(map(build, node.value))

@@ -47,8 +47,8 @@ def errors_located(body: bytes | str, content_type: str | None) -> Iterator[None
     except PaiError as exc:
         details = exc.details
         items = details.get("errors") if isinstance(details, dict) else None
-        if isinstance(items, list) and any(isinstance(i, dict) and i.get("line") is None and i.get("path")
-                                           for i in items):
+        if isinstance(details, dict) and isinstance(items, list) and any(
+                isinstance(i, dict) and i.get("line") is None and i.get("path") for i in items):
             exc.details = {**details, "errors": [
                 {**item, "line": line_of_path(body, content_type, str(item["path"]))}
                 if isinstance(item, dict) and item.get("line") is None and item.get("path") else item

@@ -10,11 +10,12 @@ prints before PAI shows it (`scrub_text`, `scrub_bytes`).
 from __future__ import annotations
 
 from libs.common.protocol.model import FieldError
+from libs.common.protocol.paths import RawMapping
 
 MASK = "******"
 
 
-def masked_config(data: dict) -> dict:
+def masked_config(data: RawMapping) -> RawMapping:
     """A copy of the document with secret values replaced; untouched parts are shared, not copied."""
     config = dict(data)
     if isinstance(config.get("secrets"), dict):
@@ -24,7 +25,7 @@ def masked_config(data: dict) -> dict:
     return config
 
 
-def secret_values(data: dict) -> list[str]:
+def secret_values(data: RawMapping) -> list[str]:
     """Every secret text in the document, longest first so a secret inside another is masked whole."""
     found: list[str] = []
 

@@ -18,11 +18,12 @@ from libs.common.protocol.model import (
     Resources,
     TaskRole,
 )
+from libs.common.protocol.paths import RawMapping
 
 DEFAULT_VIRTUAL_CLUSTER = "default"
 
 
-def build_job_spec(data: dict, *, user: str, ignored_fields: list[str]) -> JobSpec:
+def build_job_spec(data: RawMapping, *, user: str, ignored_fields: list[str]) -> JobSpec:
     extras = data.get("extras", {})
     hived = extras.get("hivedScheduler", {})
     hived_roles = hived.get("taskRoles", {})
@@ -50,7 +51,7 @@ def build_job_spec(data: dict, *, user: str, ignored_fields: list[str]) -> JobSp
     )
 
 
-def _task_role(data: dict, name: str, role: dict, hived: dict) -> TaskRole:
+def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping) -> TaskRole:
     image = role.get("dockerImage")
     completion = role.get("completion", {})
     resources = role.get("resourcePerInstance", {})
@@ -82,13 +83,13 @@ def _job_retry_count(value: int) -> int:
     return MAX_JOB_RETRY_COUNT if value < 0 else value
 
 
-def _wants_notification(setting: bool | dict) -> bool:
+def _wants_notification(setting: bool | RawMapping) -> bool:
     if isinstance(setting, dict):
         return any(setting.values())
     return setting
 
 
-def _notify_states(setting: bool | dict) -> list[str]:
+def _notify_states(setting: bool | RawMapping) -> list[str]:
     if isinstance(setting, dict):
         return sorted(str(state).lower() for state, wanted in setting.items() if wanted)
     return []

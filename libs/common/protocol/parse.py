@@ -11,7 +11,7 @@ from libs.common.protocol.limits import MAX_BODY_BYTES, MAX_SPEC_BYTES
 from libs.common.protocol.masking import masked_config, scrub_errors, secret_values
 from libs.common.protocol.model import FieldError, JobSpec, ProtocolError
 from libs.common.protocol.normalise import build_job_spec
-from libs.common.protocol.paths import format_path
+from libs.common.protocol.paths import RawMapping, format_path
 from libs.common.protocol.validate import validate_document
 
 ERROR_CODE = "InvalidJobConfigError"
@@ -20,13 +20,13 @@ ERROR_CODE = "InvalidJobConfigError"
 class ParsedJob(msgspec.Struct, frozen=True, kw_only=True):
     spec: JobSpec
     # The submitted document with secret values masked, for GET .../config.
-    config: dict
+    config: RawMapping
     # One line per field PAI keeps but does not act on, for the submitter.
     warnings: list[str] = []
     # The job's secrets when its commands use them ({} otherwise): rest seals
     # them for the launcher; they are in no other field (commands keep the
     # references, see render.py). Never encode a ParsedJob whole.
-    secrets: dict = {}
+    secrets: RawMapping = {}
 
 
 def parse_job(body: bytes | str, *, content_type: str = "text/yaml", user: str) -> ParsedJob:
@@ -67,7 +67,7 @@ def _check_spec_size(spec: JobSpec) -> None:
         )])
 
 
-def protocol_error_body(err: ProtocolError) -> dict:
+def protocol_error_body(err: ProtocolError) -> dict[str, object]:
     """The machine-readable 400 body rest sends for a rejected job."""
     count = len(err.errors)
     first = err.errors[0] if err.errors else None
@@ -80,5 +80,5 @@ def protocol_error_body(err: ProtocolError) -> dict:
     }
 
 
-def _error_item(error: FieldError) -> dict:
+def _error_item(error: FieldError) -> dict[str, object]:
     return {"path": error.path, "rule": error.rule, "message": error.message, "line": error.line}

@@ -7,7 +7,13 @@ the whole document.
 
 from __future__ import annotations
 
+from typing import Any
+
 DocPath = tuple[str | int, ...]
+
+# A mapping as a YAML or JSON body has it: nothing about its keys or values is
+# known until validation has looked at them.
+RawMapping = dict[Any, Any]
 
 ROOT: DocPath = ()
 

@@ -28,6 +28,8 @@ import re
 
 import msgspec
 
+from libs.common.protocol.paths import RawMapping
+
 TEMPLATE = re.compile(r"<%\s*(\$[^%]*?)\s*%>")
 # Every template starts so: a line without it renders as itself.
 TEMPLATE_START = "<%"
@@ -43,10 +45,10 @@ class UnknownReference(Exception):
 
 
 class RenderContext(msgspec.Struct, frozen=True, kw_only=True):
-    parameters: dict = {}
-    secrets: dict = {}
+    parameters: RawMapping = {}
+    secrets: RawMapping = {}
     # "script" / "data" / "output" -> the prerequisite the task role selected
-    selected: dict[str, dict] = {}
+    selected: dict[str, RawMapping] = {}
 
 
 # A secret reference in its canonical form, as the JobSpec keeps it.
@@ -64,11 +66,13 @@ def render(text: str, context: RenderContext, *, keep_secrets: bool = False) -> 
     spelled) for `render_secrets` to fill in later.
     """
 
-    def replace(match: re.Match) -> str:
+    def replace(match: re.Match[str]) -> str:
         reference = match.group(1)
         value = resolve(reference, context)
-        if keep_secrets and reference.startswith("$secrets") and REFERENCE.match(reference).group("root") == "secrets":
-            return f"<% {reference} %>"
+        if keep_secrets and reference.startswith("$secrets"):
+            parsed = REFERENCE.match(reference)  # it resolved, so it parses
+            if parsed is not None and parsed.group("root") == "secrets":
+                return f"<% {reference} %>"
         return _to_text(value)
 
     return TEMPLATE.sub(replace, text)
@@ -79,7 +83,7 @@ def has_secret_references(lines: list[str]) -> bool:
     return any("$secrets" in line and SECRET_TEMPLATE.search(line) for line in lines)
 
 
-def render_secrets(text: str, secrets: dict) -> str:
+def render_secrets(text: str, secrets: RawMapping) -> str:
     """Fill in the secret references `render(..., keep_secrets=True)` kept.
 
     A reference the secrets do not resolve is left as it is (intake checked
@@ -87,7 +91,7 @@ def render_secrets(text: str, secrets: dict) -> str:
     value is not ours to reject)."""
     context = RenderContext(secrets=secrets)
 
-    def replace(match: re.Match) -> str:
+    def replace(match: re.Match[str]) -> str:
         try:
             return _to_text(resolve(match.group(1), context))
         except UnknownReference:
@@ -144,7 +148,7 @@ def resolve(reference: str, context: RenderContext) -> object:
 _MISSING = object()
 
 
-def _lookup(mapping: dict, key: str) -> object:
+def _lookup(mapping: RawMapping, key: str) -> object:
     if key in mapping:
         return mapping[key]
     # YAML keys may be numbers or booleans (`1: x`); a template can only spell them as text.

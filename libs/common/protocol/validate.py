@@ -14,7 +14,7 @@ from libs.common.protocol.checks import Checker, Ignored
 from libs.common.protocol.encodable import MESSAGE as UNENCODABLE_MESSAGE, RULE as UNENCODABLE_RULE, unencodable_paths
 from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_JOB_RETRY_COUNT, MAX_NAME_LENGTH
 from libs.common.protocol.model import FieldError
-from libs.common.protocol.paths import DocPath
+from libs.common.protocol.paths import DocPath, RawMapping
 from libs.common.protocol.validate_extras import check_extras
 from libs.common.protocol.validate_roles import check_task_roles
 
@@ -37,7 +37,7 @@ DEPLOYMENT_ROLE_KEYS = frozenset({"preCommands", "postCommands"})
 DEFAULTS_KEYS = frozenset({"virtualCluster", "deployment"})
 
 
-def validate_document(data: dict, line_of: Callable[[DocPath], int | None]) -> tuple[list[FieldError], list[Ignored]]:
+def validate_document(data: RawMapping, line_of: Callable[[DocPath], int | None]) -> tuple[list[FieldError], list[Ignored]]:
     check = Checker(line_of)
     unencodable = unencodable_paths(data)
     if unencodable:
@@ -60,7 +60,7 @@ def validate_document(data: dict, line_of: Callable[[DocPath], int | None]) -> t
     return check.errors, check.ignored
 
 
-def _check_header(check: Checker, data: dict) -> None:
+def _check_header(check: Checker, data: RawMapping) -> None:
     if "protocolVersion" not in data:
         check.error(("protocolVersion",), "required", "'protocolVersion' is required; use 2")
     else:
@@ -103,7 +103,7 @@ def _check_job_retry_count(check: Checker, value: object) -> None:
                   limit="PAI's limit of job retries")
 
 
-def _check_prerequisites(check: Checker, data: dict) -> dict[str, str]:
+def _check_prerequisites(check: Checker, data: RawMapping) -> dict[str, str]:
     """name -> type of every prerequisite well-formed enough to be referred to."""
     types: dict[str, str] = {}
     prerequisites = data.get("prerequisites", [])
@@ -142,7 +142,7 @@ def _check_prerequisites(check: Checker, data: dict) -> dict[str, str]:
     return types
 
 
-def _check_docker_image(check: Checker, prerequisite: dict, path: DocPath) -> None:
+def _check_docker_image(check: Checker, prerequisite: RawMapping, path: DocPath) -> None:
     check.known_keys(prerequisite, path, DOCKER_IMAGE_KEYS)
     if "uri" not in prerequisite:
         check.error((*path, "uri"), "required", "a dockerimage prerequisite needs the image 'uri'")
@@ -156,7 +156,7 @@ def _check_docker_image(check: Checker, prerequisite: dict, path: DocPath) -> No
         check.ignore((*path, "auth"), "registry credentials are not used to pull images yet")
 
 
-def _check_plugin_prerequisite(check: Checker, prerequisite: dict, path: DocPath, kind: str) -> None:
+def _check_plugin_prerequisite(check: Checker, prerequisite: RawMapping, path: DocPath, kind: str) -> None:
     if "uri" in prerequisite:
         if kind == "data":
             check.string_list(prerequisite["uri"], (*path, "uri"), non_empty=True)
@@ -170,7 +170,7 @@ def _check_plugin_prerequisite(check: Checker, prerequisite: dict, path: DocPath
                        f"<% ${kind}.uri %> and the other fields")
 
 
-def _check_deployments(check: Checker, data: dict) -> set[str]:
+def _check_deployments(check: Checker, data: RawMapping) -> set[str]:
     names: set[str] = set()
     if "deployments" not in data:
         return names
@@ -178,7 +178,9 @@ def _check_deployments(check: Checker, data: dict) -> set[str]:
     if not isinstance(deployments, list):
         check.error(("deployments",), "type", "must be a list of deployments")
         return names
-    roles = data.get("taskRoles") if isinstance(data.get("taskRoles"), dict) else {}
+    roles = data.get("taskRoles")
+    if not isinstance(roles, dict):
+        roles = {}
     for index, deployment in enumerate(deployments):
         path: DocPath = ("deployments", index)
         if not check.mapping(deployment, path):
@@ -204,7 +206,7 @@ def _check_deployments(check: Checker, data: dict) -> set[str]:
     return names
 
 
-def _check_defaults(check: Checker, data: dict, deployment_names: set[str]) -> None:
+def _check_defaults(check: Checker, data: RawMapping, deployment_names: set[str]) -> None:
     if "defaults" not in data or not check.mapping(data["defaults"], ("defaults",)):
         return
     defaults = data["defaults"]

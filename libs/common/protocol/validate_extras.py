@@ -21,7 +21,7 @@ import re
 from libs.common.protocol.checks import Checker
 from libs.common.protocol.document import type_name
 from libs.common.protocol.model import PRIORITY_CLASSES
-from libs.common.protocol.paths import DocPath
+from libs.common.protocol.paths import DocPath, RawMapping
 
 HIVED_KEYS = frozenset({"jobPriorityClass", "skuType", "pinnedCellId", "lazyPreemptionEnable", "taskRoles"})
 HIVED_ROLE_KEYS = frozenset({"skuType", "affinityGroupName"})
@@ -34,7 +34,7 @@ EXTRAS_NOT_ACTED_ON = {
 }
 
 
-def check_extras(check: Checker, data: dict) -> None:
+def check_extras(check: Checker, data: RawMapping) -> None:
     if "extras" not in data or not check.mapping(data["extras"], ("extras",)):
         return
     extras = data["extras"]
@@ -53,7 +53,7 @@ def check_extras(check: Checker, data: dict) -> None:
                 check.ignore(path, EXTRAS_NOT_ACTED_ON.get(str(key), "an extras field PAI does not know"))
 
 
-def _check_hived(check: Checker, hived: object, path: DocPath, data: dict) -> None:
+def _check_hived(check: Checker, hived: object, path: DocPath, data: RawMapping) -> None:
     if not check.mapping(hived, path):
         return
     for key, value in hived.items():
@@ -75,10 +75,12 @@ def _check_hived(check: Checker, hived: object, path: DocPath, data: dict) -> No
                 check.ignore(where, "a hivedScheduler field PAI does not act on")
 
 
-def _check_hived_roles(check: Checker, roles: object, path: DocPath, data: dict) -> None:
+def _check_hived_roles(check: Checker, roles: object, path: DocPath, data: RawMapping) -> None:
     if not check.mapping(roles, path):
         return
-    job_roles = data.get("taskRoles") if isinstance(data.get("taskRoles"), dict) else {}
+    job_roles = data.get("taskRoles")
+    if not isinstance(job_roles, dict):
+        job_roles = {}
     for name, settings in roles.items():
         where = (*path, str(name))
         if name not in job_roles:

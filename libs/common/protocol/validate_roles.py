@@ -22,7 +22,7 @@ from libs.common.protocol.limits import (
     MAX_TASK_ROLES,
     MAX_TASKS_PER_JOB,
 )
-from libs.common.protocol.paths import DocPath
+from libs.common.protocol.paths import DocPath, RawMapping
 from libs.common.protocol.render import TEMPLATE, TEMPLATE_START, RenderContext, UnknownReference, render, unresolved
 
 ROLE_KEYS = frozenset({
@@ -41,7 +41,7 @@ RESOURCE_MAXIMA = {
 CONTAINER_OPTION_KEYS = frozenset({"shmMB", "infiniband"})
 
 
-def check_task_roles(check: Checker, data: dict, prerequisite_types: dict[str, str]) -> None:
+def check_task_roles(check: Checker, data: RawMapping, prerequisite_types: dict[str, str]) -> None:
     """`prerequisite_types`: name -> type of every well-formed prerequisite."""
     if "taskRoles" not in data:
         check.error(("taskRoles",), "required", "'taskRoles' is required: a job needs at least one task role")
@@ -69,7 +69,7 @@ def check_task_roles(check: Checker, data: dict, prerequisite_types: dict[str, s
     _check_task_count(check, roles)
 
 
-def _check_task_count(check: Checker, roles: dict) -> None:
+def _check_task_count(check: Checker, roles: RawMapping) -> None:
     """All instances of all roles: one job travels as one NATS message (limits.py)."""
     counts = [role.get("instances", 1) if isinstance(role, dict) else 1 for role in roles.values()]
     if not all(isinstance(count, int) and not isinstance(count, bool) and count >= 1 for count in counts):
@@ -79,7 +79,7 @@ def _check_task_count(check: Checker, roles: dict) -> None:
                     f"a job has at most {MAX_TASKS_PER_JOB} tasks in all (PAI's limit), got {sum(counts)}")
 
 
-def _check_role(check: Checker, data: dict, name: str, role: dict, path: DocPath,
+def _check_role(check: Checker, data: RawMapping, name: str, role: RawMapping, path: DocPath,
                 prerequisite_types: dict[str, str]) -> None:
     check.known_keys(role, path, ROLE_KEYS)
     instances = role.get("instances", 1)
@@ -158,7 +158,7 @@ def _check_container_options(check: Checker, options: object, path: DocPath) -> 
     check.ignore(path, "container options (shared memory size, InfiniBand) are not applied by PAI")
 
 
-def _check_prerequisite_choices(check: Checker, role: dict, path: DocPath, prerequisite_types: dict[str, str]) -> None:
+def _check_prerequisite_choices(check: Checker, role: RawMapping, path: DocPath, prerequisite_types: dict[str, str]) -> None:
     for key, kind in (("dockerImage", "dockerimage"), ("data", "data"), ("output", "output"), ("script", "script")):
         if key not in role or not check.string(role[key], (*path, key)):
             continue
@@ -176,7 +176,7 @@ def _check_prerequisite_choices(check: Checker, role: dict, path: DocPath, prere
         check.ignore((*path, "prerequisites"), "per-role prerequisite lists are not acted on by PAI")
 
 
-def _check_references(check: Checker, data: dict, name: str, role: dict) -> bool:
+def _check_references(check: Checker, data: RawMapping, name: str, role: RawMapping) -> bool:
     """True when every template of the role's commands resolves."""
     templates = [(where, line) for where, line in command_templates(data, name) if TEMPLATE_START in line]
     if not templates:
@@ -190,7 +190,7 @@ def _check_references(check: Checker, data: dict, name: str, role: dict) -> bool
     return ok
 
 
-def _check_commands_length(check: Checker, data: dict, name: str, role: dict, path: DocPath) -> None:
+def _check_commands_length(check: Checker, data: RawMapping, name: str, role: RawMapping, path: DocPath) -> None:
     """The role's commands as they will run, templates rendered, counted without rendering
     more than the limit: a small document can name a large parameter thousands of times."""
     context = None

@@ -9,29 +9,32 @@ Ids (used as `Nats-Msg-Id`, so a repeated publication is deduplicated):
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from libs.common import messages
+from libs.common.ids import EventId, JobId, NodeName, VcName
 from libs.common.messages import JobState
 from libs.common.records import JobRecord
 from services.launcher.core.tasks import TaskFinished, TaskKey
 
 
-def state_id(job: str, attempt: int, state: JobState) -> str:
-    return f"{job}/{attempt}/state/{state}"
+def state_id(job: str, attempt: int, state: JobState) -> EventId:
+    return EventId(f"{job}/{attempt}/state/{state}")
 
 
-def released_id(job: str, attempt: int) -> str:
-    return f"{job}/{attempt}/released"
+def released_id(job: str, attempt: int) -> EventId:
+    return EventId(f"{job}/{attempt}/released")
 
 
-def late_released_id(job: str, attempt: int, placement_id: str) -> str:
-    return f"{released_id(job, attempt)}/late/{placement_id}"
+def late_released_id(job: str, attempt: int, placement_id: str) -> EventId:
+    return EventId(f"{released_id(job, attempt)}/late/{placement_id}")
 
 
-def task_id(key: TaskKey, what: str) -> str:
+def task_id(key: TaskKey, what: str) -> EventId:
     return messages.task_event_id(key.job, key.attempt, key.role, key.index, key.taskAttempt, what)
 
 
-def state_changed(record: JobRecord, *, previous: JobState | None, at: float, cause: str) -> messages.JobStateChanged:
+def state_changed(record: JobRecord, *, previous: JobState | None, at: float, cause: EventId) -> messages.JobStateChanged:
     """The job's current state (already in `record`), announced."""
     final = record.state.is_final
     return messages.JobStateChanged(
@@ -51,14 +54,25 @@ def state_changed(record: JobRecord, *, previous: JobState | None, at: float, ca
 
 
 def released(
-    record: JobRecord, *, attempt: int, requeue: bool, event_id: str, at: float, cause: str
+    record: JobRecord, *, attempt: int, requeue: bool, event_id: EventId, at: float, cause: EventId
 ) -> messages.JobReleased:
     return messages.JobReleased(
         id=event_id, job=record.job, cause=cause, at=at, vc=record.vc, attempt=attempt, requeue=requeue
     )
 
 
-def _task_event_fields(record: JobRecord, key: TaskKey, what: str, *, at: float) -> dict:
+class _TaskEventFields(TypedDict):
+    id: EventId
+    job: JobId
+    at: float
+    vc: VcName
+    attempt: int
+    role: str
+    index: int
+    taskAttempt: int
+
+
+def _task_event_fields(record: JobRecord, key: TaskKey, what: str, *, at: float) -> _TaskEventFields:
     """What every task event carries: its id, and which task attempt of which job."""
     return {
         "id": task_id(key, what),
@@ -72,7 +86,7 @@ def _task_event_fields(record: JobRecord, key: TaskKey, what: str, *, at: float)
     }
 
 
-def task_started(record: JobRecord, key: TaskKey, *, node: str, at: float) -> messages.TaskStarted:
+def task_started(record: JobRecord, key: TaskKey, *, node: NodeName, at: float) -> messages.TaskStarted:
     return messages.TaskStarted(**_task_event_fields(record, key, "started", at=at), node=node)
 
 

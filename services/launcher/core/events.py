@@ -13,39 +13,40 @@ from __future__ import annotations
 import msgspec
 
 from libs.common import messages
+from libs.common.ids import EventId, JobId
 from libs.common.messages import ExitSpec, TaskPlacement
 from libs.common.protocol.model import JobSpec
 from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
 
 
 class Submitted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    job: str
+    job: JobId
     spec: JobSpec
     at: float
-    id: str = ""
+    id: EventId = EventId("")
 
 
 class Placed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    job: str
+    job: JobId
     attempt: int
     tasks: list[TaskPlacement]
     # Only some tasks are placed (gangAllocation: false); more placements follow.
     partial: bool = False
-    id: str = ""
+    id: EventId = EventId("")
 
 
 class PreemptRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    job: str
+    job: JobId
     attempt: int
     by: str
     reason: str = ""
-    id: str = ""
+    id: EventId = EventId("")
 
 
 class StopRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    job: str
+    job: JobId
     by: str
-    id: str = ""
+    id: EventId = EventId("")
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -55,28 +56,28 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     exitCode: int
     spec: ExitSpec
     diagnostics: list[str] = []
-    id: str = ""
+    id: EventId = EventId("")
 
 
 class DeadLettered(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """A service gave up on one of the job's events (see libs.common.bus)."""
 
-    job: str
+    job: JobId
     consumer: str
     eventKind: str
     reason: str
-    id: str = ""
+    id: EventId = EventId("")
 
 
 class BackoffElapsed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    job: str
+    job: JobId
     attempt: int
 
 
 class LogsPruned(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The shell removed the finished job's task directories and logs (retention.py)."""
 
-    job: str
+    job: JobId
     at: float
 
 
@@ -84,7 +85,7 @@ class Archived(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The history holds the finished job (JobArchived): its record leaves pai_job_status
     once its task files and logs are removed too (retention.py), at once if they are."""
 
-    job: str
+    job: JobId
     at: float
 
 
@@ -93,7 +94,7 @@ class PortsBusy(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     (ports.py) and held back the starts of those tasks of the attempt (`tasks`):
     the core skips those ports and starts the tasks with others."""
 
-    job: str
+    job: JobId
     attempt: int
     tasks: list[TaskKey]
     busy: dict[str, list[int]]  # node -> ports found in use

@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 from libs.common import exitspecs as exits, messages
 from libs.common.errors import BadInput, Transient
+from libs.common.ids import EventId, JobId, NodeName, UserName, VcName
 from libs.common.messages import JobState, TaskPlacement, TaskState
 from libs.common.records import (
     AttemptEnding,
@@ -97,6 +98,8 @@ from services.launcher.core.tasks import TaskFinished, TaskKey, TaskRunning
 from services.launcher.core.transitions import move_attempt, move_task, transition
 
 ACTIVE_STATES = (JobState.WAITING, JobState.RUNNING)
+# The cause of a change no event brought (recovery, a timer, ports found busy).
+NO_CAUSE = EventId("")
 ATTEMPT_STATE_AFTER = {
     EndOutcome.SUCCEEDED: JobState.SUCCEEDED,
     EndOutcome.FAILED: JobState.FAILED,
@@ -133,17 +136,21 @@ class LauncherCore:
         self._backoff_base = backoff_base_seconds
         self._backoff_max = backoff_max_seconds
         self._grace = kill_grace_seconds
-        self._jobs: dict[str, JobRecord] = {}
+        self._jobs: dict[JobId, JobRecord] = {}
         # Per handle() call: records as they were before it, and actions so far.
-        self._before: dict[str, JobRecord | None] = {}
+        self._before: dict[JobId, JobRecord | None] = {}
         self._actions: list[Action] = []
         # The records as they were before the last successful transaction (undo_last).
-        self._undo: dict[str, JobRecord | None] = {}
+        self._undo: dict[JobId, JobRecord | None] = {}
 
     # --- public API -----------------------------------------------------------
 
     def handle(self, *events: LauncherEvent) -> list[Action]:
-        return self._transaction(lambda: [self._dispatch(event) for event in events])
+        def dispatch_all() -> None:
+            for event in events:
+                self._dispatch(event)
+
+        return self._transaction(dispatch_all)
 
     def undo_last(self) -> None:
         """Put back every record the last `handle()` changed, as it was before it.
@@ -162,15 +169,15 @@ class LauncherCore:
         self._jobs[record.job] = record
         self._ports.update(record)
 
-    def forget(self, job_id: str) -> None:
+    def forget(self, job_id: JobId) -> None:
         """A finished job deleted (JobDeleted): its record is gone from the bucket and from here."""
         if self._jobs.pop(job_id, None) is not None:
             self._ports.remove(job_id)
 
-    def job(self, job_id: str) -> JobRecord | None:
+    def job(self, job_id: JobId) -> JobRecord | None:
         return self._jobs.get(job_id)
 
-    def job_ids(self) -> list[str]:
+    def job_ids(self) -> list[JobId]:
         return sorted(self._jobs)
 
     def recover(self, known: set[TaskKey], *, replay_finished_since: float | None = None) -> list[Action]:
@@ -219,7 +226,7 @@ class LauncherCore:
         self._undo = before
         return self._saves(before, actions) + actions
 
-    def _restore(self, before: dict[str, JobRecord | None]) -> None:
+    def _restore(self, before: dict[JobId, JobRecord | None]) -> None:
         for job, record in before.items():
             if record is None:
                 self._jobs.pop(job, None)
@@ -228,9 +235,9 @@ class LauncherCore:
                 self._jobs[job] = record
                 self._ports.update(record)
 
-    def _saves(self, before: dict[str, JobRecord | None], actions: list[Action]) -> list[Action]:
+    def _saves(self, before: dict[JobId, JobRecord | None], actions: list[Action]) -> list[Action]:
         """One SaveJob per changed job, carrying this call's publications as its outbox."""
-        outboxes: dict[str, list[messages.AnyEvent]] = {}
+        outboxes: dict[JobId, list[messages.AnyEvent]] = {}
         for action in actions:
             if isinstance(action, Publish):
                 outboxes.setdefault(action.event.job, []).append(action.event)  # type: ignore[arg-type]
@@ -262,7 +269,7 @@ class LauncherCore:
     def _now(self) -> float:
         return self._clock()
 
-    def _known_job(self, job: str, what: str) -> JobRecord:
+    def _known_job(self, job: JobId, what: str) -> JobRecord:
         record = self._jobs.get(job)
         if record is None:
             # Submission and this event travel on different subjects; the
@@ -303,7 +310,7 @@ class LauncherCore:
             case _:
                 raise TypeError(f"not a launcher event: {event!r}")
 
-    def _move(self, record: JobRecord, to: JobState, *, why: str, cause: str, at: float | None = None) -> JobRecord:
+    def _move(self, record: JobRecord, to: JobState, *, why: str, cause: EventId, at: float | None = None) -> JobRecord:
         """Change the job's state through the transition table and announce it, at `at`
         (now by default): a final state's time is the record's completedTime, the same
         number in the record, its transition and the event (the job list compares them)."""
@@ -323,8 +330,8 @@ class LauncherCore:
         record = JobRecord(
             job=event.job,
             name=spec.name,
-            user=spec.user,
-            vc=spec.virtualCluster,
+            user=UserName(spec.user),
+            vc=VcName(spec.virtualCluster),
             spec=spec,
             createdTime=at,
             attempts=[new_attempt(spec, 1, at)],
@@ -366,7 +373,7 @@ class LauncherCore:
                 chosen[slot] = placement  # the first placement of a task wins
         return sorted(chosen.values(), key=lambda p: order[(p.role, p.index)])
 
-    def _place(self, record: JobRecord, placements: list[TaskPlacement], *, cause: str) -> None:
+    def _place(self, record: JobRecord, placements: list[TaskPlacement], *, cause: EventId) -> None:
         taken_now: dict[str, set[int]] = {}
         exhausted: TaskPlacement | None = None
         placed: list[TaskRecord] = []
@@ -451,7 +458,7 @@ class LauncherCore:
     def _placement_digest(event: Placed) -> str:
         return "+".join(sorted(f"{p.role}.{p.index}@{p.node}" for p in event.tasks))
 
-    def _publish_release(self, record: JobRecord, attempt: int, *, requeue: bool, event_id: str, cause: str) -> None:
+    def _publish_release(self, record: JobRecord, attempt: int, *, requeue: bool, event_id: EventId, cause: EventId) -> None:
         self._publish(
             announcements.released(
                 record, attempt=attempt, requeue=requeue, event_id=event_id, at=self._now(), cause=cause
@@ -460,7 +467,7 @@ class LauncherCore:
 
     # --- starting tasks -------------------------------------------------------------
 
-    def _start_ready(self, record: JobRecord, *, cause: str) -> JobRecord:
+    def _start_ready(self, record: JobRecord, *, cause: EventId) -> JobRecord:
         """Order the start of every task that may start now."""
         attempt = record.current
         if record.state not in ACTIVE_STATES or attempt.ending is not None or attempt.ended:
@@ -494,8 +501,8 @@ class LauncherCore:
         finds nothing busy left to replace and starts what was held once more
         (a key starts once: harmless)."""
         now = self._now()
-        for node, ports in event.busy.items():
-            self._ports.mark_busy(node, ports, until=now + BUSY_PORT_SECONDS)
+        for node, busy_ports in event.busy.items():
+            self._ports.mark_busy(node, busy_ports, until=now + BUSY_PORT_SECONDS)
         record = self._jobs.get(event.job)
         if record is None or record.attempt != event.attempt:
             return
@@ -534,7 +541,7 @@ class LauncherCore:
                         f"ports {sorted(busy)} are in use by something else"
                     ],
                     trigger=(task.role, task.index),
-                    cause="",
+                    cause=NO_CAUSE,
                 )
                 return
             taken_now.setdefault(task.node, set()).update(p for values in ports.values() for p in values)
@@ -567,7 +574,7 @@ class LauncherCore:
             record, task, TaskState.RUNNING, why="running", launchedTime=seen, runtimeDetail=event.detail
         )
         record = self._put(with_task(record, attempt.attempt, running))
-        started = announcements.task_started(record, event.key, node=event.node or task.node or "", at=now)
+        started = announcements.task_started(record, event.key, node=event.node or task.node or NodeName(""), at=now)
         self._publish(started)
         self._maybe_running(record, cause=started.id, launched=seen)
 
@@ -654,7 +661,7 @@ class LauncherCore:
             case TaskRetry.NONE:
                 self._settle(record, task, cause=event.id)
 
-    def _retry_task(self, record: JobRecord, task: TaskRecord, *, cause: str) -> None:
+    def _retry_task(self, record: JobRecord, task: TaskRecord, *, cause: EventId) -> None:
         summary = TaskAttemptSummary(
             taskAttempt=task.taskAttempt,
             state=task.state,
@@ -688,7 +695,7 @@ class LauncherCore:
         record = self._put(with_task(record, record.attempt, retried))
         self._start_ready(record, cause=cause)
 
-    def _maybe_running(self, record: JobRecord, *, cause: str, launched: float | None = None) -> JobRecord:
+    def _maybe_running(self, record: JobRecord, *, cause: EventId, launched: float | None = None) -> JobRecord:
         """WAITING -> RUNNING once the whole gang (or, without gang, any task) has
         started; `launched`: when the task that completes it was seen running."""
         attempt = record.current
@@ -709,7 +716,7 @@ class LauncherCore:
 
     # --- deciding the end of an attempt ------------------------------------------------------
 
-    def _settle(self, record: JobRecord, task: TaskRecord, *, cause: str) -> JobRecord:
+    def _settle(self, record: JobRecord, task: TaskRecord, *, cause: EventId) -> JobRecord:
         """A task attempt is settled: check the completion policy."""
         attempt = record.current
         if record.state not in ACTIVE_STATES or attempt.ending is not None or attempt.ended:
@@ -748,7 +755,7 @@ class LauncherCore:
         spec: messages.ExitSpec | None,
         diagnostics: list[str],
         trigger: tuple[str, int],
-        cause: str,
+        cause: EventId,
     ) -> JobRecord:
         """The attempt failed: fail the job, or retry it as its exit spec's reaction says."""
         reaction = spec.reaction if spec is not None else messages.Reaction.RETRY_TO_MAX
@@ -788,7 +795,7 @@ class LauncherCore:
         )
         return self._begin_ending(record, ending, cause=cause)
 
-    def _begin_ending(self, record: JobRecord, ending: AttemptEnding, *, cause: str) -> JobRecord:
+    def _begin_ending(self, record: JobRecord, ending: AttemptEnding, *, cause: EventId) -> JobRecord:
         """Record the decided outcome, kill what still runs, and finish if nothing does."""
         attempt = replace(record.current, ending=ending)
         kill_reason = self._kill_reason(ending)
@@ -811,7 +818,7 @@ class LauncherCore:
             return ending.reason
         return f"attempt completing ({ending.reason})"
 
-    def _maybe_finalize(self, record: JobRecord, *, cause: str) -> JobRecord:
+    def _maybe_finalize(self, record: JobRecord, *, cause: EventId) -> JobRecord:
         """Apply the decided outcome once no task of the attempt is live."""
         attempt = record.current
         ending = attempt.ending
@@ -962,7 +969,7 @@ class LauncherCore:
             return
         attempt = replace(record.current, backoffUntil=None)
         record = self._put(replace(record, attempts=[*record.attempts[:-1], attempt]))
-        self._start_ready(record, cause="")
+        self._start_ready(record, cause=NO_CAUSE)
 
     # --- recovery ------------------------------------------------------------------------
 
@@ -1016,14 +1023,14 @@ class LauncherCore:
             if current.attempt != number:
                 break
             attempt = current.current
-            task = attempt.task(role, index)
-            if task is None or not task.live:
+            found = attempt.task(role, index)
+            if found is None or not found.live:
                 continue
-            key = task_key(current, attempt, task)
+            key = task_key(current, attempt, found)
             if key in known:
-                if task.killReason is not None:
-                    self._emit(KillTask(key=key, reason=task.killReason, grace_seconds=self._grace))
-            elif task.state == TaskState.RUNNING or task.killReason is not None:
+                if found.killReason is not None:
+                    self._emit(KillTask(key=key, reason=found.killReason, grace_seconds=self._grace))
+            elif found.state == TaskState.RUNNING or found.killReason is not None:
                 self._dispatch(
                     TaskFinished(
                         key=key,
@@ -1035,8 +1042,8 @@ class LauncherCore:
             else:
                 # Ordered to start, but the backend never started it (the shell
                 # stopped between saving the record and starting the task).
-                self._emit(StartTask(launch=build_launch(current, attempt, task)))
+                self._emit(StartTask(launch=build_launch(current, attempt, found)))
         current = self._jobs[record.job]
         if current.current.backoffUntil is not None and current.state in ACTIVE_STATES:
             self._emit(StartTimer(job=current.job, attempt=current.attempt, at=current.current.backoffUntil))
-        self._maybe_finalize(current, cause="")
+        self._maybe_finalize(current, cause=NO_CAUSE)

@@ -159,4 +159,4 @@ def task_retry(
 def backoff_seconds(previous_backoffs: int, *, base: float, maximum: float) -> float:
     """Delay before the (previous_backoffs + 1)-th backoff retry of a job."""
     # Cap the exponent too: 2**previous_backoffs overflows a float eventually.
-    return min(maximum, base * 2 ** min(previous_backoffs, 62))
+    return min(maximum, base * 2.0 ** min(previous_backoffs, 62))

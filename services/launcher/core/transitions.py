@@ -127,14 +127,14 @@ def transition(record: JobRecord, to: JobState, *, at: float, why: str, attempt:
     return msgspec.structs.replace(record, state=to, history=[*record.history, step])
 
 
-def move_attempt(record: JobRecord, attempt: AttemptRecord, to: JobState, *, why: str, **changes) -> AttemptRecord:
+def move_attempt(record: JobRecord, attempt: AttemptRecord, to: JobState, *, why: str, **changes: object) -> AttemptRecord:
     """The attempt in state `to` (with `changes`), if its table allows it."""
     if to not in ATTEMPT_TRANSITIONS[attempt.state]:
         raise IllegalTransition(record, to, why, what=f"attempt {attempt.attempt}", from_state=attempt.state)
     return msgspec.structs.replace(attempt, state=to, **changes)
 
 
-def move_task(record: JobRecord, task: TaskRecord, to: TaskState, *, why: str, **changes) -> TaskRecord:
+def move_task(record: JobRecord, task: TaskRecord, to: TaskState, *, why: str, **changes: object) -> TaskRecord:
     """The task in state `to` (with `changes`), if its table allows it."""
     if to not in TASK_TRANSITIONS[task.state]:
         earlier = [f"task attempt {s.taskAttempt}: {s.state} (exit {s.exitCode})" for s in task.taskAttempts]

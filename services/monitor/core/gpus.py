@@ -110,10 +110,10 @@ def _int_or_none(value: Any) -> int | None:
 def _bytes_or_none(value: Any) -> int | None:
     if value is None:
         return None
-    value = int(value)
-    if value < 0 or value >= NVML_NOT_AVAILABLE:
+    number = int(value)
+    if number < 0 or number >= NVML_NOT_AVAILABLE:
         return None
-    return value
+    return number
 
 
 def _percent(value: Any) -> float | None:

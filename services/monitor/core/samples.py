@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
-from libs.common.nodes import node_key  # noqa: F401 (re-exported: one rule for both buckets)
+from libs.common.nodes import node_key as node_key  # re-exported: one rule for both buckets
 
 
 class GpuProcess(msgspec.Struct, frozen=True, kw_only=True):

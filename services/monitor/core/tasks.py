@@ -127,11 +127,11 @@ def task_usage(
         minor = str(gpu.minorNumber if gpu.minorNumber is not None else gpu.index)
         held: dict[str, int] = {}
         for process in gpu.processes:
-            key = of_pid.get(process.pid)
-            if key is None:
+            owner = of_pid.get(process.pid)
+            if owner is None:
                 external.append(ExternalGpuProcess(minorNumber=minor, pid=process.pid))
                 continue
-            held[key] = held.get(key, 0) + (process.usedMemoryBytes or 0)
+            held[owner] = held.get(owner, 0) + (process.usedMemoryBytes or 0)
         for key, used in held.items():
             total = gpu.memoryTotalBytes or 0
             gpu_use.setdefault(key, {})[minor] = TaskGpuUsage(

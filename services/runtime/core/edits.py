@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from libs.common.exitspecs import CATCH_ALL_CODES
+from libs.common.protocol.paths import RawMapping
 from libs.common.rules_messages import NoSuchRule
 from services.runtime.core.loading import load_rules
 from services.runtime.core.model import Rule
@@ -61,7 +62,7 @@ def index_of(rules: list[Rule], code: int) -> int:
 
 
 def add_rule(
-    rules: list[Rule], data: dict, *, position: int | None = None, before: int | None = None
+    rules: list[Rule], data: RawMapping, *, position: int | None = None, before: int | None = None
 ) -> tuple[list[Rule], int]:
     """The rule set with the admin's new rule in it, and the rule's index.
     A new rule goes before the catch-all rules unless the admin chooses its place."""
@@ -72,7 +73,7 @@ def add_rule(
 
 
 def change_rule(
-    rules: list[Rule], code: int, data: dict, *, position: int | None = None, before: int | None = None
+    rules: list[Rule], code: int, data: RawMapping, *, position: int | None = None, before: int | None = None
 ) -> tuple[list[Rule], int]:
     """The rule set with rule `code` replaced by the admin's version of it,
     in the same place unless `position` or `before` moves it."""

@@ -44,7 +44,7 @@ from libs.common.exitspecs import (
 )
 from libs.common.messages import ExitSpec, Reaction, TaskExited
 from services.runtime.core.model import Classification, Rule
-from services.runtime.core.regexes import compile_regex, re2_options
+from services.runtime.core.regexes import Regex, compile_regex, re2_options
 from services.runtime.core.validation import RuleError
 
 # Only the end of a log explains a failure; the rest would only cost time.
@@ -70,7 +70,7 @@ class _RegexBank:
 
     def __init__(self) -> None:
         self._index: dict[str, int] = {}
-        self.regexes: list = []
+        self.regexes: list[Regex] = []
         self._set: re2.Set | None = None
         self._sentinel = -1
 
@@ -334,7 +334,7 @@ class RuleEngine:
                 )
             )
         pod = []
-        for i, item in enumerate(pattern.controllerPodPatterns):
+        for i, pod_pattern in enumerate(pattern.controllerPodPatterns):
             path = f"{where}.controllerPodPatterns[{i}]"
             containers = tuple(
                 _ContainerCheck(
@@ -343,12 +343,12 @@ class RuleEngine:
                     message=add(banks.message, c.messageRegex, f"{path}.containers[{j}].messageRegex"),
                     exit_code=c.exitCode,
                 )
-                for j, c in enumerate(item.containers)
+                for j, c in enumerate(pod_pattern.containers)
             )
             pod.append(
                 _PodCheck(
-                    reason=add(banks.pod_reason, item.reasonRegex, f"{path}.reasonRegex"),
-                    message=add(banks.message, item.messageRegex, f"{path}.messageRegex"),
+                    reason=add(banks.pod_reason, pod_pattern.reasonRegex, f"{path}.reasonRegex"),
+                    message=add(banks.message, pod_pattern.messageRegex, f"{path}.messageRegex"),
                     containers=containers,
                 )
             )
@@ -376,7 +376,7 @@ def cut_log(text: str, limit: int = LOG_LIMIT_BYTES) -> bytes:
     return data[start:]
 
 
-def _matched_lines(regex, text: bytes) -> list[str]:
+def _matched_lines(regex: Regex, text: bytes) -> list[str]:
     lines: list[str] = []
     for match in regex.finditer(text):
         line = _line_at(text, match.start())

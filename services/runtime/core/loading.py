@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from libs.common.protocol.paths import RawMapping
 from services.runtime.core.model import Rule
 from services.runtime.core.validation import (
     Problem,
@@ -25,7 +26,7 @@ from services.runtime.core.validation import (
 DEFAULT_RULES_PATH = Path(__file__).resolve().parent.parent / "rules" / "default-rules.yaml"
 
 
-def load_rules(data: str | bytes | dict | list | Path) -> list[Rule]:
+def load_rules(data: str | bytes | RawMapping | list[object] | Path) -> list[Rule]:
     """Parse and check a whole rule set; raises RuleError naming every problem
     (paths like `spec[12].pattern.runtimeContainerPatterns[0].userLogRegex`).
 
@@ -66,14 +67,15 @@ def _default_rules() -> tuple[Rule, ...]:
     return tuple(load_rules(DEFAULT_RULES_PATH))
 
 
-def _parse(data: str | bytes | dict | list | Path) -> object:
+def _parse(data: str | bytes | RawMapping | list[object] | Path) -> object:
     if isinstance(data, (dict, list)):
         return data
     if isinstance(data, Path):
+        path = data
         try:
-            data = data.read_bytes()
+            data = path.read_bytes()
         except OSError as error:
-            raise RuleError([("", f"cannot read rule file {data}: {error.strerror or error}")]) from None
+            raise RuleError([("", f"cannot read rule file {path}: {error.strerror or error}")]) from None
     if not isinstance(data, (str, bytes)):
         raise RuleError([("", f"expected YAML text, a mapping or a path, got {type(data).__name__}")])
     try:

@@ -14,6 +14,8 @@ in file order wins.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from libs.common.messages import ExitSpec
@@ -123,10 +125,10 @@ class Rule(ExitSpec, frozen=True, kw_only=True, omit_defaults=True, forbid_unkno
         del fields["pattern"]
         return ExitSpec(**fields)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The rule as it would be written in a rule file (empty fields left out,
         the reaction always written: it is what people look for first)."""
-        data = msgspec.to_builtins(self)
+        data: dict[str, Any] = msgspec.to_builtins(self)
         data.setdefault("reaction", self.reaction.value)
         return data
 

@@ -21,6 +21,8 @@ Regexes are written in the common syntax of Python `re` and RE2: inline flags
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from typing import Protocol
 
 import re2
 
@@ -44,10 +46,29 @@ def re2_options() -> re2.Options:
 _OPTIONS = re2_options()
 
 
-def compile_regex(pattern: str):  # -> re2._Regexp (private type name)
+class RegexMatch(Protocol):
+    def start(self) -> int: ...
+
+
+class Regex(Protocol):
+    """What PAI uses of a compiled RE2 regex (google-re2 ships no type information)."""
+
+    @property
+    def pattern(self) -> str: ...
+
+    @property
+    def programsize(self) -> int: ...
+
+    def search(self, text: bytes) -> RegexMatch | None: ...
+
+    def finditer(self, text: bytes) -> Iterator[RegexMatch]: ...
+
+
+def compile_regex(pattern: str) -> Regex:
     """Compile with RE2; raises ValueError with RE2's reason when invalid."""
     try:
-        return re2.compile(pattern, _OPTIONS)
+        compiled: Regex = re2.compile(pattern, _OPTIONS)
+        return compiled
     except re2.error as error:
         reason = error.args[0] if error.args else error
         if isinstance(reason, bytes):

@@ -18,6 +18,7 @@ top of the winner's value. Pure: no I/O, the clock passed in.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -159,8 +160,8 @@ class RuleBook:
                 return _reply(rule_set, rules=[rule.to_dict() for rule in rule_set.rules])
             case RuleAction.GET:
                 rule_set = self.resolve(value, revision)
-                index = index_of(list(rule_set.rules), request.code)
-                return _reply(rule_set, rules=[rule_set.rules[index].to_dict()], position=index)
+                found = index_of(list(rule_set.rules), _code(request))
+                return _reply(rule_set, rules=[rule_set.rules[found].to_dict()], position=found)
         if request.revision is not None and request.revision != revision:
             return RulesReply(
                 outcome=Outcome.STALE,
@@ -178,7 +179,13 @@ class RuleBook:
         encoded = msgspec.json.encode(stored)
         if len(encoded) > MAX_STORED_BYTES:
             raise RuleError([("", f"the rule set would take {len(encoded)} bytes; at most {MAX_STORED_BYTES} fit")])
-        focus = None if index is None else (current if request.action == RuleAction.DELETE else new_rules)[index]
+        if index is None:
+            focus = None
+        elif request.action == RuleAction.DELETE:
+            focus = current[index]
+        else:
+            assert new_rules is not None  # an edit that places a rule returns the rule set it is in
+            focus = new_rules[index]
         return Edit(
             request=request,
             value=encoded,
@@ -195,11 +202,11 @@ class RuleBook:
 def _apply(request: RulesRequest, rules: list[Rule]) -> tuple[list[Rule] | None, int | None]:
     match request.action:
         case RuleAction.ADD:
-            return add_rule(rules, request.rule, position=request.position, before=request.before)
+            return add_rule(rules, _rule(request), position=request.position, before=request.before)
         case RuleAction.CHANGE:
-            return change_rule(rules, request.code, request.rule, position=request.position, before=request.before)
+            return change_rule(rules, _code(request), _rule(request), position=request.position, before=request.before)
         case RuleAction.DELETE:
-            return delete_rule(rules, request.code)
+            return delete_rule(rules, _code(request))
         case RuleAction.RESET:
             return None, None
     raise RuleError([("action", f"not an edit: {request.action}")])
@@ -210,17 +217,35 @@ def invalid(error: RuleError) -> RulesReply:
     return RulesReply(outcome=Outcome.INVALID, message=error.message, problems=problems)
 
 
+_NO_CODE = ("code", "required: the code of the rule")
+_NO_RULE = ("rule", "required: the rule in exit-spec format")
+
+
 def _check_arguments(request: RulesRequest) -> None:
     problems = []
     if request.action in (RuleAction.GET, RuleAction.CHANGE, RuleAction.DELETE) and request.code is None:
-        problems.append(("code", "required: the code of the rule"))
+        problems.append(_NO_CODE)
     if request.action in (RuleAction.ADD, RuleAction.CHANGE) and request.rule is None:
-        problems.append(("rule", "required: the rule in exit-spec format"))
+        problems.append(_NO_RULE)
     if problems:
         raise RuleError(problems)
 
 
-def _reply(rule_set: RuleSet, *, rules: list[dict] | None = None, position: int | None = None) -> RulesReply:
+def _code(request: RulesRequest) -> int:
+    """The code of the rule the request is about (`_check_arguments` asked for it)."""
+    if request.code is None:
+        raise RuleError([_NO_CODE])
+    return request.code
+
+
+def _rule(request: RulesRequest) -> dict[str, Any]:
+    """The rule the request brings (`_check_arguments` asked for it)."""
+    if request.rule is None:
+        raise RuleError([_NO_RULE])
+    return request.rule
+
+
+def _reply(rule_set: RuleSet, *, rules: list[dict[str, Any]] | None = None, position: int | None = None) -> RulesReply:
     return RulesReply(
         outcome=Outcome.OK,
         rules=rules or [],

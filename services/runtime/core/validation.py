@@ -13,6 +13,7 @@ import msgspec
 
 from libs.common.errors import BadInput
 from libs.common.messages import Reaction
+from libs.common.protocol.paths import RawMapping
 from services.runtime.core.model import (
     BEHAVIORS,
     CAUSERS,
@@ -58,7 +59,7 @@ class RuleError(BadInput, ValueError):
         )
 
 
-def validate_rule(data: dict, *, existing: list[Rule], replacing: int | None = None) -> Rule:
+def validate_rule(data: RawMapping, *, existing: list[Rule], replacing: int | None = None) -> Rule:
     """Check one rule as an admin submitted it and build it.
 
     `existing` is the current rule set; the new rule's code and phrase must not
@@ -74,7 +75,7 @@ def validate_rule(data: dict, *, existing: list[Rule], replacing: int | None = N
     return build_rule(data)
 
 
-def build_rule(data: dict) -> Rule:
+def build_rule(data: RawMapping) -> Rule:
     """Build a rule that `rule_problems` accepted."""
     return msgspec.convert(_without_nulls(data), Rule)
 
@@ -88,7 +89,7 @@ def _without_nulls(value: object) -> object:
     return value
 
 
-def uniqueness_problems(data: dict, others: Iterable[Rule], prefix: str = "") -> list[Problem]:
+def uniqueness_problems(data: RawMapping, others: Iterable[Rule], prefix: str = "") -> list[Problem]:
     problems: list[Problem] = []
     for rule in others:
         if rule.code == data["code"]:
@@ -200,14 +201,14 @@ def _container_problems(entry: object, where: str) -> list[Problem]:
     return problems
 
 
-def _exit_code_problems(entry: dict, where: str) -> list[Problem]:
+def _exit_code_problems(entry: RawMapping, where: str) -> list[Problem]:
     value = entry.get("exitCode")
     if value is not None and not _is_int(value):
         return [(_join(where, "exitCode"), f"must be an integer, got {_kind(value)}")]
     return []
 
 
-def _regex_field_problems(entry: dict, names: tuple[str, ...], where: str) -> list[Problem]:
+def _regex_field_problems(entry: RawMapping, names: tuple[str, ...], where: str) -> list[Problem]:
     problems: list[Problem] = []
     for name in names:
         if entry.get(name) is not None:
@@ -215,7 +216,7 @@ def _regex_field_problems(entry: dict, names: tuple[str, ...], where: str) -> li
     return problems
 
 
-def _unknown_fields(data: dict, known: tuple[str, ...], where: str) -> list[Problem]:
+def _unknown_fields(data: RawMapping, known: tuple[str, ...], where: str) -> list[Problem]:
     return [
         (_join(where, str(key)), f"unknown field; expected one of {', '.join(known)}")
         for key in data
