@@ -38,13 +38,11 @@ from libs.common.schedule import CLUSTER_VCS_KEY, ClusterView, ScheduleEntry
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
 from services.rest import capacity, deletion, intake, quotas, views
-from services.rest.history import overlay
-from services.rest.history import query as history_query
-from services.rest.history import store as history_store
+from services.rest.history import overlay, query as history_query, store as history_store
 from services.rest.history.wiring import HISTORY
 from services.rest.job_index import IndexedJob, JobIndex, SubmissionBrief
-from services.rest.records import SubmittedJob
 from services.rest.log_stream import log_response
+from services.rest.records import SubmittedJob
 from services.rest.request import USER, bad_field, ctx_of, read_json_object
 from services.rest.watched import WatchedValue
 

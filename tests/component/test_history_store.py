@@ -13,8 +13,7 @@ import sqlalchemy as sa
 from libs.common.messages import JobState
 from services.rest.history import query, schema, store
 from services.rest.history.projection import project_batch
-from tests.fixtures import history_events as ev
-from tests.fixtures import postgres as pg
+from tests.fixtures import history_events as ev, postgres as pg
 
 _databases = itertools.count()
 

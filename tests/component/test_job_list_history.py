@@ -10,8 +10,7 @@ import pytest
 from libs.common import ids
 from libs.common.messages import JobState
 from services.rest import jobs_api
-from services.rest.history import projection, store
-from services.rest.history import query as history_query
+from services.rest.history import projection, query as history_query, store
 from services.rest.job_index import JobIndex, ScheduleBrief, StatusBrief
 from services.rest.records import SubmittedJob
 from tests.fixtures import history_events as ev

@@ -118,7 +118,7 @@ async def run(bus: Bus, engine: AsyncEngine, stopping: asyncio.Event, *, ack_wai
                     await asyncio.sleep(delay)
         except asyncio.CancelledError:
             raise
-        except (Transient, nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, Transient, nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             log.warning("history: the consumer stopped (%r); starting it again", exc)
             await asyncio.sleep(1.0)
         finally:

@@ -194,13 +194,12 @@ async def run(ctx: ServiceContext, engine: AsyncEngine, stopping: asyncio.Event)
                          archived, purged)
         except asyncio.CancelledError:
             raise
-        except (SQLAlchemyError, OSError, Transient, nats.errors.Error, nats.js.errors.Error,
-                asyncio.TimeoutError) as exc:
+        except (TimeoutError, SQLAlchemyError, OSError, Transient, nats.errors.Error, nats.js.errors.Error) as exc:
             log.warning("history sweep: %r; trying again at the next sweep", exc)
         pause = ctx.config.history_sweep_seconds
         if archived:
             pause = min(pause, BUSY_SWEEP_SECONDS)
         try:
             await asyncio.wait_for(stopping.wait(), pause)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass

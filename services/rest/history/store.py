@@ -68,7 +68,7 @@ def _insert(connection: AsyncConnection):
 # Statements compiled once per dialect and shape, run as the driver's own SQL with
 # positional rows: building one (SQLAlchemy's column collections for `excluded`) and
 # SQLAlchemy's per-row parameter processing cost more CPU than the database's work.
-_STATEMENTS: dict[tuple[str, tuple], "_Compiled"] = {}
+_STATEMENTS: dict[tuple[str, tuple], _Compiled] = {}
 
 
 class _Compiled(NamedTuple):
