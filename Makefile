@@ -49,8 +49,14 @@ postgres-deps:
 # local backend's component tests) first. TEST_WORKERS=0: one process, as before.
 TEST_WORKERS ?= 2
 
-## Install everything the tests need, then run every test tier.
-test: $(STAMP) browser-deps postgres-deps
+## Ruff over the whole tree, then mypy (strict on the cores and the protocol package);
+## both are configured in pyproject.toml and come with the test extra.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+## Install everything the tests need, lint, then run every test tier.
+test: $(STAMP) lint browser-deps postgres-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: $(STAMP)

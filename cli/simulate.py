@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 console = Console()
@@ -101,7 +101,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 2
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("jobs done"),
                         TimeElapsedColumn(), console=err_console, disable=args.quiet, transient=False)
-    tasks: dict[str, int] = {}
+    tasks: dict[str, TaskID] = {}
 
     def on_workload(workload) -> None:
         for name in options.policies:

@@ -56,6 +56,7 @@ from nats.js.kv import KV_PURGE, MSG_ROLLUP_SUBJECT, KeyValue
 from libs.common import bus_wire, busauth, reconnect, telemetry
 from libs.common.bus_wire import DirectSubscription, Inbox, Received
 from libs.common.errors import BadInput, Transient
+from libs.common.ids import EventId
 from libs.common.jetstream_limits import StoreSettings
 from libs.common.messages import AnyEvent, Event, EventDeadLettered, decoder_for, encode, subject_of
 from libs.common.subjects import STREAM, STREAM_SUBJECTS, Bucket, Durable, Kind, kind_filter
@@ -109,6 +110,8 @@ HANDLER_DEADLINE_SECONDS = 300.0
 STALLED_DEAD_LETTER_AFTER = 3
 
 Handler = Callable[[AnyEvent], Awaitable[None]]
+# A publish stored with retries: subject, payload, headers, and what it is (for errors).
+_Write = tuple[str, bytes, dict[str, str] | None, str]
 BatchHandler = Callable[[list[AnyEvent]], Awaitable[None]]
 # What a publish or KV write may meet that a retry can cure.
 PUBLISH_TROUBLE = (
@@ -232,6 +235,7 @@ class Bus:
             return
         settings = settings or StoreSettings()
         deadline = time.monotonic() + STORE_READY_SECONDS
+        retry: Exception
         while True:
             try:
                 await _add_or_update(self.js, _event_stream_config(settings))
@@ -302,7 +306,7 @@ class Bus:
         if len(events) == 1:
             await self.publish(events[0], attempts=attempts)
             return
-        writes = [(*_outgoing(event), f"publish of {event.id}") for event in events]
+        writes: list[_Write] = [(*_outgoing(event), f"publish of {event.id}") for event in events]
         await self._store_together(writes, attempts=attempts)
 
     async def kv_write_many(self, bucket: Bucket, writes: dict[str, bytes | None], *, attempts: int = 5,
@@ -328,7 +332,7 @@ class Bus:
         cannot be stored fails alone: per event, None once it is stored, or the
         `Transient` saying why not (raised from JetStream's answer: `store_is_full`
         reads it). For callers that answer each event's sender on its own (rest's intake)."""
-        writes = [(*_outgoing(event), f"publish of {event.id}") for event in events]
+        writes: list[_Write] = [(*_outgoing(event), f"publish of {event.id}") for event in events]
         answers = await self._send_together(writes)
         return await asyncio.gather(
             *(self._retried(write, answer, attempts) for write, answer in zip(writes, answers, strict=True)))
@@ -347,14 +351,14 @@ class Bus:
             [(prefix + key, value, _CREATE_ONLY) for key, value in entries], _revision_of, PUBLISH_ACK_SECONDS)
         return [_created(answer) for answer in answers]
 
-    async def _send_together(self, writes: list[tuple[str, bytes, dict[str, str] | None, str]]) -> list[object]:
+    async def _send_together(self, writes: list[_Write]) -> list[object]:
         """JetStream publishes `(subject, data, headers, what)`, sent one after another
         without waiting, their acks awaited together (`_StoreAcks.send`). Per publish:
         `_STORED`, the exception that refused it, or None when not answered within
         `PUBLISH_ACK_SECONDS`."""
         return await self._store_acks.send([write[:3] for write in writes], _store_outcome, PUBLISH_ACK_SECONDS)
 
-    async def _retried(self, write: tuple[str, bytes, dict[str, str] | None, str], answer: object,
+    async def _retried(self, write: _Write, answer: object,
                        attempts: int) -> Exception | None:
         """A publish of `_send_together` once more by itself where a retry can cure
         its answer; None once stored, else the `Transient` naming it."""
@@ -371,7 +375,7 @@ class Bus:
             return exc
         return None
 
-    async def _store_together(self, writes: list[tuple[str, bytes, dict[str, str] | None, str]], *, attempts: int) -> None:
+    async def _store_together(self, writes: list[_Write], *, attempts: int) -> None:
         """`_send_together`; what is refused, or not answered, is published again by
         itself, with retries; past `attempts` this raises `Transient` naming it."""
         answers = await self._send_together(writes)
@@ -607,7 +611,7 @@ class Bus:
         if not isinstance(event, EventDeadLettered):  # never announce the announcement
             await self.publish(
                 EventDeadLettered(
-                    id=f"{event.id}/dead-lettered/{durable.value}",
+                    id=EventId(f"{event.id}/dead-lettered/{durable.value}"),
                     job=event.job,
                     cause=event.id,
                     at=time.time(),
@@ -746,7 +750,7 @@ async def _keep_in_progress(msgs: list[Received]) -> None:
 
 def _outgoing(event: Event) -> tuple[str, bytes, dict[str, str]]:
     """Subject, payload and headers of an event's publish: its id for dedupe, its job's trace."""
-    headers = {"Nats-Msg-Id": event.id}
+    headers: dict[str, str] = {"Nats-Msg-Id": event.id}
     telemetry.inject(headers, job=event.job)  # a job's events: one trace per job
     return subject_of(event), encode(event), headers
 
@@ -754,7 +758,7 @@ def _outgoing(event: Event) -> tuple[str, bytes, dict[str, str]]:
 # A JetStream publish answered with a PubAck that carries no error.
 _STORED = object()
 # Stored only where the subject has no message yet: a KV create.
-_CREATE_ONLY = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
+_CREATE_ONLY: dict[str, str] = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
 # JetStream's "wrong last sequence" error codes (as nats-py's KeyValue reads them).
 WRONG_LAST_SEQUENCE_CODES = frozenset({10071, 10164})
 

@@ -271,7 +271,7 @@ def install(nc: Any) -> WireParser:
     """Put `WireParser` on the connection `nc` (nats-py's, connected), keeping
     whatever its parser holds; raises RuntimeError, naming nats-py's version,
     when nats-py's internals are not what this module relies on."""
-    parser = getattr(nc, "_ps", None)
+    parser: Any = getattr(nc, "_ps", None)  # nats-py's Parser, checked below
     if isinstance(parser, WireParser):
         return parser
     _check_internals(nc, parser)

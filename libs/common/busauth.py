@@ -32,6 +32,7 @@ import os
 import secrets
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import msgspec
 
@@ -39,6 +40,9 @@ from libs.common.alerts_messages import ALERTS_SUBJECT
 from libs.common.logs import LOG_SUBJECT
 from libs.common.rules_rpc import RULES_SUBJECT
 from libs.common.subjects import PREFIX, STREAM, Bucket, Durable, Kind, dead_letter_subject, kind_filter
+
+if TYPE_CHECKING:
+    from libs.common.config import Config
 
 PLATFORM = "platform"
 INTEGRATOR = "integrator"
@@ -267,6 +271,14 @@ def may_create_store(user: str) -> bool:
 _USER_SEED_PREFIX = "SU"
 
 
+class Login(TypedDict, total=False):
+    """`Bus.connect`'s keyword arguments that log a process in."""
+
+    user: str
+    nkey_seed: str
+    password: str
+
+
 class UserKey(msgspec.Struct, frozen=True):
     seed: str  # the private key: only the process logging in as this user has it
     public: str  # the public key the server configuration holds ("U...")
@@ -280,7 +292,7 @@ class BusCredentials(msgspec.Struct, frozen=True):
     def seed(self, user: str) -> str:
         return self.users[user].seed
 
-    def login(self, user: str) -> dict[str, str]:
+    def login(self, user: str) -> Login:
         """`Bus.connect` keyword arguments that log in as `user`."""
         return {"user": user, "nkey_seed": self.seed(user)}
 
@@ -443,7 +455,7 @@ def chart_permissions() -> dict[str, dict]:
     return {user: permissions_block(user) for user in ACCESS}
 
 
-def login_of_config(config) -> dict[str, str]:
+def login_of_config(config: Config) -> Login:
     """`Bus.connect` keyword arguments of a process's own login (`nats_user` with its
     `nats_nkey_seed`, or `nats_password` against a NATS of passwords)."""
     return {"user": config.nats_user, "nkey_seed": config.nats_nkey_seed, "password": config.nats_password}

@@ -21,6 +21,7 @@ import logging
 import resource
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -195,7 +196,8 @@ async def serve(app: web.Application, host: str, port: int, limits: Limits) -> t
     if cap < limits.max_connections:
         log.warning("at most %d HTTP connections (http_max_connections %d): the file limit is %d", cap,
                     limits.max_connections, files)
-    handler_kwargs = {"access_log": None, "keepalive_timeout": limits.keepalive}
+    # The request handlers' settings, for the runner and for each connection's handler.
+    handler_kwargs: dict[str, Any] = {"access_log": None, "keepalive_timeout": limits.keepalive}
     runner = web.AppRunner(app, **handler_kwargs)
     await runner.setup()
     site = GuardedSite(runner, host, port, guard=Guard(limits, cap), handler_kwargs=handler_kwargs,

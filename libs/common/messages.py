@@ -343,7 +343,7 @@ _KIND_OF_TYPE: dict[type, Kind] = {}
 def subject_of(event: Event) -> str:
     kind = _KIND_OF_TYPE.get(type(event))
     if kind is None:
-        kind = _KIND_OF_TYPE[type(event)] = Kind(event.__struct_config__.tag)
+        kind = _KIND_OF_TYPE[type(event)] = Kind(str(event.__struct_config__.tag))
     match event:
         case NodeStatus(node=node) | NodeCordonChanged(node=node):
             return node_subject(kind, node)
@@ -378,4 +378,4 @@ def decoder_for(*types: type[Event]) -> msgspec.json.Decoder:
     """A decoder that accepts only the given event types (one per consumer)."""
     if len(types) == 1:
         return msgspec.json.Decoder(types[0])
-    return msgspec.json.Decoder(Union[types])  # type: ignore[valid-type]  # noqa: UP007 (a union of types known at run time)
+    return msgspec.json.Decoder(Union[types])  # noqa: UP007 (a union of types known at run time)

@@ -25,7 +25,7 @@ from pathlib import Path
 import msgspec
 
 from libs.common import busauth
-from libs.common.busauth import BusCredentials, ClusterRoutes, TlsFiles
+from libs.common.busauth import BusCredentials, ClusterRoutes, Login, TlsFiles
 from libs.common.jetstream_limits import StoreSettings
 
 
@@ -57,7 +57,7 @@ def free_port(host: str = "127.0.0.1") -> int:
             return port
 
 
-def bootstrap_store(url: str, login: dict[str, str], settings: StoreSettings | None = None) -> None:
+def bootstrap_store(url: str, login: Login, settings: StoreSettings | None = None) -> None:
     """Create (or update) the event stream and every bucket at `url`, logged in as
     the platform user, with `settings` (replicas and limits)."""
     from libs.common.bus import Bus
@@ -72,25 +72,25 @@ def bootstrap_store(url: str, login: dict[str, str], settings: StoreSettings | N
     asyncio.run(create())
 
 
-async def unsettled_streams(url: str, login: dict[str, str]) -> list[str]:
+async def unsettled_streams(url: str, login: Login) -> list[str]:
     """Streams (PAI's and the buckets') without a leader or with a copy not current."""
     from libs.common.bus import Bus
 
     bus = await Bus.connect(url, name="pai-settle-probe", connect_timeout=5, **login)
     try:
-        unsettled = []
+        unsettled: list[str] = []
         for info in await bus.js.streams_info():
             cluster = info.cluster
             if cluster is None:
                 continue
             if not cluster.leader or any(not peer.current or peer.offline for peer in cluster.replicas or []):
-                unsettled.append(info.config.name)
+                unsettled.append(info.config.name or "")
         return unsettled
     finally:
         await bus.close()
 
 
-async def wait_settled(url: str, login: dict[str, str], *, timeout: float) -> None:
+async def wait_settled(url: str, login: Login, *, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     unsettled: list[str] | str = "no answer"
     while time.monotonic() < deadline:
@@ -138,7 +138,7 @@ class NatsServer:
         self.tls = tls
         self.proc: subprocess.Popen | None = None
 
-    def login(self, user: str) -> dict[str, str]:
+    def login(self, user: str) -> Login:
         """`Bus.connect` keyword arguments that log in as `user` (none without auth)."""
         return {} if self.auth is None else self.auth.login(user)
 
@@ -314,7 +314,7 @@ class NatsCluster:
         self.route_password = secrets.token_urlsafe(24)
         self.procs: list[subprocess.Popen | None] = [None] * size
 
-    def login(self, user: str) -> dict[str, str]:
+    def login(self, user: str) -> Login:
         return {} if self.auth is None else self.auth.login(user)
 
     def env(self, user: str) -> dict[str, str]:
@@ -461,6 +461,7 @@ def main(argv: list[str]) -> None:  # pragma: no cover - command line, exercised
         case ["serve"] | []:
             srv = NatsServer(Path(os.environ.get("PAI_DATA_DIR", ".pai")) / "nats").start()
             print(srv.url)
+            assert srv.proc is not None  # start() started it
             srv.proc.wait()
         case _:
             sys.exit(USAGE)
