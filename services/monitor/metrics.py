@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter as TallyCounter
 from collections.abc import Iterable
+from typing import TypeVar, cast
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
@@ -148,18 +149,19 @@ _gpu_series_shown: dict[str, set[tuple[str, ...]]] = {name: set() for name in _G
 # per call, and a batch of events touches the same few series many times. Only
 # series that are never removed are cached here (none of apply's are).
 _children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
+_Metric = TypeVar("_Metric", bound=MetricWrapperBase)
 
 
-def _child(metric: MetricWrapperBase, *labels: str) -> MetricWrapperBase:
+def _child(metric: _Metric, *labels: str) -> _Metric:
     child = _children.get((metric, labels))
     if child is None:
         child = _children[(metric, labels)] = metric.labels(*labels)
-    return child
+    return cast(_Metric, child)  # a metric's children are of its own type
 
 
 def apply(updates: Iterable[Update | NodeConditionCounts]) -> None:
     """Set what `updates` say; counter increments of a batch are summed per series first."""
-    increments: TallyCounter[tuple[MetricWrapperBase, tuple[str, ...]]] = TallyCounter()
+    increments: TallyCounter[tuple[Counter, tuple[str, ...]]] = TallyCounter()
     for update in updates:
         match update:
             case JobsGauge(vc=vc, state=state, count=count):
@@ -173,8 +175,8 @@ def apply(updates: Iterable[Update | NodeConditionCounts]) -> None:
             case NodeUp(node=node, up=up):
                 _child(node_up, node).set(1 if up else 0)
             case NodeConditionCounts(counts=counts):
-                for labels, count in counts.items():
-                    _child(node_count, *labels).set(count)
+                for condition_labels, count in counts.items():
+                    _child(node_count, *condition_labels).set(count)
             case NodeCount():
                 pass  # the nodes the event tally saw; pai_node_count comes from node health
             case _:

@@ -265,6 +265,7 @@ class AlertCore:
 
     def handle(self, event: Event) -> list[Notification]:
         """Follow one job or node event; the owner's status mail it calls for, if any."""
+        view: JobView | None
         match event:
             case JobSubmitted(spec=spec):
                 if event.job not in self.jobs:
@@ -281,8 +282,8 @@ class AlertCore:
             case JobPlaced(attempt=attempt, tasks=tasks, partial=partial):
                 view = self.jobs.get(event.job)
                 if view is not None and attempt >= view.attempt:
-                    placed = [(t.node, gpu) for t in tasks for gpu in t.gpus]
-                    nodes = [t.node for t in tasks]
+                    placed: list[tuple[str, int]] = [(t.node, gpu) for t in tasks for gpu in t.gpus]
+                    nodes: list[str] = [t.node for t in tasks]
                     if partial and attempt == view.attempt:
                         placed = view.gpus + [p for p in placed if p not in view.gpus]
                         nodes = view.nodes + nodes
@@ -394,8 +395,8 @@ class AlertCore:
             record = self.alerts[record.fingerprint]
             outputs.append(AlertFired(alert=record))
             if not record.inhibitedBy:
-                rule = self.rules.rule(record.rule)
-                for action in rule.actions if rule else ():
+                fired_rule = self.rules.rule(record.rule)
+                for action in fired_rule.actions if fired_rule else ():
                     if action not in (Action.EMAIL_ADMIN, Action.EMAIL_OWNER):
                         outputs.append(ActionDue(action=action, alert=record))
         ended_now = [o.alert for o in outputs if isinstance(o, AlertEnded)]
@@ -417,11 +418,11 @@ class AlertCore:
                         yield _node(rule, node, {"value": reading.externalProcesses})
             case Condition.NODE_NOT_READY:
                 for node in set(self.nodes) | set(self.unhealthy):
-                    reading = self.nodes.get(node)
+                    seen = self.nodes.get(node)
                     if node in self.unhealthy:
                         yield _node(rule, node, {"reason": self.unhealthy[node], "value": 0})
-                    elif reading is not None and now - reading.at > threshold:
-                        silent = now - reading.at
+                    elif seen is not None and now - seen.at > threshold:
+                        silent = now - seen.at
                         yield _node(rule, node, {"reason": f"no sample from its agent for {_human(silent)}",
                                                  "value": round(silent)})
             case Condition.NODE_DISK_USAGE | Condition.NODE_MEMORY_USAGE | Condition.NODE_CPU_USAGE:
@@ -458,10 +459,10 @@ class AlertCore:
                         if mean < threshold:
                             yield _job(rule, view, {"value": round(mean, 1)})
             case Condition.SERVICE_NOT_READY:
-                for name, reading in self.services.items():
-                    if not reading.ready:
+                for name, service in self.services.items():
+                    if not service.ready:
                         yield _Candidate(fingerprint=f"{rule.name}/{name}", labels={"service": name},
-                                         fields={"service": name, "reason": reading.reason or "not ready"},
+                                         fields={"service": name, "reason": service.reason or "not ready"},
                                          service=name)
 
     def _gpu_means(self, now: float, window: float) -> dict[tuple[str, int], float]:
@@ -475,7 +476,7 @@ class AlertCore:
     def _record(self, rule: AlertRule, candidate: _Candidate, since: float) -> AlertRecord:
         view = candidate.job
         fields = {k: v for k, v in candidate.fields.items() if not k.startswith("_")}
-        solution = candidate.fields.get("_solution", [])
+        solution = candidate.fields.get("_solution")
         if view is not None:
             fields.update(job=view.job, user=view.user, vc=view.vc, nodes=", ".join(view.nodes) or "-",
                           state=view.state.value)
@@ -488,7 +489,7 @@ class AlertCore:
             startsAt=since, node=candidate.node, service=candidate.service,
             job=view.job if view else "", user=view.user if view else "", vc=view.vc if view else "",
             nodes=list(view.nodes) if view else ([candidate.node] if candidate.node else []),
-            reason=str(candidate.fields.get("reason", "")), solution=list(solution),  # type: ignore[arg-type]
+            reason=str(candidate.fields.get("reason", "")), solution=list(solution) if isinstance(solution, list) else [],
         )
 
     def _inhibiting(self) -> dict[str, dict[str, str]]:
