@@ -52,6 +52,7 @@ async def body(ctx: ServiceContext, *, sampler: NodeSampler | None = None) -> No
             await cluster_body(ctx, sampler if runs_agent(mode) else None)
         else:
             ctx.set_ready()
+            assert sampler is not None  # the agent's mode: opened above
             ctx.spawn(agent.sample_forever(ctx, sampler), "node-sampler")
             await ctx.stopping.wait()
     finally:

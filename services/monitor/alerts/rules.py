@@ -247,7 +247,7 @@ def _check_rule(index: int, raw: Any, default_repeat: float, problems: list[Rule
     for key in sorted(map(str, set(raw) - known)):
         bad(key, f"unknown field (expected one of {', '.join(sorted(known))})")
     try:
-        when = Condition(raw.get("when"))
+        when = Condition(str(raw.get("when")))  # anything but a condition's name is refused
     except ValueError:
         bad("when", f"must be one of {', '.join(c.value for c in Condition)}, got {raw.get('when')!r}")
         return None

@@ -294,9 +294,10 @@ class AlertShell:
 
     def _rules_reply(self, message: str = "") -> AlertsReply:
         document = self.document.document
-        admin = bool(document and document.yaml)
+        admin_yaml = document.yaml if document is not None else ""
+        admin = bool(admin_yaml)
         return AlertsReply(
-            outcome=Outcome.OK, message=message, rules=document.yaml if admin else self.baseline_yaml,
+            outcome=Outcome.OK, message=message, rules=admin_yaml if admin else self.baseline_yaml,
             revision=self.document.revision, source="admin" if admin else self.baseline_source,
             changedBy=document.by if document else "", changedAt=document.at if document else 0.0,
         )

@@ -38,7 +38,11 @@ from collections.abc import Iterable
 import msgspec
 
 from libs.common.messages import NodeCondition
-from libs.common.nodes import NodeHealthRecord, decode_health, encode_health  # noqa: F401 (re-exported)
+from libs.common.nodes import (  # re-exported
+    NodeHealthRecord as NodeHealthRecord,
+    decode_health as decode_health,
+    encode_health as encode_health,
+)
 from services.monitor.core.samples import NodeSample
 from services.monitor.core.updates import NodeUp
 
@@ -145,12 +149,12 @@ class NodeHealthCore:
 
     # --- inputs -------------------------------------------------------------------
 
-    def restore(self, records: Iterable[NodeHealthRecord], now: float) -> list[HealthOutput]:
+    def restore(self, records: Iterable[NodeHealthRecord], now: float) -> list[NodeUp | NodeConditionCounts]:
         for record in records:
             if record.heard:
                 record = msgspec.structs.replace(record, lastHeard=now)
             self._nodes[record.node] = record
-        outputs: list[HealthOutput] = [
+        outputs: list[NodeUp | NodeConditionCounts] = [
             NodeUp(node=r.node, up=r.healthy) for r in self._nodes.values() if r.heard or not r.healthy]
         return outputs + [self._counts()]
 

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from libs.common.ids import EventId
 from libs.common.messages import (
     Event,
     EventDeadLettered,
@@ -215,7 +216,7 @@ DEAD_LETTER_RULE = "EventDeadLettered"
 def _dead_letter_alert(event: EventDeadLettered) -> RaiseAlert:
     about = f"job {event.job}" if event.job else f"subject {event.subject}"
     return RaiseAlert(
-        id=f"{event.id}/alert",
+        id=EventId(f"{event.id}/alert"),
         job=event.job,
         cause=event.id,
         rule=DEAD_LETTER_RULE,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
+from libs.common.ids import EventId, JobId
+
 
 class JobsGauge(msgspec.Struct, frozen=True, kw_only=True):
     """pai_jobs{state,vc}: how many jobs of `vc` are in `state` now."""
@@ -45,9 +47,9 @@ class NodeCount(msgspec.Struct, frozen=True, kw_only=True):
 class RaiseAlert(msgspec.Struct, frozen=True, kw_only=True):
     """An alert the shell publishes as `AlertFiring` (not a metric)."""
 
-    id: str  # deterministic: a redelivered cause raises the same alert, stored once
-    job: str
-    cause: str
+    id: EventId  # deterministic: a redelivered cause raises the same alert, stored once
+    job: JobId
+    cause: EventId
     rule: str
     severity: str
     summary: str
