@@ -267,6 +267,8 @@ def main() -> None:
                         help="seconds to wait after a burst for the live finished jobs to be back within the bound")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a config field for the platform (libs/common/config.py), e.g. history_projection=inline")
     args = parser.parse_args()
     args.totals = sorted(int(t) for t in args.totals.split(","))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -281,14 +283,15 @@ def main() -> None:
             rest_rate_limit_burst=10_000_000, rest_rate_limit_per_second=10_000_000.0,
             live_finished_job_max=args.live_max, live_finished_job_seconds=args.live_seconds,
             history_sweep_seconds=args.sweep_seconds, retention_finished_seconds=args.retention_seconds,
-            retention_sweep_seconds=max(1.0, args.retention_seconds / 5), **ports)
+            retention_sweep_seconds=max(1.0, args.retention_seconds / 5), **ports,
+            **dict(item.split("=", 1) for item in args.set))
         result: dict[str, Any] = {
             "benchmark": "service_rss", "commit": git_commit(), "cpus": os.cpu_count(),
             "data_dir_filesystem": filesystem_of(tmp), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "settings": {"live_finished_job_max": args.live_max, "live_finished_job_seconds": args.live_seconds,
                          "history_sweep_seconds": args.sweep_seconds,
                          "retention_finished_seconds": args.retention_seconds, "warmup_jobs": args.warmup,
-                         "totals": args.totals, "clients": args.clients, "cells": 64}}
+                         "totals": args.totals, "clients": args.clients, "cells": 64, "set": args.set}}
         platform = Platform(config, print_fn=lambda *_: None)
         try:
             conn = platform.start()
