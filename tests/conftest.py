@@ -33,6 +33,13 @@ _SESSION_TEMP.chmod(0o755)
 os.environ["TMPDIR"] = str(_SESSION_TEMP)
 tempfile.tempdir = str(_SESSION_TEMP)
 
+# A pytest-xdist worker (make test) starts with COLUMNS=80 and LINES=24 set: the CLI's
+# rich consoles, made when their modules are imported, would keep that size whatever a
+# test sets later (test_rules sets COLUMNS for a wide table), unlike a run without workers.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+
 # The settings every PAI the tests start runs with (tests/fixtures/settings.py): the
 # services started as processes read them from here, in-process ones are given them.
 for _name, _value in TEST_ENV.items():
