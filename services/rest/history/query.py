@@ -342,9 +342,9 @@ async def list_page(engine: AsyncEngine, f: JobFilter, *, with_total: bool = Tru
         keys = await _page(connection, f, where, [jobs.c.id, ORDER_COLUMNS[f.order_field]])
         p, q = place([_order_key(f, k) for k in keys])
         wanted = [k.id for k in keys[p:q]]
-        found = {row.id: row for row in (await connection.execute(
+        full = {row.id: row for row in (await connection.execute(
             sa.select(*_LIST_COLUMNS).where(jobs.c.id.in_(wanted)))).all()} if wanted else {}
-    return total, [job_row(found[job]) for job in wanted if job in found], p
+    return total, [job_row(full[job]) for job in wanted if job in full], p
 
 
 async def rows_of(engine: AsyncEngine, ids: list[str]) -> dict[str, dict[str, Any]]:
