@@ -353,7 +353,8 @@ def _event(decision: Decision, *, cause: str) -> Event | None:
 
 def placed_event(job: str, attempt: int, vc: str, tasks, *, cause: str, partial: bool = False) -> JobPlaced:
     suffix = "" if not partial else "/" + ",".join(f"{t.role}.{t.index}" for t in tasks)
-    return JobPlaced(id=f"{job}/{attempt}/placed{suffix}", job=job, cause=cause, at=time.time(), vc=vc, attempt=attempt, tasks=list(tasks), partial=partial)
+    return JobPlaced(id=f"{job}/{attempt}/placed{suffix}", job=job, cause=cause, at=time.time(), vc=vc, attempt=attempt,
+                     tasks=list(tasks), partial=partial)
 
 
 async def body(ctx: ServiceContext) -> None:

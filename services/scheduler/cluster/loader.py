@@ -429,7 +429,7 @@ def _virtual_cell(spec: Any, path: str, cell_types: dict[str, CellType], chains:
             f"{path}.cellType: no physical cell has type {parts[0]!r}; a path starts at a cellType used in "
             f"physicalCells ({', '.join(sorted(chains)) or 'none'})")
         return None
-    for parent, child in zip(parts, parts[1:]):
+    for parent, child in zip(parts, parts[1:], strict=False):
         if cell_types[parent].childCellType != child:
             errors.append(f"{path}.cellType: {child!r} is not the child cell type of {parent!r} in {type_path!r}")
             return None

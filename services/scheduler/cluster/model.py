@@ -50,7 +50,7 @@ class PhysicalCell(msgspec.Struct, frozen=True, kw_only=True):
     node: str | None = None  # set for node-level cells and below
     index: int | None = None  # leaf cells: the device index on the node
     pinnedCellId: str | None = None
-    children: list["PhysicalCell"] = []
+    children: list[PhysicalCell] = []
 
 
 class VirtualCell(msgspec.Struct, frozen=True, kw_only=True):

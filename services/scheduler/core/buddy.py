@@ -9,7 +9,7 @@ from collections import Counter
 from services.scheduler.cluster.model import CellType
 
 
-def shortfall(chain: str, cell_types: dict[str, CellType], free: Counter, demand: Counter) -> tuple[int, str] | None:
+def shortfall(chain: str, cell_types: dict[str, CellType], free: Counter[str], demand: Counter[str]) -> tuple[int, str] | None:
     """(missing cells, of type) when the demand cannot be carved out of the free cells.
 
     Buddy allocation takes a free cell of the asked type first and splits the

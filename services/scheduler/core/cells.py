@@ -16,8 +16,10 @@ is loaded, this is what makes every VC's quota bindable at any time (VC safety).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
+from libs.common.ids import NodeName
 from services.scheduler.cluster.model import ClusterConfig, PhysicalCell
 from services.scheduler.core.buddy import host_ip
 
@@ -32,7 +34,7 @@ INSIDE, FREE, SPLIT, TAKEN = 0, 1, 2, 3
 class Node:
     __slots__ = ("name", "healthy", "reason", "cells", "host_ip")
 
-    def __init__(self, name: str):
+    def __init__(self, name: NodeName):
         self.name = name
         self.healthy = True
         self.reason = ""
@@ -49,13 +51,13 @@ class Cell:
         "free", "oppo", "buddy", "vc", "quota_key", "held", "job", "reserved_for", "unit",
     )
 
-    def __init__(self, spec: PhysicalCell, *, level: int, chain: str, sku: str, parent: Cell | None,
+    def __init__(self, spec: PhysicalCell, *, level: int, chain: Chain, sku: str, parent: Cell | None,
                  node: Node | None, is_node_level: bool, gpus: tuple[int, ...], order: int):
         self.address = spec.address
         self.type = spec.cellType
         self.level = level
-        self.chain = chain
-        self.chain_obj: Chain | None = None
+        self.chain = chain.name
+        self.chain_obj = chain
         self.sku = sku
         self.parent = parent
         self.children: list[Cell] = []
@@ -68,8 +70,8 @@ class Cell:
         self.leaves: list[Cell] = []
         self.node_cells: list[Cell] = []
         self.leaf_count = 0
-        # Self first, then up to the top: the cells whose counters a leaf feeds.
-        self.ancestors: tuple[Cell, ...] = (self,) if parent is None else (self,) + parent.ancestors
+        # Self first, then up to the top: the cells whose counters a leaf feeds (and, last, its sku's totals).
+        self.ancestors: tuple[Counted, ...] = (self,) if parent is None else (self,) + parent.ancestors
         self.free = 0
         self.oppo = 0
         self.buddy = INSIDE
@@ -141,7 +143,7 @@ class Chain:
             raise AssertionError(f"cell {cell.address} is inside no free cell")
         del self.free[current.type][current]
         path.append(current)
-        for outer, inner in zip(reversed(path), list(reversed(path))[1:]):
+        for outer, inner in zip(reversed(path), list(reversed(path))[1:], strict=False):  # each cell and the next
             outer.buddy = SPLIT
             for child in outer.children:
                 if child is not inner:
@@ -182,6 +184,10 @@ class SkuTotals:
         self.free = 0
         self.oppo = 0
         self.address = f"all {sku} cells"
+
+
+# What keeps counters over leaves: a cell, or every cell of a sku.
+Counted = Cell | SkuTotals
 
 
 class CellTree:
@@ -227,18 +233,20 @@ class CellTree:
     def _build(self, spec: PhysicalCell, chain: Chain, *, parent: Cell | None, node: Node | None) -> Cell:
         cell_type = self.config.cellTypes[spec.cellType]
         if cell_type.isNodeLevel:
-            node = self.nodes.get(spec.node)
+            name = spec.node
+            assert name is not None, f"node-level cell {spec.address} names no node"  # the loader checks it
+            node = self.nodes.get(name)
             if node is None:
-                node = self.nodes[spec.node] = Node(spec.node)
+                node = self.nodes[name] = Node(NodeName(name))
         gpus: tuple[int, ...] = ()
         sku = self.config.skuTypes[cell_type.skuType]
         if cell_type.is_leaf and sku.gpu > 0 and spec.index is not None:
             gpus = tuple(range(spec.index * sku.gpu, (spec.index + 1) * sku.gpu))
-        cell = Cell(spec, level=cell_type.level, chain=chain.name, sku=cell_type.skuType, parent=parent, node=node,
+        cell = Cell(spec, level=cell_type.level, chain=chain, sku=cell_type.skuType, parent=parent, node=node,
                     is_node_level=cell_type.isNodeLevel, gpus=gpus, order=len(self.all_cells))
-        cell.chain_obj = chain
         self.all_cells.append(cell)
         if cell_type.isNodeLevel:
+            assert node is not None
             node.cells.append(cell)
         if spec.pinnedCellId is not None:
             self.pinned[spec.pinnedCellId] = cell
@@ -260,9 +268,18 @@ class CellTree:
         return cell
 
 
+def node_of(cell: Cell) -> Node:
+    """The node of a cell at or below the node level (a leaf's)."""
+    node = cell.node
+    assert node is not None, f"{cell.address} is above the node level"
+    return node
+
+
 def leaf_counts(leaf: Cell) -> tuple[int, int]:
     """What a leaf adds to the (free, oppo) counters of the cells above it."""
-    if not leaf.node.healthy:
+    node = leaf.node
+    assert node is not None  # a leaf is on a node
+    if not node.healthy:
         return 0, 0
     job = leaf.job
     if job is None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 from libs.common.messages import TaskPlacement
@@ -55,4 +53,4 @@ class Announce(msgspec.Struct, frozen=True, kw_only=True, tag="announce"):
     reason: str
 
 
-Decision = Union[Place, Preempt, Wait, Announce]
+Decision = Place | Preempt | Wait | Announce

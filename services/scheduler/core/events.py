@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 from libs.common.messages import TaskPlacement
@@ -77,4 +75,4 @@ class RefreshReasons(msgspec.Struct, frozen=True, kw_only=True, tag="refresh_rea
     older_than: float = 0.0
 
 
-SchedulerEvent = Union[Submit, Release, Cancel, NodeHealth, Restore, Tick, NotSent, RefreshReasons]
+SchedulerEvent = Submit | Release | Cancel | NodeHealth | Restore | Tick | NotSent | RefreshReasons

@@ -10,14 +10,15 @@ first (ties: arrival), so a pass that places jobs in queue order fills the VC as
 progressive filling does: 40 jobs of one user and 32 of another interleave, and a user with
 nothing running goes before one with jobs running.
 
-Tags and not a share read at each pick, because the queue is kept sorted (queues.py: lists,
-buckets, bisect). A tag stays right while the user's cells move from "asked for" to "held":
-placing a user's first queued job changes none of their tags. Tags change when a user's held cells shrink
-(a release), when a later job of theirs is placed first (its cells now count ahead), when a queued job leaves without running (cancelled, preempted, fallen back) or
-joins ahead of the user's other jobs (a higher priority, an old place kept across attempts),
-or when a job is placed on another sku than its tag counted. Those users are marked, and
-their jobs re-tagged (`Queues.reorder`) before a pass walks the queue and after it: a
-pass never sees a stale tag, and position and reasons read between passes are current.
+Tags and not a share read at each pick, because the queue is kept sorted (queues.py: lists, buckets,
+bisect). A tag stays right while the user's cells move from "asked for" to "held": placing a user's
+first queued job changes none of their tags. Tags change when a user's held cells shrink (a
+release), when a later job of theirs is placed first (its cells now count ahead), when a queued job
+leaves without running (cancelled, preempted, fallen back) or joins ahead of the user's other jobs
+(a higher priority, an old place kept across attempts), or when a job is placed on another sku than
+its tag counted. Those users are marked, and their jobs re-tagged (`Queues.reorder`) before a pass
+walks the queue and after it: a pass never sees a stale tag, and position and reasons read between
+passes are current.
 
 HiveD's guarantees stay: only the order within one priority of a VC's lane changes. Priority
 comes first, and preemption is by priority only (never for fairness); cells, quotas, VC
@@ -58,7 +59,7 @@ class _User:
         self.queued: dict[JobRecord, None] = {}  # their queued guaranteed attempts in the VC's lane
         self.holders: dict[JobRecord, None] = {}  # their guaranteed attempts holding cells of the VC
         self.tail: Cells = {}  # held + every queued job's demand: the share of a job joining at the back
-        self.last: tuple | None = None  # the (priority, arrival) order of their last queued job
+        self.last: tuple[int, int] | None = None  # the (priority, arrival) order of their last queued job
 
 
 class FairShare:

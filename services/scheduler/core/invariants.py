@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.scheduler.core.cells import FREE, INSIDE, SPLIT, TAKEN, leaf_counts
+from services.scheduler.core.cells import FREE, INSIDE, SPLIT, TAKEN, leaf_counts, node_of
 from services.scheduler.core.jobs import JobRecord
 from services.scheduler.core.lifecycle import check_state
 from services.scheduler.core.queues import Queues
@@ -35,7 +35,7 @@ def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], queues: Qu
     owner: dict[int, JobRecord] = {}
     for job in jobs.values():
         for (role, index), leaves in job.placed.items():
-            nodes = {leaf.node.name for leaf in leaves}
+            nodes = {node_of(leaf).name for leaf in leaves}
             _require(len(nodes) == 1, f"task {job.id} {role}[{index}] spans nodes {sorted(nodes)}")
             for leaf in leaves:
                 _require(id(leaf) not in owner, f"cell {leaf.address} is given to both {owner.get(id(leaf))} and {job}")
@@ -59,7 +59,7 @@ def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], queues: Qu
         for leaf in job.leaves():
             _require(leaf.unit is not None and leaf.unit.vc == job.vc,
                      f"guaranteed job {job.id} of VC {job.vc} runs on {leaf.address} outside its VC's cells")
-            if job.spec.pinnedCellId is not None:
+            if job.spec.pinnedCellId is not None and leaf.unit is not None:
                 _require(leaf.unit.pinned_id == job.spec.pinnedCellId and leaf.unit.quota_key is None,
                          f"job {job.id} runs on {leaf.address} outside pinned cell {job.spec.pinnedCellId}")
         # Gang: a group placed together is there entirely or not at all (restored attempts excepted).
@@ -71,10 +71,10 @@ def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], queues: Qu
 
     # Quotas, bindings and held counts.
     for vc in state.vcs.values():
-        for (chain, type_name), quota in vc.quotas.items():
+        for (chain_name, type_name), quota in vc.quotas.items():
             _require(len(quota.bound) <= quota.total, f"VC {vc.name} bound {len(quota.bound)} {type_name} cells of {quota.total}")
             for cell in quota.bound:
-                _require(cell.buddy == TAKEN and cell.vc == vc.name and cell.type == type_name and cell.chain == chain,
+                _require(cell.buddy == TAKEN and cell.vc == vc.name and cell.type == type_name and cell.chain == chain_name,
                          f"{cell.address} is listed as bound to VC {vc.name} but is not")
                 held = sum(_holds(leaf) for leaf in cell.leaves)
                 _require(cell.held == held, f"{cell.address} held={cell.held}, expected {held}")
@@ -116,11 +116,11 @@ def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], queues: Qu
         _require(keys == sorted(keys), f"the queue of {lane or 'opportunistic jobs'} is out of order")
         for job in lane_jobs:
             _require(queues.lane_of(job) == lane, f"{job} is queued in the wrong lane {lane}")
-            for sku in job.skus or [None]:
+            for sku in job.skus if job.skus else (None,):
                 _require(job in queues.by_sku.get((lane, sku), ()), f"{job} is missing from the {sku} list")
         queue.extend(lane_jobs)
-    listed = sum(len(jobs_of_sku) for jobs_of_sku in queues.by_sku.values())
-    _require(listed == sum(len(job.skus) or 1 for job in queue), "a sku list holds a job its lane does not")
+    in_sku_lists = sum(len(jobs_of_sku) for jobs_of_sku in queues.by_sku.values())
+    _require(in_sku_lists == sum(len(job.skus) or 1 for job in queue), "a sku list holds a job its lane does not")
     _require(len({id(job) for job in queue}) == len(queue), "a job is queued twice")
     for job in queue:
         _require(jobs.get(job.id) is job and job.waiting, f"{job} is queued but not waiting")

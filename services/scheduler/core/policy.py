@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import cast
 
 GANG_PRIORITY_AFTER_S = 600.0
 # After this many preemptions an opportunistic job waits for cells no VC holds.
@@ -112,16 +113,16 @@ class SchedulingPolicy:
     def __post_init__(self) -> None:
         # Plain values (a test's "idle", a tuple for the reserve) become the policy's own types; anything
         # else is refused here, naming the field, rather than deep in a pass.
-        fallback = self.shape_fallback
+        fallback: object = self.shape_fallback  # typed as the policy's own, given as anything
         if fallback is not None and not isinstance(fallback, ShapeFallback):
             try:
-                object.__setattr__(self, "shape_fallback", ShapeFallback(fallback))
+                object.__setattr__(self, "shape_fallback", ShapeFallback(cast(str, fallback)))  # the enum checks it
             except ValueError:
                 known = ", ".join(repr(kind.value) for kind in ShapeFallback)
                 raise ValueError(f"shape_fallback: one of None, {known}, not {fallback!r}") from None
-        reserve = self.adaptive_reserve
+        reserve: object = self.adaptive_reserve
         if reserve is not None and not isinstance(reserve, AdaptiveReserve):
-            window_s, min_gpu_h, most_leaves = reserve
+            window_s, min_gpu_h, most_leaves = cast("tuple[float, float, int]", reserve)  # a plain triple
             object.__setattr__(self, "adaptive_reserve", AdaptiveReserve(window_s, min_gpu_h, most_leaves))
         if self.opportunistic_preemption_budget < 0:
             raise ValueError(f"opportunistic_preemption_budget: at least 0, not {self.opportunistic_preemption_budget}")

@@ -10,7 +10,8 @@ recently started, adding one at a time until the job fits.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
+from functools import partial
 
 from services.scheduler.core.jobs import JobRecord
 from services.scheduler.core.planner import Plan, plan_guaranteed
@@ -62,7 +63,7 @@ def _plan_with_downgrades(state: ClusterState, record: JobRecord, vc: VcRecord, 
     downgraded: list[JobRecord] = []
     with state.unbinds_recorded() as unbound:
         for job in lazy:
-            state.refresh_job_leaves(job, lambda job=job: setattr(job, "opportunistic", True))
+            state.refresh_job_leaves(job, partial(setattr, job, "opportunistic", True))
             downgraded.append(job)
             excluded = [leaf for j in downgraded for leaf in j.leaves()]
             plan = plan_guaranteed(state, record, vc, sku, sizes, View(take_oppo=True, excluded=excluded))
@@ -71,5 +72,5 @@ def _plan_with_downgrades(state: ClusterState, record: JobRecord, vc: VcRecord, 
         for vc_record, quota, cell in reversed(unbound):
             state.bind(vc_record, quota, cell)
         for job in reversed(downgraded):
-            state.refresh_job_leaves(job, lambda job=job: setattr(job, "opportunistic", False))
+            state.refresh_job_leaves(job, partial(setattr, job, "opportunistic", False))
         return None

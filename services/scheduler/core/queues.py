@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Sequence
 
 from services.scheduler.core.jobs import JobRecord
 
@@ -38,7 +39,7 @@ class Queues:
         self.lanes: dict[Lane, list[JobRecord]] = {}
         self.by_sku: dict[Pair, list[JobRecord]] = {}
         # Per list, bucket key -> its jobs in queue order (see the module's docstring).
-        self.buckets: dict[Pair, dict[tuple, list[JobRecord]]] = {}
+        self.buckets: dict[Pair, dict[tuple[object, ...], list[JobRecord]]] = {}
         self.dirty: set[Pair] = set()
         # Per list, the jobs no pass has looked at since they arrived (or since the gang they waited
         # behind went): a list held back behind an aged gang only needs to look at these.
@@ -47,9 +48,9 @@ class Queues:
         self._deadlines: list[tuple[float, int, JobRecord]] = []
         self._due_at: list[tuple[float, int, JobRecord]] = []  # the same, for `due` (see promote_due)
         # Per list, bucket key -> its gangs past their deadline that hold nobody back yet, in queue order.
-        self.due: dict[Pair, dict[tuple, list[JobRecord]]] = {}
+        self.due: dict[Pair, dict[tuple[object, ...], list[JobRecord]]] = {}
         self._pushed = 0
-        self._vc_rank = {vc: rank for rank, vc in enumerate(vc_order)}
+        self._vc_rank: dict[str | None, int] = {vc: rank for rank, vc in enumerate(vc_order)}
 
     @staticmethod
     def lane_of(record: JobRecord) -> Lane:
@@ -99,7 +100,7 @@ class Queues:
             lists.append(self.buckets.get(pair, {}).get(record.queue.bucket))
             if due:
                 lists.append(self.due.get(pair, {}).get(record.queue.bucket))
-        found = [queue for queue in lists if _remove(queue, record)]
+        found = [queue for queue in lists if queue is not None and _remove(queue, record)]
         record.queue.fair = fair
         for queue in found:
             _insert(queue, record)
@@ -107,7 +108,7 @@ class Queues:
         # the note (it still waits, the gang's placement looks at it again), even where it moved ahead.
         self.dirty.update(pairs)
 
-    def promote_due(self, now: float, may_age) -> None:
+    def promote_due(self, now: float, may_age: Callable[[JobRecord], bool]) -> None:
         """Queued gangs whose deadline has passed (and that `may_age`) join `due`."""
         due_at = self._due_at
         while due_at and due_at[0][0] <= now:
@@ -132,7 +133,7 @@ class Queues:
             if gangs is not None and not gangs:
                 del buckets[record.queue.bucket]
 
-    def next_due(self, pair: Pair, bucket: tuple, after: tuple[int, int, int] | None) -> JobRecord | None:
+    def next_due(self, pair: Pair, bucket: tuple[object, ...], after: tuple[int, int, int] | None) -> JobRecord | None:
         """The bucket's first gang in `due` after the queue position `after` (None: from the start)."""
         gangs = self.due.get(pair, {}).get(bucket)
         if not gangs:
@@ -160,7 +161,7 @@ class Queues:
         queue = self.lanes.get(self.lane_of(record), [])
         return bisect_left(queue, record.key, key=_key)
 
-    def mark(self, lane: Lane, skus) -> None:
+    def mark(self, lane: Lane, skus: Sequence[str | None]) -> None:
         for sku in skus or (None,):
             if (lane, sku) in self.by_sku:
                 self.dirty.add((lane, sku))
@@ -185,7 +186,7 @@ class Queues:
         dirty, self.dirty = self.dirty, set()
         return self.in_pass_order(pair for pair in dirty if self.by_sku.get(pair))
 
-    def in_pass_order(self, pairs) -> list[Pair]:
+    def in_pass_order(self, pairs: Iterable[Pair]) -> list[Pair]:
         rank = self._vc_rank
         return sorted(pairs, key=lambda pair: (pair[0] is None, rank.get(pair[0], len(rank)), pair[0] or "",
                                                pair[1] or ""))

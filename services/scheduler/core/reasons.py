@@ -9,13 +9,15 @@ decision for every change of a count.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from services.scheduler.core.jobs import JobRecord
     from services.scheduler.core.state import ClusterState, VcRecord
 
-Reason = tuple[tuple, Callable[[int], str]]
+# A wait's key (what it is, for telling a change apart) and its text, given the jobs ahead.
+Reason = tuple[tuple[object, ...], Callable[[int], str]]
 
 # A guaranteed job placed outside its VC's quota (shape fallback), as its attempt's history says.
 BORROWED = ("placed on borrowed idle cells: VC {vc}'s cells have no room for its shape though its quota has "

@@ -97,7 +97,7 @@ def _bind_one(state: ClusterState, vc: VcRecord, leaf: Cell) -> tuple[Quota, Cel
     for quota in vc.sku_quotas.get(leaf.sku, ()):
         if quota.chain.name != leaf.chain or quota.unbound <= 0:
             continue
-        cell = next((c for c in leaf.ancestors if c.type == quota.type), None)
+        cell = next((c for c in leaf.ancestors if isinstance(c, Cell) and c.type == quota.type), None)
         if cell is None or not state.bindable_cell_for(cell):
             continue
         state.bind(vc, quota, cell)

@@ -478,7 +478,7 @@ class SchedulerCore:
                     victims[leaf.job] = None
         if not victims:
             placements = []
-            for task, leaves in zip(tasks, plan.leaves):
+            for task, leaves in zip(tasks, plan.leaves, strict=False):
                 for leaf in leaves:
                     state.set_leaf(leaf, job=record, reserved_for=None)
                 record.placed[(task.role, task.index)] = leaves
@@ -520,7 +520,7 @@ class SchedulerCore:
             return []
         placements = []
         for group, tasks, plan in record.reserved:
-            for task, leaves in zip(tasks, plan):
+            for task, leaves in zip(tasks, plan, strict=False):
                 for leaf in leaves:
                     state.set_leaf(leaf, job=record, reserved_for=None)
                 record.placed[(task.role, task.index)] = leaves

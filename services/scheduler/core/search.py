@@ -13,19 +13,21 @@ land on buddy GPUs and large cells stay whole for large jobs.
 
 from __future__ import annotations
 
-from services.scheduler.core.cells import Cell
+from collections.abc import Iterable
+
+from services.scheduler.core.cells import Cell, Chain, Counted, node_of
 
 
 class View:
     __slots__ = ("take_oppo", "extra", "extra_leaves", "extra_unbound", "excluded", "taken", "taken_leaves", "log")
 
-    def __init__(self, *, take_oppo: bool = False, extra_leaves: list[Cell] = (), excluded: list[Cell] = ()):
+    def __init__(self, *, take_oppo: bool = False, extra_leaves: Iterable[Cell] = (), excluded: Iterable[Cell] = ()):
         self.take_oppo = take_oppo
-        self.extra: dict[Cell, int] = {}
+        self.extra: dict[Counted, int] = {}
         self.extra_leaves: set[Cell] = set()
         self.extra_unbound: dict[str, int] = {}  # chain -> extra leaves bound to no VC (binding may take them)
         self.excluded: set[Cell] = set()
-        self.taken: dict[Cell, int] = {}
+        self.taken: dict[Counted, int] = {}
         self.taken_leaves: set[Cell] = set()
         self.log: list[Cell] = []
         for leaf in extra_leaves:
@@ -37,7 +39,7 @@ class View:
         return bool(leaf.free or (self.take_oppo and leaf.oppo))
 
     def add_extra(self, leaf: Cell) -> None:
-        if leaf in self.extra_leaves or self.base_ok(leaf) or not leaf.node.healthy:
+        if leaf in self.extra_leaves or self.base_ok(leaf) or not node_of(leaf).healthy:
             return
         self.extra_leaves.add(leaf)
         if leaf.unit is None:
@@ -52,7 +54,7 @@ class View:
         for cell in leaf.ancestors:
             self.extra[cell] = self.extra.get(cell, 0) - 1
 
-    def unbound_usable(self, chain) -> int:
+    def unbound_usable(self, chain: Chain) -> int:
         """Usable leaves of the chain bound to no VC: what binding one more VC cell may take."""
         usable = chain.unbound_free + (chain.unbound_oppo if self.take_oppo else 0)
         return usable + self.extra_unbound.get(chain.name, 0) if self.extra_unbound else usable

@@ -9,12 +9,12 @@ back to the buddy free lists as soon as none of that work holds it any more.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from services.scheduler.cluster.model import ClusterConfig
 from services.scheduler.core.buddy import shortfall
-from services.scheduler.core.cells import FREE, INSIDE, TAKEN, Cell, CellTree, Chain, refresh_leaf
+from services.scheduler.core.cells import FREE, INSIDE, TAKEN, Cell, CellTree, Chain, Node, refresh_leaf
 from services.scheduler.core.jobs import JobRecord
 
 
@@ -180,12 +180,14 @@ class ClusterState:
     def note_room_in_unit(self, unit: Cell) -> None:
         """A VC keeps a newly bound cell with room left in it: for its other jobs as if cells were freed
         in the VC."""
+        assert unit.vc is not None  # a unit is a cell bound to a VC
         self._freed_in_vc[(unit.vc, unit.sku)] = self._epoch
 
     @contextmanager
     def unbinds_recorded(self) -> Iterator[list[tuple[VcRecord, Quota, Cell]]]:
         """Record every unbinding while inside, so a tentative change can be undone exactly."""
-        self._unbind_log = log = []
+        log: list[tuple[VcRecord, Quota, Cell]] = []
+        self._unbind_log = log
         try:
             yield log
         finally:
@@ -201,14 +203,16 @@ class ClusterState:
             self._freed_unbound[sku] = epoch
             self._freed_since_pass.add(("unbound", sku))
         else:
-            self._freed_in_vc[(unit.vc, sku)] = epoch
-            self._freed_since_pass.add(("vc", unit.vc, sku))
+            vc = unit.vc
+            assert vc is not None  # a unit is a cell bound to a VC
+            self._freed_in_vc[(vc, sku)] = epoch
+            self._freed_since_pass.add(("vc", vc, sku))
 
     def refresh(self, leaf: Cell) -> None:
         if refresh_leaf(leaf):
             self.note_freed(leaf)
 
-    def set_node_health(self, node, healthy: bool, reason: str) -> None:
+    def set_node_health(self, node: Node, healthy: bool, reason: str) -> None:
         node.healthy = healthy
         node.reason = reason
         for cell in node.cells:
@@ -237,13 +241,15 @@ class ClusterState:
     def _add_held(self, unit: Cell, delta: int) -> None:
         unit.held += delta
         if unit.quota_key is not None:
-            held = self.vcs[unit.vc].held
+            vc = unit.vc
+            assert vc is not None  # a cell counted against a quota is bound to the quota's VC
+            held = self.vcs[vc].held
             held[unit.sku] = held.get(unit.sku, 0) + delta
             if delta < 0:
                 # More of the VC's quota unused, even with no leaf freed (one on an unhealthy node): a job of
                 # the VC may now fit its quota in count, so bind or fall back (SchedulerCore.shape_fallback).
-                self._freed_in_vc[(unit.vc, unit.sku)] = self._epoch
-                self._freed_since_pass.add(("vc", unit.vc, unit.sku))
+                self._freed_in_vc[(vc, unit.sku)] = self._epoch
+                self._freed_since_pass.add(("vc", vc, unit.sku))
 
     def bind(self, vc: VcRecord, quota: Quota, cell: Cell, *, taken: bool = False) -> None:
         """Bind a free (or already taken by a tentative plan) cell to the VC's quota."""
@@ -257,6 +263,7 @@ class ClusterState:
     def unbind_if_idle(self, unit: Cell | None) -> None:
         if unit is None or unit.held > 0 or unit.quota_key is None or unit.buddy != TAKEN:
             return
+        assert unit.vc is not None  # a cell counted against a quota is bound to the quota's VC
         vc = self.vcs[unit.vc]
         quota = vc.quotas[unit.quota_key]
         if self._unbind_log is not None:
@@ -312,17 +319,17 @@ class ClusterState:
                 self._add_held(unit, change)
         self.refresh(leaf)
 
-    def refresh_job_leaves(self, job: JobRecord, change) -> None:
+    def refresh_job_leaves(self, job: JobRecord, change: Callable[[], object]) -> None:
         """Apply `change()` (a change to the job's standing) and fix the counters of its leaves."""
         leaves = job.leaves() + [leaf for _, _, plan in job.reserved for leaves in plan for leaf in leaves]
         before = [_holds(leaf) for leaf in leaves]
         change()
         units = []
-        for leaf, held in zip(leaves, before):
+        for leaf, held in zip(leaves, before, strict=True):
             if leaf.unit is not None:
-                change = _holds(leaf) - held
-                if change:
-                    self._add_held(leaf.unit, change)
+                delta = _holds(leaf) - held
+                if delta:
+                    self._add_held(leaf.unit, delta)
                 units.append(leaf.unit)
             self.refresh(leaf)
         for unit in dict.fromkeys(units):

@@ -109,7 +109,7 @@ def check_restore(
         settled.add(restore.job)
         known = truth.get(restore.job)
         said = known.attempt(restore.attempt) if known is not None else None
-        if said is None:
+        if known is None or said is None:
             restores.append(restore)
             notes.append(RestoreNote(job=restore.job, attempt=restore.attempt, outcome=Outcome.KEPT,
                                      why="the launcher has not seen this attempt yet"))

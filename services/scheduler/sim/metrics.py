@@ -38,8 +38,8 @@ def _ratio(value: float) -> float:
 
 
 def group_figures(jobs: list[SimJob], outcomes: list[JobOutcome]) -> dict:
-    delays = sorted(o.first_start - j.submit for j, o in zip(jobs, outcomes) if o.first_start is not None)
-    jcts = sorted(o.finish - j.submit for j, o in zip(jobs, outcomes) if o.finish is not None)
+    delays = sorted(o.first_start - j.submit for j, o in zip(jobs, outcomes, strict=True) if o.first_start is not None)
+    jcts = sorted(o.finish - j.submit for j, o in zip(jobs, outcomes, strict=True) if o.finish is not None)
     finishes = [o.finish for o in outcomes if o.finish is not None]
     first_submit = min((j.submit for j in jobs), default=None)
     return {
@@ -60,7 +60,7 @@ def group_figures(jobs: list[SimJob], outcomes: list[JobOutcome]) -> dict:
         },
         # Average queueing delay of the jobs of each class that started (None: no such job started).
         "avg_queueing_delay_by_class_s": {
-            kind: _seconds(_average([o.first_start - j.submit for j, o in zip(jobs, outcomes)
+            kind: _seconds(_average([o.first_start - j.submit for j, o in zip(jobs, outcomes, strict=True)
                                      if o.job_class == kind and o.first_start is not None]))
             for kind in (GUARANTEED, OPPORTUNISTIC)
         },
@@ -99,8 +99,8 @@ def run_figures(run: SimulationRun, jobs: list[SimJob], quotas: dict[str, int], 
         figures["quota_gpus"] = quotas[vc]
         figures["gpu_allocation"], vc_series[vc] = allocation_figures(run, vc, quotas[vc])
         vcs[vc] = figures
-    never = [(job, outcome) for job, outcome in zip(jobs, run.outcomes) if outcome.first_start is None]
-    unfinished = [(job, outcome) for job, outcome in zip(jobs, run.outcomes)
+    never = [(job, outcome) for job, outcome in zip(jobs, run.outcomes, strict=True) if outcome.first_start is None]
+    unfinished = [(job, outcome) for job, outcome in zip(jobs, run.outcomes, strict=True)
                   if outcome.first_start is not None and outcome.finish is None]
     return {
         "overall": overall,

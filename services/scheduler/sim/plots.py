@@ -40,7 +40,7 @@ def _cdf(values: list[float]) -> tuple[list[float], list[float]]:
 
 
 def _delays(jobs: list[SimJob], run: SimulationRun) -> list[float]:
-    return [o.first_start - j.submit for j, o in zip(jobs, run.outcomes) if o.first_start is not None]
+    return [o.first_start - j.submit for j, o in zip(jobs, run.outcomes, strict=True) if o.first_start is not None]
 
 
 def _save(figure, path: Path) -> Path:
@@ -68,7 +68,7 @@ def write_plots(out_dir: Path, jobs: list[SimJob], runs: dict[str, SimulationRun
         figure, axes = pyplot.subplots(figsize=_SIZE)
         lowest = 1.0
         for vc in vcs:
-            delays = [o.first_start - j.submit for j, o in zip(jobs, run.outcomes)
+            delays = [o.first_start - j.submit for j, o in zip(jobs, run.outcomes, strict=True)
                       if j.vc == vc and o.first_start is not None]
             if delays:
                 xs, ys = _cdf(delays)
@@ -82,7 +82,7 @@ def write_plots(out_dir: Path, jobs: list[SimJob], runs: dict[str, SimulationRun
     written.append(delay_cdf_plot(out_dir / "delay-cdf.png", jobs, runs))
     figure, axes = pyplot.subplots(figsize=_SIZE)
     for name, run in runs.items():
-        jcts = [o.finish - j.submit for j, o in zip(jobs, run.outcomes) if o.finish is not None]
+        jcts = [o.finish - j.submit for j, o in zip(jobs, run.outcomes, strict=True) if o.finish is not None]
         if jcts:
             axes.step(*_cdf(jcts), where="post", label=name)
     axes.set_xscale("log")
@@ -114,7 +114,7 @@ def write_plots(out_dir: Path, jobs: list[SimJob], runs: dict[str, SimulationRun
 def _zero_share(xs: list[float], ys: list[float]) -> float:
     """The CDF's value at delay 0 (the share of jobs that started at once)."""
     share = 0.0
-    for x, y in zip(xs, ys):
+    for x, y in zip(xs, ys, strict=True):
         if x > 0:
             break
         share = y
@@ -148,7 +148,7 @@ def delay_cdf_panels(path: Path, panels: list[tuple[str, list[SimJob], dict[str,
     """Side by side queueing-delay CDFs (e.g. the same trace at two loads), one line per policy."""
     pyplot = _pyplot()
     figure, all_axes = pyplot.subplots(1, len(panels), figsize=(5.0 * len(panels), 3.8), squeeze=False)
-    for axes, (title, jobs, runs) in zip(all_axes[0], panels):
+    for axes, (title, jobs, runs) in zip(all_axes[0], panels, strict=True):
         lowest = _delay_lines(axes, jobs, runs)
         _delay_axes(axes, title, lowest)
         axes.legend(loc="lower right", fontsize="small")

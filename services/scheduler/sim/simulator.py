@@ -116,7 +116,7 @@ def simulate(jobs: list[SimJob], policy: Policy, *, interval: float = 3600.0, vc
         if progress is not None and steps % 512 == 0:
             progress(settled)
     allocation.finish(now)
-    for job, outcome in zip(jobs, outcomes):
+    for job, outcome in zip(jobs, outcomes, strict=True):
         outcome.job_class = policy.job_class(job)
         if outcome.finish is None:
             outcome.never_reason = policy.waiting_reason(job)

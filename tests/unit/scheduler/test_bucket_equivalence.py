@@ -9,8 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from libs.common.protocol.model import PRIORITY_CLASSES, JobSpec, Resources, TaskRole
 from services.scheduler.core import NodeHealth, Place, Preempt, Release, Submit, Tick

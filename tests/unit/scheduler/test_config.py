@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from services.scheduler.cluster.quantities import parse_memory_mb
 from services.scheduler.cluster import ClusterConfigError, load_cluster_config, local_cluster_config
+from services.scheduler.cluster.quantities import parse_memory_mb
 
 from .builders import cluster, reference_hived
 

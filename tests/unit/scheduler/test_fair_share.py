@@ -8,8 +8,7 @@ oldest first, and reads which user's job got each freed cell."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from libs.common.protocol.model import PRIORITY_CLASSES, JobSpec, Resources, TaskRole
 from services.scheduler.core import Cancel, NodeHealth, Place, Submit, Tick

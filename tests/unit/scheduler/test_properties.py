@@ -10,8 +10,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from libs.common.protocol.model import PRIORITY_CLASSES, JobSpec, Resources, TaskRole
 from services.scheduler.core import Place, Preempt, Release, Submit
