@@ -126,25 +126,24 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def fork_server_of(launcher_pid: int) -> int | None:
-    for child in children_of(launcher_pid):
+def child_running(parent: int, module: bytes) -> int | None:
+    """The child of `parent` whose command line names `module`, if one runs."""
+    for child in children_of(parent):
         try:
-            if b"local_forkserver" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if module in Path(f"/proc/{child}/cmdline").read_bytes():
                 return child
         except OSError:
             pass
     return None
+
+
+def fork_server_of(launcher_pid: int) -> int | None:
+    return child_running(launcher_pid, b"local_forkserver")
 
 
 def projector_of(rest_pid: int) -> int | None:
     """rest's history projection process (history_projection: process), if it runs one."""
-    for child in children_of(rest_pid):
-        try:
-            if b"history.projector" in Path(f"/proc/{child}/cmdline").read_bytes():
-                return child
-        except OSError:
-            pass
-    return None
+    return child_running(rest_pid, b"history.projector")
 
 
 async def history_caught_up(bus: Bus, timeout: float = 120.0) -> float | None:
