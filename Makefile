@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast install clean lint bench browser-deps postgres-deps
+.PHONY: up test test-fast test-gpu install clean lint bench browser-deps postgres-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,10 @@ test: $(STAMP) lint browser-deps postgres-deps
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x tests/unit
+
+## The GPU tier alone (tests/gpu: skips, saying why, where NVML finds no GPU).
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -rs tests/gpu
 
 bench: $(STAMP)
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done
