@@ -84,6 +84,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
 from aiohttp import ClientSession, ClientTimeout, TCPConnector  # noqa: E402
 
 from benchmarks import e2e_profile, e2e_stages, e2e_trace  # noqa: E402
@@ -95,6 +96,7 @@ from libs.common.bus import Bus  # noqa: E402
 from libs.common.config import load_config  # noqa: E402
 from libs.common.natsserver import free_port  # noqa: E402
 from libs.common.subjects import STREAM, Bucket, Durable  # noqa: E402
+from services.rest.history import projector  # noqa: E402
 
 ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
@@ -114,36 +116,32 @@ def proc_stat(pid: int) -> dict[str, float]:
 
 
 def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            pass
-    return found
+    try:
+        return [child.pid for child in psutil.Process(pid).children()]
+    except psutil.NoSuchProcess:
+        return []
 
 
-def child_running(parent: int, module: bytes) -> int | None:
+def child_running(parent: int, module: str) -> int | None:
     """The child of `parent` whose command line names `module`, if one runs."""
-    for child in children_of(parent):
-        try:
-            if module in Path(f"/proc/{child}/cmdline").read_bytes():
-                return child
-        except OSError:
-            pass
+    try:
+        children = psutil.Process(parent).children()
+    except psutil.NoSuchProcess:
+        return None
+    for child in children:
+        with contextlib.suppress(psutil.Error):  # gone meanwhile, or a zombie
+            if module in " ".join(child.cmdline()):
+                return child.pid
     return None
 
 
 def fork_server_of(launcher_pid: int) -> int | None:
-    return child_running(launcher_pid, b"local_forkserver")
+    return child_running(launcher_pid, "local_forkserver")
 
 
 def projector_of(rest_pid: int) -> int | None:
     """rest's history projection process (history_projection: process), if it runs one."""
-    return child_running(rest_pid, b"history.projector")
+    return child_running(rest_pid, projector.__name__)
 
 
 async def history_caught_up(bus: Bus, timeout: float = 120.0) -> float | None:

@@ -14,12 +14,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
 import uuid
-from pathlib import Path
 
+import psutil
 import pytest
 
 from cli.client import ApiError, Client, Connection
@@ -27,6 +28,7 @@ from cli.up import Platform
 from libs.common import ids
 from libs.common.bus import Bus
 from libs.common.subjects import Bucket
+from services.rest.history import projector
 from tests.fixtures.waiting import eventually
 from tests.integration.conftest import Api, job_yaml, platform_config
 
@@ -197,22 +199,21 @@ def _history_rows(plat: Platform, jid: str) -> int:
 
 
 def _projection_process(rest_pid: int) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == rest_pid and b"history.projector" in (entry / "cmdline").read_bytes():
-                return int(entry.name)
-        except (OSError, ValueError, IndexError):
-            continue
+    try:
+        children = psutil.Process(rest_pid).children()
+    except psutil.NoSuchProcess:
+        return None
+    for child in children:
+        with contextlib.suppress(psutil.Error):  # gone meanwhile, or a zombie
+            if projector.__name__ in child.cmdline():
+                return child.pid
     return None
 
 
 def _alive(pid: int) -> bool:
     try:
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 
