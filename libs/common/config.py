@@ -205,6 +205,26 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # child could not log in to).
     history_projection: Literal["process", "inline"] = "process"
     history_projection_nice: int = 10
+    # --- sign-in through the organisation's identity provider (OIDC; docs/deploy.md
+    # "Sign-in with OIDC"; services/rest/identity/oidc.py) ---
+    # The provider's issuer URL (discovery at <issuer>/.well-known/openid-configuration); empty: off.
+    oidc_issuer: str = ""
+    oidc_client_id: str = ""
+    # A file holding the client secret (a mounted Secret): never in the config or the logs.
+    # Empty: a public client, PKCE alone.
+    oidc_client_secret_file: str = ""
+    # The callback registered at the provider, <PAI's URL>/api/v2/authn/oidc/return;
+    # empty: the origin the browser called PAI at.
+    oidc_redirect_url: str = ""
+    oidc_scopes: str = "openid profile email"
+    oidc_groups_claim: str = "groups"  # the ID token's (or userinfo's) list of directory groups
+    oidc_username_claim: str = "email"  # OpenPAI's: the PAI user is the part before its '@'
+    oidc_provider_name: str = ""  # the portal's "Sign in with <name>"; empty: the issuer's host
+    # OpenPAI's groupConfig (admin-group, default-group, grouplist with externalName and
+    # acls) as a YAML file: groups created at start if absent, their externalName set.
+    oidc_group_config_file: str = ""
+    # Password sign-in (POST /api/v2/authn/basic/login); false: OIDC and tokens only.
+    basic_auth: bool = True
 
     @property
     def data_path(self) -> Path:

@@ -59,7 +59,12 @@ from services.rest import (
     views,
 )
 from services.rest.history import query as history_query, wiring as history
-from services.rest.identity import core as identity_core, routes as identity_routes, store as identity_store
+from services.rest.identity import (
+    core as identity_core,
+    oidc_routes,
+    routes as identity_routes,
+    store as identity_store,
+)
 from services.rest.log_stream import log_response
 from services.rest.records import SubmittedJob
 from services.rest.request import CTX, USER, ctx_of, read_body, read_json_object
@@ -186,6 +191,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
         ]
     )
     app.add_routes(identity_routes.routes)
+    oidc_routes.setup(app, ctx)  # sign-in through the identity provider, /api/v2/authn/info
     events.setup(app)  # GET /api/v2/events (SSE) and what wakes its readers
     app.add_routes(rules.routes)
     jobs_api.setup(app, ctx)
@@ -372,5 +378,6 @@ async def startup(ctx: ServiceContext) -> None:
         path.write_text(token + "\n")
         path.chmod(0o600)
         log.info("created admin user %s; token written to %s", ctx.config.admin_user, path)
+    await oidc_routes.seed_groups(ctx)  # OpenPAI's groupConfig: the groups directory groups map to
     # Submissions an earlier crash left unpublished: the intake sweep finds them once
     # the job index is loaded (services/rest/intake.py).

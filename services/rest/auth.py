@@ -29,6 +29,10 @@ PUBLIC_PREFIXES = ("/healthz", "/readyz", "/metrics", "/portal")
 PUBLIC_PATHS = frozenset({
     "/",
     "/api/v2/authn/basic/login",  # signing in (rate-limited per peer like any anonymous call)
+    "/api/v2/authn/info",  # which sign-ins there are, asked before signing in
+    "/api/v2/authn/oidc/login",  # the browser's way to the identity provider and back
+    "/api/v2/authn/oidc/return",
+    "/api/v2/authn/oidc/logout",
     "/api/v2/info",  # public in OpenPAI too
     "/api/v2/openapi.json",  # the API's own document and its reference page
     "/api/v2/docs",

@@ -49,6 +49,9 @@ class User(msgspec.Struct, frozen=True, kw_only=True):
     createdAt: float = 0.0
     # Kept from records written before groups: admin then was a flag on the user.
     admin: bool = False
+    # The identity provider's `sub` of the directory account this user signs in as
+    # (OIDC, services/rest/identity/oidc.py); empty: not a directory account.
+    directorySubject: str = ""
 
 
 class GroupAcls(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

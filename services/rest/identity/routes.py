@@ -15,7 +15,7 @@ from aiohttp import web
 from libs.common.errors import IncorrectPassword, NoGroup, NoToken, TooManyRequests
 from libs.common.service import ServiceContext
 from services.rest import quotas
-from services.rest.identity import core, store
+from services.rest.identity import core, oidc, oidc_routes, store
 from services.rest.identity.core import Action, Principal
 from services.rest.records import (
     Group,
@@ -94,6 +94,9 @@ async def _check_groups_exist(ctx: ServiceContext, names: list[str]) -> None:
 
 async def login(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
+    if not ctx.config.basic_auth:  # an admin turned passwords off: sign-in through the identity provider only
+        provider = request.app.get(oidc_routes.OIDC)
+        raise oidc.basic_auth_off(provider.settings if provider else None)
     body: Login = await _body(request, Login, '{"username": "alice", "password": "..."}', "the login")
     expires = core.token_expiry(TokenKind.LOGIN, time.time(), policy(ctx), body.expiration)
     name = body.username[: core.MAX_GROUP_NAME_LENGTH]
