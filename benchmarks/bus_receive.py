@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bus_client_cpu import Backlog, Phases, main, stop_events
-from libs.common.bus import Bus, apply_on_arrival
+from libs.common.bus import Bus
 from libs.common.messages import StopRequested
 from libs.common.subjects import Bucket, Durable, Kind
 
@@ -65,7 +65,7 @@ async def receive(bus: Bus, phases: Phases) -> None:
     with phase("watch"):
         sub = await bus.js.subscribe(f"$KV.{Bucket.JOB_STATUS.value}.>", stream=f"KV_{Bucket.JOB_STATUS.value}",
                                      ordered_consumer=True, deliver_policy="last_per_subject")
-        apply_on_arrival(sub, on_entry)
+        bus.link.apply_on_arrival(sub, on_entry)
         await all_seen.wait()
     await sub.unsubscribe()
 

@@ -46,13 +46,13 @@ STEPS: list[tuple[str, object]] = [
         or fn in ("fork", "posix_spawn", "_fork_exec", "_execute_child")),
     ("KV writes", lambda fn, f: f.endswith("nats/js/kv.py") and fn.rsplit(".", 1)[-1] in (
         "put", "create", "update", "delete", "purge", "_delete")
-        or f.endswith("libs/common/bus.py") and fn.rsplit(".", 1)[-1].startswith("kv_write")),
+        or "libs/common/bus/" in f and fn.rsplit(".", 1)[-1].startswith("kv_write")),
     ("publishes (JetStream)", lambda fn, f: f.endswith("nats/js/client.py") and fn.endswith(".publish")
-        or f.endswith("libs/common/bus.py") and fn.rsplit(".", 1)[-1].startswith("publish")),
+        or "libs/common/bus/" in f and fn.rsplit(".", 1)[-1].startswith("publish")),
     ("acks", lambda fn, f: f.endswith("nats/aio/msg.py") and fn.rsplit(".", 1)[-1] in (
         "ack", "ack_sync", "nak", "term", "in_progress", "_check_reply")),
     ("fetches (pull)", lambda fn, f: f.endswith("nats/js/client.py") and "fetch" in fn
-        or f.endswith("libs/common/bus.py") and ("fetch" in fn or "_Puller" in fn)),
+        or "libs/common/bus/" in f and ("fetch" in fn or "Puller" in fn)),
     ("KV reads/watches", lambda fn, f: f.endswith("nats/js/kv.py")),
     ("log files / logging", lambda fn, f: "local_logs" in f or f.startswith("logging/") or "/logging/" in f),
     ("YAML parse", lambda fn, f: f.startswith("yaml/") or "/yaml/" in f),

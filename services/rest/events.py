@@ -59,7 +59,7 @@ from nats.js import api
 
 from libs.common import ids
 from libs.common.bus import Bus
-from libs.common.bus_wire import DirectSubscription, parse_headers, status_of
+from libs.common.bus.link import DirectSubscription, parse_headers, status_of
 from libs.common.errors import BadInput
 from libs.common.messages import JobStateChanged
 from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_USERNAME_LENGTH

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import nats.js.api
 
-from libs.common.bus import KV_TTL_HEADER, Bus, apply_on_arrival
+from libs.common.bus import KV_TTL_HEADER, Bus
 from libs.common.messages import JobState
 from libs.common.protocol.model import DEFAULT_PRIORITY_CLASS, PRIORITY_CLASSES
 from libs.common.subjects import Bucket
@@ -437,7 +437,7 @@ class _Watch:
 
     The same ordered push consumer `KeyValue.watchall()` makes (every key's last
     value, then every change; nats-py restarts it on a gap), but each message is
-    applied as nats-py's read loop hands it over (`apply_on_arrival`): no
+    applied as nats-py's read loop hands it over (`Link.apply_on_arrival`; on the fast link): no
     `KeyValue.Entry`, no queue and no task hop per message, and the reply
     subject's metadata is parsed only until the initial values are in (only
     their pending count is needed). rest receives about seven of these per job
@@ -453,6 +453,7 @@ class _Watch:
         self.initial = asyncio.Event()
         self.done = False
         self.sub = None
+        self.applier = None  # what applies the messages as they come (the bus's link)
 
     @classmethod
     async def start(cls, bus: Bus, bucket: Bucket, apply, current, on_purge=None) -> _Watch:
@@ -460,7 +461,7 @@ class _Watch:
         watch.sub = await bus.js.subscribe(
             f"{watch.prefix}>", stream=f"KV_{bucket.value}", ordered_consumer=True,
             deliver_policy=nats.js.api.DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=WATCH_INACTIVE_SECONDS)
-        apply_on_arrival(watch.sub, watch._on_message)
+        watch.applier = bus.link.apply_on_arrival(watch.sub, watch._on_message)
         await asyncio.sleep(0)
         try:
             info = await watch.sub.consumer_info()
@@ -504,6 +505,8 @@ class _Watch:
 
     async def stop(self) -> None:
         self.done = True
+        if self.applier is not None:
+            await self.applier.unsubscribe()
         if self.sub is None:
             return
         try:

@@ -236,7 +236,7 @@ async def test_a_bug_that_repeats_is_dead_lettered_and_the_events_behind_it_flow
 
 
 async def test_a_transient_failure_that_never_clears_is_dead_lettered_quickly_on_an_ordered_consumer(bus, monkeypatch):
-    from libs.common import bus as bus_module
+    from libs.common.bus import consume as bus_module
 
     monkeypatch.setattr(bus_module, "TRANSIENT_DEAD_LETTER_AFTER", 3)
     stuck, after = stop_event(22), stop_event(23)
@@ -312,7 +312,7 @@ async def test_restore_from_another_services_bucket_leaves_out_a_value_that_does
 async def test_restore_from_a_store_that_does_not_answer_fails_instead_of_restoring_nothing(bus, monkeypatch):
     """A bucket whose stream is not there (JetStream still recovering it) is never
     taken for an empty one: the service retries, then fails so it is restarted."""
-    from libs.common import bus as bus_module
+    from libs.common.bus import kv as bus_module
 
     kv = await bus.kv(Bucket.NODES)
     monkeypatch.setattr(bus_module, "RESTORE_TIMEOUT_SECONDS", 1.0)

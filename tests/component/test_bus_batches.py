@@ -12,7 +12,7 @@ import msgspec
 import nats.js.errors
 import pytest
 
-from libs.common import bus_wire, busauth
+from libs.common import busauth
 from libs.common.bus import Bus, get_json
 from libs.common.errors import Transient
 from libs.common.messages import StopRequested
@@ -283,21 +283,26 @@ async def test_events_a_dead_run_held_come_back_before_newer_ones_even_when_thei
 
 
 async def test_publish_many_sends_again_by_itself_a_publish_whose_ack_never_comes(bus, monkeypatch):
-    from libs.common import bus as bus_module
+    from libs.common.bus import publish as bus_module
 
     monkeypatch.setattr(bus_module, "PUBLISH_ACK_SECONDS", 0.5)
     events = [stop_event(n) for n in range(6)]
     lost = events[2].id
-    real_command = bus_wire.publish_command
+    real_send = bus.link.send
     dropped: list[str] = []
 
-    def losing_one(subject, reply, headers, payload):
-        if (headers or {}).get("Nats-Msg-Id") == lost and not dropped:
-            dropped.append(subject)  # lost on the way: never stored, no ack, ever
-            return b""
-        return real_command(subject, reply, headers, payload)
+    async def losing_one(requests):
+        kept = []
+        for request in requests:
+            subject, _, headers, _ = request
+            if (headers or {}).get("Nats-Msg-Id") == lost and not dropped:
+                dropped.append(subject)  # lost on the way: never stored, no ack, ever
+            else:
+                kept.append(request)
+        sent = iter(await real_send(kept))
+        return [next(sent) if request in kept else None for request in requests]
 
-    monkeypatch.setattr(bus_wire, "publish_command", losing_one)
+    monkeypatch.setattr(bus.link, "send", losing_one)
     await bus.publish_many(events)
     info = await bus.js.stream_info(STREAM)
     stored = [msgspec.json.decode((await bus.js.get_msg(STREAM, seq)).data, type=StopRequested).id

@@ -1,4 +1,4 @@
-"""The bus's own receive and send paths (libs/common/bus_wire.py, bus.py) against
+"""The bus's own receive and send paths (libs/common/bus/wire.py, link.py) against
 a real nats-server: request/reply answers, publishes' acks and pull answers taken
 straight off the wire; single publishes, KV writes and reads and JetStream API
 requests answered on the bus's reply subscription, with nats-py's errors; acks
@@ -15,9 +15,8 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from libs.common import bus_wire
-from libs.common.bus import Bus, _delivery, _Puller
-from libs.common.bus_wire import WireParser
+from libs.common.bus import Bus, Puller, ack_all, delivery
+from libs.common.bus.wire import WireParser
 from libs.common.errors import Transient
 from libs.common.messages import StopRequested, encode, subject_of
 from libs.common.subjects import STREAM, Bucket, Durable, Kind
@@ -146,7 +145,7 @@ async def test_requests_no_one_answers_fail_as_nats_py_s_did(bus):
 async def test_acks_sent_while_nats_is_down_reach_it_once_back(bus, nats_server):
     await bus.publish_many(stops("down", 3))
     await bus._pull_subscription(Durable.MONITOR, [Kind.JOB_STOP_REQUESTED], max_ack_pending=100)
-    puller = await _Puller.open(bus.nc, STREAM, Durable.MONITOR.value)
+    puller = await Puller.open(bus.nc, STREAM, Durable.MONITOR.value)
     try:
         async with asyncio.timeout(10):
             msgs = []
@@ -159,16 +158,16 @@ async def test_acks_sent_while_nats_is_down_reach_it_once_back(bus, nats_server)
             if not bus.nc.is_connected:
                 break
             await asyncio.sleep(0.05)
-        await bus_wire.ack_all(bus.nc, msgs)  # kept in nats-py's pending buffer meanwhile
+        await ack_all(msgs)  # kept in nats-py's pending buffer meanwhile
         nats_server.start()
         for _ in range(300):
             info = None
             with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
                 info = await bus.js.consumer_info(STREAM, Durable.MONITOR.value)
-            if info is not None and info.ack_floor.stream_seq >= max(_delivery(msg).stream_seq for msg in msgs):
+            if info is not None and info.ack_floor.stream_seq >= max(delivery(msg).stream_seq for msg in msgs):
                 break
             await asyncio.sleep(0.1)
-        assert info is not None and info.ack_floor.stream_seq >= max(_delivery(msg).stream_seq for msg in msgs)
+        assert info is not None and info.ack_floor.stream_seq >= max(delivery(msg).stream_seq for msg in msgs)
         assert (info.num_ack_pending, info.num_redelivered) == (0, 0)
     finally:
         await puller.close()

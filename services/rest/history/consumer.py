@@ -24,8 +24,7 @@ from nats.js import api
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from libs.common import bus_wire
-from libs.common.bus import Bus, _delivery, _kept_in_progress, _Puller
+from libs.common.bus import Bus, Puller, ack_all, delivery, kept_in_progress
 from libs.common.errors import Transient
 from libs.common.messages import decoder_for
 from libs.common.subjects import STREAM, Durable, kind_filter
@@ -74,15 +73,15 @@ async def handle(bus: Bus, engine: AsyncEngine, msgs: list, *,
             log.error("history: terminating undecodable message on %s: %s", msg.subject, exc)
             await msg.term()
             continue
-        batch.append((_delivery(msg).stream_seq, event))
+        batch.append((delivery(msg).stream_seq, event))
         good.append(msg)
     if not batch:
         return
     batch.sort(key=lambda item: item[0])  # stream order within the batch
     ops = projection.project_batch(batch)  # type: ignore[arg-type]
-    with _kept_in_progress(good):
+    with kept_in_progress(good):
         await apply_batch(engine, ops, batch[-1][0], len(batch))
-    await bus_wire.ack_all(bus.nc, good)
+    await ack_all(good)
 
 
 async def run(bus: Bus, engine: AsyncEngine, stopping: asyncio.Event, *, ack_wait: float = ACK_WAIT_SECONDS,
@@ -94,7 +93,7 @@ async def run(bus: Bus, engine: AsyncEngine, stopping: asyncio.Event, *, ack_wai
         puller = None
         try:
             await ensure_durable(bus, ack_wait=ack_wait)
-            puller = await _Puller.open(bus.nc, STREAM, Durable.HISTORY.value)
+            puller = await Puller.open(bus.nc, STREAM, Durable.HISTORY.value)
             while not stopping.is_set():
                 msgs = await puller.next_batch(BATCH_MAX)
                 if not msgs:

@@ -13,15 +13,15 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from libs.common.bus import (
-    _STORED,
-    _api_answer_of,
-    _ApiAnswer,
-    _delivery,
-    _PendingStores,
-    _pub_ack_of,
-    _revision_of,
-    _store_outcome,
+    STORED as _STORED,
+    ApiAnswer as _ApiAnswer,
+    PendingStores as _PendingStores,
+    api_answer_of as _api_answer_of,
+    delivery as _delivery,
+    pub_ack_of as _pub_ack_of,
+    revision_of as _revision_of,
     store_is_full,
+    store_outcome as _store_outcome,
 )
 
 

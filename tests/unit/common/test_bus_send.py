@@ -1,4 +1,4 @@
-"""The bus's send path (libs/common/bus_wire.py): acks and publishes written into
+"""The bus's send path (libs/common/bus/wire.py): acks and publishes written into
 nats-py's pending buffer as the bus formats them are the commands nats-py's own
 `publish` would write, refused where it would refuse them, and counted as it
 counts them; what nats-py would refuse or rewrite is left to it."""
@@ -12,15 +12,9 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api
 
-from libs.common.bus import _store_outcome, _StoreAcks
-from libs.common.bus_wire import (
-    Received,
-    ack_all,
-    ack_commands,
-    keep_in_progress,
-    publish_command,
-    send_commands,
-)
+from libs.common.bus.answers import StoreAcks, store_outcome
+from libs.common.bus.link import Received, ack_all, keep_in_progress
+from libs.common.bus.wire import FastLink, ack_commands, publish_command, send_commands
 
 REPLIES = [
     "$JS.ACK.PAI_EVENTS.launcher.1.2045.1988.1732430000000000000.3",
@@ -93,13 +87,13 @@ async def test_acks_are_refused_where_nats_py_refuses_a_publish(status, max_pend
 
 
 def delivery(nc: Client, reply: str) -> Received:
-    return Received(nc, b"pai.v1.job.submitted", reply, b"{}", None)
+    return Received(FastLink(nc), b"pai.v1.job.submitted", reply, b"{}", None)
 
 
 async def test_a_batch_is_acked_in_one_write():
     nc = client()
     msgs = [delivery(nc, reply) for reply in REPLIES]
-    await ack_all(nc, msgs)
+    await ack_all(msgs)
     assert nc._pending == [ack_commands(REPLIES)]
     assert all(msg._ackd for msg in msgs)
 
@@ -117,7 +111,7 @@ async def test_a_batch_with_one_that_cannot_be_acked_sends_nothing(reply, acked,
     bad._ackd = acked
     first = delivery(nc, REPLIES[0])
     with pytest.raises(error):
-        await ack_all(nc, [first, bad])
+        await ack_all([first, bad])
     assert nc._pending == [] and not first._ackd
 
 
@@ -125,11 +119,11 @@ async def test_heartbeats_go_to_those_still_unacked():
     nc = client()
     done, busy = delivery(nc, REPLIES[0]), delivery(nc, REPLIES[1])
     await done.term()
-    await keep_in_progress(nc, [done, busy])
+    await keep_in_progress([done, busy])
     assert pending(nc) == ack_commands(REPLIES[:1], b"+TERM") + ack_commands(REPLIES[1:], b"+WPI")
-    await ack_all(nc, [busy])
+    await ack_all([busy])
     before = pending(nc)
-    await keep_in_progress(nc, [done, busy])
+    await keep_in_progress([done, busy])
     assert pending(nc) == before
 
 
@@ -179,7 +173,7 @@ def test_a_publish_nats_py_would_refuse_or_rewrite_is_left_to_it(subject, reply,
 async def test_requests_sent_together_leave_in_order_those_left_to_nats_py_too():
     nc = client()
     nc._max_payload = 64
-    answers = _StoreAcks(nc)
+    answers = StoreAcks(FastLink(nc))
     answers._sub = object()  # as if subscribed: nothing is answered here
     requests = [
         ("pai.v1.a", b"1", {"Nats-Msg-Id": "a"}),
@@ -187,7 +181,7 @@ async def test_requests_sent_together_leave_in_order_those_left_to_nats_py_too()
         ("pai.v1.c", b"x" * 65, None),  # past the largest payload: never sent
         ("pai.v1.d", b"4", None),
     ]
-    got = await answers.send(requests, _store_outcome, 0.01)
+    got = await answers.send(requests, store_outcome, 0.01)
     assert [(args[1], payload) for args, _, payload in commands(nc)] == [
         (b"pai.v1.a", b"1"), (b"pai.v1.b", b"2"), (b"pai.v1.d", b"4")]
     assert got[0] is None and got[1] is None and got[3] is None  # not answered in time

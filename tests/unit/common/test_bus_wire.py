@@ -1,4 +1,4 @@
-"""The bus's receive path (libs/common/bus_wire.py) reads the NATS protocol as
+"""The bus's receive path (libs/common/bus/wire.py) reads the NATS protocol as
 nats-py's own parser does, whatever way the bytes are cut into reads, and hands
 the bus's own subscriptions their messages straight off the wire."""
 
@@ -11,7 +11,8 @@ import pytest
 from nats.aio.client import Client
 from nats.protocol.parser import Parser
 
-from libs.common.bus_wire import WireParser, install, parse_headers, round_trip, status_of
+from libs.common.bus.link import parse_headers, status_of
+from libs.common.bus.wire import WireParser, install, round_trip
 
 DELIVERY_HEADERS = b"NATS/1.0\r\nNats-Msg-Id: job~1/submitted\r\ntraceparent: 00-ab-cd-01\r\n\r\n"
 EVENT = b'{"kind":"job.submitted","id":"job~1/submitted","job":"job~1"}'

@@ -1,4 +1,5 @@
-"""The bus's receive and send paths, and their one seam onto nats-py's internals.
+"""The fast link (`bus_client: fast`, the default): the bus's receive and send
+paths over nats-py's internals, and the one module that reads them.
 
 Every message a service receives used to take nats-py's whole receive path: two
 regular expressions tried per control line and a dict of arguments
@@ -8,18 +9,21 @@ subscription with a callback, a task step per message). Profiled on a service's
 connection that came to 5-10 us per message, for about 35 messages per job in
 each service (docs/throughput.md). Most of them are messages the bus consumes
 itself: the acks of its batched publishes and KV writes (`Bus._send_together`)
-and the answers to its pull requests (`bus._Puller`); then the answers to
+and the answers to its pull requests (`pull.Puller`); then the answers to
 nats-py's own requests (single publishes, KV reads: `take_request_answers`).
 
-So `install` puts `WireParser` on the connection: nats-py's parser with the
+So `FastLink.start` puts `WireParser` on the connection (`install`): nats-py's parser with the
 same state, reading MSG and HMSG itself with one split per control line, and
 leaving every other operation (PING, PONG, INFO, +OK, -ERR) and every other
 subscription's message to nats-py, exactly as before: JetStream flow control,
 ordered consumers, request/reply, slow consumer limits, reconnects (which
 `reset()` the parser and resubscribe) are nats-py's. A subscription made with
-`subscribe_direct` has its messages handed to a plain function as they are
+`FastLink.subscribe` has its messages handed to a plain function as they are
 parsed, as bytes, with no `Msg`; the bus makes of them what it needs
-(`Received`: headers parsed only when read).
+(`link.Received`: headers parsed only when read).
+
+`link.Link` does all of it through nats-py's public API (`bus_client: plain`);
+the bus's behaviour is the same either way (the bus tests run both).
 
 nats-py's internals relied upon, all here and checked at `install` (a nats-py
 that changed them fails at connect, naming its version, never mid-flight):
@@ -37,8 +41,11 @@ that changed them fails at connect, naming its version, never mid-flight):
   `_flush_queue`, `_flush_pending`, `_pending_data_size`, `_max_pending_size`,
   `_max_payload`, the connection's status: `send_commands`), and JetStream's
   API request and publish (`JetStreamContext._api_request` and `publish`, which
-  the bus answers itself: `bus._JetStream`), and the pending list and the
+  the bus answers itself: `_JetStream`), and the pending list and the
   `_transport` it goes to (`round_trip`).
+Both links read a `KeyValue`'s bucket name, stream, subject prefix and context
+(`_name`, `_stream`, `_pre`, `_js`) and a KV watcher's subscription (`_sub`),
+which nats-py does not offer otherwise: `kv_parts`, `watcher_subscription`.
 
 The send side. Every message a service sent went through nats-py's `publish`:
 the subject validated, the headers checked with a regular expression each and
@@ -58,29 +65,28 @@ import inspect
 import json
 import logging
 import re
-from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
+import msgspec
 import nats
 import nats.aio.client
 import nats.errors
 import nats.js
+import nats.js.errors
 import nats.protocol.parser as nats_parser
+from nats.js import api
+from nats.js.kv import KeyValue
 from nats.protocol.parser import AWAITING_CONTROL_LINE, AWAITING_MSG_PAYLOAD, Parser
+
+from libs.common.bus.answers import ApiAnswer, StoreAcks, api_answer_of, pub_ack_of
+from libs.common.bus.link import DirectHandler, Link, Request, Unsubscribable, parse_headers
 
 log = logging.getLogger("pai.bus")
 
 NATS_PY_VERSION = getattr(nats.aio.client, "__version__", "unknown")
-# A message for a direct subscription: (subject, reply, payload, raw headers or None).
-DirectHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
-
 _MSG_OPS = (b"MSG ", b"MSG\t", b"HMSG ", b"HMSG\t")
 _CRLF = b"\r\n"
-# The first line of a headers block: "NATS/1.0" alone, or with an inline status
-# ("NATS/1.0 404 No Messages"), what JetStream answers a pull request with.
-_HEADERS_LINE = b"NATS/1.0"
-_STATUS_AT = len(_HEADERS_LINE) + 1
 
 
 class WireParser(Parser):
@@ -320,7 +326,7 @@ def _check_internals(nc: Any, parser: Any) -> None:
         problems.append("JetStreamContext.publish(subject, payload, timeout, stream, headers, msg_ttl) changed")
     if problems:
         raise RuntimeError(
-            f"PAI's bus (libs/common/bus_wire.py) does not work with nats-py {NATS_PY_VERSION}: "
+            f"PAI's bus (libs/common/bus/wire.py) does not work with nats-py {NATS_PY_VERSION}: "
             + "; ".join(problems) + ". Install the nats-py version pyproject.toml pins."
         )
 
@@ -353,7 +359,7 @@ async def take_request_answers(nc: Any) -> None:
     mux = (prefix + b"*").decode()
     sids = [sid for sid, sub in nc._subs.items() if sub.subject == mux]
     if len(sids) != 1 or not isinstance(getattr(nc, "_resp_map", None), dict):
-        raise RuntimeError(f"PAI's bus (libs/common/bus_wire.py) does not work with nats-py {NATS_PY_VERSION}: "
+        raise RuntimeError(f"PAI's bus (libs/common/bus/wire.py) does not work with nats-py {NATS_PY_VERSION}: "
                            "its request/reply subscription is not where it was. Install the nats-py version "
                            "pyproject.toml pins.")
     sid = sids[0]
@@ -364,174 +370,6 @@ async def take_request_answers(nc: Any) -> None:
             future.set_result(nc._build_message(sid, subject, reply, data, parse_headers(headers)))
 
     parser.direct[sid] = answer
-
-
-class DirectSubscription:
-    """A subscription whose messages go to a plain function as they are parsed
-    (`WireParser.direct`). Made through nats-py, so that a reconnect subscribes
-    it again; nats-py's own queue for it stays empty."""
-
-    def __init__(self, nc: Any, sub: Any, handler: DirectHandler):
-        self._nc = nc
-        self._sub = sub
-        self.sid: int = sub._id
-
-    @classmethod
-    async def open(cls, nc: Any, subject: str, handler: DirectHandler) -> DirectSubscription:
-        """Subscribe to `subject`, a subject of this connection's own (an inbox):
-        nothing can come for it before a request sent after this returns."""
-        parser = install(nc)
-        sub = await nc.subscribe(subject)
-        parser.direct[sub._id] = handler
-        return cls(nc, sub, handler)
-
-    async def unsubscribe(self) -> None:
-        self._nc._ps.direct.pop(self.sid, None)
-        await self._sub.unsubscribe()
-
-
-class Inbox:
-    """The messages of a direct subscription, kept for a reader that takes them
-    when it is ready (`get`), in arrival order."""
-
-    __slots__ = ("_loop", "_waiter", "items")
-
-    def __init__(self, loop: Any) -> None:
-        self.items: deque[Any] = deque()
-        self._waiter: Any = None
-        self._loop = loop
-
-    def put(self, item: Any) -> None:
-        self.items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def get(self) -> Any:
-        while not self.items:
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return self.items.popleft()
-
-
-def status_of(payload: bytes, headers: bytes | None) -> int | None:
-    """The inline status of a message without a payload (`NATS/1.0 404 No
-    Messages`: what JetStream answers a pull request with when it ends), else None."""
-    if payload or not headers or not headers.startswith(_HEADERS_LINE) or headers[_STATUS_AT - 1:_STATUS_AT] != b" ":
-        return None
-    code = headers[_STATUS_AT:_STATUS_AT + 3]
-    return int(code) if code.isdigit() else None
-
-
-def parse_headers(raw: bytes | None) -> dict[str, str] | None:
-    """A headers block as nats-py reads it (`Client._process_headers`): the inline
-    status as `Status` and `Description`, then `Name: Value` per line."""
-    if not raw:
-        return None
-    first, _, rest = raw.partition(_CRLF)
-    headers: dict[str, str] = {}
-    if first[len(_HEADERS_LINE):len(_HEADERS_LINE) + 1] == b" ":
-        status, _, description = first[_STATUS_AT:].partition(b" ")
-        status = status.strip()
-        if status.isdigit():
-            headers["Status"] = status.decode()
-        if description.strip():
-            headers["Description"] = description.decode()
-    for line in rest.split(_CRLF):
-        name, sep, value = line.partition(b":")
-        if not sep:
-            continue
-        try:
-            key = name.strip().decode("ascii")
-        except UnicodeDecodeError:
-            continue
-        if not key or len(key.split()) != 1:  # whitespace inside a name: not a header
-            continue
-        headers[key] = value.strip().decode("utf-8", "replace")
-    return headers or None
-
-
-class Received:
-    """A message the bus takes itself from a direct subscription: what nats-py's
-    `Msg` offers the bus (subject, reply, data, headers; a JetStream delivery's
-    ack, nak, term, in_progress), at the cost of one small object. Subject and
-    headers are decoded only when read."""
-
-    __slots__ = ("_ackd", "_headers", "_nc", "_raw_headers", "_subject", "data", "reply")
-
-    def __init__(self, nc: Any, subject: bytes, reply: str, data: bytes, raw_headers: bytes | None) -> None:
-        self._nc = nc
-        self._subject = subject
-        self.reply = reply
-        self.data = data
-        self._raw_headers = raw_headers
-        self._headers: Any = False
-        self._ackd = False
-
-    @property
-    def subject(self) -> str:
-        return self._subject.decode()
-
-    @property
-    def headers(self) -> dict[str, str] | None:
-        if self._headers is False:
-            self._headers = parse_headers(self._raw_headers)
-        return self._headers
-
-    def _check_reply(self) -> None:
-        if not self.reply:
-            raise nats.errors.NotJSMessageError
-        if self._ackd:
-            raise nats.errors.MsgAlreadyAckdError(self)
-
-    async def ack(self) -> None:
-        await self._settle(b"")
-
-    async def nak(self, delay: float | None = None) -> None:
-        payload = b"-NAK"
-        if delay:
-            payload += b" " + json.dumps({"delay": int(delay * 10**9)}).encode()
-        await self._settle(payload)
-
-    async def term(self) -> None:
-        await self._settle(_TERM)
-
-    async def _settle(self, payload: bytes) -> None:
-        """Answer the delivery once and for all (ack, nak or term: `payload`)."""
-        self._check_reply()
-        await send_commands(self._nc, ack_commands([self.reply], payload), 1, len(payload))
-        self._ackd = True
-
-    async def in_progress(self) -> None:
-        if not self.reply:
-            raise nats.errors.NotJSMessageError
-        await send_commands(self._nc, ack_commands([self.reply], _IN_PROGRESS), 1, len(_IN_PROGRESS))
-
-
-_TERM = b"+TERM"
-_IN_PROGRESS = b"+WPI"
-
-
-async def ack_all(nc: Any, msgs: list[Received]) -> None:
-    """Ack every one of `msgs` (deliveries of `nc`), as each one's `ack()` would,
-    with one write into nats-py's pending buffer; none is acked (or sent) when
-    one of them cannot be."""
-    for msg in msgs:
-        msg._check_reply()
-    await send_commands(nc, ack_commands([msg.reply for msg in msgs]), len(msgs), 0)
-    for msg in msgs:
-        msg._ackd = True
-
-
-async def keep_in_progress(nc: Any, msgs: list[Received]) -> None:
-    """Tell JetStream the handler is still at work on those of `msgs` not yet acked,
-    nak'ed or terminated (one write for all)."""
-    replies = [msg.reply for msg in msgs if not msg._ackd and msg.reply]
-    if replies:
-        await send_commands(nc, ack_commands(replies, _IN_PROGRESS), len(replies), len(_IN_PROGRESS) * len(replies))
 
 
 class _AppliedAtOnce:
@@ -570,8 +408,11 @@ class _AppliedAtOnce:
     async def join(self) -> None:
         return None
 
+    async def unsubscribe(self) -> None:
+        """Nothing of its own to stop: the push subscription is unsubscribed by its owner."""
 
-def apply_on_arrival(push_subscription: Any, apply: Callable[[Any], None]) -> None:
+
+def apply_on_arrival(push_subscription: Any, apply: Callable[[Any], None]) -> _AppliedAtOnce:
     """Apply the messages of `push_subscription` (nats-py's JetStream push
     subscription, made without a callback) as nats-py's read loop hands them
     over, any already queued first, in order (`_AppliedAtOnce`); `apply` must
@@ -584,3 +425,148 @@ def apply_on_arrival(push_subscription: Any, apply: Callable[[Any], None]) -> No
     sub._pending_queue = push_subscription._pending_queue = direct
     while not queued.empty():
         direct.put_nowait(queued.get_nowait())
+    return direct
+
+
+class _JetStream(nats.js.JetStreamContext):
+    """nats-py's JetStream context, whose single publishes (`Publisher.publish`, every
+    KeyValue put, create, update and delete) and API requests (KV reads, stream
+    and consumer info) are answered on the bus's reply subscription (`answers.StoreAcks`)
+    instead of as nats-py requests: per request, no random token (a `getrandom`
+    system call), NUID, `wait_for` timer, `Msg` or headers dict. Raises what
+    nats-py's own raise: the JetStream error's class (`APIError.from_error`), so
+    `KeyValue.create`/`update` still tell a wrong last sequence; a NATS timeout;
+    `NoStreamResponseError` for a publish no stream listens to,
+    `ServiceUnavailableError` for an API request without a responder."""
+
+    def __init__(self, nc: nats.NATS, answers: StoreAcks):
+        super().__init__(nc)
+        self._answers = answers
+
+    async def publish(self, subject: str, payload: bytes = b"", timeout: float | None = None,
+                      stream: str | None = None, headers: dict[str, Any] | None = None,
+                      msg_ttl: float | None = None) -> api.PubAck:
+        if stream is not None or msg_ttl is not None:  # forms PAI does not send: nats-py's own
+            return await super().publish(subject, payload, timeout=timeout, stream=stream, headers=headers,
+                                         msg_ttl=msg_ttl)
+        [answer] = await self._answers.send([(subject, payload, headers)], pub_ack_of,
+                                            self._timeout if timeout is None else timeout)
+        if isinstance(answer, api.PubAck):
+            return answer
+        raise answer if isinstance(answer, Exception) else nats.errors.TimeoutError
+
+    async def _api_request(self, req_subject: str, req: bytes = b"", timeout: float = 5) -> dict[str, Any]:
+        [answer] = await self._answers.send([(req_subject, req, None)], api_answer_of, timeout)
+        if not isinstance(answer, ApiAnswer):
+            raise answer if isinstance(answer, Exception) else nats.errors.TimeoutError
+        if answer.no_responders:
+            raise nats.js.errors.ServiceUnavailableError
+        resp = msgspec.json.decode(answer.data)
+        if "error" in resp:
+            raise nats.js.errors.APIError.from_error(resp["error"])
+        return resp
+
+
+
+class FastLink(Link):
+    """The link over nats-py's internals (module doc): the same subscriptions,
+    requests and acks as `Link`, with less work per message."""
+
+    fast = True
+
+    async def start(self) -> None:
+        install(self.nc)
+        await take_request_answers(self.nc)
+
+    def jetstream(self, answers: Any) -> nats.js.JetStreamContext:
+        return _JetStream(self.nc, answers)
+
+    async def subscribe(self, subject: str, handler: DirectHandler) -> Unsubscribable:
+        parser = install(self.nc)
+        sub = await self.nc.subscribe(subject)
+        parser.direct[sub._id] = handler
+        return _Direct(self.nc, sub)
+
+    async def send(self, requests: Sequence[Request]) -> list[BaseException | None]:
+        """As `Link.send`, but the requests PAI sends (see `publish_command`) are
+        formatted here and written into nats-py's pending buffer together."""
+        nc = self.nc
+        if "publish" in vars(nc):
+            # A connection whose `publish` was replaced on the instance (the fault
+            # tests break writes there: tests/component/rest_replica.py) gets
+            # every request through it, as nats-py's own requests do.
+            return await super().send(requests)
+        refused: list[BaseException | None] = [None] * len(requests)
+        formatted: list[bytes] = []  # commands not yet sent, of the requests at `positions`
+        positions: list[int] = []
+        payload_bytes = 0
+        for position, (subject, reply, headers, data) in enumerate(requests):
+            if len(data) > nc._max_payload:
+                refused[position] = nats.errors.MaxPayloadError()
+                continue
+            command = publish_command(subject, reply, headers, data)
+            if command is not None:
+                formatted.append(command)
+                positions.append(position)
+                payload_bytes += len(data)
+                continue
+            # One nats-py would refuse or rewrite: its own publish, in order.
+            await self._send(formatted, positions, payload_bytes, refused)
+            formatted, positions, payload_bytes = [], [], 0
+            try:
+                await nc.publish(subject, data, reply=reply, headers=headers)
+            except nats.errors.Error as exc:
+                refused[position] = exc
+        await self._send(formatted, positions, payload_bytes, refused)
+        return refused
+
+    async def _send(self, commands: list[bytes], positions: list[int], payload_bytes: int,
+                    refused: list[BaseException | None]) -> None:
+        if not commands:
+            return
+        try:
+            await send_commands(self.nc, b"".join(commands), len(commands), payload_bytes)
+        except nats.errors.Error as exc:  # not sent (a closed connection, no room to keep it while reconnecting)
+            for position in positions:
+                refused[position] = exc
+
+    async def settle(self, replies: Sequence[str], payload: bytes) -> None:
+        await send_commands(self.nc, ack_commands(list(replies), payload), len(replies), len(payload) * len(replies))
+
+    async def round_trip(self, timeout: float = 10.0) -> None:
+        await round_trip(self.nc, timeout)
+
+    def apply_on_arrival(self, push_subscription: Any, apply: Callable[[Any], None]) -> Unsubscribable:
+        return apply_on_arrival(push_subscription, apply)
+
+
+class _Direct:
+    """A subscription of `FastLink.subscribe`: its messages go to its handler as they are parsed."""
+
+    def __init__(self, nc: Any, sub: Any) -> None:
+        self._nc = nc
+        self._sub = sub
+        self.sid: int = sub._id
+
+    async def unsubscribe(self) -> None:
+        self._nc._ps.direct.pop(self.sid, None)
+        await self._sub.unsubscribe()
+
+
+class KvParts(NamedTuple):
+    """What the bus reads of nats-py's `KeyValue` (it has no public accessors for them)."""
+
+    name: str  # the bucket
+    stream: str  # its stream, KV_<bucket>
+    prefix: str  # its keys' subject prefix, $KV.<bucket>.
+    js: nats.js.JetStreamContext
+    nc: nats.NATS
+
+
+def kv_parts(kv: KeyValue) -> KvParts:
+    return KvParts(kv._name, kv._stream, kv._pre, kv._js, kv._js._nc)
+
+
+def watcher_subscription(watcher: KeyValue.KeyWatcher) -> Any:
+    """The JetStream push subscription behind a KV watch (its consumer's info)."""
+    return watcher._sub
