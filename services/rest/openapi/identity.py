@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.rest.openapi.common import json_content, operation, path_param, ref, schemas_of
+from services.rest.openapi.common import errors, json_content, operation, path_param, query_param, ref, schemas_of
 from services.rest.records import Group, GroupChange, Login, NewGroup, NewToken, NewUser, SelfChange, UserChange
 
 _AUTHN, _TOKENS, _USERS, _GROUPS = ["authn"], ["tokens"], ["users"], ["groups"]
@@ -56,6 +56,31 @@ _USER = path_param("user", "user name", {"type": "string", "pattern": "^[a-zA-Z0
 _GROUPNAME = path_param("group", "group name", {"type": "string", "pattern": "^[a-zA-Z0-9_-]+$"})
 _TOKEN = path_param("token", "a token's id (from GET /api/v2/tokens) or the token itself")
 _USERS_LIST = {"type": "array", "items": ref("UserView")}
+_REDIRECT = {"302": {"description": "to the Location header's URL"}}
+_AUTHN_INFO = {"type": "object", "required": ["authn_type", "loginURI", "loginURIMethod"], "properties": {
+    "authn_type": {"type": "string", "enum": ["basic", "OIDC"]}, "loginURI": {"type": "string"},
+    "loginURIMethod": {"type": "string", "enum": ["get", "post"]},
+    "basicAuth": {"type": "boolean", "description": "PAI's: whether password sign-in is on (config basic_auth)"},
+    "oidc": {"type": ["object", "null"], "description": "PAI's: the identity provider, when configured",
+             "properties": {"provider": {"type": "string"}, "issuer": {"type": "string"},
+                            "loginURI": {"type": "string"}, "logoutURI": {"type": "string"}}}}}
+
+
+def _browser_redirect(summary: str, description: str, fails: tuple[int, ...], **more: Any) -> dict[str, Any]:
+    op = operation(summary, tags=_AUTHN, public=True, fails=fails, ok=_REDIRECT, description=description, **more)
+    if 401 in fails:  # public, yet refused with 401 when the provider's answer does not check out
+        op["responses"]["401"] = errors(401)["401"]
+    return op
+
+
+_OIDC_RETURN = _browser_redirect(
+    "Back from the identity provider: signs the user in and lands on the portal with PAI's token",
+    "OpenPAI's: the provider's callback (register it there as oidc_redirect_url). The user is made at their "
+    "first sign-in; their groups follow the directory's (a group's externalName). Lands on the portal with "
+    "`?user=&token=&admin=&from=`; a refusal is JSON, or for a browser (Accept: text/html) the portal's "
+    "sign-in page with `#/login?error=`.", (400, 401, 403, 404),
+    params=[query_param("code", "the authorization code"), query_param("state", "the sign-in's state"),
+            query_param("error", "the provider's refusal")])
 _CREATED_USER = {"allOf": [ref("UserView"), {"type": "object", "properties": {"token": {"type": "string"}},
                                               "required": ["token"]}]}
 
@@ -73,6 +98,24 @@ PATHS: dict[str, Any] = {
     },
     "/api/v2/authn/basic/logout": {
         "delete": operation("Sign out: the token used stops working", tags=_AUTHN, ok=_ok(200, "signed out", MESSAGE)),
+    },
+    "/api/v2/authn/info": {
+        "get": operation("Which sign-ins this PAI offers (OpenPAI's shape)", tags=_AUTHN, public=True,
+                         ok=_ok(200, "the sign-ins", _AUTHN_INFO)),
+    },
+    "/api/v2/authn/oidc/login": {
+        "get": _browser_redirect(
+            "Sign in through the organisation's identity provider (OIDC): to its sign-in page",
+            "Authorization code flow with PKCE; 404 where no provider is configured (oidc_issuer).",
+            (400, 404), params=[query_param("redirect_uri", "where to land afterwards: a path or a URL of PAI's "
+                                            "portal (default: the portal)"),
+                                query_param("from", "OpenPAI's: the page to show after landing")]),
+    },
+    "/api/v2/authn/oidc/return": {"get": _OIDC_RETURN, "post": _OIDC_RETURN},
+    "/api/v2/authn/oidc/logout": {
+        "get": _browser_redirect("Sign out at the identity provider, then back to the portal",
+                                 "OpenPAI's: to the provider's end_session_endpoint.", (400, 404),
+                                 params=[query_param("redirect_uri", "where to land afterwards")]),
     },
     "/api/v2/tokens": {
         "get": operation("The caller's live tokens, by id", tags=_TOKENS, ok=_ok(200, "tokens", {
