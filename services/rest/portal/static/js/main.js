@@ -129,6 +129,17 @@ whenUnauthorized(() => {
   go("/login");
 });
 
+// Back from the identity provider (OpenPAI's landing: /?user=&token=&admin=&from=): keep
+// the token for this tab and take it out of the address bar and the history.
+function tokenFromLanding() {
+  const q = new URLSearchParams(location.search);
+  if (!q.get("token")) return;
+  session.save(q.get("token"), false);
+  const from = q.get("from");
+  history.replaceState(null, "", location.pathname + (from && from.startsWith("/") ? `#${from}` : location.hash));
+}
+
+tokenFromLanding();
 document.getElementById("logout").addEventListener("click", signOut);
 setupTheme();
 window.addEventListener("hashchange", route);
