@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast test-gpu install clean lint bench browser-deps postgres-deps
+.PHONY: up test test-fast test-gpu install clean lint bench browser-deps postgres-deps container-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,19 @@ postgres-deps:
 			-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold postgresql >/dev/null; \
 	else echo "PostgreSQL is not installed and this is not root on Debian: the history tests on PostgreSQL will skip (apt-get install postgresql)" >&2; fi
 
+# Debian's podman (rootful, runc) for the container tier (tests/containers): installed
+# as root when missing; PAI's own engine configuration (deploy/containers, passed as
+# CONTAINERS_CONF / CONTAINERS_STORAGE_CONF, the host's /etc/containers untouched); then
+# the test images built from this machine's files, no registry (quick when built).
+container-deps:
+	@if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1 || ! command -v busybox >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+				podman runc conmon netavark busybox-static >/dev/null; \
+		else echo "podman is not installed and this is not root on Debian: the container tier will skip (apt-get install podman runc busybox-static)" >&2; fi; \
+	fi
+	@if command -v podman >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then sh tests/containers/build-images.sh; fi
+
 # The tests run in TEST_WORKERS processes (pytest-xdist): each module whole on one, and
 # the modules that run tasks on the local backend one after another on one (their
 # group, tests/conftest.py); the others side by side with them, so that the tests that
@@ -56,7 +69,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 ## Install everything the tests need, lint, then run every test tier.
-test: $(STAMP) lint browser-deps postgres-deps
+test: $(STAMP) lint browser-deps postgres-deps container-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: $(STAMP)
