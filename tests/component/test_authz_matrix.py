@@ -204,6 +204,12 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     # identity
     ("POST", "/api/v2/authn/basic/login"): (ANYONE, _login, 200),
     ("DELETE", "/api/v2/authn/basic/logout"): (SIGNED_IN, fixed("/api/v2/authn/basic/logout"), 200),
+    ("GET", "/api/v2/authn/info"): (ANYONE, fixed("/api/v2/authn/info"), 200),
+    # OIDC sign-in (tests/component/test_oidc.py): a browser's, public; no provider is configured here
+    ("GET", "/api/v2/authn/oidc/login"): (ANYONE, fixed("/api/v2/authn/oidc/login"), 404),
+    ("GET", "/api/v2/authn/oidc/return"): (ANYONE, fixed("/api/v2/authn/oidc/return"), 404),
+    ("POST", "/api/v2/authn/oidc/return"): (ANYONE, fixed("/api/v2/authn/oidc/return"), 404),
+    ("GET", "/api/v2/authn/oidc/logout"): (ANYONE, fixed("/api/v2/authn/oidc/logout"), 404),
     ("GET", "/api/v2/tokens"): (SIGNED_IN, fixed("/api/v2/tokens"), 200),
     ("POST", "/api/v2/tokens"): (SIGNED_IN, fixed("/api/v2/tokens", {"expiration": 600}), 201),
     ("DELETE", "/api/v2/tokens/{token}"): (SIGNED_IN, _own_token_path, 200),
