@@ -26,6 +26,7 @@ CODES: dict[str, int] = {
     "NoGroupError": 404,
     "NoVirtualClusterError": 404,
     "NoTokenError": 404,
+    "NoStorageError": 404,  # a storage no admin declared (libs/common/storages.py)
     "NoRuleError": 404,  # a failure rule (libs/common/rules_messages.py)
     "NotFoundError": 404,  # no such route
     "MethodNotAllowed": 405,
@@ -109,6 +110,10 @@ class NoVirtualCluster(NotFound):
 
 class NoToken(NotFound):
     code, status = _code("NoTokenError")
+
+
+class NoStorage(NotFound):
+    code, status = _code("NoStorageError")
 
 
 class Conflict(PaiError):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import msgspec
 
+from libs.common.storages import Storage
+
 # extras.hivedScheduler.jobPriorityClass -> priority, as in HiveD/OpenPAI.
 PRIORITY_CLASSES: dict[str, int] = {"crit": 120, "prod": 100, "test": 10, "oppo": -1}
 DEFAULT_PRIORITY_CLASS = "test"
@@ -45,6 +47,10 @@ class TaskRole(msgspec.Struct, frozen=True, kw_only=True):
     taskRetryCount: int = 0
     dockerImage: str | None = None  # prerequisite name
     dockerImageUri: str | None = None  # resolved from prerequisites
+    # The image prerequisite's `auth` (username, password, registryuri), secret
+    # references kept for the launcher to fill in.
+    dockerImageAuth: dict[str, str] | None = None
+    shmMB: int | None = None  # extraContainerOptions.shmMB
     resources: Resources = Resources()
     # Rendered shell lines, pre-commands and post-commands of the active
     # deployment included; run in order by one shell, stopping at the first failure.
@@ -74,6 +80,12 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     # `true`, the monitor's default set (services/monitor/alerts/core.py).
     notifyStates: list[str] = []
     notifyEmails: list[str] = []
+    # teamwise_storage's storageConfigNames (extras.com.microsoft.pai.runtimeplugin):
+    # None: the job has no such plugin; []: the plugin names none (the default storages).
+    storageConfigNames: list[str] | None = None
+    # The storages the job mounts, resolved by rest at submission from the admins'
+    # declarations and the user's grants (libs/common/storages.py).
+    storages: list[Storage] = []
     # Keys of the protocol we accept and keep but do not act on, e.g.
     # "extras.com.microsoft.pai.runtimeplugin"; reported back to the user.
     ignoredFields: list[str] = []

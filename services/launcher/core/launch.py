@@ -63,4 +63,6 @@ def build_launch(
         gpu=role.resources.gpu,
         ports={label: list(ports) for label, ports in task.ports.items()},
         dockerImageUri=role.dockerImageUri,
+        dockerImageAuth=role.dockerImageAuth,
+        shmMB=role.shmMB,
     )
