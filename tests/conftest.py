@@ -146,6 +146,15 @@ def own_nats_server(tmp_path_factory: pytest.TempPathFactory):
         yield srv
 
 
+@pytest.fixture(params=["fast", "plain"])
+def bus_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The bus tier runs each test on both of the bus's clients (config `bus_client`,
+    libs/common/bus/link.py): every `Bus.connect` in the test runs the one named
+    (`PAI_BUS_CLIENT`). A module takes it with `pytest.mark.usefixtures("bus_client")`."""
+    monkeypatch.setenv("PAI_BUS_CLIENT", request.param)
+    return str(request.param)
+
+
 @contextlib.asynccontextmanager
 async def platform_bus(server, *, purge: tuple[str, ...] = (), durables=()):
     """A connection as the platform user to `server`, its store bootstrapped; the

@@ -32,7 +32,7 @@ import os
 import secrets
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import msgspec
 
@@ -277,6 +277,7 @@ class Login(TypedDict, total=False):
     user: str
     nkey_seed: str
     password: str
+    client: Literal["fast", "plain"]  # the config's bus_client (libs/common/bus/link.py)
 
 
 class UserKey(msgspec.Struct, frozen=True):
@@ -458,7 +459,8 @@ def chart_permissions() -> dict[str, dict]:
 def login_of_config(config: Config) -> Login:
     """`Bus.connect` keyword arguments of a process's own login (`nats_user` with its
     `nats_nkey_seed`, or `nats_password` against a NATS of passwords)."""
-    return {"user": config.nats_user, "nkey_seed": config.nats_nkey_seed, "password": config.nats_password}
+    return {"user": config.nats_user, "nkey_seed": config.nats_nkey_seed, "password": config.nats_password,
+            "client": config.bus_client}
 
 
 def authorization_from_keys(keys_dir: Path) -> dict:

@@ -138,6 +138,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # The total is kept under the process's file limit, which the service raises to its hard limit.
     http_max_connections: int = 8192
     http_max_connections_per_peer: int = 1024
+    # The bus's NATS client (libs/common/bus/, docs/architecture.md "The bus"): "fast",
+    # its own receive and send paths over nats-py's internals (bus/wire.py), or
+    # "plain", nats-py's public API alone (a nats-py past the pinned one; ruling the
+    # fast path out). Bus.connect reads PAI_BUS_CLIENT when not told.
+    bus_client: Literal["fast", "plain"] = "fast"
     # --- the NATS store (docs/deploy.md; libs/common/jetstream_limits.py) ---
     # nats_url may list several servers of one NATS cluster, comma-separated
     # ("nats://a:4222,nats://b:4222"): a client moves to another when its own goes.

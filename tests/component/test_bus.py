@@ -20,6 +20,8 @@ async def bus(nats_server):
         yield b
 
 
+# Every test on both of the bus's clients (tests/conftest.py: bus_client).
+pytestmark = pytest.mark.usefixtures("bus_client")
 RUN = uuid.uuid4().hex[:6]  # ids stay unique across runs on one server: JetStream dedupes by id
 
 

@@ -26,6 +26,8 @@ from libs.common.bus import Bus
 from libs.common.natsserver import NatsServer
 from libs.common.subjects import STREAM, Bucket, Kind, kind_filter
 
+# Every test on both of the bus's clients (tests/conftest.py: bus_client).
+pytestmark = pytest.mark.usefixtures("bus_client")
 RUN = uuid.uuid4().hex[:8]
 VC = f"authvc{RUN}"  # no other test's consumer looks at this VC
 

@@ -19,6 +19,8 @@ from libs.common.messages import StopRequested
 from libs.common.subjects import STREAM, Bucket, Durable, Kind
 from tests.conftest import platform_bus
 
+# Every test on both of the bus's clients (tests/conftest.py: bus_client).
+pytestmark = pytest.mark.usefixtures("bus_client")
 RUN = uuid.uuid4().hex[:6]
 WAIT_SECONDS = 60.0  # generous: the machine running the tests may be loaded
 KINDS, TYPES = [Kind.JOB_STOP_REQUESTED], (StopRequested,)

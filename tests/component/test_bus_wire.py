@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 
 import nats.errors
@@ -22,6 +23,8 @@ from libs.common.messages import StopRequested, encode, subject_of
 from libs.common.subjects import STREAM, Bucket, Durable, Kind
 from tests.conftest import platform_bus
 
+# Every test on both of the bus's clients (tests/conftest.py: bus_client).
+pytestmark = pytest.mark.usefixtures("bus_client")
 RUN = uuid.uuid4().hex[:6]
 
 
@@ -36,8 +39,14 @@ async def bus(nats_server):
         yield b
 
 
+def run_id() -> str:
+    """This run's ids, each client's its own (JetStream dedupes by id; a key created stays)."""
+    return RUN + os.environ.get("PAI_BUS_CLIENT", "")
+
+
 def stops(prefix: str, n: int) -> list[StopRequested]:
-    return [StopRequested(id=f"{prefix}{RUN}/{i}", job=f"alice~{prefix}{RUN}{i}", vc="default", by="alice")
+    run = run_id()
+    return [StopRequested(id=f"{prefix}{run}/{i}", job=f"alice~{prefix}{run}{i}", vc="default", by="alice")
             for i in range(n)]
 
 
@@ -58,8 +67,9 @@ async def consume(bus: Bus, wanted: list[StopRequested]) -> set[str]:
     return seen
 
 
-async def test_a_connected_bus_reads_with_its_own_parser(bus):
-    assert isinstance(bus.nc._ps, WireParser)
+async def test_a_connected_bus_reads_with_its_own_parser_on_the_fast_client_only(bus, bus_client):
+    assert bus.link.fast == (bus_client == "fast")
+    assert isinstance(bus.nc._ps, WireParser) == bus.link.fast
 
 
 async def test_a_subscription_is_served_as_soon_as_round_trip_returns(bus, nats_server):
@@ -72,9 +82,9 @@ async def test_a_subscription_is_served_as_soon_as_round_trip_returns(bus, nats_
             await msg.respond(b"here")
 
         for i in range(150):
-            sub = await responder.nc.subscribe(f"test.fresh.{RUN}.{i}", cb=answer)
+            sub = await responder.nc.subscribe(f"test.fresh.{run_id()}.{i}", cb=answer)
             await responder.round_trip()
-            assert (await bus.nc.request(f"test.fresh.{RUN}.{i}", b"", timeout=5)).data == b"here", i
+            assert (await bus.nc.request(f"test.fresh.{run_id()}.{i}", b"", timeout=5)).data == b"here", i
             await sub.unsubscribe()
     finally:
         await responder.close()
@@ -86,12 +96,12 @@ async def test_requests_are_answered_with_their_headers_and_no_responder_is_told
         async def answer(msg) -> None:
             await msg.respond(b"pong:" + msg.data)
 
-        sub = await responder.nc.subscribe(f"test.echo.{RUN}", cb=answer)
+        sub = await responder.nc.subscribe(f"test.echo.{run_id()}", cb=answer)
         await responder.round_trip()
-        replies = await asyncio.gather(*(bus.nc.request(f"test.echo.{RUN}", b"%d" % i, timeout=5) for i in range(50)))
+        replies = await asyncio.gather(*(bus.nc.request(f"test.echo.{run_id()}", b"%d" % i, timeout=5) for i in range(50)))
         assert [reply.data for reply in replies] == [b"pong:%d" % i for i in range(50)]
         with pytest.raises(nats.errors.NoRespondersError):
-            await bus.nc.request(f"test.nobody.{RUN}", b"", timeout=5)
+            await bus.nc.request(f"test.nobody.{run_id()}", b"", timeout=5)
         await sub.unsubscribe()
     finally:
         await responder.close()
@@ -106,7 +116,7 @@ async def test_single_publishes_and_kv_writes_answer_as_nats_py_did(bus):
     assert await consume(bus, [event]) == {event.id}
 
     kv = await bus.kv(Bucket.RULES)
-    key = f"wire{RUN}"
+    key = f"wire{run_id()}"
     with pytest.raises(nats.js.errors.KeyNotFoundError):
         await kv.get(key)
     created = await kv.create(key, b'{"x":1}')
@@ -127,17 +137,17 @@ async def test_single_publishes_and_kv_writes_answer_as_nats_py_did(bus):
 
 async def test_requests_no_one_answers_fail_as_nats_py_s_did(bus):
     with pytest.raises(nats.js.errors.NoStreamResponseError):
-        await bus.js.publish(f"test.nostream.{RUN}", b"x")
+        await bus.js.publish(f"test.nostream.{run_id()}", b"x")
     with pytest.raises(nats.js.errors.NotFoundError):
         await bus.js.stream_info("NO_SUCH_STREAM")
     with pytest.raises(nats.js.errors.ServiceUnavailableError):
-        await bus.js._api_request(f"test.nobody.{RUN}", b"", timeout=5)
-    silent = await bus.nc.subscribe(f"test.silent.{RUN}")  # a responder that never answers
+        await bus.js._api_request(f"test.nobody.{run_id()}", b"", timeout=5)
+    silent = await bus.nc.subscribe(f"test.silent.{run_id()}")  # a responder that never answers
     try:
         with pytest.raises(nats.errors.TimeoutError):
-            await bus.js.publish(f"test.silent.{RUN}", b"x", timeout=0.2)
+            await bus.js.publish(f"test.silent.{run_id()}", b"x", timeout=0.2)
         with pytest.raises(nats.errors.TimeoutError):
-            await bus.js._api_request(f"test.silent.{RUN}", b"", timeout=0.2)
+            await bus.js._api_request(f"test.silent.{run_id()}", b"", timeout=0.2)
     finally:
         await silent.unsubscribe()
 
@@ -189,7 +199,7 @@ async def test_after_nats_is_killed_and_back_the_bus_publishes_and_consumes_agai
             break
         except Transient:  # publish_many says so when JetStream does not answer yet
             await asyncio.sleep(0.2)
-    assert isinstance(bus.nc._ps, WireParser)
+    assert isinstance(bus.nc._ps, WireParser) == bus.link.fast
     assert await consume(bus, stops("after", 20)) >= {e.id for e in stops("after", 20)}
     reply = await bus.nc.request("$JS.API.INFO", b"", timeout=5)  # request/reply on the same connection
     assert b"account" in reply.data or b"memory" in reply.data

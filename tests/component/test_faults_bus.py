@@ -28,6 +28,8 @@ from services.runtime.core import RuleBook
 from services.runtime.service import RuntimeShell, baseline_rules
 from tests.conftest import platform_bus
 
+# Every test on both of the bus's clients (tests/conftest.py: bus_client).
+pytestmark = pytest.mark.usefixtures("bus_client")
 RUN = uuid.uuid4().hex[:6]
 # Generous: the machine running the tests may be loaded.
 WAIT_SECONDS = 60.0
@@ -157,12 +159,14 @@ async def test_a_handler_that_stalls_once_finishes_its_event_on_the_redelivery(a
     assert finished == [event.id] and tries == 2
 
 
-async def test_a_verdict_whose_publish_times_out_is_redelivered_and_stored_once(admin, nats_server, monkeypatch):
+async def test_a_verdict_whose_publish_times_out_is_redelivered_and_stored_once(admin, nats_server, monkeypatch,
+                                                                               bus_client):
     """The runtime's handler publishes a TaskVerdict. The first publish reaches the
     stream but its ack is lost (a timeout); every try after it times out too, until
     the bus gives up and the handler fails as transient. The exit is redelivered,
     the verdict published again under the same id: one verdict in the stream."""
-    exited = TaskExited(id=f"alice~v{RUN}/1/worker/0/0/exited", job=f"alice~v{RUN}", vc="default", attempt=1,
+    run = RUN + bus_client  # each client's run its own ids: JetStream dedupes by id
+    exited = TaskExited(id=f"alice~v{run}/1/worker/0/0/exited", job=f"alice~v{run}", vc="default", attempt=1,
                         role="worker", index=0, exitCode=1, userLogTail="Traceback: boom")
     await admin.publish(exited)
     verdict_subject = subject_of(TaskVerdict(id="", job=exited.job, vc="default", attempt=1, role="worker", index=0,
