@@ -34,6 +34,7 @@ PUBLIC_PATHS = frozenset({
     "/api/v2/authn/oidc/return",
     "/api/v2/authn/oidc/logout",
     "/api/v2/info",  # public in OpenPAI too
+    "/api/v1", "/api/v1/", "/api/v2", "/api/v2/",  # OpenPAI's banners (services/rest/routes/cluster.py)
     "/api/v2/openapi.json",  # the API's own document and its reference page
     "/api/v2/docs",
 })

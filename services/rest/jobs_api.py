@@ -290,12 +290,6 @@ def _attempt_view(sub: SubmittedJob, rec: JobRecord | None, attempt: int) -> dic
     raise NotFound(f"job {sub.job} has no attempt {attempt} (its attempts: {have})")
 
 
-async def get_job_attempt(request: web.Request) -> web.Response:
-    sub, rec, _ = await read_job(request, job_param(request))
-    require_owner_or_admin(request, sub, "read the attempts of")
-    return json_response(_attempt_view(sub, rec, _int_param(request, "attempt")))
-
-
 def _task_of(sub: SubmittedJob, rec: JobRecord | None, attempt: int, role: str, index: int) -> dict[str, Any]:
     shown = _attempt_view(sub, rec, attempt)
     tasks = shown["taskRoles"].get(role)
@@ -652,6 +646,16 @@ async def get_sku_types(request: web.Request) -> web.Response:
                   for name, s in skus.items()})
 
 
+async def get_vc_sku_types(request: web.Request) -> web.Response:
+    """GET /api/v2/virtual-clusters/{vc}/sku-types (OpenPAI's SDK asks it): the sku types of one VC."""
+    view = await cluster_view(ctx_of(request))
+    vc = _find_vc(view, request.match_info["vc"])
+    return json_response({s["sku"]: SkuTypeInfo(gpu=int(view.skuTypes[s["sku"]].get("gpu", 0)),
+                                                cpu=int(view.skuTypes[s["sku"]].get("cpu", 0)),
+                                                memory=int(view.skuTypes[s["sku"]].get("memory", 0)))
+                          for s in vc.get("skus", []) if s["sku"] in view.skuTypes})
+
+
 def _find_vc(view: ClusterView, name: str) -> dict[str, Any]:
     for vc in view.virtualClusters:
         if vc.get("name") == name:
@@ -988,18 +992,6 @@ def check_fits(spec: JobSpec, view: ClusterView) -> None:
 # --- wiring -------------------------------------------------------------------------------
 
 
-ROUTES = [
-    web.get("/api/v2/jobs/{job}/job-attempts/{attempt}", get_job_attempt),
-    web.get("/api/v2/jobs/{job}/job-attempts/{attempt}/tasks/{role}/{index}", get_task),
-    web.get("/api/v2/jobs/{job}/job-attempts/{attempt}/tasks/{role}/{index}/logs", get_task_log),
-    web.delete("/api/v2/jobs/{job}", delete_job),
-    web.put("/api/v2/jobs/{job}/tag", put_tag),
-    web.delete("/api/v2/jobs/{job}/tag", delete_tag),
-    web.get("/api/v2/jobs/{job}/events", get_job_events),
-    web.get("/api/v2/virtual-clusters/{vc}", get_virtual_cluster),
-    web.get("/api/v2/cluster/sku-types", get_sku_types),
-    web.get("/api/v2/info", get_info),
-]
 
 
 def setup(app: web.Application, ctx: ServiceContext) -> None:
@@ -1007,8 +999,7 @@ def setup(app: web.Application, ctx: ServiceContext) -> None:
     submissions (started and stopped with the app)."""
     from services.rest import openapi  # the document lists these routes; imported here to avoid a cycle
 
-    app.add_routes(ROUTES)
-    quotas.setup(app)
+    quotas.setup(app)  # (the job routes: services/rest/routes/jobs.py; the cluster's: routes/cluster.py)
     app.add_routes(openapi.routes)  # public: auth.PUBLIC_PATHS
     index = JobIndex()
     app[INDEX] = index

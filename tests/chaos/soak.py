@@ -293,13 +293,13 @@ def recorded_task_attempts(attempts: list[dict]) -> set[tuple[int, str, int, int
     """
     recorded = set()
     for attempt in attempts:
-        for role, tasks in attempt["taskRoles"].items():
-            for task in tasks:
+        for role, shown in attempt["taskRoles"].items():
+            for task in shown["taskStatuses"]:
                 # A compacted older attempt of a big job lists its task briefly: `retries` only.
                 earlier = [summary["taskAttempt"] for summary in task["taskAttempts"]] if "taskAttempts" in task \
                     else list(range(task["retries"]))
                 for task_attempt in [*earlier, len(earlier)]:
-                    recorded.add((attempt["attemptIndex"], role, task["taskIndex"], task_attempt))
+                    recorded.add((attempt["attempt"], role, task["taskIndex"], task_attempt))
     return recorded
 
 

@@ -49,7 +49,7 @@ def test_the_start_command_appends_one_line_per_start_to_the_task_log(tmp_path):
 
 def test_recorded_task_attempts_cover_earlier_and_current_ones():
     attempts = [
-        {"attemptIndex": 2, "taskRoles": {"main": [{"taskIndex": 0, "taskAttempts": [{"taskAttempt": 0}]}]}},
-        {"attemptIndex": 1, "taskRoles": {"main": [{"taskIndex": 0, "taskAttempts": []}]}},
+        {"attempt": 2, "taskRoles": {"main": {"taskStatuses": [{"taskIndex": 0, "taskAttempts": [{"taskAttempt": 0}]}]}}},
+        {"attempt": 1, "taskRoles": {"main": {"taskStatuses": [{"taskIndex": 0, "taskAttempts": []}]}}},
     ]
     assert recorded_task_attempts(attempts) == {(2, "main", 0, 0), (2, "main", 0, 1), (1, "main", 0, 0)}

@@ -144,6 +144,26 @@ async def _fresh_user_path(m: Matrix, _: str) -> tuple[str, Any]:
     return f"/api/v2/users/{await m.fresh_user()}", None
 
 
+def _fresh_user_sub(sub: str, body: Any) -> Request:
+    async def request(m: Matrix, _: str) -> tuple[str, Any]:
+        return f"/api/v2/users/{await m.fresh_user()}/{sub}", body
+    return request
+
+
+def _fresh_group_sub(sub: str, body: Any) -> Request:
+    async def request(m: Matrix, _: str) -> tuple[str, Any]:
+        return f"/api/v2/groups/{await m.fresh_group()}/{sub}", body
+    return request
+
+
+async def _openpai_user_change(m: Matrix, _: str) -> tuple[str, Any]:
+    return "/api/v2/users", {"data": {"username": await m.fresh_user(), "email": "x@example.com"}, "patch": True}
+
+
+async def _openpai_group_change(m: Matrix, _: str) -> tuple[str, Any]:
+    return "/api/v2/groups", {"data": {"groupname": await m.fresh_group(), "description": "d"}, "patch": True}
+
+
 async def _new_group_body(m: Matrix, _: str) -> tuple[str, Any]:
     return "/api/v2/groups", {"groupname": m.unique("mxnewg")}
 
@@ -180,7 +200,7 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     ("GET", "/api/v2/jobs/{job}/logs"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/logs"), 200),
     ("PUT", "/api/v2/jobs/{job}/executionType"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/executionType",
                                                                         {"value": "STOP"}), 202),
-    ("GET", "/api/v2/jobs/{job}/job-attempts/{attempt}"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/job-attempts/1"),
+    ("GET", "/api/v2/jobs/{job}/job-attempts/{attempt}"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/job-attempts/0"),
                                                            {200, 404}),
     ("GET", "/api/v2/jobs/{job}/job-attempts/{attempt}/tasks/{role}/{index}"): (
         OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/job-attempts/1/tasks/main/0"), {200, 404}),
@@ -227,6 +247,45 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     ("DELETE", "/api/v2/groups/{group}"): (ADMIN_ONLY, _fresh_group_path, 200),
     ("GET", "/api/v2/groups/{group}/userlist"): (ADMIN_ONLY, fixed("/api/v2/groups/default/userlist"), 200),
     ("GET", "/api/v2/events"): (SIGNED_IN, fixed("/api/v2/events"), 200),
+    # OpenPAI's routes beside PAI's (services/rest/openpai_jobs.py, kubernetes_views.py, identity/openpai.py)
+    ("GET", "/api/v2"): (ANYONE, fixed("/api/v2"), 200),
+    ("GET", "/api/v1"): (ANYONE, fixed("/api/v1"), 200),
+    ("GET", "/api/v2/jobs/{job}/ssh"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/ssh"), 404),
+    ("GET", "/api/v2/jobs/{job}/job-attempts/healthz"): (SIGNED_IN, fixed(f"/api/v2/jobs/{JOB}/job-attempts/healthz"),
+                                                         200),
+    ("GET", "/api/v2/jobs/{job}/attempts/{jobAttemptId}"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/attempts/0"),
+                                                            {200, 404}),
+    ("GET", "/api/v2/jobs/{job}/attempts/{jobAttemptId}/taskRoles/{taskRoleName}/taskIndex/{taskIndex}/attempts"): (
+        OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/attempts/0/taskRoles/main/taskIndex/0/attempts"), {200, 404}),
+    ("GET", "/api/v2/jobs/{job}/attempts/{jobAttemptId}/taskRoles/{taskRoleName}/taskIndex/{taskIndex}/attempts/"
+            "{taskAttemptId}/logs"): (
+        OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/attempts/0/taskRoles/main/taskIndex/0/attempts/0/logs"), {200, 404}),
+    ("GET", "/api/v2/virtual-clusters/{vc}/sku-types"): (SIGNED_IN, fixed("/api/v2/virtual-clusters/default/sku-types"),
+                                                         {200, 404}),
+    ("GET", "/api/v2/kubernetes/nodes"): (ADMIN_ONLY, fixed("/api/v2/kubernetes/nodes"), 200),
+    ("GET", "/api/v2/kubernetes/pods"): (ADMIN_ONLY, fixed("/api/v2/kubernetes/pods"), 200),
+    ("POST", "/api/v2/tokens/application"): (SIGNED_IN, fixed("/api/v2/tokens/application", {}), 200),
+    ("GET", "/api/v2/tokens/check"): (SIGNED_IN, fixed("/api/v2/tokens/check"), 200),
+    ("PUT", "/api/v2/users"): (ADMIN_ONLY, _openpai_user_change, 201),
+    ("PUT", "/api/v2/users/{user}/group"): (ADMIN_ONLY, _fresh_user_sub("group", {"groupname": "default"}), 201),
+    ("DELETE", "/api/v2/users/{user}/group"): (ADMIN_ONLY, _fresh_user_sub("group", {"groupname": "default"}), 201),
+    ("PUT", "/api/v2/users/{user}/grouplist"): (ADMIN_ONLY, _fresh_user_sub("grouplist", {"grouplist": ["default"]}),
+                                                201),
+    ("PUT", "/api/v2/users/{user}/extension"): (ADMIN_ONLY, _fresh_user_sub("extension", {"extension": {"k": 1}}), 201),
+    ("PUT", "/api/v2/users/{user}/virtualcluster"): (ADMIN_ONLY, _fresh_user_sub("virtualcluster",
+                                                                                 {"virtualCluster": ["default"]}), 201),
+    ("PUT", "/api/v2/users/{user}/password"): (ADMIN_ONLY, _fresh_user_sub("password", {"newPassword": PASSWORD + "x"}),
+                                               201),
+    ("PUT", "/api/v2/users/{user}/email"): (ADMIN_ONLY, _fresh_user_sub("email", {"email": "e@example.com"}), 201),
+    ("PUT", "/api/v2/users/{user}/admin"): (ADMIN_ONLY, _fresh_user_sub("admin", {"admin": False}), 201),
+    ("PUT", "/api/v2/groups"): (ADMIN_ONLY, _openpai_group_change, 201),
+    ("PUT", "/api/v2/groups/{group}/extension"): (ADMIN_ONLY, _fresh_group_sub("extension", {"extension": {}}), 201),
+    ("PUT", "/api/v2/groups/{group}/extension/{path}"): (
+        ADMIN_ONLY, _fresh_group_sub("extension/acls/virtualClusters", {"data": ["default"]}), 201),
+    ("PUT", "/api/v2/groups/{group}/description"): (ADMIN_ONLY, _fresh_group_sub("description", {"description": "d"}),
+                                                    201),
+    ("PUT", "/api/v2/groups/{group}/externalname"): (ADMIN_ONLY, _fresh_group_sub("externalname",
+                                                                                 {"externalName": "cn=x"}), 201),
     # alerts (the monitor answers rule and report commands; none runs here: 503 past authorization)
     ("GET", "/api/v2/alerts"): (SIGNED_IN, fixed("/api/v2/alerts"), 200),
     ("GET", "/api/v2/alerts/rules"): (SIGNED_IN, fixed("/api/v2/alerts/rules"), {200, 503}),

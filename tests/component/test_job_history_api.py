@@ -91,7 +91,7 @@ async def test_a_job_only_the_history_has_is_listed_with_its_events_and_attempts
     assert [e["reason"] for e in warnings["data"]] == ["TaskFailed", "TaskExplained", "Failed"]
     status, attempts = await call("owner", "GET", f"/api/v2/jobs/{OLD}/job-attempts")
     assert status == 200 and len(attempts) == 1 and attempts[0]["state"] == "FAILED"
-    (task,) = attempts[0]["taskRoles"]["worker"]
+    (task,) = attempts[0]["taskRoles"]["worker"]["taskStatuses"]
     assert task["taskState"] == "FAILED" and task["containerExitCode"] == 3
     assert (await call("other", "GET", f"/api/v2/jobs/{OLD}/events"))[0] == 403  # the owner's and admins' only
     assert (await call("owner", "GET", f"/api/v2/jobs/{OWNER}~never{RUN}/events"))[0] == 404

@@ -144,18 +144,46 @@ async def test_one_attempt_its_tasks_logs_and_events(api, platform):
     spec = msgspec.json.decode((await kv.get(ids.job_key(jid))).value, type=SubmittedJob).spec
     await write_status(platform, jid, failed_then_running(jid, spec))
 
-    status, first, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/job-attempts/1")
+    # OpenPAI's routes number attempts from 0; PAI's own number rides along as `attempt`.
+    status, first, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/job-attempts/0")
     assert status == 200, first
-    assert (first["attemptIndex"], first["state"], first["isLatest"], first["frameworkName"]) == (1, "FAILED", False, jid)
+    assert (first["attemptIndex"], first["attempt"], first["state"], first["isLatest"], first["frameworkName"]) == (
+        0, 1, "FAILED", False, jid)
     assert first["taskRoles"]["main"]["taskStatuses"][0]["containerExitCode"] == 3
-    status, second, _ = await api.call("admin", "GET", f"/api/v2/jobs/{jid}/job-attempts/2")
+    status, second, _ = await api.call("admin", "GET", f"/api/v2/jobs/{jid}/job-attempts/1")
     assert (status, second["state"], second["isLatest"]) == (200, "RUNNING", True)
+    status, listed, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/job-attempts/")  # a trailing slash too
+    assert status == 200 and [(a["attemptIndex"], a["attempt"]) for a in listed] == [(1, 2), (0, 1)]
+    status, text, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/job-attempts/healthz")
+    assert (status, text) == (200, "ok")
 
-    status, body, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/job-attempts/3")
-    assert (status, body["code"]) == (404, "NoJobError") and "its attempts: 1, 2" in body["message"]
+    # OpenPAI's task routes under /attempts/{from 0}: the task's attempts, and where their logs are.
+    task_path = f"/api/v2/jobs/{jid}/attempts/0/taskRoles/main/taskIndex/0/attempts"
+    status, task, _ = await api.call("owner", "GET", task_path)
+    assert (status, task["jobAttemptId"], task["taskState"], task["taskRoleName"]) == (200, 0, "FAILED", "main"), task
+    assert task["attempts"][-1]["containerExitCode"] == 3
+    last = task["attempts"][-1]["attemptId"]
+    status, where, _ = await api.call("owner", "GET", f"{task_path}/{last}/logs?tailMode=true")
+    assert status == 200 and where["locations"][0]["name"] == "all"
+    uri = where["locations"][0]["uri"]
+    assert f"/api/v2/jobs/{jid}/job-attempts/1/tasks/main/0/logs?" in uri and "tailBytes=" in uri
+    status, text, _ = await api.call("owner", "GET", uri[uri.index("/api/"):])  # PAI's own route: attempt 1
+    assert (status, text) == (200, "log of main[0] attempt 1")
+    status, body, _ = await api.call("owner", "GET", f"{task_path}/9/logs")
+    assert status == 404 and "no attempt 9" in body["message"]
+    status, body, _ = await api.call("other", "GET", task_path)
+    assert status == 403
+    status, detail, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/attempts/0")
+    assert (status, detail["jobStatus"]["attemptId"], detail["jobStatus"]["state"]) == (200, 0, "FAILED")
+    assert detail["taskRoles"]["main"]["taskStatuses"][0]["containerExitCode"] == 3
+    status, detail, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/attempts/1")
+    assert (status, detail["jobStatus"]["attemptId"], detail["jobStatus"]["state"]) == (200, 1, "RUNNING")
+
+    status, body, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/job-attempts/2")
+    assert (status, body["code"]) == (404, "NoJobError") and "from 0 as OpenPAI: 0, 1" in body["message"]
     status, body, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/job-attempts/first")
     assert status == 400 and body["details"]["errors"][0]["path"] == "attempt"
-    status, body, _ = await api.call("other", "GET", f"/api/v2/jobs/{jid}/job-attempts/1")
+    status, body, _ = await api.call("other", "GET", f"/api/v2/jobs/{jid}/job-attempts/0")
     assert (status, body["code"]) == (403, "ForbiddenUserError")
 
     status, task, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/job-attempts/1/tasks/main/0")
@@ -192,7 +220,7 @@ async def test_a_waiting_job_says_why_in_its_events(api):
     status, events, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/events")
     assert status == 200
     assert events["data"][-1]["reason"] == "Waiting" and "scheduler" in events["data"][-1]["message"]
-    status, body, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/job-attempts/1")
+    status, body, _ = await api.call("owner", "GET", f"/api/v2/jobs/{jid}/job-attempts/0")
     assert status == 404 and "none yet" in body["message"]
 
 

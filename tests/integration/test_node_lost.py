@@ -233,8 +233,8 @@ async def test_a_node_whose_agent_stops_is_lost_and_its_job_runs_again_elsewhere
     assert marker.read_text().split() == ["first", "again"]  # the first run was really ended, once
     attempts = await api.client.request("GET", f"/api/v2/jobs/{job}/job-attempts")
     # A second attempt, not a task retried in place on the lost node (non-gang, taskRetryCount 2).
-    assert sorted(a["attemptIndex"] for a in attempts) == [1, 2]
-    lost_attempt = min(attempts, key=lambda a: a["attemptIndex"])
+    assert sorted(a["attempt"] for a in attempts) == [1, 2]
+    lost_attempt = min(attempts, key=lambda a: a["attempt"])
     spec = lost_attempt["exitSpec"] or {}
     assert (spec.get("code"), spec.get("phrase")) == (-1001, "PodNodeLost"), lost_attempt
     # PodNodeLost is PAI's failure, not the job's: it did not use its jobRetryCount (0).

@@ -39,7 +39,7 @@ async def test_prod_job_preempts_test_job_which_runs_again_afterwards(platform, 
     assert detail["jobStatus"]["retries"] == 0  # preemption is not a retry
     assert detail["jobStatus"]["waitingReason"]
     attempts = await platform.client.request("GET", f"/api/v2/jobs/{vid}/job-attempts")
-    first = [a for a in attempts if a["attemptIndex"] == 1][0]
+    first = [a for a in attempts if a["attempt"] == 1][0]  # PAI's number (OpenPAI's attemptIndex is 0)
     assert prod in (first["endReason"] + str(first["preemptedBy"]))
     assert first["exitSpec"] and "preempt" in first["exitSpec"]["phrase"].lower()
 

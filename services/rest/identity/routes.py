@@ -97,7 +97,7 @@ async def login(request: web.Request) -> web.Response:
     if not ctx.config.basic_auth:  # an admin turned passwords off: sign-in through the identity provider only
         provider = request.app.get(oidc_routes.OIDC)
         raise oidc.basic_auth_off(provider.settings if provider else None)
-    body: Login = await _body(request, Login, '{"username": "alice", "password": "..."}', "the login")
+    body: Login = await _login_body(request)
     expires = core.token_expiry(TokenKind.LOGIN, time.time(), policy(ctx), body.expiration)
     name = body.username[: core.MAX_GROUP_NAME_LENGTH]
     wait = LOGIN_THROTTLE.retry_after(name, time.monotonic())
@@ -120,6 +120,20 @@ async def login(request: web.Request) -> web.Response:
     groups = await store.groups_named(ctx.bus, user.grouplist)
     return web.json_response({"token": token, "user": user.username, "admin": core.resolve(user, groups).admin,
                               "expiresTime": _ms(expires)})
+
+
+async def _login_body(request: web.Request) -> Login:
+    """The sign-in as JSON (PAI's) or as a form (OpenPAI's SDK posts one)."""
+    if request.content_type != "application/x-www-form-urlencoded":
+        return await _body(request, Login, '{"username": "alice", "password": "..."}', "the login")
+    form = await request.post()
+    fields: dict[str, Any] = {k: v for k, v in form.items() if isinstance(v, str)}
+    if "expiration" in fields:
+        try:
+            fields["expiration"] = int(fields["expiration"])
+        except ValueError:
+            raise core.bad_field("expiration", "type", "expiration is a number of seconds") from None
+    return decode_fields(fields, Login, what="the login")
 
 
 async def logout(request: web.Request) -> web.Response:
@@ -267,7 +281,12 @@ async def change_user(request: web.Request) -> web.Response:
 async def change_me(request: web.Request) -> web.Response:
     caller = _caller(request)
     ctx = ctx_of(request)
-    change: SelfChange = await _body(request, SelfChange, '{"password": "new", "oldPassword": "old"}', "the change")
+    raw = await read_json_object(request, what="the change", example='{"password": "new", "oldPassword": "old"}')
+    if "data" in raw:
+        from services.rest.identity import openpai  # OpenPAI's {data, patch} (late: it imports this module)
+
+        return await openpai.put_me(request, raw)
+    change: SelfChange = decode_fields(raw, SelfChange, what="the change")
     if change.email is not None:
         core.check_email(change.email)
     password_hash = None

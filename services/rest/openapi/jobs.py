@@ -104,7 +104,8 @@ JOB_DETAIL = {
 JOB_ATTEMPT = {
     "type": "object",
     "properties": {
-        "attemptIndex": {"type": "integer", "description": "1 for the first attempt"},
+        "attemptIndex": {"type": "integer", "description": "OpenPAI's number: 0 for the first attempt"},
+        "attempt": {"type": "integer", "description": "PAI's number: 1 for the first attempt"},
         "isLatest": {"type": "boolean"},
         "state": {"type": "string", "enum": _STATES},
         "createdTime": _NULLABLE_INT,

@@ -133,7 +133,7 @@ export async function render(main, { args, go }) {
 
       // Attempts and their timeline.
       const attemptItems = attempts.map((a) => h("li", {},
-        h("strong", {}, `Attempt ${a.attemptIndex}`), " ", stateBadge(a.state),
+        h("strong", {}, `Attempt ${a.attempt ?? a.attemptIndex + 1}`), " ", stateBadge(a.state),
         ` created ${fmtTime(a.createdTime)}`, a.launchedTime ? `, launched ${fmtTime(a.launchedTime)}` : "",
         a.completedTime ? `, ended ${fmtTime(a.completedTime)}` : "",
         a.exitCode !== null && a.exitCode !== undefined ? `, exit ${a.exitCode}${a.exitSpec ? " (" + a.exitSpec.phrase + ")" : ""}` : "",
