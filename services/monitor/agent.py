@@ -27,8 +27,9 @@ from collections.abc import Callable
 import msgspec
 import nats.errors
 import nats.js.errors
+from nats.js.kv import KeyValue
 
-from libs.common.bus import load_all, stored_when_watch_began
+from libs.common.bus import load_all, watch_key
 from libs.common.errors import Transient
 from libs.common.ids import EventId, JobId, NodeName
 from libs.common.messages import NodeCordonChanged, NodeStatus
@@ -122,33 +123,34 @@ class NodeHealthShell:
     async def run(self) -> None:
         """Watch samples and tick until stopping."""
         self.ctx.spawn(self._tick_forever(), "node-health-tick")
-        kv = await self.ctx.bus.kv(Bucket.NODES)
-        watcher = await kv.watchall()
+        samples: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()  # (key, value)
         # The stored values come first: they are as old as they are, and the
-        # restored records say what was decided from them.
-        stored = await stored_when_watch_began(watcher)
-        try:
-            while not self.ctx.stopping.is_set():
-                try:
-                    entry = await watcher.updates(timeout=TICK_SECONDS)
-                except nats.errors.TimeoutError:
-                    continue
-                if entry is None:  # nats-py's end-of-stored marker, which may come early
-                    continue
-                if stored > 0:
-                    stored -= 1
-                    continue
-                if not entry.value or entry.operation is not None:
-                    continue
-                try:
-                    sample = decode_node_sample(entry.value)
-                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                    log.warning("ignoring a sample under %s that does not decode: %s", entry.key, exc)
-                    continue
-                await self._decide(Heard(sample=sample, at=self.clock()))
-        finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()
+        # restored records say what was decided from them (after a reconnect too:
+        # the tick's clock starts again then, and each node's next sample counts).
+        stored = [0]
+
+        def began(connection: int, stored_entries: int) -> None:
+            stored[0] = stored_entries
+
+        def heard(entry: KeyValue.Entry) -> None:
+            if stored[0] > 0:
+                stored[0] -= 1
+            elif entry.value and entry.operation is None:
+                samples.put_nowait((entry.key, entry.value))
+
+        self.ctx.spawn(watch_key(self.ctx.bus, Bucket.NODES, self.ctx.stopping, heard, on_start=began),
+                       "node-samples-watch")
+        while not self.ctx.stopping.is_set():
+            try:
+                key, value = await asyncio.wait_for(samples.get(), timeout=TICK_SECONDS)
+            except TimeoutError:
+                continue
+            try:
+                sample = decode_node_sample(value)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                log.warning("ignoring a sample under %s that does not decode: %s", key, exc)
+                continue
+            await self._decide(Heard(sample=sample, at=self.clock()))
 
     async def cordon(self, event: NodeCordonChanged) -> None:
         """An admin's cordon, from the monitor's consumer. Raises Transient when the

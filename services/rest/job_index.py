@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import nats.js.api
 
-from libs.common.bus import KV_TTL_HEADER, Bus
+from libs.common.bus import KV_TTL_HEADER, Bus, keep_watching
 from libs.common.messages import JobState
 from libs.common.protocol.model import DEFAULT_PRIORITY_CLASS, PRIORITY_CLASSES
 from libs.common.subjects import Bucket
@@ -39,8 +39,6 @@ from services.rest.records import SubmittedJob
 
 log = logging.getLogger("pai.rest.index")
 
-# How often the index checks that its watches still stand (a reconnect restarts them).
-CHECK_SECONDS = 1.0
 # A watch's consumer, as nats-py's KV watch makes it: forgotten by the server this long after its subscriber is gone.
 WATCH_INACTIVE_SECONDS = 300.0
 # How a KV bucket shows on the bus (the JetStream KV convention nats-py's KeyValue follows too).
@@ -367,28 +365,27 @@ class JobIndex:
 
     async def run(self, bus: Bus, stopping: asyncio.Event) -> None:
         """Keep the index current until `stopping`; rebuild after every reconnect."""
-        while not stopping.is_set():
-            reconnects = bus.nc.stats.get("reconnects", 0)
-            watchers = []
+        watchers: list[_Watch] = []
+
+        async def start(connection: int) -> list[_Watch]:
+            self._reset()
+            watchers[:] = await self._start(bus)
+            loaded = [asyncio.ensure_future(w.initial.wait()) for w in watchers]
             try:
-                self._reset()
-                watchers = await self._start(bus)
-                loaded = [asyncio.ensure_future(w.initial.wait()) for w in watchers]
                 await asyncio.wait_for(asyncio.gather(*loaded), timeout=60)
-                self.ready = True
-                log.info("job index ready: %d jobs", len(self.jobs))
-                while not stopping.is_set() and bus.nc.is_connected \
-                        and bus.nc.stats.get("reconnects", 0) == reconnects and all(not w.done for w in watchers):
-                    await asyncio.sleep(CHECK_SECONDS)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # NATS away or restarting: the list reads the buckets meanwhile
-                log.warning("job index watch failed (%r); rebuilding", exc)
-            finally:
-                self.ready = False
-                for watcher in watchers:
+            except BaseException:
+                for watcher in watchers:  # not yet the loop's to stop
                     await watcher.stop()
-            await asyncio.sleep(CHECK_SECONDS)
+                raise
+            self.ready = True
+            log.info("job index ready: %d jobs", len(self.jobs))
+            return list(watchers)
+
+        def ended() -> None:
+            self.ready = False
+
+        await keep_watching(bus, "the job index's buckets", stopping, start=start,
+                            standing=lambda: all(not w.done for w in watchers), ended=ended)
 
     def _reset(self) -> None:
         self.jobs.clear()

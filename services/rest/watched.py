@@ -15,13 +15,12 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from libs.common.bus import Bus, stored_when_watch_began
+from libs.common.bus import Bus, connection_number, watch_key
 from libs.common.subjects import Bucket
 
 log = logging.getLogger("pai.rest.watched")
 
 T = TypeVar("T")
-CHECK_SECONDS = 1.0
 
 
 class WatchedValue(Generic[T]):
@@ -34,7 +33,7 @@ class WatchedValue(Generic[T]):
     @property
     def value(self) -> T | None:
         """The current value (`empty` when the key is absent), or None when not known now."""
-        if self._bus is None or self._bus.nc.stats.get("reconnects", 0) != self._connection:
+        if self._bus is None or connection_number(self._bus.nc) != self._connection:
             return None
         return self._value
 
@@ -47,40 +46,20 @@ class WatchedValue(Generic[T]):
 
     async def run(self, bus: Bus, stopping: asyncio.Event) -> None:
         """Keep `value` current until `stopping`; start again after every reconnect."""
-        while not stopping.is_set():
-            reconnects = bus.nc.stats.get("reconnects", 0)
-            watcher = None
-            try:
-                kv = await bus.kv(self.bucket)
-                watcher = await kv.watch(self.key)
-                reader = asyncio.ensure_future(self._read(watcher, bus, reconnects))
-                try:
-                    while not stopping.is_set() and not reader.done() and bus.nc.is_connected \
-                            and bus.nc.stats.get("reconnects", 0) == reconnects:
-                        await asyncio.sleep(CHECK_SECONDS)
-                finally:
-                    reader.cancel()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # NATS away or restarting: callers read the bucket meanwhile
-                log.warning("watch of %s/%s failed (%r); starting it again", self.bucket, self.key, exc)
-            finally:
-                self._value, self._bus = None, None
-                if watcher is not None:
-                    try:
-                        await watcher.stop()
-                    except Exception as exc:  # the connection may be gone already
-                        log.debug("stopping a watch: %r", exc)
-            if not stopping.is_set():
-                await asyncio.sleep(CHECK_SECONDS)
 
-    async def _read(self, watcher: Any, bus: Bus, reconnects: int) -> None:
-        if await stored_when_watch_began(watcher) == 0:  # the key has no value
-            self._apply(None)
-            self._bus, self._connection = bus, reconnects
-        async for entry in watcher:
-            if entry is None:  # nats-py's end-of-stored marker: it may come before the value
-                continue
-            deleted = entry.operation in ("DEL", "PURGE")
-            self._apply(None if deleted else entry.value)
-            self._bus, self._connection = bus, reconnects
+        watching_on = [-1]  # the connection the watch stands on: what it delivers is current on it alone
+
+        def began(connection: int, stored: int) -> None:
+            watching_on[0] = connection
+            if stored == 0:  # the key has no value
+                self._apply(None)
+                self._bus, self._connection = bus, connection
+
+        def changed(entry: Any) -> None:
+            self._apply(None if entry.operation in ("DEL", "PURGE") else entry.value)
+            self._bus, self._connection = bus, watching_on[0]
+
+        def ended() -> None:
+            self._value, self._bus = None, None
+
+        await watch_key(bus, self.bucket, stopping, changed, key=self.key, on_start=began, on_end=ended)

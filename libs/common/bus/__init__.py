@@ -12,7 +12,7 @@ the one before, as nats.py splits its protocol, client, JetStream and KV:
 - `pull` and `consume`: the bus's own pull requests, and durable consumers
   under PAI's ack rules (batches, ordered consumers, dead letters);
 - `kv`: reading keys and whole buckets in pages from a store that is ready, and
-  what a new watch delivers first.
+  KV watches that stand again after every reconnect (`keep_watching`, `watch_key`).
 
 `Bus` is all of them on one connection; the names below are what callers use.
 """
@@ -58,11 +58,14 @@ from libs.common.bus.kv import (
     RESTORE_TIMEOUT_SECONDS,
     KvEntry,
     all_keys,
+    connection_number,
     get_json,
     get_many,
+    keep_watching,
     load_all,
     read_pages,
     stored_when_watch_began,
+    watch_key,
 )
 from libs.common.bus.link import BUS_CLIENTS, BusClient, DirectSubscription, Link, Received, ack_all, link_of
 from libs.common.bus.publish import (
@@ -95,6 +98,6 @@ __all__ = [
     "ApiAnswer", "BatchHandler", "Bus", "BusClient", "Connection", "Consumer", "DirectSubscription", "Handler",
     "HandlerStalled", "KvEntry", "Link", "PendingStores", "Publisher", "Puller", "Received", "StoreAcks",
     "ack_all", "all_keys", "api_answer_of", "default_client", "delivery", "get_json", "get_many", "kept_in_progress",
-    "link_of", "load_all", "pub_ack_of", "purge_marker", "read_pages", "revision_of", "server_urls", "store_is_full",
-    "store_outcome", "stored_when_watch_began",
+    "connection_number", "keep_watching", "link_of", "load_all", "pub_ack_of", "purge_marker", "read_pages",
+    "revision_of", "server_urls", "store_is_full", "store_outcome", "stored_when_watch_began", "watch_key",
 ]

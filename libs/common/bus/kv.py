@@ -1,6 +1,7 @@
 """The bus's KV helpers: reading a key, a few keys, or a whole bucket in pages
-from a store that is ready (`read_pages`, `load_all`, `all_keys`), and what a
-new watch delivers first (`stored_when_watch_began`)."""
+from a store that is ready (`read_pages`, `load_all`, `all_keys`), what a new
+watch delivers first (`stored_when_watch_began`), and watches that stand again
+after every reconnect (`keep_watching`, `watch_key`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import msgspec
 import nats.errors
@@ -21,6 +22,10 @@ from libs.common.bus.link import Received
 from libs.common.bus.pull import ANSWER_ENDED, Puller, delivery
 from libs.common.bus.wire import kv_parts, watcher_subscription
 from libs.common.errors import Transient
+from libs.common.subjects import Bucket
+
+if TYPE_CHECKING:  # the layer below kv's helpers at run time (connection imports none of them)
+    from libs.common.bus.connection import Connection
 
 log = logging.getLogger("pai.bus")
 
@@ -252,3 +257,103 @@ def _decoded(kv: KeyValue, key: str, raw: bytes, type_: type[Any], skip_undecoda
         log.warning("bucket %s: skipping %s, which does not decode: %s", kv_parts(kv).name, key, exc)
         return _UNDECODABLE
 
+
+
+# How often a standing watch checks that its connection is still the one it began on.
+WATCH_CHECK_SECONDS = 1.0
+
+
+def connection_number(nc: nats.NATS) -> int:
+    """Which connection `nc` is on now: nats-py's count of its reconnects. A watch
+    (and what it fed) belongs to one: after a reconnect it may have missed changes."""
+    return int(nc.stats.get("reconnects", 0))
+
+
+async def keep_watching(
+    bus: Connection, what: str, stopping: asyncio.Event, *,
+    start: Callable[[int], Awaitable[list[Stoppable]]],
+    standing: Callable[[], bool] = lambda: True,
+    ended: Callable[[], None] = lambda: None,
+) -> None:
+    """Keep watches standing until `stopping`, starting them again after every
+    reconnect or failure: the one loop behind every KV watch of the platform.
+
+    `start(connection)` starts them (on the connection numbered `connection`)
+    and returns what to stop; they stand while the bus is connected on that same
+    connection and `standing()` says so; then `ended()` (what they fed is no
+    longer known current) and they are stopped, and after `WATCH_CHECK_SECONDS`
+    started again. NATS away or restarting is waited out, logged."""
+    nc = bus.nc
+    while not stopping.is_set():
+        connection = connection_number(nc)
+        started: list[Stoppable] = []
+        try:
+            started = await start(connection)
+            while not stopping.is_set() and standing() and nc.is_connected and connection_number(nc) == connection:
+                await asyncio.sleep(WATCH_CHECK_SECONDS)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # NATS away or restarting: readers read the bucket meanwhile
+            log.warning("watch of %s failed (%r); starting it again", what, exc)
+        finally:
+            ended()
+            for watch in started:
+                try:
+                    await watch.stop()
+                except Exception as exc:  # the connection may be gone already
+                    log.debug("stopping a watch of %s: %r", what, exc)
+        if not stopping.is_set():
+            await asyncio.sleep(WATCH_CHECK_SECONDS)
+
+
+async def watch_key(
+    bus: Connection, bucket: Bucket, stopping: asyncio.Event, on_entry: Callable[[KeyValue.Entry], None], *,
+    key: str | None = None, meta_only: bool = False,
+    on_start: Callable[[int, int], None] = lambda connection, stored: None,
+    on_end: Callable[[], None] = lambda: None,
+) -> None:
+    """Watch `key` of `bucket` (every key when None; `meta_only`: without values)
+    until `stopping`, started again after every reconnect (`keep_watching`).
+
+    Each start calls `on_start(connection, stored)`: the connection it stands
+    on, and how many stored entries come before the changes made after it began
+    (`stored_when_watch_began`); then every entry goes to `on_entry` (nats-py's
+    end-of-stored marker, which may come early, left out). When it ends,
+    `on_end()`: what it fed is no longer known current."""
+    reader: list[asyncio.Future[None]] = []
+
+    async def start(connection: int) -> list[Stoppable]:
+        kv = await bus.kv(bucket)
+        watcher = await (kv.watch(key, meta_only=meta_only) if key is not None else kv.watchall(meta_only=meta_only))
+        try:
+            on_start(connection, await stored_when_watch_began(watcher))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+            raise
+        reader[:] = [asyncio.ensure_future(_read(watcher, on_entry))]
+        return [_Reading(watcher, reader[0])]
+
+    await keep_watching(bus, f"{bucket.value}/{key or '>'}", stopping, start=start,
+                        standing=lambda: bool(reader) and not reader[0].done(), ended=on_end)
+
+
+async def _read(watcher: KeyValue.KeyWatcher, on_entry: Callable[[KeyValue.Entry], None]) -> None:
+    async for entry in watcher:
+        if entry is not None:  # nats-py's end-of-stored marker
+            on_entry(entry)
+
+
+class Stoppable(Protocol):
+    async def stop(self) -> None: ...
+
+
+class _Reading:
+    """A KV watch and the task reading it: stopped together."""
+
+    def __init__(self, watcher: KeyValue.KeyWatcher, reader: asyncio.Future[None]) -> None:
+        self._watcher, self._reader = watcher, reader
+
+    async def stop(self) -> None:
+        self._reader.cancel()
+        await self._watcher.stop()

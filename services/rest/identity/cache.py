@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from libs.common.bus import Bus
+from libs.common.bus import Bus, watch_key
 from libs.common.subjects import Bucket
 from services.rest.identity.core import Principal
 
@@ -35,7 +35,6 @@ log = logging.getLogger("pai.rest.identity")
 
 MAX_AGE_SECONDS = 5.0
 MAX_ENTRIES = 50_000  # past this, the cache starts over (made-up tokens never get in: only live ones do)
-CHECK_SECONDS = 1.0  # how often the watch's health (connection, reconnects) is checked
 
 
 class _Entry(msgspec.Struct, frozen=True):
@@ -101,44 +100,19 @@ class PrincipalCache:
 async def watch(cache: PrincipalCache, bus: Bus, stopping: asyncio.Event,
                 on_ready: Callable[[], None] | None = None) -> None:
     """Feed `cache` the changes of pai_users until `stopping`; start again after every reconnect."""
-    kv = None
-    while not stopping.is_set():
-        reconnects = bus.nc.stats.get("reconnects", 0)
-        watcher = None
-        try:
-            kv = await bus.kv(Bucket.USERS)
-            # Every change after this point is delivered (the stored values first: each
-            # only makes the cache forget, harmless on a cache that starts empty).
-            watcher = await kv.watchall(meta_only=True)
-            cache.clear()
-            cache.connection = reconnects
-            cache.watching = True
-            if on_ready is not None:
-                on_ready()
-            reader = asyncio.ensure_future(_apply(cache, watcher))
-            try:
-                while not stopping.is_set() and not reader.done() and bus.nc.is_connected \
-                        and bus.nc.stats.get("reconnects", 0) == reconnects:
-                    await asyncio.sleep(CHECK_SECONDS)
-            finally:
-                reader.cancel()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # NATS away or restarting: requests read the bucket meanwhile
-            log.warning("watch of pai_users failed (%r); starting it again", exc)
-        finally:
-            cache.watching = False
-            cache.clear()
-            if watcher is not None:
-                try:
-                    await watcher.stop()
-                except Exception as exc:  # the connection may be gone already
-                    log.debug("stopping the pai_users watch: %r", exc)
-        if not stopping.is_set():
-            await asyncio.sleep(CHECK_SECONDS)
 
+    def began(connection: int, stored: int) -> None:
+        # Every change after this point is delivered (the stored values first: each
+        # only makes the cache forget, harmless on a cache that starts empty).
+        cache.clear()
+        cache.connection = connection
+        cache.watching = True
+        if on_ready is not None:
+            on_ready()
 
-async def _apply(cache: PrincipalCache, watcher) -> None:
-    async for entry in watcher:
-        if entry is not None:
-            cache.changed(entry.key)
+    def ended() -> None:
+        cache.watching = False
+        cache.clear()
+
+    await watch_key(bus, Bucket.USERS, stopping, lambda entry: cache.changed(entry.key), meta_only=True,
+                    on_start=began, on_end=ended)
