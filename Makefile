@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast test-gpu install clean lint bench browser-deps postgres-deps container-deps
+.PHONY: up test test-fast test-gpu install clean lint bench browser-deps postgres-deps container-deps openpai-sdk-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ up: $(STAMP)
 # Debian's chromium for the browser tests (playwright comes with the test extra).
 browser-deps:
 	sh tests/browser/install-chromium.sh
+
+# OpenPAI's JavaScript SDK for tests/integration/test_openpai_sdk.py, from its lock file
+# (npm ci: the pinned versions, from npm's cache when it has them). Skipped without npm.
+openpai-sdk-deps:
+	@if command -v npm >/dev/null 2>&1; then cd tests/openpai_sdk && \
+		npm ci --no-audit --no-fund --prefer-offline --loglevel=error >/dev/null; \
+	else echo "npm is not installed: the OpenPAI SDK test will skip" >&2; fi
 
 # Debian's PostgreSQL for the history tests, which start a cluster of their own
 # (tests/fixtures/postgres.py): installed as root when initdb is missing, without the
@@ -69,7 +76,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 ## Install everything the tests need, lint, then run every test tier.
-test: $(STAMP) lint browser-deps postgres-deps container-deps
+test: $(STAMP) lint browser-deps postgres-deps openpai-sdk-deps container-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: $(STAMP)

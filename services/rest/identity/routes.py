@@ -169,6 +169,8 @@ async def revoke_token(request: web.Request) -> web.Response:
     caller = _caller(request)
     given = request.match_info["token"]
     owner = given.partition(".")[0] if "." in given else caller.username
+    if not owner:  # `.x` names nobody (and an empty name would make a KV filter NATS never answers)
+        raise NoToken(f"{caller.username} has no such token")
     if not core.may(caller, Action.MANAGE_OWN_TOKENS, owner):
         raise NoToken(f"{caller.username} has no such token")  # another's token: not even its existence is told
     await store.revoke_token(ctx_of(request).bus, owner, given)
