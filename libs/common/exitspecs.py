@@ -38,8 +38,22 @@ LOST_PLATFORM_REASON = "Lost"
 NODE_LOST_EXIT_CODE = -1001
 NODE_LOST_PLATFORM_REASON = "NodeLost"
 UNKNOWN_FAILURE_CODE = 255
+# A runtime plugin's or prerequisite's commands failed (cmd, callbacks: protocol/plugins.py; 199:
+# no signal's 128+n, no code of the default rules):
+# the task's shell says which in a line starting with the marker, then exits with this
+# code; the runtime's rule of the code (RuntimePluginFailed, default-rules.yaml) matches
+# both, and the matched line, in the diagnostics, names the plugin.
+RUNTIME_PLUGIN_FAILED_EXIT_CODE = 199
+RUNTIME_PLUGIN_FAILED_MARKER = "[PAI] runtime plugin failed:"
 UNDEFINED_NEGATIVE_CODE = -8000
 UNDEFINED_POSITIVE_CODE = 256
+
+
+
+def runtime_plugin_failed_line(name: str) -> str:
+    """The line a task's shell prints before exiting with RUNTIME_PLUGIN_FAILED_EXIT_CODE."""
+    return f"{RUNTIME_PLUGIN_FAILED_MARKER} {name}"
+
 
 # Rules that only name what PAI reports when nothing else matched.
 CATCH_ALL_CODES = frozenset({UNKNOWN_FAILURE_CODE, UNDEFINED_NEGATIVE_CODE, UNDEFINED_POSITIVE_CODE})

@@ -19,6 +19,7 @@ from libs.common.protocol.model import (
     TaskRole,
 )
 from libs.common.protocol.paths import RawMapping
+from libs.common.protocol.plugins import storage_config_names, with_steps
 
 DEFAULT_VIRTUAL_CLUSTER = "default"
 
@@ -47,6 +48,7 @@ def build_job_spec(data: RawMapping, *, user: str, ignored_fields: list[str]) ->
         notifyOnStateChange=_wants_notification(extras.get("jobStatusChangeNotification", False)),
         notifyStates=_notify_states(extras.get("jobStatusChangeNotification", False)),
         notifyEmails=_emails(extras.get("notifyEmails", [])),
+        storageConfigNames=storage_config_names(data),
         ignoredFields=ignored_fields,
     )
 
@@ -72,7 +74,7 @@ def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping)
             gpu=resources.get("gpu", model_defaults.gpu),
             ports=dict(resources.get("ports", {})),
         ),
-        commands=rendered_commands(data, name),
+        commands=with_steps(data, name, rendered_commands(data, name)),
         skuType=hived.get("skuType"),
         affinityGroupName=hived.get("affinityGroupName"),
     )

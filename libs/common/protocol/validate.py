@@ -15,6 +15,7 @@ from libs.common.protocol.encodable import MESSAGE as UNENCODABLE_MESSAGE, RULE 
 from libs.common.protocol.limits import MAX_JOB_NAME_LENGTH, MAX_JOB_RETRY_COUNT, MAX_NAME_LENGTH
 from libs.common.protocol.model import FieldError
 from libs.common.protocol.paths import DocPath, RawMapping
+from libs.common.protocol.plugins import check_prerequisite_plugin
 from libs.common.protocol.validate_extras import check_extras
 from libs.common.protocol.validate_roles import check_task_roles
 
@@ -162,12 +163,12 @@ def _check_plugin_prerequisite(check: Checker, prerequisite: RawMapping, path: D
             check.string_list(prerequisite["uri"], (*path, "uri"), non_empty=True)
         else:
             check.string(prerequisite["uri"], (*path, "uri"))
-    if "plugin" in prerequisite:
-        check.string(prerequisite["plugin"], (*path, "plugin"))
+    check_prerequisite_plugin(check, prerequisite, path)
     if "require" in prerequisite:
         check.string_list(prerequisite["require"], (*path, "require"), non_empty=False)
-    check.ignore(path, f"PAI does not fetch {kind} prerequisites; commands can still use "
-                       f"<% ${kind}.uri %> and the other fields")
+    if "plugin" not in prerequisite:
+        check.ignore(path, f"PAI does not fetch {kind} prerequisites; commands can still use "
+                           f"<% ${kind}.uri %> and the other fields, and a cmd plugin's callbacks run")
 
 
 def _check_deployments(check: Checker, data: RawMapping) -> set[str]:

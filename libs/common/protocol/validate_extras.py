@@ -22,6 +22,7 @@ from libs.common.protocol.checks import Checker
 from libs.common.protocol.document import type_name
 from libs.common.protocol.model import PRIORITY_CLASSES
 from libs.common.protocol.paths import DocPath, RawMapping
+from libs.common.protocol.plugins import check_runtime_plugins
 
 HIVED_KEYS = frozenset({"jobPriorityClass", "skuType", "pinnedCellId", "lazyPreemptionEnable", "taskRoles"})
 HIVED_ROLE_KEYS = frozenset({"skuType", "affinityGroupName"})
@@ -29,7 +30,6 @@ NOTIFY_STATES = frozenset({"waiting", "running", "succeeded", "failed", "stopped
 EMAIL_PATTERN = re.compile(r"^[^@\s]+@[^@\s]+$")
 
 EXTRAS_NOT_ACTED_ON = {
-    "com.microsoft.pai.runtimeplugin": "runtime plugins (ssh, storage, ...) are not run by PAI",
     "submitFrom": "kept as a note of where the job came from",
 }
 
@@ -49,6 +49,8 @@ def check_extras(check: Checker, data: RawMapping) -> None:
                 _check_notification(check, extras[key], path)
             case "notifyEmails":
                 _check_emails(check, extras[key], path)
+            case "com.microsoft.pai.runtimeplugin":
+                check_runtime_plugins(check, extras[key], path, data)
             case _:
                 check.ignore(path, EXTRAS_NOT_ACTED_ON.get(str(key), "an extras field PAI does not know"))
 

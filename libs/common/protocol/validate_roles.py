@@ -7,7 +7,7 @@ error rather than a silently ignored field.
 from __future__ import annotations
 
 from libs.common.protocol.checks import IDENTIFIER_PATTERN, Checker
-from libs.common.protocol.commands import command_templates, role_context
+from libs.common.protocol.commands import command_templates, prerequisites_by_name, role_context
 from libs.common.protocol.limits import (
     MAX_COMMANDS_CHARS_PER_ROLE,
     MAX_CPU,
@@ -23,6 +23,7 @@ from libs.common.protocol.limits import (
     MAX_TASKS_PER_JOB,
 )
 from libs.common.protocol.paths import DocPath, RawMapping
+from libs.common.protocol.plugins import step_templates
 from libs.common.protocol.render import TEMPLATE, TEMPLATE_START, RenderContext, UnknownReference, render, unresolved
 
 ROLE_KEYS = frozenset({
@@ -94,7 +95,7 @@ def _check_role(check: Checker, data: RawMapping, name: str, role: RawMapping, p
         _check_resources(check, role["resourcePerInstance"], (*path, "resourcePerInstance"))
     if "extraContainerOptions" in role:
         _check_container_options(check, role["extraContainerOptions"], (*path, "extraContainerOptions"))
-    _check_prerequisite_choices(check, role, path, prerequisite_types)
+    _check_prerequisite_choices(check, data, role, path, prerequisite_types)
     if "commands" not in role:
         check.error((*path, "commands"), "required", "'commands' is required: the shell lines the task runs")
     else:
@@ -158,7 +159,9 @@ def _check_container_options(check: Checker, options: object, path: DocPath) -> 
     check.ignore(path, "container options (shared memory size, InfiniBand) are not applied by PAI")
 
 
-def _check_prerequisite_choices(check: Checker, role: RawMapping, path: DocPath, prerequisite_types: dict[str, str]) -> None:
+def _check_prerequisite_choices(check: Checker, data: RawMapping, role: RawMapping, path: DocPath,
+                                prerequisite_types: dict[str, str]) -> None:
+    plugin_prerequisites = {name for name, p in prerequisites_by_name(data).items() if "plugin" in p}
     for key, kind in (("dockerImage", "dockerimage"), ("data", "data"), ("output", "output"), ("script", "script")):
         if key not in role or not check.string(role[key], (*path, key)):
             continue
@@ -173,12 +176,16 @@ def _check_prerequisite_choices(check: Checker, role: RawMapping, path: DocPath,
             if wanted not in prerequisite_types:
                 check.error((*path, "prerequisites", index), "unknown_prerequisite",
                             f"{wanted!r} names no prerequisite of this job")
-        check.ignore((*path, "prerequisites"), "per-role prerequisite lists are not acted on by PAI")
+        if not any(isinstance(p, str) and p in prerequisite_types and p in plugin_prerequisites
+                   for p in role["prerequisites"]):
+            check.ignore((*path, "prerequisites"), "PAI acts only on the listed prerequisites that carry "
+                         "a cmd runtime plugin (their callbacks); these carry none")
 
 
 def _check_references(check: Checker, data: RawMapping, name: str, role: RawMapping) -> bool:
     """True when every template of the role's commands resolves."""
-    templates = [(where, line) for where, line in command_templates(data, name) if TEMPLATE_START in line]
+    templates = [(where, line) for where, line in command_templates(data, name) + step_templates(data, name)
+                 if TEMPLATE_START in line]
     if not templates:
         return True  # the usual job: nothing to resolve, no context to build
     context = role_context(data, role)
@@ -195,7 +202,7 @@ def _check_commands_length(check: Checker, data: RawMapping, name: str, role: Ra
     more than the limit: a small document can name a large parameter thousands of times."""
     context = None
     total = 0
-    for _, line in command_templates(data, name):
+    for _, line in command_templates(data, name) + step_templates(data, name):
         total += len(line)
         if TEMPLATE_START in line:  # the context is built only for a role whose commands use templates
             if context is None:
