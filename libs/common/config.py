@@ -87,6 +87,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # on a task's working directory in MiB (docs/local-isolation.md; 0: no bound).
     task_pids_max: int = 4096
     task_work_dir_mb: int = 10 * 1024
+    # Local backend: the container engine tasks with an image run under
+    # (docs/containers.md): "auto" (a podman or Docker socket that answers, else
+    # podman's API service started by PAI, else none), "none" (every task a process
+    # on the host) or the path of an engine's unix socket.
+    container_engine: str = "auto"
     # rest: the argon2id cost of each password hash it makes (argon2-cffi's defaults,
     # 3 passes over 64 MiB: about 0.4 CPU s here). A hash carries its own cost, so a
     # change applies to passwords set from then on; the check of a name that does not

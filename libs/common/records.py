@@ -86,6 +86,8 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # What the backend said when the task started, e.g. which resource limits are
     # in force ("limits: cgroup v2", "limits: rlimit ...").
     runtimeDetail: str = ""
+    # "container" (in the job's image) or "process" (on the host), as the backend said.
+    runtimeMode: str = ""
     retries: int = 0  # task retries used (taskRetryCount)
     taskAttempts: list[TaskAttemptSummary] = []
     # Lifecycle bookkeeping, needed to recover after a launcher restart:

@@ -143,6 +143,7 @@ def make_backend(config: Config) -> Backend:
         task_user=config.task_user,  # as root: never root, a uid per job (local_users)
         pids_max=config.task_pids_max,
         work_dir_mb=config.task_work_dir_mb,
+        container_engine=config.container_engine,
     )
 
 
@@ -416,6 +417,17 @@ class LauncherShell:
             return None
 
     async def _start(self, launch) -> None:
+        auth = launch.dockerImageAuth
+        if auth and job_secrets.needs_secrets(list(auth.values())):
+            # The registry password's references filled in for the pull; the launch
+            # travels no further than the backend, which writes no credentials down.
+            try:
+                secrets = await self._job_secrets(launch.key.job)
+            except job_secrets.SecretsUnavailable as exc:
+                log.error("pulling the image of %s without its registry secrets: %s", launch.key.slug, exc.message)
+            else:
+                rendered = {key: render_secrets(value, secrets) for key, value in auth.items()}
+                launch = msgspec.structs.replace(launch, dockerImageAuth=rendered)
         if not job_secrets.needs_secrets(launch.commands):
             await self.backend.start(launch)
             return

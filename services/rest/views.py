@@ -57,6 +57,7 @@ def _task_status(task: TaskRecord) -> dict[str, Any]:
         "containerGpus": ",".join(map(str, task.gpus)) if task.gpus else None,
         "containerLog": task.logPath or None,
         "containerDetail": task.runtimeDetail or None,
+        "runtimeMode": task.runtimeMode or None,
         "containerExitCode": task.exitCode,
         "containerExitSpec": _spec(task.exitSpec),
         "containerExitDiagnostics": "\n".join(task.diagnostics) or None,
@@ -105,8 +106,9 @@ def job_detail(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | N
         roles[role.name] = {"taskRoleStatus": {"name": role.name}, "taskStatuses": statuses}
     notes = []
     if backend == "local":
+        in_containers = {t.role for t in rec.current.tasks if t.runtimeMode == "container"} if current else set()
         for role in sub.spec.taskRoles:
-            if role.dockerImageUri:
+            if role.dockerImageUri and role.name not in in_containers:
                 notes.append(f"taskRoles.{role.name}.dockerImage {role.dockerImageUri!r}: not used by the local backend")
     return {
         "name": sub.name,

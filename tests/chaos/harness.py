@@ -107,6 +107,7 @@ def chaos_config(data_dir: Path) -> Config:
         cluster_file=str(CLUSTER_FILE),
         grace_seconds=CHAOS_GRACE_SECONDS,
         node_sample_seconds=1.0,
+        container_engine="none",  # tasks as processes, whatever engine this machine has
         **{f"{name}_port": free_port() for name in SERVICES},
     )
 

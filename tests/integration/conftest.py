@@ -32,7 +32,8 @@ def platform_config(data_dir: Path, **overrides: Any):
         grace_seconds=2.0,
         node_sample_seconds=1.0,
         **ports,
-        **overrides,
+        # Tasks as processes, whatever engine this machine has; the container tier asks for one.
+        **({"container_engine": "none"} | overrides),
     )
 
 

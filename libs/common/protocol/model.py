@@ -47,6 +47,10 @@ class TaskRole(msgspec.Struct, frozen=True, kw_only=True):
     taskRetryCount: int = 0
     dockerImage: str | None = None  # prerequisite name
     dockerImageUri: str | None = None  # resolved from prerequisites
+    # The image prerequisite's `auth` (username, password, registryuri), secret
+    # references kept for the launcher to fill in.
+    dockerImageAuth: dict[str, str] | None = None
+    shmMB: int | None = None  # extraContainerOptions.shmMB
     resources: Resources = Resources()
     # Rendered shell lines, pre-commands and post-commands of the active
     # deployment included; run in order by one shell, stopping at the first failure.

@@ -68,6 +68,8 @@ def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping)
         taskRetryCount=role.get("taskRetryCount", 0),
         dockerImage=image,
         dockerImageUri=prerequisites_by_name(data)[image]["uri"] if image is not None else None,
+        dockerImageAuth=_image_auth(data, image),
+        shmMB=role.get("extraContainerOptions", {}).get("shmMB"),
         resources=Resources(
             cpu=resources.get("cpu", model_defaults.cpu),
             memoryMB=resources.get("memoryMB", model_defaults.memoryMB),
@@ -78,6 +80,14 @@ def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping)
         skuType=hived.get("skuType"),
         affinityGroupName=hived.get("affinityGroupName"),
     )
+
+
+def _image_auth(data: RawMapping, image: str | None) -> dict[str, str] | None:
+    """The registry credentials of the role's image prerequisite, as written."""
+    auth = prerequisites_by_name(data)[image].get("auth") if image is not None else None
+    if not isinstance(auth, dict):
+        return None
+    return {key: str(value) for key, value in auth.items() if value is not None}
 
 
 def _job_retry_count(value: int) -> int:

@@ -50,7 +50,10 @@ def parse_job(body: bytes | str, *, content_type: str = "text/yaml", user: str) 
     return ParsedJob(
         spec=spec,
         config=masked_config(document.data),
-        secrets=referenced_secrets(document.data, [role.commands for role in spec.taskRoles]),
+        # Sealed when a command or an image's registry credentials use them.
+        secrets=referenced_secrets(
+            document.data, [[*role.commands, *(role.dockerImageAuth or {}).values()] for role in spec.taskRoles]
+        ),
         warnings=[f"{format_path(item.path)}: kept but not acted on ({item.reason})" for item in ignored],
     )
 

@@ -40,8 +40,11 @@ How a task runs (local_layout: the files; local_forkserver, local_shim: the proc
   keeping the newest output (local_logs). TaskFinished carries the last 64 KiB
   of the output log.
 - Bounds: cgroup v2 where allowed, else RLIMIT_DATA, else none (local_limits);
-  TaskRunning.detail says which ("limits: ..."). `dockerImageUri` is recorded
-  and reported there as ignored.
+  TaskRunning.detail says which ("limits: ..."). Without a container engine,
+  `dockerImageUri` is recorded and reported there as ignored.
+- Containers: with a container engine (`container_engine`, engine.py), a task
+  whose role names an image runs in a container of it instead
+  (local_containers); TaskRunning.runtimeMode says which mode ran a task.
 - Stop: `kill` leaves an order (reason, grace) beside the record and signals the
   shim, which sends SIGTERM to every process of the task (its group, its
   cgroup, and the descendants that carry its marker, including those that
@@ -88,6 +91,8 @@ import msgspec
 from libs.common.errors import NotFound
 from services.launcher import metrics
 from services.launcher.backends import (
+    engine as engine_api,
+    local_containers,
     local_forkserver,
     local_limits,
     local_namespaces,
@@ -237,12 +242,17 @@ class LocalBackend:
         pids_max: int = DEFAULT_PIDS_MAX,
         work_dir_mb: int = DEFAULT_WORK_DIR_MB,
         announce: bool = True,
+        container_engine: str = "none",
+        container_mounts: Callable[[TaskLaunch], list[local_containers.Mount]] | None = None,
     ):
         """`shim_feed_seconds`: how long a shim is sent more tasks after it was
         forked (local_forkserver; 0: a shim per batch of tasks waiting together).
         `pids_max`: processes and threads per task (cgroup pids.max);
         `work_dir_mb`: the bound on a task's working directory (local_limits);
-        `announce`: log how tasks are isolated (not for a backend made only to stop them)."""
+        `announce`: log how tasks are isolated (not for a backend made only to stop them);
+        `container_engine`: "none", "auto" or an engine's socket (engine.connect): tasks
+        with an image run in containers when there is one; `container_mounts`: the bind
+        mounts of a launch's container (its storages)."""
         if limits not in LIMIT_CHOICES:
             raise ValueError(f"limits must be one of {LIMIT_CHOICES}, not {limits!r}")
         self.data_dir = Path(data_dir).resolve()
@@ -317,12 +327,17 @@ class LocalBackend:
         # Task lines for the fork server not written yet (one write per turn of the loop).
         self._outgoing: list[bytes] = []
         self._starts_unyielded = 0
+        self._container_engine = container_engine
+        self._container_mounts = container_mounts
+        # Set up by _ensure_running once the engine answered; None: process mode only.
+        self.containers: local_containers.ContainerTasks | None = None
+        self._containers_checked = False
 
     # -- Backend -------------------------------------------------------------
 
     async def recover(self) -> list[TaskKey]:
         await self._ensure_running()
-        known = []
+        known = await self.containers.recover() if self.containers is not None else []
         for entry in sorted(os.scandir(self.tasks_dir), key=lambda e: e.name):
             if not is_record_name(entry.name):
                 continue
@@ -340,6 +355,9 @@ class LocalBackend:
         await self._ensure_running()
         slug = launch.key.slug
         if slug in self._tasks:
+            return
+        if self.containers is not None and launch.dockerImageUri:
+            await self.containers.start(launch, secret_commands=secret_commands)
             return
         task_path = os.path.join(self._tasks_path, slug)
         node = launch.placement.node or self.node_names[0]
@@ -394,6 +412,9 @@ class LocalBackend:
     async def kill(self, key: TaskKey, *, grace_seconds: float, reason: str) -> None:
         await self._ensure_running()
         reason = reason or "Killed"
+        if self.containers is not None and self.containers.owns(key.slug):
+            await self.containers.kill(key, grace_seconds=grace_seconds, reason=reason)
+            return
         task = self._tasks.get(key.slug)
         if task is None:
             files = self._files_on_disk(key.slug)
@@ -457,6 +478,8 @@ class LocalBackend:
             yield batch
 
     async def read_log(self, key: TaskKey, *, tail_bytes: int | None = None) -> bytes:
+        if self.containers is not None and self.containers.owns(key.slug):
+            return await self.containers.read_log(key, tail_bytes=tail_bytes)
         files = self._files_on_disk(key.slug)
         if files is None:
             raise NotFound(f"no local task {key.slug}")
@@ -465,6 +488,9 @@ class LocalBackend:
         )
 
     async def forget(self, key: TaskKey) -> None:
+        if self.containers is not None and self.containers.owns(key.slug):
+            await self.containers.forget(key)
+            return
         slug = key.slug
         task = self._tasks.get(slug)
         files = task.files if task is not None else self._files_on_disk(slug)
@@ -476,6 +502,8 @@ class LocalBackend:
         """Remove a finished task attempt's record, logs and working directory
         (retention). A task whose exit is not recorded is left alone, whatever the
         caller thinks. True when something was removed."""
+        if self.containers is not None and self.containers.owns(key.slug):
+            return await self.containers.prune(key)
         files = self._files_on_disk(key.slug)
         if key.slug in self._tasks or (files is not None and not read_task(files).reported):
             log.warning("not pruning %s: its exit is not recorded", key.slug)
@@ -534,6 +562,8 @@ class LocalBackend:
             self._bell.close()
         if self.uids is not None:
             self.uids.close()
+        if self.containers is not None:
+            await self.containers.close()
         if self._server is not None:
             self._write_outgoing()
             await _stop_fork_server(self._server)
@@ -553,6 +583,8 @@ class LocalBackend:
     async def _ensure_running(self) -> None:
         if self._closed:
             raise RuntimeError("the local backend is closed")
+        if not self._containers_checked:
+            await self._connect_engine()
         if self._bell is None:
             bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             try:
@@ -642,6 +674,26 @@ class LocalBackend:
         )
         self._forged_unlogged = 0
         self._forged_logged_at = now
+
+    async def _connect_engine(self) -> None:
+        """Container mode when `container_engine` gives an engine that answers. A socket
+        named outright that does not answer is an error; "auto" without one, process mode."""
+        self._containers_checked = True
+        engine = await engine_api.connect(self._container_engine)
+        if engine is None:
+            if self._container_engine != "none":
+                log.info("no container engine here: tasks run as processes, their images unused")
+            return
+        uids, users = self.uids, self.task_users
+
+        def identity(job: str) -> tuple[int, int] | None:
+            return (uids.uid_of(job), users.gid) if uids is not None and users is not None else None
+
+        self.containers = local_containers.ContainerTasks(
+            engine, self.data_dir, report=self._report, log_cap_bytes=self.log_cap_bytes, pids_max=self.pids_max,
+            identity=identity, mounts=self._container_mounts or (lambda launch: []), clock=self._clock,
+        )
+        log.info("tasks with an image run in containers (engine at %s)", engine.socket_path)
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -756,7 +808,7 @@ class LocalBackend:
         task.running_reported = True
         if task.image:
             detail = f"{detail}; dockerImage {task.image} ignored by the local backend"
-        self._report(TaskRunning(key=task.key, node=task.node, detail=detail, at=at or self._clock()))
+        self._report(TaskRunning(key=task.key, node=task.node, detail=detail, at=at or self._clock(), runtimeMode="process"))
 
     def _report_finished(self, task: _Task, *, told: bytes = b"") -> bool:
         """Report the task's end from its exit record: `told`, the record as its

@@ -63,5 +63,7 @@ def build_launch(
         gpu=role.resources.gpu,
         ports={label: list(ports) for label, ports in task.ports.items()},
         dockerImageUri=role.dockerImageUri,
+        dockerImageAuth=role.dockerImageAuth,
+        shmMB=role.shmMB,
         storages=list(record.spec.storages),
     )

@@ -571,7 +571,8 @@ class LauncherCore:
         now = self._now()
         seen = event.at if event.at is not None and event.at <= now else now
         running = move_task(
-            record, task, TaskState.RUNNING, why="running", launchedTime=seen, runtimeDetail=event.detail
+            record, task, TaskState.RUNNING, why="running", launchedTime=seen, runtimeDetail=event.detail,
+            runtimeMode=event.runtimeMode,
         )
         record = self._put(with_task(record, attempt.attempt, running))
         started = announcements.task_started(record, event.key, node=event.node or task.node or NodeName(""), at=now)

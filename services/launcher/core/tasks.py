@@ -41,6 +41,10 @@ class TaskLaunch(msgspec.Struct, frozen=True, kw_only=True):
     ports: dict[str, list[int]] = {}  # label -> ports given to this instance
     dockerImageUri: str | None = None
     imagePullSecret: str | None = None
+    # The image prerequisite's registry credentials (username, password, registryuri);
+    # the password may hold secret references, filled in by the shell at start.
+    dockerImageAuth: dict[str, str] | None = None
+    shmMB: int | None = None  # extraContainerOptions.shmMB; None: the backend's default
     # The job's storages (teamwise_storage), as declared when it was accepted;
     # core/mounts.py's bind_mounts turns them into a task's binds.
     storages: list[Storage] = []
@@ -50,6 +54,8 @@ class TaskRunning(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     key: TaskKey
     node: NodeName = NodeName("")
     detail: str = ""
+    # What ran it: "container" (the job's image) or "process" (on the host); "" unknown.
+    runtimeMode: str = ""
     # When the backend saw it running (wall clock); None: when the core applies it.
     # The shell may hold a report a moment (core/held.py): the task's and the
     # job's launch times stay when it started, not when its record was written.
