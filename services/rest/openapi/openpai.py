@@ -88,6 +88,17 @@ PATHS: dict[str, Any] = {
                              "locations": {"type": "array", "items": {"type": "object", "properties": {
                                  "name": _STR, "uri": _STR}}}}})),
     },
+    "/api/v2/virtual-clusters/{vc}": {
+        "put": operation("OpenPAI's VC creation: 400 NotImplementedError, as OpenPAI with HiveD (VCs are cells "
+                         "in the cluster configuration)", tags=_CLUSTER, fails=(400, 403),
+                         params=[path_param("vc", "virtual cluster name")], ok={}),
+        "delete": operation("OpenPAI's VC removal: 400 NotImplementedError, as OpenPAI with HiveD", tags=_CLUSTER,
+                            fails=(400, 403), params=[path_param("vc", "virtual cluster name")], ok={}),
+    },
+    "/api/v2/virtual-clusters/{vc}/status": {
+        "put": operation("OpenPAI's VC stop or start: 400 NotImplementedError, as OpenPAI with HiveD",
+                         tags=_CLUSTER, fails=(400, 403), params=[path_param("vc", "virtual cluster name")], ok={}),
+    },
     "/api/v2/virtual-clusters/{vc}/sku-types": {
         "get": operation("The sku types of one virtual cluster", tags=_CLUSTER, fails=(404,),
                          params=[path_param("vc", "virtual cluster name")],
