@@ -37,6 +37,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     task_log_cap_bytes: int = 64 * 1024 * 1024
     node_sample_seconds: float = 5.0
     rules_file: str = ""  # failure rules to load instead of the shipped defaults
+    # Storages declared at rest's start (docs/storage.md): a YAML list of declarations,
+    # each written as the file has it; admins grant them to groups.
+    storages_file: str = ""
     smtp_host: str = ""
     smtp_port: int = 25
     mail_from: str = "pai@localhost"

@@ -39,6 +39,7 @@ from services.rest import (
     portal_routes,
     ratelimit,
     rules,
+    storages,
 )
 from services.rest.history import wiring as history
 from services.rest.identity import (
@@ -165,6 +166,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
     oidc_routes.setup(app, ctx)  # sign-in through the identity provider, /api/v2/authn/info
     events.setup(app)  # GET /api/v2/events (SSE) and what wakes its readers
     app.add_routes(rules.routes)
+    app.add_routes(storages.routes)  # OpenPAI's storages, admins' declarations (services/rest/storages.py)
     jobs_api.setup(app, ctx)
     history.setup(app, ctx)  # the job history database, migrated before rest serves (services/rest/history)
     app.add_routes(alert_routes.routes)  # alerts, alert rules, usage report
@@ -183,5 +185,6 @@ async def startup(ctx: ServiceContext) -> None:
         path.chmod(0o600)
         log.info("created admin user %s; token written to %s", ctx.config.admin_user, path)
     await oidc_routes.seed_groups(ctx)  # OpenPAI's groupConfig: the groups directory groups map to
+    await storages.seed(ctx)  # the storages of storages_file
     # Submissions an earlier crash left unpublished: the intake sweep finds them once
     # the job index is loaded (services/rest/intake.py).

@@ -28,7 +28,7 @@ from libs.common.records import JobRecord
 from libs.common.schedule import ClusterView
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
-from services.rest import deletion, history_reads, intake, jobs_api, metrics, portal_routes, quotas, views
+from services.rest import deletion, history_reads, intake, jobs_api, metrics, portal_routes, quotas, storages, views
 from services.rest.identity import core as identity_core, store as identity_store
 from services.rest.log_stream import log_response
 from services.rest.records import SubmittedJob
@@ -53,6 +53,8 @@ async def _take_job(request: web.Request) -> web.Response:
             _check_virtual_cluster(view, user, spec.virtualCluster), jobs_api.check_fits(spec, view)))
     if not identity_core.may_use_priority_class(user, spec.priorityClass):  # crit/prod: granted per group
         raise identity_core.priority_class_refused(user, spec.priorityClass, await identity_store.all_groups(ctx.bus))
+    with errors_located(body, request.content_type):  # teamwise_storage: 404 unknown, 403 not granted, each named
+        spec = await storages.with_storages(ctx.bus, user, spec)
     jid = ids.job_id(user.username, spec.name)
     if portal_routes.wants_dry_run(request):  # validated as a submission is; nothing stored or published
         return portal_routes.dry_run_answer(jid, parsed)

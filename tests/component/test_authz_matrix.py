@@ -303,6 +303,12 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     ("GET", "/api/v2/rules/{code}"): (SIGNED_IN, fixed("/api/v2/rules/137"), 200),
     ("PUT", "/api/v2/rules/{code}"): (ADMIN_ONLY, fixed("/api/v2/rules/137", RULE), 200),
     ("DELETE", "/api/v2/rules/{code}"): (ADMIN_ONLY, fixed("/api/v2/rules/137"), 200),
+    # storages (services/rest/storages.py): each user sees what their groups grant
+    ("GET", "/api/v2/storages"): (SIGNED_IN, fixed("/api/v2/storages"), 200),
+    ("GET", "/api/v2/storages/{name}"): (SIGNED_IN, fixed("/api/v2/storages/mxnostorage"), 404),
+    ("PUT", "/api/v2/storages/{name}"): (ADMIN_ONLY, fixed("/api/v2/storages/mxstorage",
+                                                          {"type": "hostPath", "data": {"path": "/srv/mx"}}), {200, 201}),
+    ("DELETE", "/api/v2/storages/{name}"): (ADMIN_ONLY, fixed("/api/v2/storages/mxnostorage"), 404),
     # the web portal (services/rest/portal_routes.py): its files are public, its summaries are not
     ("GET", "/"): (ANYONE, fixed("/"), 200),
     ("GET", "/portal/{path}"): (ANYONE, fixed("/portal/js/main.js"), 200),

@@ -116,6 +116,7 @@ class Action(StrEnum):
     READ_GROUPS = "read groups"
     MANAGE_GROUPS = "create, change or delete groups"
     MANAGE_OWN_TOKENS = "list, create or revoke the tokens of"
+    MANAGE_STORAGES = "declare, change or delete storages"
 
 
 # Who may, besides admins (who may do everything): everyone signed in, or the target alone.
