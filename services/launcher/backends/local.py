@@ -390,6 +390,7 @@ class LocalBackend:
             cgroupParents=self._cgroup_parents_v1,
             pidsMax=self.pids_max,
             privateMounts=self.private_mounts,
+            storages=launch.storages,
             workDirMB=self.work_dir_mb,
             graceSeconds=self.grace_seconds,
             logCapBytes=self.log_cap_bytes,

@@ -70,6 +70,7 @@ from typing import TypeVar
 
 import msgspec
 
+from libs.common.storages import Storage
 from services.launcher.backends.local_logs import LOG_FILE_SUFFIXES
 
 TASKS_DIR = "tasks"
@@ -169,6 +170,9 @@ class ShimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # Whether the task gets a mount namespace of its own (its /proc hidepid=2,
     # private /dev/shm and /tmp): the backend found the kernel allows it.
     privateMounts: bool = False
+    # The job's storages (libs/common/storages.py): the shim binds each into the
+    # task's mount namespace at its mount path (core/mounts.py, local_namespaces).
+    storages: list[Storage] = []
     workDirMB: int = 0  # the bound on its working directory's size; 0: none
     graceSeconds: float = 10.0
     logCapBytes: int = 64 * 1024 * 1024

@@ -11,6 +11,10 @@ to the task's uid and execs: _spawn_as, or `enter` where that is not built):
   each at most its memoryMB (and what they hold is charged to its memory
   cgroup). No other task sees them, and they go away with the task's last
   process: nothing is left behind, world-readable or not.
+- the job's storages (teamwise_storage: libs/common/storages.py), each bound
+  at its mount path from its directory on the node (core/mounts.py), read-only
+  where declared so. Only the Python steps (`enter`) bind them: a task with
+  storages is forked by subprocess rather than _spawn_as (local_shim).
 - Everything else as the machine has it. Mounts are made private first, so
   nothing mounted here reaches the machine's namespace.
 
@@ -31,6 +35,9 @@ import subprocess
 import sys
 from typing import NamedTuple
 
+from libs.common.storages import Storage
+from services.launcher.core.mounts import BindMount, bind_mounts
+
 CLONE_NEWNS = 0x00020000
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -38,6 +45,8 @@ MS_NOEXEC = 8
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MS_RDONLY = 1
+MS_REMOUNT = 32
 PROC_OPTIONS = "hidepid=2"
 TMP = "/tmp"
 SHM = "/dev/shm"
@@ -46,16 +55,40 @@ DEFAULT_TMPFS_MB = 1024
 
 
 class MountPlan(NamedTuple):
-    """What _spawn_as's `mounts` argument takes (see _spawn_as.c)."""
+    """What _spawn_as's `mounts` argument takes (see _spawn_as.c): the first five fields."""
 
     proc_options: str
     shm_options: str
     tmp_options: str
     keep: str | None  # a working directory under /tmp or /dev/shm, bound back in the task's own
     keep_dirs: list[str]  # its parents, made first in the task's /tmp
+    # The job's storages (core/mounts.py), bound after the tmpfs mounts: in Python only.
+    binds: tuple[BindMount, ...] = ()
 
 
-def plan(work_dir: str, uid: int, gid: int, memory_mb: int) -> MountPlan:
+class StorageUnavailable(OSError):
+    """A storage a task cannot be given here; its launch fails with this message."""
+
+
+def storage_binds(storages: list[Storage], task_gid: int | None) -> tuple[BindMount, ...]:
+    """The binds of a task's storages, each source checked. A hostPath storage's
+    directory missing on the node is made (root's, the tasks' group, 2770: every task
+    that gets it may write there, no other user may enter); an NFS export or a claim
+    is the admin's to mount there (StorageUnavailable names it when it is not)."""
+    binds = tuple(bind_mounts(storages))
+    for storage, bind in zip(storages, binds, strict=True):
+        if storage.type == "hostPath" and not os.path.exists(bind.host_path):
+            os.makedirs(bind.host_path, mode=0o700, exist_ok=True)
+            if task_gid is not None:
+                os.chown(bind.host_path, 0, task_gid)
+            os.chmod(bind.host_path, 0o2770)
+        if not os.path.isdir(bind.host_path):
+            raise StorageUnavailable(f"storage {storage.name}: {bind.host_path} is not a directory on this node"
+                                     + ("" if storage.type == "hostPath" else " (mount it there first)"))
+    return binds
+
+
+def plan(work_dir: str, uid: int, gid: int, memory_mb: int, binds: tuple[BindMount, ...] = ()) -> MountPlan:
     size = memory_mb if memory_mb > 0 else DEFAULT_TMPFS_MB
     tmpfs = f"size={size}m,mode=1777,uid={uid},gid={gid}"
     keep = None
@@ -65,7 +98,7 @@ def plan(work_dir: str, uid: int, gid: int, memory_mb: int) -> MountPlan:
             keep = work_dir
             parts = work_dir[len(covered) + 1 :].split("/")
             keep_dirs = [f"{covered}/{'/'.join(parts[: i + 1])}" for i in range(len(parts))]
-    return MountPlan(PROC_OPTIONS, tmpfs, tmpfs, keep, keep_dirs)
+    return MountPlan(PROC_OPTIONS, tmpfs, tmpfs, keep, keep_dirs, binds)
 
 
 def describe(private: bool, why_not: str | None) -> str:
@@ -104,6 +137,8 @@ def enter(mounts: MountPlan) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None, "make mounts private")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, mounts.proc_options, "mount /proc")
     keep = os.open(mounts.keep, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if mounts.keep else -1
+    # Storages' directories, opened before /tmp and /dev/shm are covered (one may be there).
+    sources = [os.open(b.host_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for b in mounts.binds]
     _mount("tmpfs", SHM, "tmpfs", MS_NOSUID | MS_NODEV, mounts.shm_options, "mount /dev/shm")
     _mount("tmpfs", TMP, "tmpfs", MS_NOSUID | MS_NODEV, mounts.tmp_options, "mount /tmp")
     if keep >= 0:
@@ -115,6 +150,15 @@ def enter(mounts: MountPlan) -> None:
             os.chmod(path, 0o711)  # whatever the umask: the task passes through by the absolute path
         _mount(f"/proc/self/fd/{keep}", mounts.keep, None, MS_BIND, None, "bind the working directory")
         os.close(keep)
+    for bind, source in zip(mounts.binds, sources, strict=True):
+        os.makedirs(bind.container_path, mode=0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{source}", bind.container_path, None, MS_BIND | MS_REC, None,
+               f"bind storage at {bind.container_path}")
+        os.close(source)
+        if bind.read_only:
+            _mount(None, bind.container_path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC, None,
+                   f"make storage at {bind.container_path} read-only")
+    if mounts.keep:
         os.chdir(mounts.keep)
 
 

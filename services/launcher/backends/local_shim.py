@@ -143,6 +143,13 @@ class _Limits:
     """The bounds actually obtained for one task (cgroup creation may fail)."""
 
     def __init__(self, spec: ShimSpec):
+        # First, before anything is made for the task: a storage it cannot have
+        # fails its launch, naming the storage (UnmountableStorage, StorageUnavailable).
+        binds = local_namespaces.storage_binds(spec.storages, spec.gid)
+        if binds and not (spec.privateMounts and spec.uid is not None):
+            raise local_namespaces.StorageUnavailable(
+                "the job mounts storages, which a task gets in a mount namespace of its own: this machine "
+                "gives tasks none (run PAI as root on a kernel with mount namespaces)")
         self.mode = spec.limits
         self.cgroup: local_limits.TaskCgroup | None = None
         # A task that changes user joins its cgroup before it does (it could
@@ -179,12 +186,16 @@ class _Limits:
         # A mount namespace of its own (local_namespaces): only for a task that
         # changes user (one that runs as the shim's user, root, could undo it).
         self.mounts = (
-            local_namespaces.plan(spec.work_dir, spec.uid, spec.gid if spec.gid is not None else spec.uid, spec.memoryMB)
+            local_namespaces.plan(spec.work_dir, spec.uid, spec.gid if spec.gid is not None else spec.uid, spec.memoryMB,
+                                  binds)
             if spec.privateMounts and spec.uid is not None
             else None
         )
         if self.mounts is not None:
             self.detail += "; " + local_namespaces.describe(True, None)
+            if binds:
+                self.detail += "; storages: " + ", ".join(f"{b.container_path}{' (read-only)' if b.read_only else ''}"
+                                                          for b in binds)
         else:
             why_not = "it runs as the launcher's own user" if spec.uid is None else "none on this machine"
             self.detail += "; " + local_namespaces.describe(False, why_not)
@@ -887,11 +898,15 @@ def _fork_exec_as(
     A failure before or at the exec is raised here as OSError with its errno
     (the task's LaunchFailed, or bash's turn for a program exec'd directly),
     as posix_spawn would; the failed child has been reaped."""
-    if _spawn_as is not None:
+    # _spawn_as takes the mount plan without storage binds (its five first fields):
+    # a task that binds storages is started by subprocess's fork, whose child binds
+    # them in Python (local_namespaces.enter).
+    if _spawn_as is not None and not (mounts is not None and mounts.binds):
         return _spawn_as.spawn_as(
             program, argv, [f"{name}={value}" for name, value in env.items()], work_dir,
             _dev_null(), out_w, err_w, -1 if script_fd is None else script_fd,
-            uid, gid, TASK_UMASK, cgroup_procs, data_limit, _SIGNALS_RESET_FOR_TASK, mounts, fsize_limit,
+            uid, gid, TASK_UMASK, cgroup_procs, data_limit, _SIGNALS_RESET_FOR_TASK,
+            None if mounts is None else tuple(mounts)[:5], fsize_limit,
         )
     return _subprocess_fork_exec_as(
         argv, env, work_dir, out_w, err_w, script_fd, uid, gid, cgroup_procs, program,
