@@ -76,7 +76,9 @@ async def cluster_body(ctx: ServiceContext, sampler: NodeSampler | None) -> None
 async def start_cluster(ctx: ServiceContext, *, mailer: Mailer | None = None) -> EventIntake:
     """Restore the cluster monitor's state from its buckets and start its alerts;
     what is left is to consume events with the returned intake."""
-    core = MonitorCore()
+    # Finished jobs held as long as their live records are (rest's expiry archives them).
+    core = MonitorCore(keep_finished=ctx.config.live_finished_job_max,
+                       keep_finished_seconds=ctx.config.live_finished_job_seconds)
     stored = await load_stored_jobs(ctx.bus)
     metrics.apply(core.restore(stored))
     log.info("restored %d job(s) from %s", len(stored), Bucket.JOB_STATUS.value)

@@ -3,6 +3,7 @@ task-exit and node metrics show for a stream of events, redelivered or not."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -419,3 +420,54 @@ def test_an_event_that_raises_hands_back_the_updates_of_the_batch_before_it(monk
     assert [u.seconds for u in of_type(handed_back, SubmitToRunning)] == [1.5]
     assert gauges_after(handed_back)[("default", "RUNNING")] == 1
     assert not of_type(handed_back, TaskExitCounted), "the event after the failing one was handled"
+
+
+# --- finished jobs held for a bounded while ---------------------------------------
+
+
+def finished_at(job: str, at: float, to: JobState = OK) -> list:
+    return [submitted(job), msgspec.structs.replace(state(job, R), at=at - 1),
+            msgspec.structs.replace(state(job, to), at=at)]
+
+
+def test_past_the_count_bound_the_earliest_finished_job_is_forgotten_and_leaves_its_gauge():
+    core = MonitorCore(keep_finished=2)
+    run(core, *finished_at("alice~a", 10.0), *finished_at("alice~b", 20.0, KO), submitted("bob~c"))
+    updates = run(core, *finished_at("alice~d", 30.0))
+    assert core.state_of("alice~a") is None  # forgotten
+    assert core.state_of("alice~b") == KO and core.state_of("alice~d") == OK
+    assert core.state_of("bob~c") == W  # an unfinished job is never forgotten
+    assert jobs_by_state(core) == {"WAITING": 1, "FAILED": 1, "SUCCEEDED": 1}
+    assert JobsGauge(vc="default", state="SUCCEEDED", count=1) in of_type(updates, JobsGauge)
+
+
+def test_a_job_finished_longer_ago_than_the_time_bound_is_forgotten():
+    core = MonitorCore(keep_finished_seconds=60.0)
+    run(core, *finished_at("alice~a", 1000.0), submitted("bob~c"))
+    assert core.state_of("alice~a") == OK
+    run(core, msgspec.structs.replace(state("bob~c", R), at=1061.0))
+    assert core.state_of("alice~a") is None
+    assert jobs_by_state(core) == {"RUNNING": 1}
+
+
+def test_a_redelivered_event_of_a_forgotten_job_does_not_bring_it_back():
+    core = MonitorCore(keep_finished=1)
+    first = finished_at("alice~a", 10.0)
+    run(core, *first, *finished_at("alice~b", 20.0))
+    assert core.state_of("alice~a") is None
+    updates = run(core, *first)
+    assert core.state_of("alice~a") is None
+    assert jobs_by_state(core) == {"SUCCEEDED": 1}
+    assert not of_type(updates, EventCounted)
+
+
+def test_restore_keeps_the_latest_finished_jobs_within_the_bound():
+    core = MonitorCore(keep_finished=1)
+    core.restore([
+        StoredJob(job="alice~b", vc="default", state=OK, completedTime=20.0),
+        StoredJob(job="alice~a", vc="default", state=KO, completedTime=10.0),
+        StoredJob(job="bob~c", vc="default", state=R),
+    ])
+    core.validate_state()
+    assert core.state_of("alice~a") is None and core.state_of("alice~b") == OK
+    assert jobs_by_state(core) == {"RUNNING": 1, "SUCCEEDED": 1}

@@ -1,7 +1,7 @@
 """The few fields of the launcher's job record that the monitor needs after a restart.
 
 The launcher owns `pai_job_status` (`libs.common.records.JobRecord`). The monitor
-reads only the job's VC, state and attempt, and ignores every other field, so
+reads only the job's VC, state, attempt and when it finished, and ignores every other field, so
 the record can grow without the monitor having to follow.
 """
 
@@ -17,6 +17,7 @@ class StoredJob(msgspec.Struct, frozen=True, kw_only=True):
     vc: str
     state: JobState = JobState.WAITING  # the record leaves its defaults out
     attempt: int = 1
+    completedTime: float | None = None  # set once finished
 
 
 _decoder = msgspec.json.Decoder(StoredJob)

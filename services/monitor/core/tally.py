@@ -15,6 +15,12 @@ Contracts:
 - `handle(*events)` takes a batch; a batch gives the same counter and histogram
   updates as its events one by one, and each touched gauge once, at its value
   after the batch (gauges are absolute, so only the last value matters).
+- Finished jobs are held for a bounded while, as every service holds only live
+  work (docs/architecture.md): at most `keep_finished` of them, none finished more
+  than `keep_finished_seconds` before the latest event seen (the core's clock: it
+  reads none of its own). A forgotten job leaves its state's gauge, which then
+  counts the finished jobs still held, as a restart restoring the launcher's live
+  records finds them. A redelivered event of a forgotten job changes nothing.
 - Task exits are counted once each: successes from `TaskExited` (exit code 0),
   failures from the runtime's `TaskVerdict`, labelled with its phrase, so the
   label tells people what went wrong while staying a short, fixed vocabulary.
@@ -22,7 +28,7 @@ Contracts:
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 
 import msgspec
@@ -85,9 +91,20 @@ class PartlyHandled(Exception):
         self.updates = updates
 
 
+# As the live-record expiry's defaults (libs/common/config.py live_finished_job_*).
+DEFAULT_KEEP_FINISHED = 10_000
+DEFAULT_KEEP_FINISHED_SECONDS = 3600.0
+
+
 class MonitorCore:
-    def __init__(self, *, recent_capacity: int = DEFAULT_CAPACITY):
+    def __init__(self, *, recent_capacity: int = DEFAULT_CAPACITY, keep_finished: int = DEFAULT_KEEP_FINISHED,
+                 keep_finished_seconds: float = DEFAULT_KEEP_FINISHED_SECONDS):
         self._jobs: dict[str, _Job] = {}
+        # Finished jobs held -> when they finished (0: not known), in the order they finished.
+        self._finished: OrderedDict[str, float] = OrderedDict()
+        self._keep_finished = max(0, keep_finished)
+        self._keep_finished_seconds = keep_finished_seconds
+        self._clock = 0.0  # the latest event time seen
         self._counts: Counter[tuple[str, JobState]] = Counter()
         self._vcs: set[str] = set()
         self._nodes: dict[str, tuple[float, bool]] = {}
@@ -98,11 +115,15 @@ class MonitorCore:
     def restore(self, jobs: Iterable[StoredJob]) -> list[Update]:
         """Load the launcher's records before consuming: gauges right after a restart."""
         touched: set[tuple[str, JobState]] = set()
-        for stored in jobs:
+        # Earliest finished first, as events would have brought them (the bounds forget those first).
+        for stored in sorted(jobs, key=lambda stored: stored.completedTime or 0.0):
+            self._clock = max(self._clock, stored.completedTime or 0.0)
             current = self._jobs.get(stored.job)
             if current is not None and not current.is_behind(stored.attempt, stored.state):
                 continue
-            self._put(stored.job, _Job(vc=stored.vc, state=stored.state, attempt=stored.attempt), touched)
+            self._put(stored.job, _Job(vc=stored.vc, state=stored.state, attempt=stored.attempt), touched,
+                      at=stored.completedTime or 0.0)
+        self._forget_finished(touched)
         return self._gauges(touched)
 
     def handle(self, *events: Event) -> list[Update]:
@@ -120,12 +141,17 @@ class MonitorCore:
                 self._handle_one(event, updates, touched)
             except Exception as exc:
                 raise PartlyHandled(updates + self._gauges(touched), event.id) from exc
+        self._forget_finished(touched)
         return updates + self._gauges(touched)
 
     def _handle_one(self, event: Event, updates: list[Update], touched: set[tuple[str, JobState]]) -> None:
-        if self._recent.add(event.id):
+        fresh = self._recent.add(event.id)
+        if fresh:
             updates.append(EventCounted(kind=str(event.__struct_config__.tag)))
             updates.extend(_task_exit(event))
+            self._clock = max(self._clock, event.at)
+        if not fresh and isinstance(event, JobSubmitted | JobStateChanged) and event.job not in self._jobs:
+            return  # seen before, and its job forgotten since: it would come back as new
         match event:
             case JobSubmitted(spec=spec):
                 self._submitted(event.job, spec.virtualCluster, touched)
@@ -175,11 +201,12 @@ class MonitorCore:
             updates.append(SubmitToRunning(vc=vc, seconds=max(0.0, event.sinceSubmit)))
             ran = True
         if current is None or current.is_behind(event.attempt, event.state):
-            self._put(event.job, _Job(vc=vc, state=event.state, attempt=event.attempt, ran=ran), touched)
+            self._put(event.job, _Job(vc=vc, state=event.state, attempt=event.attempt, ran=ran), touched,
+                      at=event.at)
         elif ran != current.ran:
             self._jobs[event.job] = msgspec.structs.replace(current, ran=ran)
 
-    def _put(self, job: str, view: _Job, touched: set[tuple[str, JobState]]) -> None:
+    def _put(self, job: str, view: _Job, touched: set[tuple[str, JobState]], *, at: float = 0.0) -> None:
         previous = self._jobs.get(job)
         if previous is not None:
             self._counts[(previous.vc, previous.state)] -= 1
@@ -187,6 +214,27 @@ class MonitorCore:
         self._jobs[job] = view
         self._counts[(view.vc, view.state)] += 1
         touched.add((view.vc, view.state))
+        self._finished.pop(job, None)
+        if view.state.is_final:
+            self._finished[job] = at
+
+    def _forget_finished(self, touched: set[tuple[str, JobState]]) -> None:
+        """Drop the finished jobs past the bounds, the earliest finished first (a job
+        finished at an older time than one held is forgotten in its turn, not earlier)."""
+        oldest_kept = self._clock - self._keep_finished_seconds
+        while self._finished:
+            job, at = next(iter(self._finished.items()))
+            # A finish without its time (0: a record or event that leaves it out) is bounded by count only.
+            if len(self._finished) <= self._keep_finished and (at >= oldest_kept or not at):
+                break
+            del self._finished[job]
+            view = self._jobs.pop(job)
+            self._counts[(view.vc, view.state)] -= 1
+            touched.add((view.vc, view.state))
+
+    @property
+    def finished_held(self) -> int:
+        return len(self._finished)
 
     def _gauges(self, touched: set[tuple[str, JobState]]) -> list[Update]:
         """Absolute gauge values for the touched pairs; every state of a VC seen for
