@@ -46,7 +46,8 @@ SUBMIT_TO_RUNNING_BUCKETS = (
     120.0, 300.0, 600.0, 1800.0, 3600.0,
 )  # fmt: skip
 
-jobs = Gauge("pai_jobs", "Jobs by current state, per virtual cluster.", ["state", "vc"])
+jobs = Gauge("pai_jobs", "Jobs by current state, per virtual cluster; a final state counts the jobs still live "
+             "(finished within live_finished_job_seconds, at most live_finished_job_max).", ["state", "vc"])
 submit_to_running_seconds = Histogram(
     "pai_job_submit_to_running_seconds",
     "Seconds from a job's submission to the first time it runs.",

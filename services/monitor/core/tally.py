@@ -232,10 +232,6 @@ class MonitorCore:
             self._counts[(view.vc, view.state)] -= 1
             touched.add((view.vc, view.state))
 
-    @property
-    def finished_held(self) -> int:
-        return len(self._finished)
-
     def _gauges(self, touched: set[tuple[str, JobState]]) -> list[Update]:
         """Absolute gauge values for the touched pairs; every state of a VC seen for
         the first time, so its zeros show instead of missing series."""
