@@ -234,7 +234,8 @@ async def create_user(request: web.Request) -> web.Response:
                                                f"not be stored ({type(exc).__name__}): sign in with its password, "
                                                "or create a token (POST /api/v2/tokens) once the store has room"]},
                                  status=201)
-    return web.json_response({"username": new.username, "token": token, **await _user_view(ctx, user)}, status=201)
+    return web.json_response({"username": new.username, "token": token, **await _user_view(ctx, user),
+                              "message": f"user {new.username} created"}, status=201)  # OpenPAI's answer is the message
 
 
 async def _taken_back(ctx: ServiceContext, name: str) -> bool:
@@ -353,7 +354,8 @@ async def create_group(request: web.Request) -> web.Response:
     group = Group(groupname=new.groupname, description=new.description[:1024], externalName=new.externalName[:256],
                   extension=new.extension)
     await store.create_group(ctx_of(request).bus, group)
-    return web.json_response(group_view(group), status=201)
+    return web.json_response({**group_view(group), "message": f"group {group.groupname} created"},
+                             status=201)  # OpenPAI's answer is the message
 
 
 async def change_group(request: web.Request) -> web.Response:
