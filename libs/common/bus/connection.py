@@ -20,6 +20,7 @@ import nats
 import nats.errors
 import nats.js
 import nats.js.errors
+from nats.aio.client import Client as NatsClient
 from nats.js import api
 from nats.js.kv import KeyValue
 
@@ -61,7 +62,7 @@ def default_client() -> BusClient:
 class Connection:
     """One NATS connection, its link (`bus_client`), its JetStream context and opened KV buckets."""
 
-    def __init__(self, nc: nats.NATS, name: str, *, user: str = "", client: BusClient | None = None):
+    def __init__(self, nc: NatsClient, name: str, *, user: str = "", client: BusClient | None = None):
         self.nc = nc
         self.name = name
         self.user = user  # the NATS user (busauth.ACCESS); "" on a server without auth

@@ -40,6 +40,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 import msgspec
 import nats.errors
@@ -203,7 +204,7 @@ class Consumer(Publisher):
     async def _dispatch_batch(
         self,
         msgs: list[Received],
-        decoder: msgspec.json.Decoder,
+        decoder: msgspec.json.Decoder[Any],
         handler: BatchHandler,
         durable: Durable,
         ordered: bool,

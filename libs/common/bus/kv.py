@@ -10,11 +10,12 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import msgspec
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NatsClient
 from nats.js import api
 from nats.js.kv import KeyValue
 
@@ -223,7 +224,7 @@ async def stored_when_watch_began(watcher: KeyValue.KeyWatcher) -> int:
     plus pending. nats-py's end-of-stored marker (None) is not to be trusted
     for this."""
     info = await watcher_subscription(watcher).consumer_info()
-    return info.num_pending + info.delivered.consumer_seq
+    return int(info.num_pending) + int(info.delivered.consumer_seq)
 
 
 async def load_all(kv: KeyValue, type_: type[Any], *, skip_undecodable: bool = False) -> dict[str, Any]:
@@ -263,7 +264,7 @@ def _decoded(kv: KeyValue, key: str, raw: bytes, type_: type[Any], skip_undecoda
 WATCH_CHECK_SECONDS = 1.0
 
 
-def connection_number(nc: nats.NATS) -> int:
+def connection_number(nc: NatsClient) -> int:
     """Which connection `nc` is on now: nats-py's count of its reconnects. A watch
     (and what it fed) belongs to one: after a reconnect it may have missed changes."""
     return int(nc.stats.get("reconnects", 0))
@@ -329,7 +330,7 @@ async def watch_key(
             on_start(connection, await stored_when_watch_began(watcher))
         except BaseException:
             with contextlib.suppress(Exception):
-                await watcher.stop()
+                await cast(Stoppable, watcher).stop()  # nats-py's stop() is not annotated
             raise
         reader[:] = [asyncio.ensure_future(_read(watcher, on_entry))]
         return [_Reading(watcher, reader[0])]
@@ -356,4 +357,4 @@ class _Reading:
 
     async def stop(self) -> None:
         self._reader.cancel()
-        await self._watcher.stop()
+        await cast(Stoppable, self._watcher).stop()  # nats-py's stop() is not annotated

@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 import nats
 import nats.errors
 import nats.js
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -56,7 +57,7 @@ class Link:
 
     fast = False
 
-    def __init__(self, nc: nats.NATS) -> None:
+    def __init__(self, nc: NatsClient) -> None:
         self.nc = nc
 
     async def start(self) -> None:
@@ -76,7 +77,8 @@ class Link:
             except Exception:  # the subscription must go on
                 log.exception("handling a message on %s failed", msg.subject)
 
-        return await self.nc.subscribe(subject, cb=each)
+        sub: Subscription = await self.nc.subscribe(subject, cb=each)
+        return sub
 
     async def send(self, requests: Sequence[Request]) -> list[BaseException | None]:
         """Send every request, in order, without waiting for answers; per request,

@@ -9,7 +9,7 @@ import contextlib
 from typing import Any, NamedTuple
 
 import msgspec
-import nats
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from libs.common.bus.link import Inbox, Received, Unsubscribable, link_of, status_of
@@ -38,7 +38,7 @@ class Puller:
     waits in the inbox and is the start of the next batch.
     """
 
-    def __init__(self, nc: nats.NATS, stream: str, durable: str):
+    def __init__(self, nc: NatsClient, stream: str, durable: str):
         self._nc = nc
         self._link = link_of(nc)
         self._subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
@@ -47,7 +47,7 @@ class Puller:
         self.received = Inbox(asyncio.get_running_loop())
 
     @classmethod
-    async def open(cls, nc: nats.NATS, stream: str, durable: str) -> Puller:
+    async def open(cls, nc: NatsClient, stream: str, durable: str) -> Puller:
         puller = cls(nc, stream, durable)
         puller._sub = await puller._link.subscribe(puller._inbox, puller._on_message)
         return puller

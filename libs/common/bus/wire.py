@@ -66,7 +66,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import msgspec
 import nats
@@ -75,6 +75,7 @@ import nats.errors
 import nats.js
 import nats.js.errors
 import nats.protocol.parser as nats_parser
+from nats.aio.client import Client as NatsClient
 from nats.js import api
 from nats.js.kv import KeyValue
 from nats.protocol.parser import AWAITING_CONTROL_LINE, AWAITING_MSG_PAYLOAD, Parser
@@ -286,7 +287,7 @@ def install(nc: Any) -> WireParser:
     parser.__class__ = WireParser
     parser.direct = {}
     parser.resets = 0
-    return parser
+    return cast(WireParser, parser)
 
 
 def _check_internals(nc: Any, parser: Any) -> None:
@@ -439,7 +440,7 @@ class _JetStream(nats.js.JetStreamContext):
     `NoStreamResponseError` for a publish no stream listens to,
     `ServiceUnavailableError` for an API request without a responder."""
 
-    def __init__(self, nc: nats.NATS, answers: StoreAcks):
+    def __init__(self, nc: NatsClient, answers: StoreAcks):
         super().__init__(nc)
         self._answers = answers
 
@@ -461,7 +462,7 @@ class _JetStream(nats.js.JetStreamContext):
             raise answer if isinstance(answer, Exception) else nats.errors.TimeoutError
         if answer.no_responders:
             raise nats.js.errors.ServiceUnavailableError
-        resp = msgspec.json.decode(answer.data)
+        resp: dict[str, Any] = msgspec.json.decode(answer.data, type=dict[str, Any])
         if "error" in resp:
             raise nats.js.errors.APIError.from_error(resp["error"])
         return resp
@@ -560,7 +561,7 @@ class KvParts(NamedTuple):
     stream: str  # its stream, KV_<bucket>
     prefix: str  # its keys' subject prefix, $KV.<bucket>.
     js: nats.js.JetStreamContext
-    nc: nats.NATS
+    nc: NatsClient
 
 
 def kv_parts(kv: KeyValue) -> KvParts:
