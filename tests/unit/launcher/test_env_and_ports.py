@@ -64,7 +64,9 @@ def test_env_of_a_job_with_two_roles_and_three_instances() -> None:
     assert env["PAI_GPU_COUNT"] == "1"
     assert starts[("worker", 0)].env["CUDA_VISIBLE_DEVICES"] == "3"
     # Every task sees the same picture of its peers.
-    peers = {k: v for k, v in env.items() if k.startswith(("PAI_HOST_IP", "PAI_PORT_LIST", "PAI_TASK_ROLE_"))}
+    own = ("PAI_TASK_ROLE_INDEX", "PAI_TASK_ROLE_NO")  # the task's own place
+    peers = {k: v for k, v in env.items()
+             if k.startswith(("PAI_HOST_IP", "PAI_PORT_LIST", "PAI_TASK_ROLE_")) and k not in own}
     for launch in starts.values():
         assert {k: launch.env[k] for k in peers} == peers
 
