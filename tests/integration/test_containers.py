@@ -243,6 +243,34 @@ async def test_launcher_killed_mid_run_adopts_its_container(cplatform: Api, engi
     assert left == []  # nothing left behind
 
 
+async def test_a_checkpoint_written_by_one_container_job_is_read_by_the_next(cplatform: Api, tmp_path: Path):
+    ckpt, data = "ctrckpt", "ctrdata"
+    ckpt_dir, data_dir = tmp_path / "ckpt", tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "dataset.txt").write_text("the dataset\n")
+    for name, body in ((ckpt, {"type": "hostPath", "data": {"path": str(ckpt_dir)}}),
+                       (data, {"type": "hostPath", "data": {"path": str(data_dir)}, "readOnly": True})):
+        await cplatform.client.request("PUT", f"/api/v2/storages/{name}", json_body=body)
+    plugin = ("extras:\n  com.microsoft.pai.runtimeplugin:\n    - plugin: teamwise_storage\n"
+              "      parameters: {storageConfigNames: [%s]}\n")
+    body = image_job("img-train", [
+        f"cat /mnt/{data}/dataset.txt",
+        f"echo step-41 > /mnt/{ckpt}/checkpoint.txt",
+        f"if touch /mnt/{data}/x 2>/dev/null; then echo dataset-writable; fi",
+    ], extra=plugin % f"{ckpt}, {data}")
+    detail = await run_to_end(cplatform, body, "admin~img-train")
+    log = await cplatform.logs("admin~img-train")
+    assert detail["jobStatus"]["state"] == "SUCCEEDED", log
+    assert task_of(detail)["runtimeMode"] == "container"
+    assert "the dataset" in log and "dataset-writable" not in log  # declared read-only
+    assert (ckpt_dir / "checkpoint.txt").read_text() == "step-41\n"  # on the node, where the storage is
+    detail = await run_to_end(cplatform, image_job("img-resume", [f'echo "resumed from $(cat /mnt/{ckpt}/checkpoint.txt)"'],
+                                                   extra=plugin % ckpt), "admin~img-resume")
+    log = await cplatform.logs("admin~img-resume")
+    assert detail["jobStatus"]["state"] == "SUCCEEDED", log
+    assert "resumed from step-41" in log
+
+
 async def test_without_an_engine_tasks_run_as_processes(platform: Api):
     body = image_job("img-none", ["echo as-a-process"])
     detail = await run_to_end(platform, body, "admin~img-none")

@@ -252,7 +252,7 @@ class LocalBackend:
         `announce`: log how tasks are isolated (not for a backend made only to stop them);
         `container_engine`: "none", "auto" or an engine's socket (engine.connect): tasks
         with an image run in containers when there is one; `container_mounts`: the bind
-        mounts of a launch's container (its storages)."""
+        mounts of a launch's container (default: its storages, core/mounts.py)."""
         if limits not in LIMIT_CHOICES:
             raise ValueError(f"limits must be one of {LIMIT_CHOICES}, not {limits!r}")
         self.data_dir = Path(data_dir).resolve()
@@ -690,9 +690,15 @@ class LocalBackend:
         def identity(job: str) -> tuple[int, int] | None:
             return (uids.uid_of(job), users.gid) if uids is not None and users is not None else None
 
+        def storage_mounts(launch: TaskLaunch) -> list[local_containers.Mount]:
+            # The job's storages at their mount paths, as a process task gets them: a missing
+            # hostPath directory made for the tasks' group, one the node lacks raising (named).
+            binds = local_namespaces.storage_binds(launch.storages, users.gid if users is not None else None)
+            return [local_containers.Mount(b.host_path, b.container_path, b.read_only) for b in binds]
+
         self.containers = local_containers.ContainerTasks(
             engine, self.data_dir, report=self._report, log_cap_bytes=self.log_cap_bytes, pids_max=self.pids_max,
-            identity=identity, mounts=self._container_mounts or (lambda launch: []), clock=self._clock,
+            identity=identity, mounts=self._container_mounts or storage_mounts, clock=self._clock,
         )
         log.info("tasks with an image run in containers (engine at %s)", engine.socket_path)
 

@@ -267,13 +267,19 @@ class ContainerTasks:
     async def _run(self, task: _Task, launch: TaskLaunch, commands: list[str]) -> None:
         record = task.record
         try:
+            # The job's storages first: one this node cannot give fails the launch naming it.
+            mounts = self._mounts(launch)
+        except (OSError, ValueError) as exc:
+            self._record_exit(task, LOST_EXIT_CODE, "LaunchFailed", str(exc))
+            return
+        try:
             if not await self.engine.image_exists(record.image):
                 await self._pull(launch)
             if record.killReason is not None:
                 self._record_exit(task, LOST_EXIT_CODE, record.killReason, "stopped before it started")
                 return
             try:
-                await self.engine.create(record.name, self._spec(launch, commands))
+                await self.engine.create(record.name, self._spec(launch, commands, mounts))
             except EngineError as exc:
                 if exc.status != 409:
                     raise
@@ -423,7 +429,7 @@ class ContainerTasks:
 
     # -- pieces ------------------------------------------------------------------
 
-    def _spec(self, launch: TaskLaunch, commands: list[str]) -> dict[str, Any]:
+    def _spec(self, launch: TaskLaunch, commands: list[str], mounts: list[Mount]) -> dict[str, Any]:
         slug = launch.key.slug
         identity = self._identity(launch.key.job)
         work = self.work_dir / slug
@@ -445,7 +451,7 @@ class ContainerTasks:
         else:
             env.setdefault("NVIDIA_VISIBLE_DEVICES", "void")
         binds = [f"{work}:{CONTAINER_WORK_DIR}:rw"]
-        binds += [f"{m.host}:{m.container}:{'ro' if m.readOnly else 'rw'}" for m in self._mounts(launch)]
+        binds += [f"{m.host}:{m.container}:{'ro' if m.readOnly else 'rw'}" for m in mounts]
         shm_mb = launch.shmMB if launch.shmMB is not None else DEFAULT_SHM_MB
         parent = self._make_parent(slug, launch.memoryMB * MIB)
         host_config: dict[str, Any] = {
