@@ -27,6 +27,13 @@ What a Pod looks like:
 - hostNetwork (as OpenPAI runs its jobs), so PAI_HOST_IP_* and the ports PAI
   gave each task are reachable on the node's address; every port is declared
   as a container port with the same host port;
+- volumes: `/dev/shm` a memory-backed emptyDir of the role's shmMB (OpenPAI's 512
+  when unset, its size charged to the Pod's memory), and each of the job's
+  storages (libs/common/storages.py) at its mount path: hostPath, nfs or
+  persistentVolumeClaim, read-only where declared so;
+- `imagePullSecrets`: the job's registry credentials (its image prerequisite's
+  `auth`), as a Secret of type dockerconfigjson per job and registry login
+  (`registry_secret`, made before the Pod, deleted with the job's last Pod);
 - annotations: HiveD's `pod-leaf-cell-isolation` ("0,1": the physical GPU
   indices) and `pod-bind-info` (node, GPUs, sku), and `pai/task` holding the
   TaskKey, user, VC and placement as JSON, read back by recovery;
@@ -36,10 +43,15 @@ What a Pod looks like:
 
 from __future__ import annotations
 
+import base64
+import json
+
 import msgspec
 
 from libs.common.messages import TaskPlacement
+from libs.common.storages import Storage, claim_name, mount_path
 from services.launcher.backends import kube_names
+from services.launcher.core.mounts import shm_mb
 from services.launcher.core.tasks import TaskKey, TaskLaunch
 
 DEFAULT_IMAGE = "python:3.11-slim"
@@ -50,6 +62,11 @@ LEAF_CELL_ISOLATION_ANNOTATION = "hivedscheduler.microsoft.com/pod-leaf-cell-iso
 BIND_INFO_ANNOTATION = "hivedscheduler.microsoft.com/pod-bind-info"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHELL = "/bin/bash"
+SHM_VOLUME = "dshm"
+# Where an image prerequisite without `registryuri` is pulled from (OpenPAI's default).
+DEFAULT_REGISTRY = "https://index.docker.io/v1/"
+KIND_LABEL = "pai/kind"
+REGISTRY_SECRET_KIND = "regcred"
 
 
 class PodRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,7 +117,13 @@ def build_pod(
         "command": [SHELL, "-c", task_script(launch.commands)],
         "env": [{"name": name, "value": value} for name, value in sorted(container_env(launch).items())],
         "resources": _resources(launch),
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
     }
+    volumes: list[dict] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_mb(launch.shmMB)}Mi"}}]
+    for storage in launch.storages:
+        volume, mount = storage_volume(storage)
+        volumes.append(volume)
+        container["volumeMounts"].append(mount)
     ports = sorted({port for label_ports in launch.ports.values() for port in label_ports})
     if ports:
         container["ports"] = [{"containerPort": port, "hostPort": port, "protocol": "TCP"} for port in ports]
@@ -113,12 +136,16 @@ def build_pod(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "containers": [container],
+        "volumes": volumes,
     }
     if host_network:
         # Keep cluster DNS names resolvable from a Pod on the host's network.
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    if launch.imagePullSecret:
-        spec["imagePullSecrets"] = [{"name": launch.imagePullSecret}]
+    pull_secrets = [launch.imagePullSecret] if launch.imagePullSecret else []
+    if launch.dockerImageAuth:
+        pull_secrets.append(registry_secret_name(launch.key.job, launch.dockerImageAuth))
+    if pull_secrets:
+        spec["imagePullSecrets"] = [{"name": name} for name in pull_secrets]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -131,6 +158,59 @@ def build_pod(
         },
         "spec": spec,
     }
+
+
+def storage_volume(storage: Storage) -> tuple[dict, dict]:
+    """The Pod volume of one storage and its container mount."""
+    name = kube_names.dns_label(f"storage-{storage.name}", fallback="storage")
+    volume: dict = {"name": name}
+    match storage.type:
+        case "hostPath":
+            volume["hostPath"] = {"path": storage.data.path, "type": "DirectoryOrCreate"}
+        case "nfs":
+            volume["nfs"] = {"server": storage.data.server, "path": storage.data.path, "readOnly": storage.readOnly}
+        case "pvc":
+            volume["persistentVolumeClaim"] = {"claimName": claim_name(storage), "readOnly": storage.readOnly}
+    return volume, {"name": name, "mountPath": mount_path(storage), "readOnly": storage.readOnly}
+
+
+def registry_secret_name(job: str, auth: dict[str, str]) -> str:
+    """One Secret per job and registry login: the same for every task of the job that pulls with it."""
+    login = f"{auth.get('registryuri') or DEFAULT_REGISTRY}\0{auth.get('username', '')}"
+    return kube_names.dns_label(f"{kube_names.job_label(job)}-regcred-{kube_names.short_hash(login)}",
+                                fallback="regcred")
+
+
+def registry_secret(launch: TaskLaunch, namespace: str) -> dict | None:
+    """The Secret (kubernetes.io/dockerconfigjson) the task's Pod pulls its image with, as
+    OpenPAI's rest server makes it; None for an image without credentials."""
+    auth = launch.dockerImageAuth
+    if not auth:
+        return None
+    login = f"{auth.get('username', '')}:{auth.get('password', '')}"
+    config = {"auths": {auth.get("registryuri") or DEFAULT_REGISTRY: {
+        "auth": base64.b64encode(login.encode()).decode()}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": registry_secret_name(launch.key.job, auth),
+            "namespace": namespace,
+            "labels": {
+                kube_names.MANAGED_BY_LABEL: kube_names.MANAGED_BY_VALUE,
+                kube_names.JOB_LABEL: kube_names.job_label(launch.key.job),
+                KIND_LABEL: REGISTRY_SECRET_KIND,
+            },
+        },
+        "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()},
+    }
+
+
+def registry_secrets_of(pod: dict) -> list[str]:
+    """The job's registry Secrets a Pod pulls with (deleted with the job's last Pod)."""
+    named = ((pod.get("spec") or {}).get("imagePullSecrets")) or []
+    return [s["name"] for s in named if isinstance(s, dict) and "-regcred-" in str(s.get("name", ""))]
 
 
 def task_script(commands: list[str]) -> str:

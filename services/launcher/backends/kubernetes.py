@@ -57,6 +57,8 @@ from services.launcher.backends.kube_pods import (
     end_patch,
     holds_finalizer,
     read_record,
+    registry_secret,
+    registry_secrets_of,
     release_patch,
     task_script,
 )
@@ -196,6 +198,21 @@ class KubernetesBackend:
             launch, namespace=self.namespace, default_image=self.default_image, host_network=self.host_network
         )
         task = self._track(launch.key, name, manifest["spec"]["containers"][0]["name"])
+        registry = registry_secret(launch, self.namespace)
+        if registry is not None:  # the job's, shared by its tasks: made by the first, 409 for the others
+            try:
+                await self._retrying(
+                    f"creating Secret {registry['metadata']['name']}",
+                    lambda: self._json(api.create_namespaced_secret(self.namespace, registry, **_CALL)),
+                )
+            except ApiException as exc:
+                if exc.status != 409:
+                    await self._launch_failed(task, f"the Kubernetes API refused the job's registry Secret: "
+                                                    f"{exc.status} {exc.reason}")
+                    return
+            except _CONNECTION_ERRORS as exc:
+                await self._launch_failed(task, f"the Kubernetes API could not be reached: {exc!r}")
+                return
         if secret_commands is not None:
             secret = with_secret_script(manifest, task_script(secret_commands))
             try:
@@ -286,6 +303,9 @@ class KubernetesBackend:
             secret = _annotations_of(pod).get(SECRET_ANNOTATION)
             if secret:
                 await self._delete_secret(api, secret)
+            if not any(other.key.job == key.job for other in self._tasks.values()):
+                for registry in registry_secrets_of(pod):  # the job's last Pod: its registry login goes too
+                    await self._delete_secret(api, registry)
         except (ApiException, *_CONNECTION_ERRORS) as exc:
             # Not fatal: the exit is recorded; after a restart the Pod is
             # reported again and forgotten again.

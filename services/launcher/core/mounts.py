@@ -16,6 +16,14 @@ from typing import NamedTuple
 
 from libs.common.storages import Storage, mount_path, node_path
 
+# A task's /dev/shm when its role sets no extraContainerOptions.shmMB (OpenPAI's default):
+# a container's and a Pod's (a memory-backed emptyDir of this size).
+DEFAULT_SHM_MB = 512
+
+
+def shm_mb(shm: int | None) -> int:
+    return DEFAULT_SHM_MB if shm is None else shm
+
 
 class BindMount(NamedTuple):
     host_path: str
