@@ -33,6 +33,7 @@ PAI_CONTAINERS_CONF = _PROJECT_ROOT / "deploy" / "containers" / "containers.conf
 PAI_STORAGE_CONF = _PROJECT_ROOT / "deploy" / "containers" / "storage.conf"
 # An idle podman service exits after this long (a launcher starts it again).
 PODMAN_IDLE_SECONDS = 600
+PODMAN_TMPDIR = "/var/tmp"  # podman's own default for its large temporary files
 SERVICE_START_SECONDS = 15.0
 _REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=120, sock_connect=10)
 
@@ -200,6 +201,9 @@ def podman_env() -> dict[str, str]:
     """The environment PAI's podman runs with: PAI's engine configuration unless the
     caller set its own (the host's /etc/containers left as it is)."""
     env = dict(os.environ)
+    # The service outlives whoever started it: a TMPDIR of theirs may go (a test
+    # session's), and podman then fails every image inspect writing its temp files there.
+    env["TMPDIR"] = PODMAN_TMPDIR
     env.setdefault("CONTAINERS_CONF", str(PAI_CONTAINERS_CONF))
     env.setdefault("CONTAINERS_STORAGE_CONF", str(PAI_STORAGE_CONF))
     return {k: v for k, v in env.items() if not k.startswith("PAI_NATS_")}
