@@ -154,7 +154,10 @@ def _check_docker_image(check: Checker, prerequisite: RawMapping, path: DocPath)
         check.known_keys(auth, (*path, "auth"), AUTH_KEYS)
         for key in AUTH_KEYS & auth.keys():
             check.string(auth[key], (*path, "auth", key))
-        check.ignore((*path, "auth"), "registry credentials are not used to pull images yet")
+        # Not ignored: the role's image is pulled with them (the job's secrets filled in) by
+        # Kubernetes (a per-job imagePullSecret) and by the local backend's container mode
+        # (the engine's X-Registry-Auth); where no engine runs the image, the job's notes
+        # say the image was not used (rest's views), and with it its credentials.
 
 
 def _check_plugin_prerequisite(check: Checker, prerequisite: RawMapping, path: DocPath, kind: str) -> None:

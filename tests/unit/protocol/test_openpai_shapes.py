@@ -90,6 +90,13 @@ def test_docker_image_naming_no_prerequisite_is_refused_as_openpai_does():
     assert "taskRoles.worker.dockerImage" in str(caught.value) and "some_image" in str(caught.value)
 
 
+def test_registry_credentials_reach_the_role_and_are_not_reported_ignored():
+    spec = _parse((SHAPES / "prerequisite-kinds.yaml").read_bytes()).spec
+    assert spec.taskRoles[0].dockerImageAuth == {"username": "reader", "password": "not-a-real-password",
+                                                 "registryuri": "registry.example.com"}
+    assert not any(".auth" in field for field in spec.ignoredFields), spec.ignoredFields
+
+
 def test_docker_image_naming_a_data_prerequisite_is_still_refused():
     text = (SHAPES / "prerequisite-kinds.yaml").read_text().replace("dockerImage: private_img", "dockerImage: corpus")
     with pytest.raises(ProtocolError) as caught:
