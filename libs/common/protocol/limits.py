@@ -47,6 +47,7 @@ MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
 MAX_GPU = 64
 MAX_PORTS_PER_INSTANCE = 100  # all port labels together
 MAX_SHM_MB = MAX_MEMORY_MB
+MAX_SKU_NUMBER = 1024  # extras.hivedScheduler.taskRoles.<role>.skuNumber: leaf cells per task
 
 # --- retries ------------------------------------------------------------------
 MAX_JOB_RETRY_COUNT = 100

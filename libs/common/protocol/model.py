@@ -58,6 +58,9 @@ class TaskRole(msgspec.Struct, frozen=True, kw_only=True):
     # hivedScheduler.taskRoles.<role>.skuType / affinityGroupName overrides
     skuType: str | None = None
     affinityGroupName: str | None = None
+    # hivedScheduler.taskRoles.<role>.skuNumber (HiveD's leafCellNumber): leaf cells per
+    # task, at least what its resources need; None: what they need.
+    skuNumber: int | None = None
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):

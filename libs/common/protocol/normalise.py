@@ -20,6 +20,7 @@ from libs.common.protocol.model import (
 )
 from libs.common.protocol.paths import RawMapping
 from libs.common.protocol.plugins import storage_config_names, with_steps
+from libs.common.protocol.validate_extras import job_pin
 
 DEFAULT_VIRTUAL_CLUSTER = "default"
 
@@ -40,7 +41,7 @@ def build_job_spec(data: RawMapping, *, user: str, ignored_fields: list[str]) ->
         gangAllocation=extras.get("gangAllocation", True),
         lazyPreemptionEnable=hived.get("lazyPreemptionEnable", False),
         skuType=hived.get("skuType"),
-        pinnedCellId=hived.get("pinnedCellId"),
+        pinnedCellId=job_pin(hived, data["taskRoles"]),  # the job's, or its roles' one pin
         taskRoles=[
             _task_role(data, name, role, hived_roles.get(name, {}))
             for name, role in data["taskRoles"].items()
@@ -79,6 +80,7 @@ def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping)
         commands=with_steps(data, name, rendered_commands(data, name)),
         skuType=hived.get("skuType"),
         affinityGroupName=hived.get("affinityGroupName"),
+        skuNumber=hived.get("skuNumber"),
     )
 
 

@@ -2,6 +2,20 @@
 hints, status-change notification) is validated; everything else in `extras` is
 free-form by the protocol, kept, and reported as not acted on.
 
+HiveD's per-role fields (`hivedScheduler.taskRoles.<role>`), as OpenPAI's rest server
+turns them into each pod's scheduling spec:
+- `skuType` (HiveD's leafCellType) and `affinityGroupName` (roles naming the same
+  group are placed together, all or nothing; services/scheduler/core/demand.py);
+- `skuNumber` (HiveD's leafCellNumber): the leaf cells each task of the role gets,
+  at least what its resources need;
+- `pinnedCellId`: the role's tasks go to that pinned cell of the VC. HiveD has the
+  pods of one affinity group share it; PAI pins a job as a whole, so every role's
+  pin (or the job's `pinnedCellId`) must be the same, and a job that pins some roles
+  and not others, or roles to different cells, is refused naming the role;
+- `gangReleaseEnable` (also job-level): true is what PAI does (a job's cells are
+  released together when its attempt ends); false, HiveD's release of each task's
+  cells as it ends, is kept and reported as not acted on.
+
 Accepted for notification (OpenPAI writes both forms):
 
     extras:
@@ -20,12 +34,16 @@ import re
 
 from libs.common.protocol.checks import Checker
 from libs.common.protocol.document import type_name
+from libs.common.protocol.limits import MAX_SKU_NUMBER
 from libs.common.protocol.model import PRIORITY_CLASSES
 from libs.common.protocol.paths import DocPath, RawMapping
 from libs.common.protocol.plugins import check_runtime_plugins
 
-HIVED_KEYS = frozenset({"jobPriorityClass", "skuType", "pinnedCellId", "lazyPreemptionEnable", "taskRoles"})
-HIVED_ROLE_KEYS = frozenset({"skuType", "affinityGroupName"})
+HIVED_KEYS = frozenset({"jobPriorityClass", "skuType", "pinnedCellId", "lazyPreemptionEnable", "taskRoles",
+                        "gangReleaseEnable"})
+HIVED_ROLE_KEYS = frozenset({"skuType", "affinityGroupName", "pinnedCellId", "skuNumber", "gangReleaseEnable"})
+GANG_RELEASE_NOT_ACTED_ON = ("PAI releases a job's cells together when its attempt ends (gangReleaseEnable: "
+                             "true); releasing each task's cells as it ends is not done")
 NOTIFY_STATES = frozenset({"waiting", "running", "succeeded", "failed", "stopped", "stopping", "retried"})
 EMAIL_PATTERN = re.compile(r"^[^@\s]+@[^@\s]+$")
 
@@ -71,8 +89,12 @@ def _check_hived(check: Checker, hived: object, path: DocPath, data: RawMapping)
                 check.string(value, where, non_empty=True)
             case "lazyPreemptionEnable":
                 check.boolean(value, where)
+            case "gangReleaseEnable":
+                if check.boolean(value, where) and not value:
+                    check.ignore(where, GANG_RELEASE_NOT_ACTED_ON)
             case "taskRoles":
                 _check_hived_roles(check, value, where, data)
+                _check_pins(check, hived, path, data)
             case _:
                 check.ignore(where, "a hivedScheduler field PAI does not act on")
 
@@ -91,12 +113,49 @@ def _check_hived_roles(check: Checker, roles: object, path: DocPath, data: RawMa
         if not check.mapping(settings, where):
             continue
         for key, value in settings.items():
-            if key in HIVED_ROLE_KEYS:
-                if value is None:
-                    continue  # `skuType: null`: any sku, as in OpenPAI; no affinity group
-                check.string(value, (*where, key), non_empty=True)
-            else:
+            if key not in HIVED_ROLE_KEYS:
                 check.ignore((*where, str(key)), "a hivedScheduler task role field PAI does not act on")
+            elif value is None:
+                continue  # `skuType: null`: any sku, as in OpenPAI; no affinity group, pin or number
+            elif key == "skuNumber":
+                check.integer(value, (*where, key), minimum=1, maximum=MAX_SKU_NUMBER,
+                              limit="PAI's limit of leaf cells per task")
+            elif key == "gangReleaseEnable":
+                if check.boolean(value, (*where, key)) and not value:
+                    check.ignore((*where, key), GANG_RELEASE_NOT_ACTED_ON)
+            else:
+                check.string(value, (*where, key), non_empty=True)
+
+
+def role_pins(hived: RawMapping, job_roles: object) -> dict[str, str | None]:
+    """Each role's pinned cell as the job asks: the role's own, else the job's."""
+    job_pin = hived.get("pinnedCellId")
+    settings_of = hived.get("taskRoles")
+    pins: dict[str, str | None] = {}
+    for name in job_roles if isinstance(job_roles, dict) else ():
+        settings = settings_of.get(name) if isinstance(settings_of, dict) else None
+        pin = settings.get("pinnedCellId") if isinstance(settings, dict) else None
+        pins[str(name)] = pin if isinstance(pin, str) else (job_pin if isinstance(job_pin, str) else None)
+    return pins
+
+
+def job_pin(hived: RawMapping, job_roles: object) -> str | None:
+    """The one cell a (valid) job is pinned to, from the job's pinnedCellId or its roles'."""
+    return next((pin for pin in role_pins(hived, job_roles).values() if pin), None)
+
+
+def _check_pins(check: Checker, hived: RawMapping, path: DocPath, data: RawMapping) -> None:
+    """Every role pinned to one cell, or none pinned (PAI pins a job as a whole)."""
+    pins = role_pins(hived, data.get("taskRoles"))
+    if not any(pins.values()):
+        return
+    own = hived.get("pinnedCellId")
+    wanted = own if isinstance(own, str) else next(pin for pin in pins.values() if pin)
+    for name, pin in pins.items():
+        if pin != wanted:
+            check.error((*path, "taskRoles", str(name), "pinnedCellId"), "pinned_cell_mismatch",
+                        f"this role is pinned to {pin!r} and another to {wanted!r}: PAI places a job in one "
+                        "pinned cell (or none); pin every role to the same cell, or split the job")
 
 
 def _check_notification(check: Checker, value: object, path: DocPath) -> None:

@@ -2,7 +2,9 @@
 
 Leaf cells per task on a sku = max over gpu, cpu, memory of ceil(request / what one
 leaf cell of the sku offers). A sku dimension of 0 is not accounted, except GPUs:
-a sku without GPUs cannot host a task that asks for any.
+a sku without GPUs cannot host a task that asks for any. A role's `skuNumber`
+(HiveD's leafCellNumber) asks for that many leaf cells per task: it is taken when
+it is more than the resources need (never fewer cells than they need).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class TaskDemand(msgspec.Struct, frozen=True, kw_only=True):
     cpu: int
     memoryMB: int
     sku: str | None  # None: any sku the VC has
+    cells: int | None = None  # the role's skuNumber: leaf cells asked for per task
 
 
 class GroupDemand(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,6 +47,8 @@ def leaf_cells_for(task: TaskDemand, sku: SkuType) -> int:
         needed = max(needed, math.ceil(task.cpu / sku.cpu))
     if sku.memoryMB > 0:
         needed = max(needed, math.ceil(task.memoryMB / sku.memoryMB))
+    if task.cells is not None:
+        needed = max(needed, task.cells)
     return needed
 
 
@@ -61,7 +66,7 @@ def affinity_groups(spec: JobSpec) -> list[GroupDemand]:
         tasks = groups.setdefault((group_name, sku), [])
         for index in range(role.instances):
             tasks.append(TaskDemand(role=role.name, index=index, gpu=role.resources.gpu, cpu=role.resources.cpu,
-                                    memoryMB=role.resources.memoryMB, sku=sku))
+                                    memoryMB=role.resources.memoryMB, sku=sku, cells=role.skuNumber))
     names = [name for name, _ in groups]
     return [
         GroupDemand(name=name if names.count(name) == 1 else f"{name}/{sku}", sku=sku, tasks=tasks)

@@ -89,6 +89,8 @@ def shape_of(record: JobRecord) -> Shape | None:
     first = tasks[0]
     if any((t.gpu, t.cpu, t.memoryMB) != (first.gpu, first.cpu, first.memoryMB) for t in tasks):
         return None
+    if any(t.cells is not None for t in tasks):
+        return None  # a skuNumber: its size is not the resources' (no shape to compare by)
     at_once = len(tasks) if record.spec.gangAllocation else 1
     return (first.gpu, first.cpu, first.memoryMB, at_once, record.spec.pinnedCellId)
 
