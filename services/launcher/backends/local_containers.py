@@ -72,6 +72,8 @@ LOST_EXIT_CODE = -1
 ENGINE_RETRY_SECONDS = 1.0
 # How long past the grace period `kill` waits for the container's exit to be recorded.
 STOP_MARGIN_SECONDS = 10.0
+# How long `close` lets tasks whose exit is recorded finish removing their containers.
+CLOSE_REMOVAL_SECONDS = 10.0
 LABEL = "ai.pai"
 # The commands run by bash where the image has it (as the process mode), else sh.
 _RUN = 'if command -v bash >/dev/null 2>&1; then exec bash --noprofile --norc -e -c "$1"; fi; exec sh -e -c "$1"'
@@ -83,6 +85,8 @@ _GPU_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-to
 # after that parent reached its limit (memory.failcnt, or its peak at the limit) is
 # the kernel's OOM kill.
 CGROUP_V1_ROOT = Path("/sys/fs/cgroup")
+# Those parents lie under `pai-containers-<owner>` in each v1 hierarchy podman uses.
+PARENTS_PREFIX = "pai-containers-"
 
 
 class Mount(msgspec.Struct, frozen=True):
@@ -156,6 +160,8 @@ class ContainerTasks:
         self._tasks: dict[str, _Task] = {}
         self._engine_name = ""
         self._v1_memory = CGROUP_V1_ROOT / "memory" if (CGROUP_V1_ROOT / "memory" / "memory.failcnt").exists() else None
+        if self._v1_memory is not None:
+            remove_empty_parent_roots(CGROUP_V1_ROOT)  # left by launchers gone before (any data dir's)
 
     # -- what LocalBackend delegates --------------------------------------------
 
@@ -257,10 +263,18 @@ class ContainerTasks:
         return True
 
     async def close(self) -> None:
+        # A task whose exit is recorded is only removing its container and parent cgroup:
+        # let it (bounded), so a clean stop leaves nothing of it behind.
+        ending = [t.runner for t in self._tasks.values()
+                  if t.runner is not None and not t.runner.done() and t.finished.is_set()]
+        if ending:
+            await asyncio.wait(ending, timeout=CLOSE_REMOVAL_SECONDS)
         for task in self._tasks.values():
             if task.runner is not None:
                 task.runner.cancel()  # containers go on; a restarted launcher adopts them
         await self.engine.close()
+        if self._v1_memory is not None:
+            remove_empty_parent_roots(CGROUP_V1_ROOT, self.owner)
 
     # -- a task's life ---------------------------------------------------------
 
@@ -486,7 +500,7 @@ class ContainerTasks:
         return spec
 
     def _parent_name(self, slug: str) -> str:
-        return f"pai-containers-{self.owner}/{_NAME_UNSAFE.sub('_', slug)}"
+        return f"{PARENTS_PREFIX}{self.owner}/{_NAME_UNSAFE.sub('_', slug)}"
 
     def _make_parent(self, slug: str, limit: int) -> str | None:
         """The task's parent cgroup (v1) with its memory limit, as podman's CgroupParent; None on v2."""
@@ -550,6 +564,23 @@ class ContainerTasks:
             await self.engine.remove(ref)
         except EngineError as exc:
             log.error("removing container %s: %s", ref, exc)
+
+
+def remove_empty_parent_roots(cgroup_root: Path, owner: str = "") -> None:
+    """Remove each `pai-containers-<owner>` directory (every owner's when `owner` is
+    empty) that holds no task's parent any more, in every v1 hierarchy under
+    `cgroup_root`. The kernel refuses to remove one that still does (a container
+    running, or created and waiting to start under its parent's limit): those stay."""
+    try:
+        hierarchies = [h for h in cgroup_root.iterdir() if h.is_dir()]
+    except OSError:
+        return
+    for hierarchy in hierarchies:
+        for root in hierarchy.glob(f"{PARENTS_PREFIX}{owner or '*'}"):
+            try:
+                root.rmdir()
+            except OSError:
+                pass
 
 
 def task_image(launch: TaskLaunch) -> str:
