@@ -11,8 +11,15 @@ import json
 
 from libs.common.storages import Storage, StorageData
 from services.launcher.backends import kube_names
+from services.launcher.backends.kube_pods import registry_secret, registry_secret_name
 from services.launcher.core.tasks import TaskFinished, TaskRunning
-from tests.component.test_kubernetes_backend import cluster, pod_of, task_key, task_launch  # noqa: F401 - fixture
+from tests.component.test_kubernetes_backend import (  # noqa: F401 - fixture
+    NAMESPACE,
+    cluster,
+    pod_of,
+    task_key,
+    task_launch,
+)
 from tests.component.test_kubernetes_secrets import secret_named
 
 AUTH = {"username": "bot", "password": "registry-pass", "registryuri": "registry.example:5000"}
@@ -81,3 +88,21 @@ async def test_an_image_without_credentials_makes_no_pull_secret(cluster):
     await backend.start(task_launch(key, dockerImageUri="busybox", imagePullSecret=None))
     assert "imagePullSecrets" not in pod_of(cluster, key)["spec"]
     assert all(request.resource is None or request.resource.plural != "secrets" for request in cluster.emulator)
+
+
+async def test_a_registry_secret_left_by_a_launcher_that_died_is_removed_at_recovery(cluster):
+    backend, _ = await cluster.backend()
+    live = task_key(job="alice~live")
+    await backend.start(task_launch(live, dockerImageAuth=AUTH))
+    # What a launcher that died between deleting a job's last Pod and its Secret leaves.
+    left = registry_secret(task_launch(task_key(job="alice~gone"), dockerImageAuth=AUTH), NAMESPACE)
+    assert left is not None
+    await backend._json(backend._api.create_namespaced_secret(NAMESPACE, left, _preload_content=False))
+    await backend.close()
+
+    restarted, _ = await cluster.backend()
+    await restarted.recover()
+
+    assert secret_named(cluster, left["metadata"]["name"]) is None
+    live_secret = registry_secret_name(live.job, AUTH)
+    assert secret_named(cluster, live_secret) is not None  # its job still has a Pod

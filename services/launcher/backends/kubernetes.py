@@ -52,6 +52,8 @@ from services.launcher.backends import kube_names
 from services.launcher.backends.kube_logs import read_log
 from services.launcher.backends.kube_pods import (
     DEFAULT_IMAGE,
+    KIND_LABEL,
+    REGISTRY_SECRET_KIND,
     EndRequest,
     build_pod,
     end_patch,
@@ -181,10 +183,27 @@ class KubernetesBackend:
     # -- Backend -------------------------------------------------------------
 
     async def recover(self) -> list[TaskKey]:
-        await self._ready()
+        api = await self._ready()
         version = await self._retrying("listing PAI's Pods", self._resync)
         self._ensure_watching(version)
+        await self._remove_leftover_registry_secrets(api)
         return sorted(task.key for task in self._tasks.values())
+
+    async def _remove_leftover_registry_secrets(self, api: CoreV1Api) -> None:
+        """A job's registry Secret whose job has no Pod left: a launcher that died between
+        deleting the job's last Pod and its Secret left it. Here, before any start, so a
+        Secret just made for a Pod about to be created is never taken for one."""
+        selector = f"{kube_names.POD_SELECTOR},{KIND_LABEL}={REGISTRY_SECRET_KIND}"
+        live = {kube_names.job_label(task.key.job) for task in self._tasks.values()}
+        try:
+            listed = await self._retrying("listing registry Secrets", lambda: self._json(
+                api.list_namespaced_secret(self.namespace, label_selector=selector, **_CALL)))
+            for item in listed.get("items") or []:
+                meta = item.get("metadata") or {}
+                if (meta.get("labels") or {}).get(kube_names.JOB_LABEL) not in live:
+                    await self._delete_secret(api, meta["name"])
+        except (ApiException, *_CONNECTION_ERRORS) as exc:  # not fatal: tried again at the next start
+            log.warning("removing leftover registry Secrets failed: %s", _describe(exc))
 
     async def start(self, launch: TaskLaunch, *, secret_commands: list[str] | None = None) -> None:
         """Create the task's Pod once; `secret_commands`: its commands with the
