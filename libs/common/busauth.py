@@ -76,8 +76,9 @@ ACCESS: dict[str, Access] = {
         writes=(Bucket.JOBS, Bucket.USERS, Bucket.SECRETS),
         # Not SECRETS: sealed for the launcher, rest only stores them.
         # NODES, NODE_HEALTH: the node list of `GET /api/v2/cluster/nodes`.
+        # JOB_METRICS: a job's utilisation over time (GET /api/v2/jobs/{id}/metrics).
         reads=(Bucket.JOBS, Bucket.USERS, Bucket.JOB_STATUS, Bucket.SCHEDULE, Bucket.CLUSTER, Bucket.NODES, Bucket.NODE_HEALTH,
-               Bucket.ALERTS),
+               Bucket.ALERTS, Bucket.JOB_METRICS),
         asks=(LOG_SUBJECT, RULES_SUBJECT, ALERTS_SUBJECT),
         watches=(Kind.JOB_STATE,),  # job state changes streamed to their owners (services/rest/events.py)
     ),
@@ -112,11 +113,12 @@ ACCESS: dict[str, Access] = {
         # the same requests the API publishes.
         publishes=(Kind.NODE_STATUS, Kind.ALERT_FIRING, Kind.ALERT_RESOLVED, Kind.JOB_STOP_REQUESTED, Kind.NODE_CORDON),
         durable=Durable.MONITOR,
-        writes=(Bucket.NODES, Bucket.NODE_HEALTH, Bucket.ALERTS, Bucket.ALERT_RULES),
+        # JOB_METRICS: each task's utilisation over time (services/monitor/usage.py).
+        writes=(Bucket.NODES, Bucket.NODE_HEALTH, Bucket.ALERTS, Bucket.ALERT_RULES, Bucket.JOB_METRICS),
         # USERS: the mail address of a job's owner (alert and job-state mail);
         # SCHEDULE: why a waiting job waits, for a restarted monitor's PaiJobPending.
         reads=(Bucket.NODES, Bucket.NODE_HEALTH, Bucket.JOB_STATUS, Bucket.ALERTS, Bucket.ALERT_RULES, Bucket.USERS,
-               Bucket.SCHEDULE),
+               Bucket.SCHEDULE, Bucket.JOB_METRICS),
         serves=(ALERTS_SUBJECT,),
     ),
     INTEGRATOR: Access(reads_events=True),

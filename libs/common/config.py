@@ -36,6 +36,15 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     grace_seconds: float = 10.0
     task_log_cap_bytes: int = 64 * 1024 * 1024
     node_sample_seconds: float = 5.0
+    # A job's utilisation over time (docs/monitoring.md): points kept per task (older
+    # ones merge as a job runs longer, so a task's history stays this size), and the
+    # portal's idle-GPU flag: GPUs under job_idle_gpu_percent for job_idle_gpu_minutes.
+    job_metrics_points: int = 360
+    job_idle_gpu_percent: float = 5.0
+    job_idle_gpu_minutes: float = 10.0
+    # Grafana's address where PAI's dashboards are loaded (e.g. https://grafana.example.org):
+    # the job page links the job's dashboard (pai-job); empty: no link.
+    grafana_url: str = ""
     rules_file: str = ""  # failure rules to load instead of the shipped defaults
     # Storages declared at rest's start (docs/storage.md): a YAML list of declarations,
     # each written as the file has it; admins grant them to groups.

@@ -91,6 +91,9 @@ BUCKETS: dict[Bucket, StoreLimits] = {
     # One health record per node (monitor): conditions and cordon.
     Bucket.NODE_HEALTH: StoreLimits(max_bytes=64 * MIB),
     Bucket.LEASES: StoreLimits(max_bytes=1 * MIB, max_message_bytes=4 * KIB),
+    # A job's utilisation over time: one bounded history per task (~15 KiB, libs/common/usage_history.py);
+    # its entries expire (store_settings: retention_finished_seconds after their last sample).
+    Bucket.JOB_METRICS: StoreLimits(max_bytes=1 * GIB),
 }
 # A bucket added to `Bucket` without a line above: small state (per node or per
 # service), as most buckets are. Give a bucket that grows with jobs its own line.
@@ -131,6 +134,8 @@ def store_settings(config: Config) -> StoreSettings:
         # The lease keeps its own small cap: a large lease document is a bug.
         if config.nats_max_message_bytes and bucket is not Bucket.LEASES:
             limits = msgspec.structs.replace(limits, max_message_bytes=config.nats_max_message_bytes)
+        if bucket is Bucket.JOB_METRICS:  # gone with the job's logs (retention_finished_seconds)
+            limits = msgspec.structs.replace(limits, max_age_seconds=config.retention_finished_seconds)
         buckets[bucket] = limits
     return StoreSettings(replicas=max(1, config.nats_replicas), events=events, buckets=buckets)
 

@@ -97,11 +97,21 @@ def _bad(path: str, rule: str, message: str) -> BadInput:
     return BadInput(f"{path}: {message}", details={"errors": [{"path": path, "rule": rule, "message": message}]})
 
 
+# Sources a storage may not be: the whole machine, or the kernel's views of it.
+RESERVED_SOURCES = ("/proc", "/sys", "/dev")
+
+
 def _check_absolute(value: str, path: str) -> None:
     if not value.startswith("/") or len(value) > MAX_PATH_LENGTH or "\0" in value:
         raise _bad(path, "format", f"must be an absolute path of at most {MAX_PATH_LENGTH} characters")
     if posixpath.normpath(value) != value.rstrip("/") or ".." in value.split("/"):
         raise _bad(path, "format", f"{value[:80]!r} is not a normal path (no '..', '//' or '.' parts)")
+
+
+def _check_source(value: str, path: str) -> None:
+    _check_absolute(value, path)
+    if value == "/" or any(value == r or value.startswith(r + "/") for r in RESERVED_SOURCES):
+        raise _bad(path, "reserved", f"{value[:80]} cannot be a storage: give a directory of its own")
 
 
 def check_storage_name(name: str, path: str = "name") -> None:
@@ -117,7 +127,7 @@ def check_storage(storage: Storage) -> None:
         case "hostPath":
             if not data.path:
                 raise _bad("data.path", "required", "a hostPath storage names its directory on the nodes")
-            _check_absolute(data.path, "data.path")
+            _check_source(data.path, "data.path")
             if data.server or data.claimName or data.hostPath:
                 raise _bad("data", "unknown_key", "a hostPath storage has only data.path")
         case "nfs":
@@ -132,7 +142,7 @@ def check_storage(storage: Storage) -> None:
             if data.server or data.path:
                 raise _bad("data", "unknown_key", "a pvc storage has data.claimName (and data.hostPath) only")
     if data.hostPath:
-        _check_absolute(data.hostPath, "data.hostPath")
+        _check_source(data.hostPath, "data.hostPath")
     if storage.mountPath:
         _check_absolute(storage.mountPath, "mountPath")
     where = mount_path(storage)

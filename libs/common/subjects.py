@@ -97,6 +97,9 @@ class Bucket(StrEnum):
     # `sent.*`), job tags set by alert actions (`tags.*`); rest lists from it.
     ALERTS = "pai_alerts"
     ALERT_RULES = "pai_alert_rules"  # monitor: the alert rule document changed at run time
+    # monitor: each task's utilisation over time (key user.name.role.index), for
+    # GET /api/v2/jobs/{id}/metrics; entries expire retention_finished_seconds after their last sample.
+    JOB_METRICS = "pai_job_metrics"
 
 
 # Durable consumer names, one per consuming service.

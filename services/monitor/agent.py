@@ -50,6 +50,7 @@ from services.monitor.core.nodes import (
 )
 from services.monitor.core.samples import decode_node_sample, encode_node_sample, node_key
 from services.monitor.sampler import NodeSampler
+from services.monitor.usage import UsageRecorder
 
 log = logging.getLogger("pai.monitor.nodes")
 
@@ -77,6 +78,8 @@ def runs_cluster(mode: str) -> bool:
 async def sample_forever(ctx: ServiceContext, sampler: NodeSampler) -> None:
     kv = await ctx.bus.kv(Bucket.NODES)
     period = max(MIN_SAMPLE_SECONDS, ctx.config.node_sample_seconds)
+    usage = UsageRecorder(step=period, cap=ctx.config.job_metrics_points)
+    usage_kv = await ctx.bus.kv(Bucket.JOB_METRICS)
     while not ctx.stopping.is_set():
         sample = await asyncio.to_thread(sampler.sample)
         metrics.label_node(sample.node)
@@ -85,6 +88,7 @@ async def sample_forever(ctx: ServiceContext, sampler: NodeSampler) -> None:
             await kv.put(node_key(sample.node), encode_node_sample(sample))
         except nats.errors.Error as exc:  # NATS away for a moment; the next sample tries again
             log.warning("could not store the sample of %s: %r", sample.node, exc)
+        await usage.record(usage_kv, sample)  # each task's utilisation over time
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(ctx.stopping.wait(), timeout=period)
 

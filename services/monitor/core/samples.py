@@ -49,7 +49,8 @@ class TaskUsage(msgspec.Struct, frozen=True, kw_only=True):
     virtualCluster: str = ""
     cpuPercent: float = 0.0  # of the whole node
     memoryBytes: int = 0  # resident memory of all its processes
-    gpus: list[TaskGpuUsage] = []
+    gpus: list[TaskGpuUsage] = []  # the GPUs its processes hold a context on
+    gpuCount: int = 0  # the GPUs placed for it (PAI_GPU_COUNT), used or not
 
 
 class GpuSample(msgspec.Struct, frozen=True, kw_only=True):

@@ -28,6 +28,7 @@ import msgspec
 from services.monitor.core.samples import ExternalGpuProcess, GpuSample, TaskGpuUsage, TaskUsage
 
 TASK_KEY_ENV = "PAI_TASK_KEY"
+GPU_COUNT_ENV = "PAI_GPU_COUNT"  # the GPUs placed for the task, whether it uses them or not
 _ENV_LABELS = {
     "username": "PAI_USER_NAME",
     "job_name": "PAI_JOB_NAME",
@@ -36,7 +37,7 @@ _ENV_LABELS = {
     "virtual_cluster": "PAI_VIRTUAL_CLUSTER",
 }
 # The environment variables a reader needs; everything else in /proc/<pid>/environ is dropped.
-WANTED_ENV = frozenset({TASK_KEY_ENV, *_ENV_LABELS.values()})
+WANTED_ENV = frozenset({TASK_KEY_ENV, GPU_COUNT_ENV, *_ENV_LABELS.values()})
 
 # cgroup v1 (`.../kubepods/burstable/pod<uid>/<id>`) and v2 with the systemd
 # driver (`.../kubepods-burstable-pod<uid with _>.slice/...`).
@@ -53,6 +54,7 @@ class TaskIdentity(msgspec.Struct, frozen=True, kw_only=True):
     role_name: str = ""
     task_index: str = ""
     virtual_cluster: str = ""
+    gpu_count: int = 0  # GPUs placed for it (PAI_GPU_COUNT); 0 where not known
 
     def labels(self) -> dict[str, str]:
         return {name: getattr(self, name) for name in _ENV_LABELS}
@@ -95,7 +97,8 @@ def identify(env: Mapping[str, str], cgroup: str = "") -> TaskIdentity | None:
         key = f"{labels['job_name']}/{labels['role_name']}/{labels['task_index']}"
     if not key:
         return None
-    return TaskIdentity(key=key, **labels)
+    gpus = env.get(GPU_COUNT_ENV, "")
+    return TaskIdentity(key=key, gpu_count=int(gpus) if gpus.isdigit() else 0, **labels)
 
 
 def task_usage(
@@ -148,6 +151,7 @@ def task_usage(
             roleName=tasks[key].role_name,
             taskIndex=tasks[key].task_index,
             virtualCluster=tasks[key].virtual_cluster,
+            gpuCount=tasks[key].gpu_count,
             cpuPercent=round(cpu[key] / cores, 3),
             memoryBytes=rss[key],
             gpus=[gpu_use[key][minor] for minor in sorted(gpu_use.get(key, {}))],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from services.rest import job_handlers, jobs_api, openpai_jobs
+from services.rest import job_handlers, job_metrics, jobs_api, openpai_jobs
 
 JOB = "/api/v2/jobs/{job}"
 TASK = JOB + "/attempts/{jobAttemptId}/taskRoles/{taskRoleName}/taskIndex/{taskIndex}/attempts"
@@ -26,6 +26,7 @@ ROUTES = [
     web.put(JOB + "/tag", jobs_api.put_tag),
     web.delete(JOB + "/tag", jobs_api.delete_tag),
     web.get(JOB + "/events", jobs_api.get_job_events),
+    web.get(JOB + "/metrics", job_metrics.get_job_metrics),  # PAI's: utilisation over time
     web.get(JOB + "/ssh", openpai_jobs.get_ssh_info),
     # OpenPAI's job history: attempts numbered from 0.
     web.get(JOB + "/job-attempts/healthz", openpai_jobs.attempts_healthz),
