@@ -111,11 +111,12 @@ def cmd_groups_list(args: argparse.Namespace) -> int:
     if args.json:
         _print(args, groups)
         return 0
-    table = Table("group", "admin", "virtual clusters", "priority classes", "description")
+    table = Table("group", "admin", "virtual clusters", "priority classes", "storages", "description")
     for g in groups:
         acls = g["extension"]["acls"]
         table.add_row(g["groupname"], "yes" if acls["admin"] else "", ", ".join(acls["virtualClusters"]),
-                      ", ".join(acls.get("priorityClasses", [])), g["description"])
+                      ", ".join(acls.get("priorityClasses", [])), ", ".join(acls.get("storageConfigs", [])),
+                      g["description"])
     console.print(table)
     return 0
 
@@ -127,12 +128,15 @@ def cmd_groups_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _acls(args: argparse.Namespace, priority_classes: list[str] | None = None) -> dict[str, Any]:
+def _acls(args: argparse.Namespace, kept: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The group's acls from the options; `kept`: the group's own, for the lists an option does not give."""
     acls: dict[str, Any] = {"admin": bool(args.admin), "virtualClusters": [v for v in (args.vcs or "").split(",") if v]}
-    if args.priority_classes is not None:
-        acls["priorityClasses"] = [c for c in args.priority_classes.split(",") if c]
-    elif priority_classes is not None:
-        acls["priorityClasses"] = priority_classes
+    for option, key in (("priority_classes", "priorityClasses"), ("storages", "storageConfigs")):
+        given = getattr(args, option)
+        if given is not None:
+            acls[key] = [c for c in given.split(",") if c]
+        elif kept is not None and key in kept:
+            acls[key] = kept[key]
     return acls
 
 
@@ -144,9 +148,8 @@ def cmd_groups_add(args: argparse.Namespace) -> int:
 
 def cmd_groups_set(args: argparse.Namespace) -> int:
     kept = None
-    if args.priority_classes is None:  # not given: the group keeps the classes it grants
-        group = _call(args, "GET", f"/api/v2/groups/{args.groupname}")
-        kept = group["extension"]["acls"].get("priorityClasses", [])
+    if args.priority_classes is None or args.storages is None:  # not given: the group keeps what it grants
+        kept = _call(args, "GET", f"/api/v2/groups/{args.groupname}")["extension"]["acls"]
     body: dict[str, Any] = {"extension": {"acls": _acls(args, kept)}}
     if args.description is not None:
         body["description"] = args.description
@@ -235,6 +238,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--priority-classes", dest="priority_classes",
                        help="comma-separated job priority classes its members may use beyond test and oppo "
                             "(prod, crit); `set` without it keeps the group's")
+        p.add_argument("--storages", help="comma-separated storages its members may mount (docs/storage.md); "
+                                          "`set` without it keeps the group's")
         p.add_argument("--description")
         p.set_defaults(func=func)
     gdel = g.add_parser("delete", help="delete a group with no members")
