@@ -209,6 +209,7 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     ("PUT", "/api/v2/jobs/{job}/tag"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/tag", {"value": "baseline"}), 200),
     ("DELETE", "/api/v2/jobs/{job}/tag"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/tag", {"value": "baseline"}), 200),
     ("GET", "/api/v2/jobs/{job}/events"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/events"), 200),
+    ("GET", "/api/v2/jobs/{job}/metrics"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/metrics"), 200),
     # cluster
     ("GET", "/api/v2/virtual-clusters"): (SIGNED_IN, fixed("/api/v2/virtual-clusters"), 200),
     ("GET", "/api/v2/virtual-clusters/{vc}"): (SIGNED_IN, fixed("/api/v2/virtual-clusters/default"), {200, 404}),

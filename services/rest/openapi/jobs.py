@@ -274,6 +274,26 @@ PATHS: dict[str, Any] = {
                                                    {"type": "string", "enum": ["Normal", "Warning"]})],
                          ok={"200": {"description": "events, oldest first", "content": json_content(ref("JobEvents"))}}),
     },
+    "/api/v2/jobs/{job}/metrics": {
+        "get": operation("A job's utilisation over time, per task and for the whole job, as columns for charts "
+                         "(t, cpuPercent, memoryBytes; gpuPercent, gpus and gpuMemoryPercent where the node reads "
+                         "its GPUs), whether it holds GPUs idle (gpuIdle) and its Grafana dashboard (grafanaUrl) "
+                         "(owner and admins)", tags=_JOBS, fails=(400, 403, 404),
+                         params=[_JOB,
+                                 query_param("from", "only points at or after this time (Unix seconds)", {"type": "number"}),
+                                 query_param("to", "only points at or before this time (Unix seconds)", {"type": "number"}),
+                                 query_param("step", "merge points into steps of at least this many seconds",
+                                             {"type": "number"})],
+                         ok={"200": {"description": "per task and total series",
+                                     "content": json_content({"type": "object", "required": ["job", "tasks", "total", "gpuIdle"],
+                                                              "properties": {
+                                                                  "job": {"type": "string"},
+                                                                  "step": {"type": "number"},
+                                                                  "tasks": {"type": "array", "items": {"type": "object"}},
+                                                                  "total": {"type": "object"},
+                                                                  "gpuIdle": {"type": "object"},
+                                                                  "grafanaUrl": {"type": ["string", "null"]}}})}}),
+    },
     "/api/v2/virtual-clusters": {
         "get": operation("Every virtual cluster: capacity, cells per sku (guaranteed, used, total), queue",
                          tags=_CLUSTER,
