@@ -13,7 +13,8 @@ from enum import StrEnum
 
 import msgspec
 
-from libs.common.errors import BadInput, PaiError, Transient
+from libs.common.document_messages import Outcome, Problem, raise_for_outcome as _raise_for_outcome
+from libs.common.errors import PaiError
 
 # Outside the event stream (pai.v1.>), like the rules RPC: JetStream would
 # store a request and answer it with a publish ack before the monitor could.
@@ -73,16 +74,8 @@ class AlertsRequest(msgspec.Struct, frozen=True, kw_only=True):
     send: bool = False
 
 
-class Outcome(StrEnum):
-    OK = "ok"
-    INVALID = "invalid"
-    STALE = "stale"
-    UNAVAILABLE = "unavailable"
-
-
-class Problem(msgspec.Struct, frozen=True, kw_only=True):
-    path: str  # "rules[2] (JobFailed).threshold"
-    message: str
+# The rule document is an admin-editable document (libs.common.documents):
+# `Outcome` and `Problem` are the documents' own, re-exported for the callers.
 
 
 class AlertsReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,16 +97,5 @@ class StaleAlertRules(PaiError):
 
 
 def raise_for_outcome(reply: AlertsReply) -> None:
-    match reply.outcome:
-        case Outcome.OK:
-            return
-        case Outcome.INVALID:
-            raise BadInput(
-                reply.message,
-                details={"errors": [{"path": p.path, "rule": "invalid_alert_rule", "message": p.message}
-                                    for p in reply.problems]},
-            )
-        case Outcome.STALE:
-            raise StaleAlertRules(reply.message)
-        case Outcome.UNAVAILABLE:
-            raise Transient(reply.message)
+    _raise_for_outcome(reply.outcome, reply.message, reply.problems, invalid_rule="invalid_alert_rule",
+                       stale=StaleAlertRules)

@@ -38,8 +38,8 @@ import msgspec
 
 from libs.common.alerts_messages import ALERTS_SUBJECT
 from libs.common.logs import LOG_SUBJECT
-from libs.common.rules_rpc import RULES_SUBJECT
-from libs.common.subjects import PREFIX, STREAM, Bucket, Durable, Kind, dead_letter_subject, kind_filter
+from libs.common.rules_messages import RULES_SUBJECT
+from libs.common.subjects import JOB_TAG_SUBJECT, PREFIX, STREAM, Bucket, Durable, Kind, dead_letter_subject, kind_filter
 
 if TYPE_CHECKING:
     from libs.common.config import Config
@@ -80,6 +80,7 @@ ACCESS: dict[str, Access] = {
         reads=(Bucket.JOBS, Bucket.USERS, Bucket.JOB_STATUS, Bucket.SCHEDULE, Bucket.CLUSTER, Bucket.NODES, Bucket.NODE_HEALTH,
                Bucket.ALERTS, Bucket.JOB_METRICS),
         asks=(LOG_SUBJECT, RULES_SUBJECT, ALERTS_SUBJECT),
+        serves=(JOB_TAG_SUBJECT,),  # the monitor's tag-job alert action (services/rest/tag_requests.py)
         watches=(Kind.JOB_STATE,),  # job state changes streamed to their owners (services/rest/events.py)
     ),
     "scheduler": Access(
@@ -120,6 +121,7 @@ ACCESS: dict[str, Access] = {
         reads=(Bucket.NODES, Bucket.NODE_HEALTH, Bucket.JOB_STATUS, Bucket.ALERTS, Bucket.ALERT_RULES, Bucket.USERS,
                Bucket.SCHEDULE, Bucket.JOB_METRICS),
         serves=(ALERTS_SUBJECT,),
+        asks=(JOB_TAG_SUBJECT,),  # the tag-job alert action: rest tags the job (no API token)
     ),
     INTEGRATOR: Access(reads_events=True),
     PLATFORM: Access(admin=True),

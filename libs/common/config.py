@@ -67,9 +67,6 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # The /readyz the ServiceDown rule probes, "name=url,..."; empty: each
     # service's port on `host`; "-": probe none.
     alert_probe_urls: str = ""
-    # The API token the tag-job alert action calls rest with (an admin's, e.g. a
-    # robot user's); empty: admin_token_file's, the token `pai up` writes.
-    alert_api_token_file: str = ""
     # The weekly usage report goes to admin_emails on this weekday (0 Monday .. 6
     # Sunday) at 08:00 UTC; -1: never (`pai report --send` still mails it).
     usage_report_weekday: int = 0

@@ -16,7 +16,8 @@ from typing import Any
 
 import msgspec
 
-from libs.common.errors import BadInput, Conflict, NotFound, PaiError, Transient
+from libs.common.document_messages import Outcome, Problem, raise_for_outcome as _raise_for_outcome
+from libs.common.errors import Conflict, NotFound, PaiError
 
 # Outside the event stream (pai.v1.>): JetStream would store a request and
 # answer it with a publish ack before the runtime could.
@@ -24,7 +25,7 @@ RULES_SUBJECT = "pai.rpc.v1.rules"
 RULES_QUEUE = "runtime"
 # Validating and storing a rule set takes milliseconds; retries on a busy
 # bucket add a little. Past this the runtime is down or stuck.
-REQUEST_TIMEOUT_SECONDS = 10.0
+REQUEST_TIMEOUT_SECONDS = 10.0  # libs.common.documents.REQUEST_TIMEOUT_SECONDS
 
 
 class RuleAction(StrEnum):
@@ -51,18 +52,10 @@ class RulesRequest(msgspec.Struct, frozen=True, kw_only=True):
     by: str = ""  # who asked; recorded with the rule set
 
 
-class Outcome(StrEnum):
-    OK = "ok"
-    INVALID = "invalid"  # the rule or the request is wrong: `problems` says where
-    NOT_FOUND = "not_found"  # no rule with that code
-    STALE = "stale"  # the rule set changed since `revision`
-    BUSY = "busy"  # others kept changing the rule set; try again
-    UNAVAILABLE = "unavailable"  # the runtime could not reach the rule store
-
-
-class RuleProblem(msgspec.Struct, frozen=True, kw_only=True):
-    path: str  # field path inside the submitted rule, e.g. "pattern.runtimeContainerPatterns[0].userLogRegex"
-    message: str
+# The rule set is an admin-editable document (libs.common.documents): its
+# outcomes are the documents' own. A problem's path is a field path inside the
+# submitted rule, e.g. "pattern.runtimeContainerPatterns[0].userLogRegex".
+RuleProblem = Problem
 
 
 class RuleSource(StrEnum):
@@ -100,23 +93,5 @@ class RulesBusy(Conflict):
 
 
 def raise_for_outcome(reply: RulesReply) -> None:
-    match reply.outcome:
-        case Outcome.OK:
-            return
-        case Outcome.INVALID:
-            raise BadInput(
-                reply.message,
-                details={
-                    "errors": [
-                        {"path": p.path, "rule": "invalid_rule", "message": p.message} for p in reply.problems
-                    ]
-                },
-            )
-        case Outcome.NOT_FOUND:
-            raise NoSuchRule(reply.message)
-        case Outcome.STALE:
-            raise StaleRules(reply.message)
-        case Outcome.BUSY:
-            raise RulesBusy(reply.message)
-        case Outcome.UNAVAILABLE:
-            raise Transient(reply.message)
+    _raise_for_outcome(reply.outcome, reply.message, reply.problems, invalid_rule="invalid_rule",
+                       not_found=NoSuchRule, stale=StaleRules, busy=RulesBusy)

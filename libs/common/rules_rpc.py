@@ -6,16 +6,16 @@ group: exactly one replica answers each request. The replica that answers
 writes the rule set to the `pai_rules` bucket; every replica watches that
 bucket, so the next task exit is classified with the new rules everywhere.
 
-The messages and outcomes are in `libs.common.rules_messages` (no nats, so the
+The rule set is an admin-editable document (`libs.common.documents`: the
+store, the serving and the asking). The messages and outcomes are in
+`libs.common.rules_messages` (no nats, so the
 runtime core can use them); they are re-exported here for the callers of the RPC.
 """
 
 from __future__ import annotations
 
-import msgspec
-import nats.errors
-
-from libs.common.errors import Transient
+from libs.common import documents
+from libs.common.bus.connection import Connection
 from libs.common.rules_messages import (
     REQUEST_TIMEOUT_SECONDS,
     RULES_QUEUE,
@@ -49,15 +49,11 @@ __all__ = [
     "request_rules",
 ]
 
-_reply_decoder = msgspec.json.Decoder(RulesReply)
 
 
-async def request_rules(bus, req: RulesRequest, *, timeout: float = REQUEST_TIMEOUT_SECONDS) -> RulesReply:
+async def request_rules(bus: Connection, req: RulesRequest, *,
+                        timeout: float = REQUEST_TIMEOUT_SECONDS) -> RulesReply:
     """Ask the runtime; a refused request raises the matching PAI error."""
-    try:
-        msg = await bus.nc.request(RULES_SUBJECT, msgspec.json.encode(req), timeout=timeout)
-    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-        raise Transient("the runtime did not answer the rules request; is it running?") from exc
-    reply = _reply_decoder.decode(msg.data)
+    reply = await documents.ask(bus, RULES_SUBJECT, req, RulesReply, who="runtime", timeout=timeout)
     raise_for_outcome(reply)
     return reply

@@ -20,6 +20,12 @@ PREFIX = "pai.v1"
 STREAM = "PAI_EVENTS"
 STREAM_SUBJECTS = [f"{PREFIX}.>"]
 
+# Commands over request/reply, outside the event stream (JetStream would store a
+# request and answer it with a publish ack first). A monitor's tag-job alert action:
+# rest answers (queue group "rest") by changing the job's tags as its tag route does.
+JOB_TAG_SUBJECT = "pai.rpc.v1.job_tag"
+JOB_TAG_QUEUE = "rest"
+
 
 class Kind(StrEnum):
     """`<entity>.<event>` of every event; the value is the subject middle."""

@@ -18,9 +18,9 @@ forwards rule and report commands over NATS (`pai.rpc.v1.alerts`).
 from __future__ import annotations
 
 import msgspec
-import nats.errors
 from aiohttp import web
 
+from libs.common import documents
 from libs.common.alerts_messages import (
     ALERT_KEY_PREFIX,
     ALERTS_SUBJECT,
@@ -33,7 +33,7 @@ from libs.common.alerts_messages import (
     raise_for_outcome,
 )
 from libs.common.bus import load_all
-from libs.common.errors import Forbidden, Transient
+from libs.common.errors import Forbidden
 from libs.common.protocol.limits import MAX_ADMIN_BODY_BYTES
 from libs.common.subjects import Bucket
 from services.rest.request import USER, bad_field, ctx_of, if_match_revision, read_body
@@ -128,11 +128,7 @@ routes = [
 
 async def request_alerts(bus, req: AlertsRequest, *, timeout: float = REQUEST_TIMEOUT_SECONDS) -> AlertsReply:
     """Ask the monitor; a refused request raises the matching PAI error."""
-    try:
-        msg = await bus.nc.request(ALERTS_SUBJECT, msgspec.json.encode(req), timeout=timeout)
-    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-        raise Transient("the monitor did not answer the alerts request; is it running?") from exc
-    reply = msgspec.json.decode(msg.data, type=AlertsReply)
+    reply = await documents.ask(bus, ALERTS_SUBJECT, req, AlertsReply, who="monitor", timeout=timeout)
     raise_for_outcome(reply)
     return reply
 

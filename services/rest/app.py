@@ -40,6 +40,7 @@ from services.rest import (
     ratelimit,
     rules,
     storages,
+    tag_requests,
 )
 from services.rest.history import wiring as history
 from services.rest.identity import (
@@ -168,6 +169,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
     app.add_routes(rules.routes)
     app.add_routes(storages.routes)  # OpenPAI's storages, admins' declarations (services/rest/storages.py)
     jobs_api.setup(app, ctx)
+    tag_requests.setup(app)  # the monitor's tag-job alert action, over the bus (services/rest/tag_requests.py)
     history.setup(app, ctx)  # the job history database, migrated before rest serves (services/rest/history)
     app.add_routes(alert_routes.routes)  # alerts, alert rules, usage report
     app.add_routes(nodes.routes)

@@ -48,10 +48,10 @@ async def _job_row(engine, jid: str) -> Any:
         return (await connection.execute(sa.select(schema.jobs).where(schema.jobs.c.id == jid))).first()
 
 
-async def _archived_row(request: web.Request, jid: str) -> Any:
+async def _archived_row(app: web.Application, jid: str) -> Any:
     """The history's row of `jid` if the job is archived (its live records gone); None
     where it is not, or the history is not open or failed to answer."""
-    engine = _engine(request.app)
+    engine = _engine(app)
     if engine is None:
         return None
     try:
@@ -111,7 +111,7 @@ async def _record_from_rows(engine, row: Any, sub: SubmittedJob) -> JobRecord:
 
 async def read(request: web.Request, jid: str) -> tuple[SubmittedJob, JobRecord | None] | None:
     """The job from the history, or None where the history has no such job (or is not open)."""
-    row = await _archived_row(request, jid)
+    row = await _archived_row(request.app, jid)
     if row is None:  # not archived: its live records are the truth
         return None
     sub = _submission(row)
@@ -185,19 +185,19 @@ class _HoldLookups:
         self._asking = None
 
 
-async def archived(request: web.Request, jid: str) -> tuple[SubmittedJob, str] | None:
+async def archived(app: web.Application, jid: str) -> tuple[SubmittedJob, str] | None:
     """An archived job's submission and its tags as `jobs.tags` reads now (for a
     compare-and-set), or None where the history has no archived job of this id."""
-    row = await _archived_row(request, jid)
+    row = await _archived_row(app, jid)
     if row is None:
         return None
     sub = _submission(row)
     return (sub, row.tags) if sub is not None else None
 
 
-async def change_tags(request: web.Request, jid: str, tags: list[str], expected: str) -> bool:
+async def change_tags(app: web.Application, jid: str, tags: list[str], expected: str) -> bool:
     """An archived job's tags set, where they still read `expected`; False: changed meanwhile."""
-    engine = _engine(request.app)
+    engine = _engine(app)
     if engine is None:
         return False
     try:

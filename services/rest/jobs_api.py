@@ -43,7 +43,7 @@ from services.rest.history.wiring import HISTORY
 from services.rest.job_index import IndexedJob, JobIndex, SubmissionBrief
 from services.rest.log_stream import log_response
 from services.rest.records import SubmittedJob
-from services.rest.request import USER, bad_field, ctx_of, read_json_object
+from services.rest.request import CTX, USER, bad_field, ctx_of, read_json_object
 from services.rest.watched import WatchedValue
 
 INDEX = web.AppKey("job_index", JobIndex)
@@ -352,60 +352,70 @@ def _tag_of(body: dict[str, Any]) -> str:
 
 
 async def _change_tags(request: web.Request, change) -> web.Response:
-    ctx = ctx_of(request)
     jid = job_param(request)
     body = await read_json_object(request, what="the tag", example='{"value": "baseline"}')
     tag = _tag_of(body)
+    message = await change_tags(request.app, jid, tag, change,
+                                allow=lambda sub: require_owner_or_admin(request, sub, "change the tags of"))
+    return json_response(Message(message=message))
+
+
+async def change_tags(app: web.Application, jid: str, tag: str, change, *, allow) -> str:
+    """Change `jid`'s tags (`change`: `add_tag` or `remove_tag`) where `allow(sub)`
+    does not raise; the message saying what was done. The tag route's, and the
+    monitor's tag-job requests' over the bus (services/rest/tag_requests.py)."""
+    ctx = app[CTX]
     kv = await ctx.bus.kv(Bucket.JOBS)
     key = ids.job_key(jid)
     for _ in range(TAG_UPDATE_ATTEMPTS):  # compare-and-set: a concurrent change of the record wins, then we retry
         try:
             sub, revision, _, _ = await load_job(ctx, jid)
         except NotFound:  # its live records expired: the history holds its tags alone
-            done = await _change_archived_tags(request, jid, tag, change)
+            done = await _change_archived_tags(app, jid, tag, change, allow)
             if done is None:
                 raise
             if done is False:
                 continue
-            return json_response(Message(message=done))
-        require_owner_or_admin(request, sub, "change the tags of")
+            return done
+        allow(sub)
         tags, message = change(sub.tags, tag, sub.job)
         if tags == sub.tags:
-            return json_response(Message(message=message))
+            return message
         changed = _encoder.encode(msgspec.structs.replace(sub, tags=tags))
         try:
             await kv.update(key, changed, last=revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             continue
-        index = request.app.get(INDEX)
+        index = app.get(INDEX)
         if index is not None:
             index.put_submission(key, changed)
-        await _tags_to_history(request, jid, tags)
-        return json_response(Message(message=message))
+        await _tags_to_history(app, jid, tags)
+        return message
     raise Transient(f"the record of {jid} kept changing; try again")
 
 
-async def _change_archived_tags(request: web.Request, jid: str, tag: str, change) -> str | bool | None:
+async def _change_archived_tags(app: web.Application, jid: str, tag: str, change, allow) -> str | bool | None:
     """The tag change on an archived job (history_reads): its message; False where the
     tags changed meanwhile (read again); None where the history has no such job."""
     from services.rest import history_reads  # (late: it imports the history's wiring)
 
-    found = await history_reads.archived(request, jid)
+    found = await history_reads.archived(app, jid)
     if found is None:
         return None
     sub, expected = found
-    require_owner_or_admin(request, sub, "change the tags of")
+    allow(sub)
     tags, message = change(sub.tags, tag, sub.job)
     if tags == sub.tags:
         return message
-    return message if await history_reads.change_tags(request, jid, tags, expected) else False
+    return message if await history_reads.change_tags(app, jid, tags, expected) else False
 
 
-async def _tags_to_history(request: web.Request, jid: str, tags: list[str]) -> None:
+async def _tags_to_history(app: web.Application, jid: str, tags: list[str]) -> None:
     """The history's copy of the tags (the tags filter reads it). Not reached (database
     away, or the job not projected yet): the list's settling writes them later
     (`settle_once`), as the index's row differs from the database's until then."""
-    engine = history_engine(request)
+    history = app.get(HISTORY)
+    engine = history.engine if history is not None else None
     if engine is None:
         return
     try:
@@ -469,7 +479,7 @@ async def _delete_archived(request: web.Request, jid: str) -> web.Response:
     from services.rest import history_reads  # (late: it imports the history's wiring)
 
     ctx = ctx_of(request)
-    found = await history_reads.archived(request, jid)
+    found = await history_reads.archived(request.app, jid)
     if found is None:
         raise NotFound(f"job {jid} not found")
     sub = found[0]

@@ -9,9 +9,10 @@ An exit 0 needs no verdict: the launcher settles such a task at once.
 
 Rules change without a restart: admins send commands (over rest) on
 `pai.rpc.v1.rules`, which one replica of the queue group answers by writing
-the whole rule set to the `pai_rules` bucket; what to write, and the answer,
-come from the core's `RuleBook` (versions and edits), the shell only reads,
-writes and watches the bucket. Every replica watches that key
+the whole rule set to the `pai_rules` bucket (an admin-editable document:
+`libs.common.documents`); what to write, and the answer, come from the core's
+`RuleBook` (versions and edits), the shell only reads, writes and watches the
+bucket. Every replica watches that key
 and swaps in a freshly compiled `RuleEngine`; the replica that wrote it swaps
 before it answers, so the exit after an admin's change is classified with the
 new rules.
@@ -19,20 +20,12 @@ new rules.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import msgspec
-import nats.errors
-import nats.js.errors
-from nats.aio.subscription import Subscription
-
-from libs.common import service
-from libs.common.bus import Bus
+from libs.common import documents, service
 from libs.common.config import Config, load_config
 from libs.common.messages import TaskExited, TaskVerdict, task_event_id
 from libs.common.rules_rpc import RULES_QUEUE, RULES_SUBJECT, Outcome, RuleSource, RulesReply, RulesRequest
@@ -40,27 +33,19 @@ from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
 from services.runtime import metrics
 from services.runtime.core import RuleBook, RuleSet, default_rules, load_rules
+from services.runtime.core.rulebook import Edit
 from services.runtime.store import RuleSnapshot, RuleStore
 
 log = logging.getLogger("pai.runtime")
 
 # Two admins editing at the very same moment: the loser redoes its edit on top
-# of the winner's, after a random pause that grows each round, so that one
-# replica cannot keep beating another. More rounds than this means something
+# of the winner's (`DocumentStore.edit`). More rounds than this means something
 # keeps writing.
 EDIT_ATTEMPTS = 10
-EDIT_PAUSE_SECONDS = 0.01
-EDIT_PAUSE_MAX_SECONDS = 0.2
-# A watch can end silently (NATS restarted under it); re-reading the key this
-# often bounds how long a replica may lag behind a change.
-RESYNC_SECONDS = 5.0
-WATCH_RETRY_SECONDS = 1.0
 # Under load, task exits gather this long between batches, so a batch's fixed
 # costs are shared: most exited 0 and need nothing; a failed task's verdict (and
 # so its job's retry) comes at most this much later, and only under load.
 GATHER_SECONDS = 0.05
-# What goes wrong talking to NATS; anything else is a bug.
-NATS_TROUBLE = (nats.errors.Error, asyncio.TimeoutError, OSError)
 
 
 def baseline_rules(config: Config) -> RuleSet:
@@ -90,90 +75,33 @@ def _log_installed(rule_set: RuleSet) -> None:
 
 
 class RuleDesk:
-    """Answers rule commands: the core plans each change, the desk reads and
-    writes the bucket, and redoes a change that lost a race."""
+    """Answers rule commands: the core plans each change, the store reads and
+    writes the bucket, and plans again a change that lost a race."""
 
     def __init__(self, store: RuleStore, book: RuleBook, clock: Callable[[], float] = time.time):
         self.store = store
         self.book = book
         self.clock = clock
-        self._decoder = msgspec.json.Decoder(RulesRequest)
-
-    async def answer(self, data: bytes) -> RulesReply:
-        try:
-            request = self._decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
-            return RulesReply(outcome=Outcome.INVALID, message=f"not a rules request: {error}")
-        try:
-            return await self.handle(request)
-        except NATS_TROUBLE as error:
-            log.warning("rules request %s failed on NATS: %r", request.action.value, error)
-            return RulesReply(outcome=Outcome.UNAVAILABLE, message=f"the rule store is not reachable: {error!r}")
+        self.answer = documents.answering(RulesRequest, self.handle, RulesReply, what="a rules", store="rule store")
 
     async def handle(self, request: RulesRequest) -> RulesReply:
-        for attempt in range(EDIT_ATTEMPTS):
-            if attempt:
-                await asyncio.sleep(random.uniform(0, min(EDIT_PAUSE_MAX_SECONDS, EDIT_PAUSE_SECONDS * 2**attempt)))
-            snapshot = await self.store.read()
+        def plan(snapshot: RuleSnapshot) -> documents.Write[bytes, Edit] | RulesReply:
             planned = self.book.plan(request, snapshot.value, snapshot.revision, now=self.clock())
-            if isinstance(planned, RulesReply):
-                return planned
-            try:
-                revision = await self.store.write(planned.value, last=planned.last)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                continue
-            reply = self.book.commit(planned, revision)
-            _log_installed(self.book.current)
-            log.info("%s", RuleBook.describe(planned, revision))
-            return reply
-        return RulesReply(
-            outcome=Outcome.BUSY,
-            message=f"the rules kept changing under this change ({EDIT_ATTEMPTS} tries); try again",
-        )
+            return planned if isinstance(planned, RulesReply) else documents.Write(planned.value, planned)
 
-
-async def subscribe_rule_requests(bus: Bus) -> Subscription:
-    subscription = await bus.nc.subscribe(RULES_SUBJECT, queue=RULES_QUEUE)
-    await bus.round_trip()  # the server knows this replica answers before it says it is ready
-    return subscription
-
-
-async def serve_rule_requests(subscription: Subscription, desk: RuleDesk) -> None:
-    """Answer rule commands, one at a time per replica (the bucket revision
-    orders replicas among themselves)."""
-    try:
-        async for msg in subscription.messages:
-            reply = await desk.answer(msg.data)
-            if msg.reply:
-                await msg.respond(msgspec.json.encode(reply))
-    finally:
-        try:
-            await subscription.unsubscribe()
-        except NATS_TROUBLE:
-            pass  # the connection is going away anyway
-
-
-async def follow_rule_changes(store: RuleStore, book: RuleBook) -> None:
-    """Take up every rule change made through any replica."""
-
-    async def watch() -> None:
-        while True:
-            try:
-                async for snapshot in store.watch():
-                    follow(book, snapshot)
-            except NATS_TROUBLE as error:
-                log.warning("watching the rules failed (%r); watching again", error)
-            await asyncio.sleep(WATCH_RETRY_SECONDS)
-
-    async def resync() -> None:
-        while True:
-            await asyncio.sleep(RESYNC_SECONDS)
-            try:
-                follow(book, await store.read())
-            except NATS_TROUBLE:
-                pass  # NATS is away; the watch says so too
-
-    await asyncio.gather(watch(), resync())
+        done: tuple[Edit, int] | RulesReply | None = await self.store.edit(plan, attempts=EDIT_ATTEMPTS)
+        if done is None:
+            return RulesReply(
+                outcome=Outcome.BUSY,
+                message=f"the rules kept changing under this change ({EDIT_ATTEMPTS} tries); try again",
+            )
+        if isinstance(done, RulesReply):
+            return done
+        edit, revision = done
+        reply = self.book.commit(edit, revision)
+        _log_installed(self.book.current)
+        log.info("%s", RuleBook.describe(edit, revision))
+        return reply
 
 
 class RuntimeShell:
@@ -225,9 +153,10 @@ async def body(ctx: ServiceContext) -> None:
     store = RuleStore(await ctx.bus.kv(Bucket.RULES))
     book = RuleBook(baseline_rules(ctx.config))
     follow(book, await store.read())
-    requests = await subscribe_rule_requests(ctx.bus)
-    ctx.spawn(serve_rule_requests(requests, RuleDesk(store, book)), "rule-requests")
-    ctx.spawn(follow_rule_changes(store, book), "rule-changes")
+    requests = await documents.subscribe(ctx.bus, RULES_SUBJECT, RULES_QUEUE)
+    ctx.spawn(documents.serve(requests, RuleDesk(store, book).answer), "rule-requests")
+    # Every change made through any replica taken up (again after a reconnect).
+    ctx.spawn(store.follow(ctx.bus, ctx.stopping, lambda snapshot: follow(book, snapshot)), "rule-changes")
     ctx.set_ready()
     shell = RuntimeShell(ctx, book)
     await ctx.bus.consume_batches(Durable.RUNTIME, [Kind.TASK_EXITED], (TaskExited,), shell.handle_batch,

@@ -194,9 +194,6 @@ async def monitor(nats_server, bus, smtp, rest, tmp_path_factory) -> AsyncIterat
     data = tmp_path_factory.mktemp("monitor")
     rules = data / "alert-rules.yaml"
     rules.write_text(START_RULES)
-    token_file = data / "api-token"
-    token_file.write_text(rest.tokens["admin"])
-    token_file.chmod(0o600)
     port = free_port()
     env = {
         **os.environ, **nats_server.env("monitor"),
@@ -204,7 +201,7 @@ async def monitor(nats_server, bus, smtp, rest, tmp_path_factory) -> AsyncIterat
         "PAI_MONITOR_MODE": "cluster", "PAI_NODE_LOST_SECONDS": "3600",
         "PAI_SMTP_HOST": controller.hostname, "PAI_SMTP_PORT": str(controller.port),
         "PAI_ADMIN_EMAILS": ADMIN_MAIL, "PAI_MAIL_FROM": "pai@cluster.example",
-        "PAI_PORTAL_URL": rest.url, "PAI_ALERT_RULES_FILE": str(rules), "PAI_ALERT_API_TOKEN_FILE": str(token_file),
+        "PAI_PORTAL_URL": rest.url, "PAI_ALERT_RULES_FILE": str(rules),
         "PAI_ALERT_EVALUATE_SECONDS": "0.2", "PAI_ALERT_PROBE_URLS": "-", "PAI_USAGE_REPORT_WEEKDAY": "-1",
     }
     process = MonitorProcess(env, port)

@@ -303,6 +303,17 @@ async def test_rpc_subjects_are_served_and_asked_by_their_owners_only(login):
     assert await monitor.try_subscribe("pai.rpc.v1.rules")  # only the runtime serves rules
 
 
+async def test_only_the_monitor_may_ask_rest_to_tag_a_job(login):
+    """The tag-job alert action goes over the bus instead of HTTP with an admin token,
+    so the bus's permissions are what keeps others from tagging any job this way."""
+    monitor, rest = await login("monitor"), await login("rest")
+    assert not await rest.try_subscribe("pai.rpc.v1.job_tag")  # rest answers
+    assert not await monitor.try_publish("pai.rpc.v1.job_tag")  # the monitor asks
+    for other in ("launcher", "runtime", "scheduler", "integrator"):
+        assert await (await login(other)).try_publish("pai.rpc.v1.job_tag"), f"{other} may ask to tag a job"
+    assert await monitor.try_subscribe("pai.rpc.v1.job_tag")  # nobody but rest answers
+
+
 # --- integrators ------------------------------------------------------------------------
 
 

@@ -11,9 +11,9 @@ decisions out as bucket writes, events, mail and action requests.
   never evaluation or event handling. What was mailed is stored first (group
   state, `sent.` claims): after a crash a mail may be lost, never sent twice.
 - Runs the actions: stop-job and cordon-node publish the requests the API
-  publishes; tag-job calls the API (`PUT /api/v2/jobs/{job}/tag`, tag
-  `alert:<rule>`) with the token in `alert_api_token_file`, as OpenPAI's
-  alert handler does.
+  publishes; tag-job (tag `alert:<rule>`) asks rest over the bus
+  (`pai.rpc.v1.job_tag`), which tags the job as its tag route does: the
+  monitor holds no API token.
 - Answers `pai.rpc.v1.alerts` (rules, report) as one of the queue group
   "monitor"; every replica watches the rule document.
 """
@@ -21,7 +21,6 @@ decisions out as bucket writes, events, mail and action requests.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import time
@@ -33,8 +32,8 @@ import aiohttp
 import msgspec
 import nats.errors
 import nats.js.errors
-from nats.aio.subscription import Subscription
 
+from libs.common import documents
 from libs.common.alerts_messages import (
     ALERTS_QUEUE,
     ALERTS_SUBJECT,
@@ -50,6 +49,7 @@ from libs.common.bus import load_all, read_pages
 from libs.common.config import Config
 from libs.common.errors import Transient
 from libs.common.ids import EventId, JobId, NodeName, VcName
+from libs.common.job_tags import TagReply, TagRequest
 from libs.common.messages import (
     AlertFiring,
     AlertResolved,
@@ -61,7 +61,7 @@ from libs.common.messages import (
 from libs.common.records import JobRecord
 from libs.common.schedule import ScheduleEntry
 from libs.common.service import ServiceContext
-from libs.common.subjects import Bucket
+from libs.common.subjects import JOB_TAG_SUBJECT, Bucket
 from services.monitor import metrics
 from services.monitor.alerts.compose import compose, compose_report
 from services.monitor.alerts.core import (
@@ -93,8 +93,6 @@ log = logging.getLogger("pai.monitor.alerts")
 DEFAULT_RULES_FILE = Path(__file__).with_name("default_rules.yaml")
 PROBED_SERVICES = ("rest", "scheduler", "launcher", "runtime")
 PROBE_TIMEOUT_SECONDS = 5.0
-RESYNC_SECONDS = 5.0
-WATCH_RETRY_SECONDS = 1.0
 REPORT_CHECK_SECONDS = 600.0
 TAG_ATTEMPTS = 5
 MAX_TAG_LENGTH = 64  # the API's limit on a job tag
@@ -114,7 +112,6 @@ class _RecordTimes(msgspec.Struct):
 
 
 _times_decoder = msgspec.json.Decoder(_RecordTimes)
-_request_decoder = msgspec.json.Decoder(AlertsRequest)
 _schedule_decoder = msgspec.json.Decoder(ScheduleEntry)
 
 
@@ -187,9 +184,9 @@ class AlertShell:
         self.mailer = mailer or Mailer(self.settings)
         self.baseline_yaml, self.baseline_source = baseline(ctx.config)
         self.core = AlertCore(load_rules_text(self.baseline_yaml))
-        self.document = Snapshot(document=None, revision=0)
+        self.document = Snapshot(value=None, revision=0)
         self.outbox: asyncio.Queue[Notification] = asyncio.Queue()
-        self.api_calls: asyncio.Queue[tuple[str, str]] = asyncio.Queue()  # (job, tag)
+        self.tags: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()  # (job, tag, by)
         self.written: dict[str, AlertRecord] = {}
         self._lock = asyncio.Lock()  # one evaluation or event at a time
         self._background: set[asyncio.Task] = set()
@@ -214,10 +211,11 @@ class AlertShell:
                 self.core.restore_job(view)
         log.info("alerts: %d rule(s), %d stored alert(s), %d job(s) restored",
                  len(self.core.rules.rules), len(alerts), len(self.core.jobs))
-        requests = await bus.nc.subscribe(ALERTS_SUBJECT, queue=ALERTS_QUEUE)
-        await bus.round_trip()  # requests made from here on find this replica
-        self.ctx.spawn(self._serve(requests), "alert-requests")
-        self.ctx.spawn(self._follow_rules(), "alert-rules")
+        requests = await documents.subscribe(bus, ALERTS_SUBJECT, ALERTS_QUEUE)  # requests from here on find it
+        answer = documents.answering(AlertsRequest, self._handle, AlertsReply, what="an alerts", store="alert store")
+        self.ctx.spawn(documents.serve(requests, answer), "alert-requests")
+        # Every change made through any replica taken up (again after a reconnect).
+        self.ctx.spawn(self.rules_key.follow(bus, self.ctx.stopping, self.follow), "alert-rules")
         self.ctx.spawn(self._send_forever(), "alert-mail")
         self.ctx.spawn(self._tag_forever(), "alert-tags")
         self.ctx.spawn(self._evaluate_forever(), "alert-evaluation")
@@ -232,7 +230,7 @@ class AlertShell:
             return  # installed already (this replica wrote it), or older than what is
         if snapshot == self.document:
             return  # still nothing stored: the baseline is in effect (the resync asks every few seconds)
-        text = snapshot.document.yaml if snapshot.document and snapshot.document.yaml else self.baseline_yaml
+        text = snapshot.value.yaml if snapshot.value and snapshot.value.yaml else self.baseline_yaml
         try:
             rules = load_rules_text(text)
         except InvalidRules as error:
@@ -242,58 +240,21 @@ class AlertShell:
         self.document = snapshot
         log.info("alert rules at revision %d: %d rule(s)", snapshot.revision, len(rules.rules))
 
-    async def _follow_rules(self) -> None:
-        async def watch() -> None:
-            while True:
-                try:
-                    async for snapshot in self.rules_key.watch():
-                        self.follow(snapshot)
-                except NATS_TROUBLE as error:
-                    log.warning("watching the alert rules failed (%r); watching again", error)
-                await asyncio.sleep(WATCH_RETRY_SECONDS)
-
-        async def resync() -> None:  # a watch can end silently when NATS restarts
-            while True:
-                await asyncio.sleep(RESYNC_SECONDS)
-                with contextlib.suppress(*NATS_TROUBLE):
-                    self.follow(await self.rules_key.read())
-
-        await asyncio.gather(watch(), resync())
-
     # --- commands ------------------------------------------------------------------
 
-    async def _serve(self, subscription: Subscription) -> None:
-        try:
-            async for msg in subscription.messages:
-                reply = await self.answer(msg.data)
-                if msg.reply:
-                    with contextlib.suppress(*NATS_TROUBLE):
-                        await msg.respond(msgspec.json.encode(reply))
-        finally:
-            with contextlib.suppress(*NATS_TROUBLE):
-                await subscription.unsubscribe()
-
-    async def answer(self, data: bytes) -> AlertsReply:
-        try:
-            request = _request_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
-            return AlertsReply(outcome=Outcome.INVALID, message=f"not an alerts request: {error}")
-        try:
-            match request.action:
-                case AlertAction.GET_RULES:
-                    self.follow(await self.rules_key.read())
-                    return self._rules_reply()
-                case AlertAction.SET_RULES | AlertAction.RESET_RULES:
-                    return await self._set_rules(request)
-                case AlertAction.REPORT:
-                    return await self._report(request)
-        except NATS_TROUBLE as error:
-            log.warning("alerts request %s failed on NATS: %r", request.action.value, error)
-            return AlertsReply(outcome=Outcome.UNAVAILABLE, message=f"the alert store is not reachable: {error!r}")
+    async def _handle(self, request: AlertsRequest) -> AlertsReply:
+        match request.action:
+            case AlertAction.GET_RULES:
+                self.follow(await self.rules_key.read())
+                return self._rules_reply()
+            case AlertAction.SET_RULES | AlertAction.RESET_RULES:
+                return await self._set_rules(request)
+            case AlertAction.REPORT:
+                return await self._report(request)
         return AlertsReply(outcome=Outcome.INVALID, message=f"unknown action {request.action}")
 
     def _rules_reply(self, message: str = "") -> AlertsReply:
-        document = self.document.document
+        document = self.document.value
         admin_yaml = document.yaml if document is not None else ""
         admin = bool(admin_yaml)
         return AlertsReply(
@@ -310,18 +271,23 @@ class AlertShell:
             except InvalidRules as error:
                 return AlertsReply(outcome=Outcome.INVALID, message=f"the alert rules are not valid: {error}",
                                    problems=[Problem(path=p.path, message=p.message) for p in error.problems])
-        current = await self.rules_key.read()
-        if request.revision is not None and request.revision != current.revision:
-            return AlertsReply(outcome=Outcome.STALE, message=(
-                f"the alert rules changed since revision {request.revision} (now {current.revision}); "
-                "read them again and redo the change"))
-        document = RuleDocument(yaml=text, by=request.by, at=self.clock())
-        try:
-            revision = await self.rules_key.write(document, last=current.revision)
-        except nats.js.errors.KeyWrongLastSequenceError:
+
+        def plan(current: Snapshot) -> documents.Write[RuleDocument, RuleDocument] | AlertsReply:
+            if request.revision is not None and request.revision != current.revision:
+                return AlertsReply(outcome=Outcome.STALE, message=(
+                    f"the alert rules changed since revision {request.revision} (now {current.revision}); "
+                    "read them again and redo the change"))
+            document = RuleDocument(yaml=text, by=request.by, at=self.clock())
+            return documents.Write(document, document)
+
+        done: tuple[RuleDocument, int] | AlertsReply | None = await self.rules_key.edit(plan)
+        if done is None:
             return AlertsReply(outcome=Outcome.STALE,
                                message="someone changed the alert rules at the same moment; read them again")
-        self.follow(Snapshot(document=document, revision=revision))
+        if isinstance(done, AlertsReply):
+            return done
+        document, revision = done
+        self.follow(Snapshot(value=document, revision=revision))
         log.info("alert rules %s by %s: revision %d", "set" if text else "reset", request.by or "-", revision)
         return self._rules_reply()
 
@@ -477,7 +443,7 @@ class AlertShell:
                     id=EventId(f"{alert.job}/stop"), job=JobId(alert.job), vc=VcName(alert.vc), by=by, at=self.clock()))
                 log.warning("stop of %s requested by %s", alert.job, by)
             case Action.TAG_JOB if alert.job:
-                self.api_calls.put_nowait((alert.job, f"alert:{alert.rule}"[:MAX_TAG_LENGTH]))
+                self.tags.put_nowait((alert.job, f"alert:{alert.rule}"[:MAX_TAG_LENGTH], by))
             case Action.CORDON_NODE if alert.node:
                 await self.ctx.bus.publish(NodeCordonChanged(
                     id=EventId(f"node/{alert.node}/cordon/alert/{alert.rule}/{int(alert.startsAt * 1000)}"), job=JobId(""),
@@ -557,45 +523,31 @@ class AlertShell:
                     self.core.service_probed(await _probe(http, name, url, self.clock))
                 await asyncio.sleep(period)
 
-    # --- job tags (through the API, as OpenPAI's alert handler does) -------------------
-
-    def api_token(self) -> str:
-        """The token the tag-job action calls the API with: `alert_api_token_file`,
-        else the admin token `pai up` writes; "" when neither is readable."""
-        path = Path(self.config.alert_api_token_file).expanduser() if self.config.alert_api_token_file else self.config.token_path
-        try:
-            return path.read_text().strip()
-        except OSError:
-            return ""
+    # --- job tags (rest changes them, asked over the bus: no API token) -------------------
 
     async def _tag_forever(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS * 2)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            while True:
-                job, tag = await self.api_calls.get()
-                await self._tag(http, job, tag)
+        while True:
+            job, tag, by = await self.tags.get()
+            await self._tag(job, tag, by)
 
-    async def _tag(self, http: aiohttp.ClientSession, job: str, tag: str) -> None:
-        """PUT /api/v2/jobs/{job}/tag; retried while the API is away, never raising."""
-        token = self.api_token()
-        if not token:
-            log.warning("tag-job: no API token (alert_api_token_file); %s not tagged %s", job, tag)
-            return
-        url = f"{self.settings.portal_url.rstrip('/')}/api/v2/jobs/{job}/tag"
+    async def _tag(self, job: str, tag: str, by: str) -> None:
+        """Ask rest to tag `job` (`pai.rpc.v1.job_tag`, libs/common/job_tags.py);
+        asked again while rest is away or busy, never raising."""
         pause = 1.0
         for attempt in range(1, TAG_ATTEMPTS + 1):
             try:
-                async with http.put(url, json={"value": tag}, headers={"Authorization": f"Bearer {token}"}) as resp:
-                    if resp.status < 300:
-                        log.info("tagged %s %s", job, tag)
-                        return
-                    answer = (await resp.text())[:300]
-                    if resp.status < 500 and resp.status != 429:  # refused: trying again changes nothing
-                        log.warning("tag-job: %s refused tagging %s %s: %s %s", url, job, tag, resp.status, answer)
-                        return
-                    problem = f"{resp.status} {answer}"
-            except (TimeoutError, aiohttp.ClientError, OSError) as error:
+                reply = await documents.ask(self.ctx.bus, JOB_TAG_SUBJECT, TagRequest(job=job, tag=tag, by=by), TagReply,
+                                            who="rest", timeout=PROBE_TIMEOUT_SECONDS * 2)
+            except NATS_TROUBLE as error:
                 problem = repr(error)
+            else:
+                if reply.outcome is Outcome.OK:
+                    log.info("tag-job: %s", reply.message)
+                    return
+                if reply.outcome in (Outcome.INVALID, Outcome.NOT_FOUND):  # refused: asking again changes nothing
+                    log.warning("tag-job: rest refused tagging %s %s: %s", job, tag, reply.message)
+                    return
+                problem = reply.message
             if attempt < TAG_ATTEMPTS:
                 log.warning("tag-job: tagging %s failed (%s); retrying in %.0f s", job, problem, pause)
                 await asyncio.sleep(pause)

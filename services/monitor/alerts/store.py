@@ -1,7 +1,8 @@
 """Where alerts live between restarts: two buckets the monitor owns. NATS plumbing only.
 
 `pai_alert_rules`, key `rules`: the rule document an admin set at run time
-(absent or empty: the shipped defaults, or `alert_rules_file`). One value, so
+(absent or empty: the shipped defaults, or `alert_rules_file`), an
+admin-editable document (`libs.common.documents`). One value, so
 a change is atomic; writers name the revision they read (`last=`), so of two
 admins changing rules at once the second is refused as stale instead of
 silently erasing the first. Every monitor replica watches the key.
@@ -16,12 +17,12 @@ redelivered event or a restart never mails it twice), `report.<ISO week>`
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
 
 import msgspec
 import nats.js.errors
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 
+from libs.common import documents
 from libs.common.alerts_messages import ALERT_KEY_PREFIX, AlertRecord
 from libs.common.bus import all_keys
 from services.monitor.alerts.core import GroupState, fingerprint_key
@@ -40,53 +41,17 @@ class RuleDocument(msgspec.Struct, frozen=True, kw_only=True):
     at: float = 0.0
 
 
-class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
-    document: RuleDocument | None  # None: nothing stored
-    revision: int
-
-
-_document_decoder = msgspec.json.Decoder(RuleDocument)
+# The key's value at one revision (value None: nothing stored, or not readable).
+Snapshot = documents.Snapshot[RuleDocument]
 _alert_decoder = msgspec.json.Decoder(AlertRecord)
 _group_decoder = msgspec.json.Decoder(GroupState)
 
 
-class RulesKey:
+class RulesKey(documents.DocumentStore[RuleDocument]):
+    """Key `rules` of `pai_alert_rules`, an admin-editable document (`libs.common.documents`)."""
+
     def __init__(self, kv: KeyValue):
-        self.kv = kv
-
-    async def read(self) -> Snapshot:
-        try:
-            entry = await self.kv.get(RULES_KEY)
-        except nats.js.errors.KeyNotFoundError:  # also a deleted key
-            return Snapshot(document=None, revision=0)
-        return Snapshot(document=_decode_document(entry.value), revision=entry.revision or 0)
-
-    async def write(self, document: RuleDocument, *, last: int) -> int:
-        """Raises nats.js.errors.KeyWrongLastSequenceError when someone wrote since `last`."""
-        value = msgspec.json.encode(document)
-        if last == 0:
-            return await self.kv.create(RULES_KEY, value)
-        return await self.kv.update(RULES_KEY, value, last=last)
-
-    async def watch(self) -> AsyncIterator[Snapshot]:
-        watcher = await self.kv.watch(RULES_KEY)
-        try:
-            async for entry in watcher:
-                if entry is None:
-                    continue
-                deleted = entry.operation in (KV_DEL, KV_PURGE)
-                yield Snapshot(document=None if deleted else _decode_document(entry.value), revision=entry.revision or 0)
-        finally:
-            await watcher.stop()
-
-
-def _decode_document(value: bytes | None) -> RuleDocument | None:
-    if not value:
-        return None
-    try:
-        return _document_decoder.decode(value)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
+        super().__init__(kv, RULES_KEY, RuleDocument)
 
 
 class AlertStore:
