@@ -458,3 +458,31 @@ def test_every_page_renders(page, url, rest, browser, platform):
         shot(admin, "15-home-admin-dark")
     finally:
         ctx.close()
+
+
+def test_a_running_jobs_utilisation_charts_fill(context, url, rest, users):
+    """The job page draws the monitor's samples (GET /api/v2/jobs/{id}/metrics) as they
+    come: the whole job's chart and its task's gain points while it runs. CPU and memory
+    only: this machine gives no GPU readings, so no GPU series is drawn."""
+    job = rest.submit(BLOCKER.replace("blocker", "charted").replace("instances: 2", "instances: 1")
+                      .replace("cpu: 8", "cpu: 1").replace("sleep 600", "while true; do :; done"), token=users["alice"])
+    tab = context.new_page()
+    watch_errors(tab)
+    try:
+        sign_in(tab, url, "alice")
+        rest.wait_state(job, {"RUNNING"})
+        tab.goto(f"{url}/#/jobs/{job}")
+        tab.wait_for_selector("#utilisation-title")
+        tab.wait_for_function("() => Number(document.querySelector('#chart-job')?.dataset.points) >= 2", timeout=60_000)
+        first = int(tab.locator("#chart-job").get_attribute("data-points"))
+        # Still filling, without a reload: more points a few samples later.
+        tab.wait_for_function(f"() => Number(document.querySelector('#chart-job').dataset.points) > {first}", timeout=60_000)
+        assert tab.locator("#chart-big-0 canvas").count() == 1  # the task's own chart
+        assert tab.locator("#chart-job canvas").count() == 1
+        legend = tab.locator("#chart-job .u-legend").inner_text()
+        assert "CPU %" in legend and "memory GiB" in legend and "GPU %" not in legend
+        assert tab.locator("#gpu-idle").is_hidden()  # holds no GPU
+        shot(tab, "17-job-utilisation")
+    finally:
+        rest.call("PUT", f"/api/v2/jobs/{job}/executionType", {"value": "STOP"}, token=users["alice"])
+        tab.close()

@@ -3,6 +3,7 @@
 
 import { api, download, events, get, jobPath, session } from "../api.js";
 import { FINAL_STATES, announce, clear, errorBox, fmtDuration, fmtTime, h, pageTitle, stateBadge, table } from "../dom.js";
+import { metricsSection } from "./job_metrics.js";
 
 const LOG_TAIL_BYTES = 64 * 1024;
 const LOG_POLL_MS = 2000;
@@ -30,6 +31,8 @@ export async function render(main, { args, go }) {
   let detail = null;
   let logTimer = null;
   let stopped = false;
+  const metrics = metricsSection(id);  // kept across reloads: its charts fill as samples come
+  let metricsStarted = false;
 
   async function loadLog() {
     if (!logSelect.value) return;
@@ -119,6 +122,7 @@ export async function render(main, { args, go }) {
     sections.push(h("section", { "aria-labelledby": "tasks-title" }, h("h2", { id: "tasks-title" }, "Task roles and tasks"),
       h("div", { class: "table-wrap" }, table(["task", "state", "node", "GPUs", "ports", "exit code", "exit", "retries", ""], taskRows))));
 
+    if (owner) sections.push(metrics.section);
     if (owner) {
       const previous = logSelect.value;
       clear(logSelect, options.map((o) => h("option", { value: o }, o)));
@@ -154,6 +158,7 @@ export async function render(main, { args, go }) {
     }
     clear(body, sections);
     if (owner) { await loadLog(); if (!FINAL_STATES.has(st.state)) scheduleLog(); }
+    if (owner && !metricsStarted && st.state !== "WAITING") { metricsStarted = true; metrics.start(); }
   }
 
   clear(main, head, body);
@@ -167,5 +172,5 @@ export async function render(main, { args, go }) {
   });
   // Others' jobs are not on a user's stream; and a missed event must not freeze the page.
   const timer = setInterval(() => { if (!FINAL_STATES.has(detail.jobStatus.state)) load({ ifChanged: true }).catch(() => {}); }, 10000);
-  return () => { stopped = true; off(); clearTimeout(pending); clearTimeout(logTimer); clearInterval(timer); };
+  return () => { stopped = true; metrics.stop(); off(); clearTimeout(pending); clearTimeout(logTimer); clearInterval(timer); };
 }
