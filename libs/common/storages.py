@@ -73,6 +73,19 @@ class Storage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     default: bool = False
     mountOptions: list[str] = []  # nfs mount options (Kubernetes: the volume's; local: the admin's mount)
     description: str = ""
+    # A job's own: the subdirectory it mounts instead of the whole storage (OpenPAI's
+    # `share: false` in extras.storages: the user's own directory, named after them).
+    subPath: str = ""
+
+
+class StorageRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of OpenPAI's `extras.storages` (the form its web portal writes):
+    a storage by name, where the job wants it, read-only, or the user's own part."""
+
+    name: str
+    mountPath: str = ""  # "": the declaration's
+    readOnly: bool = False  # a job may only narrow a storage to read-only
+    share: bool = True  # false: the user's own subdirectory (subPath = user name)
 
 
 def mount_path(storage: Storage) -> str:
@@ -84,10 +97,12 @@ def claim_name(storage: Storage) -> str:
 
 
 def node_path(storage: Storage) -> str | None:
-    """The directory a node has the storage at (what a process task or a container binds), if any."""
-    if storage.type == "hostPath":
-        return storage.data.path
-    return storage.data.hostPath or None
+    """The directory a node has the storage at (what a process task or a container binds), if any;
+    the job's subdirectory of it where it mounts one (subPath)."""
+    root = storage.data.path if storage.type == "hostPath" else storage.data.hostPath
+    if not root:
+        return None
+    return f"{root.rstrip('/')}/{storage.subPath}" if storage.subPath else root
 
 
 # --- checks ------------------------------------------------------------------------------------
@@ -145,14 +160,21 @@ def check_storage(storage: Storage) -> None:
         _check_source(data.hostPath, "data.hostPath")
     if storage.mountPath:
         _check_absolute(storage.mountPath, "mountPath")
-    where = mount_path(storage)
-    for reserved in RESERVED_MOUNT_PATHS:
-        if where == "/" or where == reserved or where.startswith(reserved + "/"):
-            raise _bad("mountPath", "reserved", f"{where} is a system directory of the task; use one under /mnt")
+    problem = mount_path_problem(mount_path(storage))
+    if problem is not None:
+        raise _bad("mountPath", "reserved", problem)
     if len(storage.mountOptions) > MAX_MOUNT_OPTIONS or any(
         not o or "," in o or len(o) > 256 for o in storage.mountOptions
     ):
         raise _bad("mountOptions", "format", f"at most {MAX_MOUNT_OPTIONS} options, each without ','")
+
+
+def mount_path_problem(where: str) -> str | None:
+    """Why a task cannot have a storage at `where` (an absolute, normal path), or None."""
+    for reserved in RESERVED_MOUNT_PATHS:
+        if where == "/" or where == reserved or where.startswith(reserved + "/"):
+            return f"{where} is a system directory of the task; use one under /mnt"
+    return None
 
 
 def decode_storage(raw: object, where: str = "") -> Storage:
@@ -200,10 +222,17 @@ def resolve_for_job(
     granted: frozenset[str] | None,
     *,
     path: str = "extras.com.microsoft.pai.runtimeplugin",
+    asks: list[StorageRequest] | None = None,
+    user: str = "",
 ) -> list[Storage]:
-    """The storages a job mounts: `requested` None (no teamwise_storage plugin): none;
-    [] (the plugin names none): the granted default storages; else those named, each
-    declared (NoStorage naming it) and granted (Forbidden naming it). `granted` None: an admin."""
+    """The storages a job mounts: `requested` None (no teamwise_storage plugin) and no
+    `asks` (extras.storages): none; [] (the plugin names none): the granted default
+    storages; else those named, each declared (NoStorage naming it) and granted
+    (Forbidden naming it), with what `asks` says of each (mount path, read-only, the
+    user's own subdirectory). `granted` None: an admin."""
+    if asks:
+        path = "extras.storages" if requested is None else path
+        requested = [*(requested or []), *(a.name for a in asks)]
     if requested is None:
         return []
     if not requested:
@@ -221,6 +250,11 @@ def resolve_for_job(
             raise Forbidden(f"storage {name!r} ({path}: storageConfigNames) is not granted to any of your groups; "
                             "ask an admin to add it to a group's extension.acls.storageConfigs",
                             details={"errors": [{"path": path, "rule": "storage_not_granted", "storage": name}]})
+        for ask in asks or ():
+            if ask.name == name:
+                storage = msgspec.structs.replace(
+                    storage, mountPath=ask.mountPath or storage.mountPath, readOnly=storage.readOnly or ask.readOnly,
+                    subPath=storage.subPath if ask.share else user)
         found.append(storage)
     paths = [mount_path(s) for s in found]
     for i, where in enumerate(paths):

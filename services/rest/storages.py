@@ -106,9 +106,10 @@ async def granted(bus: Bus, caller: Principal) -> frozenset[str] | None:
 async def with_storages(bus: Bus, caller: Principal, spec: JobSpec) -> JobSpec:
     """The spec with the declarations of the storages it mounts; 404/403 naming a storage
     that is not declared or not granted (libs/common/storages.py: resolve_for_job)."""
-    if spec.storageConfigNames is None:
+    if spec.storageConfigNames is None and not spec.storageRequests:
         return spec
-    mounted = core.resolve_for_job(spec.storageConfigNames, await all_storages(bus), await granted(bus, caller))
+    mounted = core.resolve_for_job(spec.storageConfigNames, await all_storages(bus), await granted(bus, caller),
+                                   asks=spec.storageRequests, user=spec.user)
     return msgspec.structs.replace(spec, storages=mounted)
 
 

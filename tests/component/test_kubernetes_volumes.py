@@ -43,6 +43,16 @@ async def test_shm_and_storages_are_volumes_of_the_pod(cluster):
     assert mounts["/mnt/share"]["readOnly"] is True
     assert volumes[mounts["/checkpoints"]["name"]]["persistentVolumeClaim"] == {"claimName": "ckpt-claim",
                                                                                "readOnly": False}
+    assert "subPath" not in mounts["/mnt/team"]
+
+
+async def test_the_users_own_part_of_a_storage_is_a_sub_path(cluster):
+    backend, _ = await cluster.backend()
+    key = task_key()
+    own = Storage(name="team", type="hostPath", data=StorageData(path="/srv/team"), subPath="alice")
+    await backend.start(task_launch(key, storages=[own]))
+    mount = next(m for m in pod_of(cluster, key)["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == "/mnt/team")
+    assert mount["subPath"] == "alice"
 
 
 async def test_shm_is_openpais_512_mb_when_the_job_sets_none(cluster):

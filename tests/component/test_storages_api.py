@@ -173,3 +173,25 @@ async def test_the_plugin_naming_none_mounts_the_granted_default_storages(setup)
     assert status == 202, body
     stored = await get_json(await platform.kv(Bucket.JOBS), ids.job_key(body["job"]), SubmittedJob)
     assert stored is not None and [s.name for s in stored[0].spec.storages] == [default]
+
+
+async def test_openpais_extras_storages_mount_where_the_job_says_and_are_granted_alike(setup):
+    api, admin, platform = setup
+    team, other = unique("team"), unique("other")
+    await declare(api, admin, team)
+    await declare(api, admin, other)
+    token = await member_of_group_granting(api, admin, team)
+    name = unique("j")
+    doc = yaml.safe_load(job_yaml(name, None))
+    doc["extras"] = {"storages": [{"name": team, "mountPath": "/data/team", "share": False}]}
+    status, body = await api.call(token, "POST", "/api/v2/jobs", yaml.safe_dump(doc), "text/yaml")
+    assert status == 202, body
+    stored = await get_json(await platform.kv(Bucket.JOBS), ids.job_key(body["job"]), SubmittedJob)
+    assert stored is not None
+    [storage] = stored[0].spec.storages
+    assert (storage.name, storage.mountPath, storage.subPath) == (team, "/data/team", body["job"].split("~")[0])
+
+    doc["name"] = unique("j")
+    doc["extras"] = {"storages": [{"name": other}]}
+    status, body = await api.call(token, "POST", "/api/v2/jobs", yaml.safe_dump(doc), "text/yaml")
+    assert (status, body["details"]["errors"][0]["path"]) == (403, "extras.storages"), body

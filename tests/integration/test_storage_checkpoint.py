@@ -73,3 +73,18 @@ async def test_a_storage_the_node_does_not_have_fails_the_task_naming_it(platfor
     detail = await platform.wait_state(answer["job"], {"SUCCEEDED", "FAILED"})
     assert detail["jobStatus"]["state"] == "FAILED"
     assert f"storage {name}" in str(detail), detail
+
+
+async def test_openpais_extras_storages_give_the_user_their_own_part_where_the_job_says(platform: Api, tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.skip("storages are bound into a task's own mount namespace, which needs root")
+    name = f"own{uuid.uuid4().hex[:6]}"
+    root = tmp_path / "storage" / "own"
+    await platform.client.request("PUT", f"/api/v2/storages/{name}",
+                                  json_body={"type": "hostPath", "data": {"path": str(root)}})
+    extra = f"extras:\n  storages:\n    - {{name: {name}, mountPath: /data/{name}, share: false}}\n"
+    answer = await platform.submit(job_yaml(f"own-{name}", [f"echo mine > /data/{name}/result.txt"], extra=extra))
+    detail = await platform.wait_state(answer["job"], {"SUCCEEDED", "FAILED"})
+    assert detail["jobStatus"]["state"] == "SUCCEEDED", await platform.logs(answer["job"])
+    user = answer["job"].split("~")[0]
+    assert (root / user / "result.txt").read_text() == "mine\n"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
-from libs.common.storages import Storage
+from libs.common.storages import Storage, StorageRequest
 
 # extras.hivedScheduler.jobPriorityClass -> priority, as in HiveD/OpenPAI.
 PRIORITY_CLASSES: dict[str, int] = {"crit": 120, "prod": 100, "test": 10, "oppo": -1}
@@ -86,6 +86,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     # teamwise_storage's storageConfigNames (extras.com.microsoft.pai.runtimeplugin):
     # None: the job has no such plugin; []: the plugin names none (the default storages).
     storageConfigNames: list[str] | None = None
+    # OpenPAI's extras.storages: storages by name with the job's mount path, read-only
+    # flag or `share: false` (the user's own subdirectory).
+    storageRequests: list[StorageRequest] = []
     # The storages the job mounts, resolved by rest at submission from the admins'
     # declarations and the user's grants (libs/common/storages.py).
     storages: list[Storage] = []

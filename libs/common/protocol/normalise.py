@@ -20,7 +20,7 @@ from libs.common.protocol.model import (
 )
 from libs.common.protocol.paths import RawMapping
 from libs.common.protocol.plugins import storage_config_names, with_steps
-from libs.common.protocol.validate_extras import job_pin
+from libs.common.protocol.validate_extras import extras_storages, job_pin
 
 DEFAULT_VIRTUAL_CLUSTER = "default"
 
@@ -50,6 +50,7 @@ def build_job_spec(data: RawMapping, *, user: str, ignored_fields: list[str]) ->
         notifyStates=_notify_states(extras.get("jobStatusChangeNotification", False)),
         notifyEmails=_emails(extras.get("notifyEmails", [])),
         storageConfigNames=storage_config_names(data),
+        storageRequests=extras_storages(data),
         ignoredFields=ignored_fields,
     )
 

@@ -30,14 +30,19 @@ succeeded, failed, stopped and retried (docs/alerts.md).
 
 from __future__ import annotations
 
+import posixpath
 import re
 
+import msgspec
+
+from libs.common.ids import NAME_PATTERN
 from libs.common.protocol.checks import Checker
 from libs.common.protocol.document import type_name
 from libs.common.protocol.limits import MAX_SKU_NUMBER
 from libs.common.protocol.model import PRIORITY_CLASSES
 from libs.common.protocol.paths import DocPath, RawMapping
 from libs.common.protocol.plugins import check_runtime_plugins
+from libs.common.storages import StorageRequest, mount_path_problem
 
 HIVED_KEYS = frozenset({"jobPriorityClass", "skuType", "pinnedCellId", "lazyPreemptionEnable", "taskRoles",
                         "gangReleaseEnable"})
@@ -67,6 +72,8 @@ def check_extras(check: Checker, data: RawMapping) -> None:
                 _check_notification(check, extras[key], path)
             case "notifyEmails":
                 _check_emails(check, extras[key], path)
+            case "storages":
+                _check_storages(check, extras[key], path)
             case "com.microsoft.pai.runtimeplugin":
                 check_runtime_plugins(check, extras[key], path, data)
             case _:
@@ -156,6 +163,40 @@ def _check_pins(check: Checker, hived: RawMapping, path: DocPath, data: RawMappi
             check.error((*path, "taskRoles", str(name), "pinnedCellId"), "pinned_cell_mismatch",
                         f"this role is pinned to {pin!r} and another to {wanted!r}: PAI places a job in one "
                         "pinned cell (or none); pin every role to the same cell, or split the job")
+
+
+STORAGE_KEYS = ("name", "mountPath", "readOnly", "share")
+
+
+def _check_storages(check: Checker, value: object, path: DocPath) -> None:
+    """OpenPAI's `extras.storages`: [{name, mountPath, readOnly, share}] (libs/common/storages.py)."""
+    if not isinstance(value, list):
+        check.error(path, "type", f"must be a list of storages ({{name, mountPath}}), not {type_name(value)}")
+        return
+    for index, item in enumerate(value):
+        where: DocPath = (*path, index)
+        if not check.mapping(item, where):
+            continue
+        check.known_keys(item, where, STORAGE_KEYS)
+        if check.required(item, where, ("name",)) and check.string(item["name"], (*where, "name"), non_empty=True):
+            check.pattern(item["name"], (*where, "name"), NAME_PATTERN, "storage name")
+        for key in ("readOnly", "share"):
+            if key in item:
+                check.boolean(item[key], (*where, key))
+        if "mountPath" in item and check.string(item["mountPath"], (*where, "mountPath"), non_empty=True):
+            mount = item["mountPath"]
+            problem = (None if mount.startswith("/") and posixpath.normpath(mount) == mount.rstrip("/")
+                       and len(mount) <= 1024 else "must be an absolute, normal path (no '..', '//' or '.' parts)")
+            problem = problem or mount_path_problem(mount.rstrip("/") or "/")
+            if problem:
+                check.error((*where, "mountPath"), "format", problem)
+
+
+def extras_storages(data: RawMapping) -> list[StorageRequest]:
+    """The storages `extras.storages` asks for; the document must be valid."""
+    extras = data.get("extras")
+    items = extras.get("storages") if isinstance(extras, dict) else None
+    return [msgspec.convert(item, StorageRequest) for item in items] if isinstance(items, list) else []
 
 
 def _check_notification(check: Checker, value: object, path: DocPath) -> None:

@@ -171,7 +171,10 @@ def storage_volume(storage: Storage) -> tuple[dict, dict]:
             volume["nfs"] = {"server": storage.data.server, "path": storage.data.path, "readOnly": storage.readOnly}
         case "pvc":
             volume["persistentVolumeClaim"] = {"claimName": claim_name(storage), "readOnly": storage.readOnly}
-    return volume, {"name": name, "mountPath": mount_path(storage), "readOnly": storage.readOnly}
+    mount = {"name": name, "mountPath": mount_path(storage), "readOnly": storage.readOnly}
+    if storage.subPath:
+        mount["subPath"] = storage.subPath  # the user's own directory (share: false)
+    return volume, mount
 
 
 def registry_secret_name(job: str, auth: dict[str, str]) -> str:

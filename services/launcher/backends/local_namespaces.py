@@ -77,7 +77,8 @@ def storage_binds(storages: list[Storage], task_gid: int | None) -> tuple[BindMo
     is the admin's to mount there (StorageUnavailable names it when it is not)."""
     binds = tuple(bind_mounts(storages))
     for storage, bind in zip(storages, binds, strict=True):
-        if storage.type == "hostPath" and not os.path.exists(bind.host_path):
+        root_there = storage.type == "hostPath" or os.path.isdir(bind.host_path.removesuffix("/" + storage.subPath))
+        if (storage.type == "hostPath" or storage.subPath) and root_there and not os.path.exists(bind.host_path):
             os.makedirs(bind.host_path, mode=0o700, exist_ok=True)
             if task_gid is not None:
                 os.chown(bind.host_path, 0, task_gid)

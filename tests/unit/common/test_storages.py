@@ -109,3 +109,17 @@ def test_binds_of_a_jobs_storages_for_processes_and_containers():
     assert bind_mounts([]) == []
     with pytest.raises(UnmountableStorage, match="ckpt"):
         bind_mounts([CLAIM])
+
+
+def test_openpais_extras_storages_set_the_mount_path_read_only_and_the_users_own_part():
+    from libs.common.storages import StorageRequest
+
+    asks = [StorageRequest(name="team", mountPath="/data/team", readOnly=True, share=False),
+            StorageRequest(name="share", mountPath="")]
+    got = resolve_for_job(None, DECLARED, frozenset({"team", "share"}), asks=asks, user="alice")
+    assert [(s.name, s.mountPath, s.readOnly, s.subPath) for s in got] == [
+        ("team", "/data/team", True, "alice"), ("share", "", True, "")]  # share: declared read-only stays so
+    assert bind_mounts(got) == [BindMount("/srv/pai-storage/team/alice", "/data/team", True),
+                                BindMount("/mnt/nfs/share", "/mnt/share", True)]
+    with pytest.raises(Forbidden, match="'ckpt'"):
+        resolve_for_job(None, DECLARED, frozenset({"team"}), asks=[StorageRequest(name="ckpt")], user="alice")

@@ -41,6 +41,8 @@ CASES = {
     "cpu only, no ports": launch(gpu=0, ports={}, placement=TaskPlacement(role="Worker_Role", index=7, node="n",
                                                                           hostIp="10.0.0.4")),
     "storages and shm": launch(storages=STORAGES, shmMB=4096),
+    "the user's own part of a storage": launch(storages=[Storage(
+        name="team", type="hostPath", data=StorageData(path="/srv/team"), subPath="Alice")]),
     "registry login": launch(dockerImageUri="registry.example:5000/team/train:1",
                              dockerImageAuth={"username": "bot", "password": "p", "registryuri": "registry.example:5000"}),
     "cluster pull secret and login": launch(imagePullSecret="cluster-registry", dockerImageAuth={"username": "u"}),

@@ -177,6 +177,29 @@ def test_teamwise_storage_names_the_storages(plugins, names):
 
 def test_other_plugins_are_kept_and_reported_as_not_run():
     parsed = parse_job(yaml.safe_dump(job(extras={"com.microsoft.pai.runtimeplugin": [
-        {"plugin": "ssh", "parameters": {"jobssh": True}}]})), user="alice")
+        {"plugin": "tensorboard", "parameters": {"logdir": {"path": "/mnt/tb"}}}]})), user="alice")
     assert parsed.spec.ignoredFields == ["extras.com.microsoft.pai.runtimeplugin[0]"]
     assert parsed.spec.role("worker").commands == ["echo main"]
+
+
+def test_openpais_extras_storages_are_read():
+    spec = parse_job(yaml.safe_dump(job(extras={"storages": [
+        {"name": "team", "mountPath": "/data/team", "readOnly": True, "share": False}, {"name": "share"}]})),
+        user="alice").spec
+    assert [(r.name, r.mountPath, r.readOnly, r.share) for r in spec.storageRequests] == [
+        ("team", "/data/team", True, False), ("share", "", False, True)]
+    assert spec.ignoredFields == []
+
+
+@pytest.mark.parametrize(("storages", "path"), [
+    ([{"mountPath": "/x"}], "extras.storages[0].name"),
+    ([{"name": "a b"}], "extras.storages[0].name"),
+    ([{"name": "a", "mountPath": "relative"}], "extras.storages[0].mountPath"),
+    ([{"name": "a", "mountPath": "/proc/x"}], "extras.storages[0].mountPath"),
+    ([{"name": "a", "share": "no"}], "extras.storages[0].share"),
+    ({"name": "a"}, "extras.storages"),
+])
+def test_bad_extras_storages_are_refused_naming_the_field(storages, path):
+    with pytest.raises(ProtocolError) as refused:
+        parse_job(yaml.safe_dump(job(extras={"storages": storages})), user="alice")
+    assert path in [e.path for e in refused.value.errors], refused.value.errors
