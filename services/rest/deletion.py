@@ -37,6 +37,7 @@ from libs.common.jetstream_limits import store_settings
 from libs.common.messages import JobDeleted, job_deleted_id
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
+from services.rest import job_ssh
 from services.rest.job_index import JobIndex
 from services.rest.records import SubmittedJob
 
@@ -64,6 +65,7 @@ async def remove_records(ctx: ServiceContext, job: str, submitted_at: float) -> 
         await secrets.purge(key)
     except nats.js.errors.NotFoundError:
         pass
+    await job_ssh.forget(ctx.bus, job)  # the ssh plugin's key pair kept for the owner, where it has one
     if got is None:
         return False
     await jobs.purge(key)

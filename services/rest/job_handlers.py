@@ -28,7 +28,7 @@ from libs.common.records import JobRecord
 from libs.common.schedule import ClusterView
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket
-from services.rest import deletion, history_reads, intake, jobs_api, metrics, portal_routes, quotas, storages, views
+from services.rest import deletion, history_reads, intake, job_ssh, jobs_api, metrics, portal_routes, quotas, storages, views
 from services.rest.identity import core as identity_core, store as identity_store
 from services.rest.log_stream import log_response
 from services.rest.records import SubmittedJob
@@ -56,6 +56,8 @@ async def _take_job(request: web.Request) -> web.Response:
     with errors_located(body, request.content_type):  # teamwise_storage: 404 unknown, 403 not granted, each named
         spec = await storages.with_storages(ctx.bus, user, spec)
     jid = ids.job_id(user.username, spec.name)
+    # OpenPAI's ssh plugin: the job's key pair and the owner's profile keys (services/rest/job_ssh.py).
+    spec, secrets, ssh_keys = await job_ssh.prepare(ctx.bus, user.username, jid, spec, parsed.config, parsed.secrets)
     if portal_routes.wants_dry_run(request):  # validated as a submission is; nothing stored or published
         return portal_routes.dry_run_answer(jid, parsed)
     record = SubmittedJob(
@@ -77,10 +79,12 @@ async def _take_job(request: web.Request) -> web.Response:
     # 507 past the user's stored-jobs quotas, before anything is stored (services/rest/quotas.py).
     await quotas.check_submission(request, request.app.get(jobs_api.INDEX), user.username,
                                   len(msgspec.json.encode(record)))
-    if parsed.secrets:  # sealed for the launcher alone, stored before the record names the job
+    if secrets:  # sealed for the launcher alone, stored before the record names the job
         kv, key = await ctx.bus.kv(Bucket.JOBS), ids.job_key(jid)
         await job_secrets.store(await ctx.bus.kv(Bucket.SECRETS), ctx.config.secrets_public_key_file, key,
-                                parsed.secrets, job_exists=lambda: get_json(kv, key, SubmittedJob))
+                                secrets, job_exists=lambda: get_json(kv, key, SubmittedJob))
+    if ssh_keys is not None:  # for the owner's GET .../ssh
+        await job_ssh.keep(ctx.bus, jid, ssh_keys)
     try:
         published = await request.app[jobs_api.INTAKE].submit(record)
     except nats.js.errors.KeyWrongLastSequenceError:

@@ -20,12 +20,13 @@ from urllib.parse import quote, urlencode
 import sqlalchemy
 from aiohttp import web
 
+from libs.common import ids
 from libs.common.errors import NotFound
 from libs.common.records import JobRecord
-from services.rest import jobs_api, views
+from services.rest import job_ssh, jobs_api, views
 from services.rest.history import query as history_query
 from services.rest.records import SubmittedJob
-from services.rest.request import bad_field, ctx_of
+from services.rest.request import USER, bad_field, ctx_of
 
 # PAI's attempt n is OpenPAI's n - 1.
 OPENPAI_OFFSET = 1
@@ -160,17 +161,23 @@ def log_locations(base_url: str, jid: str, pai_attempt: int, role: str, index: i
     return {"locations": [{"name": LOG_NAME, "uri": f"{base_url}{path}?{urlencode(query)}"}]}
 
 
-def ssh_info(jid: str, rec: JobRecord | None) -> dict[str, Any]:
+def ssh_info(jid: str, rec: JobRecord | None, login: str = "") -> dict[str, Any]:
     """OpenPAI's SSH info (its v1 shape: a container per task with its SSH address) from
     the tasks of the current attempt that expose an `ssh` port; 404 as OpenPAI's
-    NoJobSshInfoError where none does (pure)."""
+    NoJobSshInfoError where none does (pure). PAI adds each task's login and the
+    command line that reaches it with the job's private key (saved as
+    keyPair.privateKeyFileName)."""
     containers = []
     if rec is not None and rec.attempts:
         for task in rec.current.tasks:
             ports = task.ports.get(SSH_PORT_LABEL)
             if ports and task.hostIp:
-                containers.append({"id": f"{task.role}-{task.index}", "taskRoleName": task.role,
-                                   "taskIndex": task.index, "sshIp": task.hostIp, "sshPort": str(ports[0])})
+                entry = {"id": f"{task.role}-{task.index}", "taskRoleName": task.role,
+                         "taskIndex": task.index, "sshIp": task.hostIp, "sshPort": str(ports[0])}
+                if login:
+                    entry |= {"user": login, "sshCommand": f"ssh -i {ids.job_key(jid)} -p {ports[0]} "
+                                                           f"{login}@{task.hostIp}"}
+                containers.append(entry)
     if not containers:
         raise SshInfoNotFound(f"SSH info of job {jid} is not found: none of its running tasks exposes an "
                               f"'{SSH_PORT_LABEL}' port")
@@ -291,4 +298,8 @@ async def get_ssh_info(request: web.Request) -> web.Response:
     jid = jobs_api.job_param(request)
     sub, rec, _ = await jobs_api.read_job(request, jid)
     jobs_api.require_owner_or_admin(request, sub, "read the SSH info of")
-    return jobs_api.json_response(ssh_info(jid, rec))
+    pair = await job_ssh.read(ctx_of(request).bus, jid)
+    info = ssh_info(jid, rec, sub.user if pair is not None else "")
+    # The job's private key to its owner alone (an admin sees where the tasks are, not the key).
+    info["keyPair"] = job_ssh.key_pair_view(jid, pair, with_private=request[USER].username == sub.user)
+    return jobs_api.json_response(info)

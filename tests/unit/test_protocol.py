@@ -110,13 +110,11 @@ def test_real_tensorflow_example_renders_its_deployment_and_prerequisites():
     assert worker.dockerImageUri == "openpai/pai.example.tensorflow"
 
 
-def test_real_cpu_example_reports_the_ssh_plugin_as_ignored_and_asks_for_its_storage():
+def test_real_cpu_example_takes_the_ssh_plugin_and_asks_for_its_storage():
     parsed = parse_job(reference_file("example-CPU_500Task_MNIST.yaml").read_bytes(), user="alice")
     assert parsed.spec.gangAllocation is False
     assert parsed.spec.role("taskrole").instances == 500
-    assert parsed.spec.ignoredFields == ["extras.com.microsoft.pai.runtimeplugin[0]"]
-    assert parsed.warnings[0].startswith("extras.com.microsoft.pai.runtimeplugin[0]: kept but not acted on")
-    assert "'ssh'" in parsed.warnings[0]
+    assert parsed.spec.ignoredFields == [] and parsed.warnings == []  # ssh is run (rest folds it in)
     assert parsed.spec.storageConfigNames == ["confignfs"]
 
 
