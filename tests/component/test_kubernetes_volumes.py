@@ -116,3 +116,20 @@ async def test_a_registry_secret_left_by_a_launcher_that_died_is_removed_at_reco
     assert secret_named(cluster, left["metadata"]["name"]) is None
     live_secret = registry_secret_name(live.job, AUTH)
     assert secret_named(cluster, live_secret) is not None  # its job still has a Pod
+
+
+async def test_a_clusters_own_pull_secret_is_never_deleted(cluster):
+    backend, events = await cluster.backend()
+    key = task_key()
+    await backend.start(task_launch(key, imagePullSecret="site-regcred-shared", dockerImageAuth=AUTH))
+    await backend._json(backend._api.create_namespaced_secret(NAMESPACE, {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "site-regcred-shared"}, "type": "Opaque"},
+        _preload_content=False))
+    pod = kube_names.pod_name(key)
+    await cluster.kubelet.run(pod)
+    await events.next(TaskRunning, key)
+    await cluster.kubelet.exit(pod, 0)
+    await events.next(TaskFinished, key)
+    await backend.forget(key)
+    assert secret_named(cluster, "site-regcred-shared") is not None
+    assert secret_named(cluster, registry_secret_name(key.job, AUTH)) is None

@@ -66,6 +66,9 @@ SHM_VOLUME = "dshm"
 # Where an image prerequisite without `registryuri` is pulled from (OpenPAI's default).
 DEFAULT_REGISTRY = "https://index.docker.io/v1/"
 KIND_LABEL = "pai/kind"
+# The job's registry Secret a Pod pulls with (PAI's own, deleted with the job's last Pod);
+# a cluster's own pull secret (imagePullSecret) is never named here, so never deleted.
+REGISTRY_SECRET_ANNOTATION = "pai/registry-secret"
 REGISTRY_SECRET_KIND = "regcred"
 
 
@@ -144,6 +147,7 @@ def build_pod(
     pull_secrets = [launch.imagePullSecret] if launch.imagePullSecret else []
     if launch.dockerImageAuth:
         pull_secrets.append(registry_secret_name(launch.key.job, launch.dockerImageAuth))
+        annotations[REGISTRY_SECRET_ANNOTATION] = pull_secrets[-1]
     if pull_secrets:
         spec["imagePullSecrets"] = [{"name": name} for name in pull_secrets]
     return {
@@ -211,9 +215,9 @@ def registry_secret(launch: TaskLaunch, namespace: str) -> dict | None:
 
 
 def registry_secrets_of(pod: dict) -> list[str]:
-    """The job's registry Secrets a Pod pulls with (deleted with the job's last Pod)."""
-    named = ((pod.get("spec") or {}).get("imagePullSecrets")) or []
-    return [s["name"] for s in named if isinstance(s, dict) and "-regcred-" in str(s.get("name", ""))]
+    """The job's registry Secret a Pod pulls with, as PAI made it (deleted with the job's last Pod)."""
+    name = _annotations(pod).get(REGISTRY_SECRET_ANNOTATION)
+    return [name] if isinstance(name, str) and name else []
 
 
 def task_script(commands: list[str]) -> str:
