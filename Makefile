@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast test-gpu install clean lint bench browser-deps postgres-deps container-deps openpai-sdk-deps
+.PHONY: up test test-fast test-gpu install clean lint bench browser-deps postgres-deps container-deps openpai-sdk-deps ssh-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,17 @@ container-deps:
 	fi
 	@if command -v podman >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then sh tests/containers/build-images.sh; fi
 
+# Debian's OpenSSH (client and server) and libnss_wrapper for the ssh plugin's tests
+# (tests/integration/test_ssh.py): installed as root when missing; the package's own
+# sshd service is not what PAI runs (each task starts its own).
+ssh-deps:
+	@if ! command -v ssh >/dev/null 2>&1 || [ ! -x /usr/sbin/sshd ] || ! ls /usr/lib/*/libnss_wrapper.so >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+				openssh-client openssh-server libnss-wrapper >/dev/null; \
+		else echo "OpenSSH or libnss_wrapper is missing and this is not root on Debian: the ssh tests will skip (apt-get install openssh-client openssh-server libnss-wrapper)" >&2; fi; \
+	fi
+
 # The tests run in TEST_WORKERS processes (pytest-xdist): each module whole on one, and
 # the modules that run tasks on the local backend one after another on one (their
 # group, tests/conftest.py); the others side by side with them, so that the tests that
@@ -76,7 +87,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 ## Install everything the tests need, lint, then run every test tier.
-test: $(STAMP) lint browser-deps postgres-deps openpai-sdk-deps container-deps
+test: $(STAMP) lint browser-deps postgres-deps openpai-sdk-deps container-deps ssh-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: $(STAMP)

@@ -288,13 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     alerts_cli.add_parser(sub)
     report_cli.add_parser(sub)
     nodes.add_parser(sub)
-    from cli import login, users, watch
+    from cli import login, ssh as ssh_cli, users, watch
     from cli.simulate import add_parser as add_simulate
 
     add_simulate(sub)
     login.add_parser(sub)
     users.add_parser(sub)
     watch.add_parser(sub)
+    ssh_cli.add_parser(sub)
     _accept_global_options_after_subcommands(parser)
     return parser
 
