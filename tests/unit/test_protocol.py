@@ -162,9 +162,8 @@ def test_full_fixture_is_normalised_into_the_job_spec():
     assert (worker.completion.minSucceededInstances, spec.role("ps").taskRetryCount) == (2, 1)
     assert spec.notifyOnStateChange is True
     assert spec.notifyEmails == ["vision-team@example.com"]
-    assert spec.ignoredFields == [
-        "prerequisites[0].auth", "prerequisites[1]", "prerequisites[2]", "prerequisites[3]", "extras.submitFrom",
-    ]
+    # The image's auth is used (the pull's credentials), so it is not among them.
+    assert spec.ignoredFields == ["prerequisites[1]", "prerequisites[2]", "prerequisites[3]", "extras.submitFrom"]
     assert len(parsed.warnings) == len(spec.ignoredFields)
 
 
