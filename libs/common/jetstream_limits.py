@@ -136,8 +136,16 @@ def store_settings(config: Config) -> StoreSettings:
             limits = msgspec.structs.replace(limits, max_message_bytes=config.nats_max_message_bytes)
         if bucket is Bucket.JOB_METRICS:  # gone with the job's logs (retention_finished_seconds)
             limits = msgspec.structs.replace(limits, max_age_seconds=config.retention_finished_seconds)
-        buckets[bucket] = limits
-    return StoreSettings(replicas=max(1, config.nats_replicas), events=events, buckets=buckets)
+        buckets[bucket] = _window_within_age(limits)
+    return StoreSettings(replicas=max(1, config.nats_replicas), events=_window_within_age(events), buckets=buckets)
+
+
+def _window_within_age(limits: StoreLimits) -> StoreLimits:
+    """nats-server refuses a stream whose duplicate window is longer than its max age
+    (e.g. job metrics kept for a test's short retention): the window is cut to the age."""
+    if limits.max_age_seconds and limits.duplicate_window_seconds > limits.max_age_seconds:
+        return msgspec.structs.replace(limits, duplicate_window_seconds=limits.max_age_seconds)
+    return limits
 
 
 def marker_seconds(config: Config) -> float:

@@ -40,7 +40,10 @@ async def test_the_event_stream_and_every_bucket_carry_the_tables_limits(nats_se
             assert (config.max_bytes, config.max_msg_size, config.max_msgs_per_subject) == (
                 limits.max_bytes, limits.max_message_bytes, 1), bucket
             assert config.discard == nats.js.api.DiscardPolicy.NEW, bucket
-            assert not config.max_age, f"{bucket} entries must not expire"
+            if bucket is Bucket.JOB_METRICS:  # a task's samples go with the job's logs
+                assert config.max_age == Config().retention_finished_seconds
+            else:
+                assert not config.max_age, f"{bucket} entries must not expire"
     finally:
         await bus.close()
 
@@ -88,4 +91,19 @@ async def test_a_client_given_several_servers_uses_one_that_answers(nats_server)
     try:
         assert (await bus.js.stream_info(STREAM)).config.name == STREAM
     finally:
+        await bus.close()
+
+
+async def test_a_retention_shorter_than_the_duplicate_window_still_makes_the_store(nats_server) -> None:
+    # Job metrics are kept as long as logs (retention_finished_seconds); nats-server refuses
+    # a stream whose duplicate window is longer than its max age.
+    bus = await platform_bus(nats_server)
+    try:
+        await bus.bootstrap(store_settings(Config(retention_finished_seconds=10.0, nats_events_max_age_seconds=30.0)))
+        metrics = (await bus.js.stream_info(f"KV_{Bucket.JOB_METRICS.value}")).config
+        assert (metrics.max_age, metrics.duplicate_window) == (10.0, 10.0)
+        events = (await bus.js.stream_info(STREAM)).config
+        assert (events.max_age, events.duplicate_window) == (30.0, 30.0)
+    finally:
+        await bus.bootstrap(store_settings(Config()))
         await bus.close()
