@@ -24,8 +24,14 @@ EXPECTED = {"fail-syntax": "FAILED"}
 
 @pytest.fixture(scope="module")
 def laptop(tmp_path_factory):
-    # The shared platform config names a cluster file; a laptop has none.
-    config = msgspec.structs.replace(platform_config(tmp_path_factory.mktemp("laptop"), local_cpus=2), cluster_file="")
+    # The shared platform config names a cluster file; a laptop has none. One OpenPAI shape
+    # mounts its team's storage "shared-data": declared here, as its admins would have.
+    root = tmp_path_factory.mktemp("laptop")
+    storages = root / "storages.yaml"
+    storages.write_text(f"storages:\n  - name: shared-data\n    type: hostPath\n"
+                        f"    data: {{path: {root / 'shared-data'}}}\n")
+    config = msgspec.structs.replace(platform_config(root, local_cpus=2), cluster_file="",
+                                     storages_file=str(storages))
     plat = Platform(config, print_fn=lambda *_: None)
     try:
         yield Api(plat, plat.start())
