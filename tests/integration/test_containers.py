@@ -224,6 +224,16 @@ async def test_private_registry_credentials_reach_the_engine(cplatform: Api, eng
     assert sent == {"username": "robot", "password": "s3cret-pw", "serveraddress": "registry.pai.test"}
 
 
+async def test_an_image_that_cannot_be_pulled_fails_the_job_saying_so(cplatform: Api):
+    detail = await run_to_end(cplatform, image_job("img-missing", ["true"], image="localhost/pai-no-such-image:1"),
+                              "admin~img-missing")
+    assert detail["jobStatus"]["state"] == "FAILED", detail
+    assert detail["jobStatus"]["retries"] == 0  # the rule says: never retried
+    task = task_of(detail)
+    assert task["containerExitSpec"]["phrase"] == "ContainerImageNotExists", task
+    assert "localhost/pai-no-such-image:1 could not be pulled" in json.dumps(detail)
+
+
 async def test_launcher_killed_mid_run_adopts_its_container(cplatform: Api, engine_socket: RecordingProxy):
     await cplatform.submit(image_job("img-adopt", ["sleep 3", "echo finished-once >> /pai/work/runs", "cat /pai/work/runs"]))
     await cplatform.wait_state("admin~img-adopt", "RUNNING")

@@ -68,6 +68,9 @@ CONTAINER_WORK_DIR = "/pai/work"
 RUNTIME_MODE = "container"
 USER_LOG_TAIL_BYTES = 64 * 1024
 LOST_EXIT_CODE = -1
+# The platform reason of an image the engine could not pull: Kubernetes' own, which the
+# runtime's rules already explain.
+IMAGE_PULL_FAILED = "ErrImagePull"
 # How long a watcher waits before asking an engine that did not answer again.
 ENGINE_RETRY_SECONDS = 1.0
 # How long past the grace period `kill` waits for the container's exit to be recorded.
@@ -288,7 +291,17 @@ class ContainerTasks:
             return
         try:
             if not await self.engine.image_exists(record.image):
-                await self._pull(launch)
+                try:
+                    await self._pull(launch)
+                except EngineError as exc:
+                    # Kubernetes' reason for the same end: the runtime's ContainerImageNotExists rule
+                    # explains it (a wrong name or tag, a registry that needs credentials or
+                    # cannot be reached) and does not retry it.
+                    self._record_exit(task, LOST_EXIT_CODE, IMAGE_PULL_FAILED,
+                                      f"image {record.image} could not be pulled: {exc.message} (a machine "
+                                      "that reaches no registry: build or load the image into the engine, or "
+                                      "run tasks as processes with container_engine: none)")
+                    return
             if record.killReason is not None:
                 self._record_exit(task, LOST_EXIT_CODE, record.killReason, "stopped before it started")
                 return
