@@ -24,19 +24,10 @@ import pytest
 
 pynvml = pytest.importorskip("pynvml", reason="no pynvml (nvidia-ml-py): GPU tier not run")
 
+from tests.gpu.gpus import gpu_count  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/pai-test-busybox:1"
-
-
-def _gpu_count() -> int:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        pytest.skip(f"no GPU: NVML not available ({exc})")
-    try:
-        return pynvml.nvmlDeviceGetCount()
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def _podman_unavailable() -> str | None:
@@ -54,7 +45,7 @@ def _podman_unavailable() -> str | None:
 
 
 def test_a_container_task_sees_only_its_gpu(tmp_path: Path):
-    count = _gpu_count()
+    count = gpu_count()
     if count == 0:
         pytest.skip("no GPU: NVML reports none")
     why = _podman_unavailable()

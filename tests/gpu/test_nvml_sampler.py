@@ -19,6 +19,7 @@ import pytest
 pynvml = pytest.importorskip("pynvml", reason="no pynvml (nvidia-ml-py): GPU tier not run")
 
 from services.monitor.sampler import NvmlGpus  # noqa: E402
+from tests.gpu.gpus import gpu_count  # noqa: E402
 
 BUSY_SECONDS = 12.0
 # A process that keeps the GPU busy: a large matrix product in a loop, on the first GPU.
@@ -32,20 +33,9 @@ torch.cuda.synchronize()
 """
 
 
-def _gpu_count() -> int:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        pytest.skip(f"no GPU: NVML not available ({exc})")
-    try:
-        return pynvml.nvmlDeviceGetCount()
-    finally:
-        pynvml.nvmlShutdown()
-
-
 @pytest.fixture
 def gpus():
-    if _gpu_count() == 0:
+    if gpu_count() == 0:
         pytest.skip("no GPU: NVML reports none")
     sampler = NvmlGpus()
     sampler.open()
@@ -56,7 +46,7 @@ def gpus():
 def test_each_gpu_is_read_with_its_identity_memory_and_health(gpus):
     samples = gpus.sample()
     assert gpus.note == ""
-    assert [s.index for s in samples] == list(range(_gpu_count()))
+    assert [s.index for s in samples] == list(range(gpu_count()))
     for s in samples:
         assert s.uuid.startswith("GPU-") and s.name, s
         assert 0 < s.memoryUsedBytes < s.memoryTotalBytes, s
