@@ -47,6 +47,7 @@ from services.rest.identity import (
     oidc_routes,
     openpai as identity_openpai,
     routes as identity_routes,
+    ssh_keys,
     store as identity_store,
 )
 from services.rest.request import CTX, ctx_of
@@ -164,6 +165,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
     app.add_routes(cluster_routes.ROUTES)  # VCs, sku types, info, Kubernetes views (services/rest/routes/cluster.py)
     app.add_routes(identity_routes.routes)
     app.add_routes(identity_openpai.routes)  # OpenPAI's user, group and token edits (identity/openpai.py)
+    app.add_routes(ssh_keys.routes)  # a user's SSH keys one by one (identity/ssh_keys.py)
     oidc_routes.setup(app, ctx)  # sign-in through the identity provider, /api/v2/authn/info
     events.setup(app)  # GET /api/v2/events (SSE) and what wakes its readers
     app.add_routes(rules.routes)

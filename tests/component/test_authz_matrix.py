@@ -27,6 +27,7 @@ from libs.common import sealing
 from libs.common.bus import Bus
 from libs.common.config import load_config
 from libs.common.logs import LOG_SUBJECT, LogReply
+from libs.common.protocol import ssh
 from libs.common.rules_rpc import RULES_SUBJECT, Outcome, RulesReply
 from libs.common.service import ServiceContext
 from services.rest.app import create_app, startup
@@ -179,6 +180,34 @@ async def _own_token_path(m: Matrix, who: str) -> tuple[str, Any]:
     return f"/api/v2/tokens/{made['id']}", None
 
 
+def _new_key(m: Matrix) -> dict[str, str]:
+    return {"title": m.unique("key"), "value": ssh.generate_key_pair("matrix")[1]}
+
+
+async def _my_new_key(m: Matrix, _: str) -> tuple[str, Any]:
+    return "/api/v2/users/me/ssh-keys", _new_key(m)
+
+
+async def _owners_new_key(m: Matrix, _: str) -> tuple[str, Any]:
+    return f"/api/v2/users/{OWNER}/ssh-keys", _new_key(m)
+
+
+async def _my_key_path(m: Matrix, who: str) -> tuple[str, Any]:
+    """One of the caller's own keys (added by them first)."""
+    key = _new_key(m)
+    if who != "anonymous":
+        status, reply = await m.call(m.tokens[who], "POST", "/api/v2/users/me/ssh-keys", key)
+        assert status == 201, reply
+    return f"/api/v2/users/me/ssh-keys/{key['title']}", None
+
+
+async def _owners_key_path(m: Matrix, _: str) -> tuple[str, Any]:
+    """One of the owner's keys (an admin adds it first)."""
+    key = _new_key(m)
+    await m.as_admin("POST", f"/api/v2/users/{OWNER}/ssh-keys", key)
+    return f"/api/v2/users/{OWNER}/ssh-keys/{key['title']}", None
+
+
 async def _login(m: Matrix, _: str) -> tuple[str, Any]:
     return "/api/v2/authn/basic/login", {"username": OWNER, "password": PASSWORD}
 
@@ -236,6 +265,13 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     ("DELETE", "/api/v2/tokens/{token}"): (SIGNED_IN, _own_token_path, 200),
     ("GET", "/api/v2/users/me"): (SIGNED_IN, fixed("/api/v2/users/me"), 200),
     ("PUT", "/api/v2/users/me"): (SIGNED_IN, fixed("/api/v2/users/me", {"email": "me@example.com"}), 200),
+    # each user's SSH keys (services/rest/identity/ssh_keys.py): one's own, or an admin for anyone
+    ("GET", "/api/v2/users/me/ssh-keys"): (SIGNED_IN, fixed("/api/v2/users/me/ssh-keys"), 200),
+    ("POST", "/api/v2/users/me/ssh-keys"): (SIGNED_IN, _my_new_key, 201),
+    ("DELETE", "/api/v2/users/me/ssh-keys/{title}"): (SIGNED_IN, _my_key_path, 200),
+    ("GET", "/api/v2/users/{user}/ssh-keys"): (OWNER_OR_ADMIN, fixed(f"/api/v2/users/{OWNER}/ssh-keys"), 200),
+    ("POST", "/api/v2/users/{user}/ssh-keys"): (OWNER_OR_ADMIN, _owners_new_key, 201),
+    ("DELETE", "/api/v2/users/{user}/ssh-keys/{title}"): (OWNER_OR_ADMIN, _owners_key_path, 200),
     ("GET", "/api/v2/users"): (ADMIN_ONLY, fixed("/api/v2/users"), 200),
     ("POST", "/api/v2/users"): (ADMIN_ONLY, _new_user_body, 201),
     ("GET", "/api/v2/users/{user}"): (OWNER_OR_ADMIN, fixed(f"/api/v2/users/{OWNER}"), 200),

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import Any
 
 import msgspec
 from cryptography.hazmat.primitives import serialization
@@ -56,6 +57,10 @@ KEY_LINE = re.compile(
     r"^\s*(?P<type>ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(?:256|384|521)|sk-ssh-ed25519@openssh\.com|"
     r"sk-ecdsa-sha2-nistp256@openssh\.com)\s+(?P<body>[A-Za-z0-9+/]{16,}={0,3})(?:\s+[^\r\n]*)?\s*$")
 MAX_PROFILE_KEYS = 32
+# A key line's length: a 16384-bit RSA key is under 3 KiB; 32 of these keep the user record small.
+MAX_PUBLIC_KEY_CHARS = 8 * 1024
+# A profile key's title: shown in the portal and named in DELETE .../ssh-keys/{title}, so no '/'.
+KEY_TITLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._@+-]{0,63}$")
 
 
 class SshRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,7 +72,7 @@ class SshRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 def public_key_line(text: object) -> str | None:
     """`type base64` of one OpenSSH public key, or None when `text` is not one."""
-    if not isinstance(text, str) or len(text) > 16 * 1024:
+    if not isinstance(text, str) or len(text) > MAX_PUBLIC_KEY_CHARS:
         return None
     match = KEY_LINE.match(text)
     return f"{match['type']} {match['body']}" if match else None
@@ -128,6 +133,49 @@ def profile_keys(extension: RawMapping) -> list[str]:
         if line is not None and line not in found:
             found.append(line)
     return found[:MAX_PROFILE_KEYS]
+
+
+def profile_key_entries(extension: RawMapping) -> list[dict[str, Any]]:
+    """The profile's keys as listed and edited by title, `{title, value, time}`: a bare key
+    string (an older OpenPAI client's) is titled by its place, `key-1`..."""
+    keys = extension.get("sshKeys") if isinstance(extension, dict) else None
+    entries = []
+    for i, item in enumerate(keys if isinstance(keys, list) else []):
+        if isinstance(item, str):
+            item = {"value": item}
+        if isinstance(item, dict) and isinstance(item.get("value"), str):
+            title = item.get("title")
+            entries.append({"title": title if isinstance(title, str) and title else f"key-{i + 1}",
+                            "value": item["value"], "time": item.get("time")})
+    return entries
+
+
+def profile_key_problem(entries: list[dict[str, Any]], title: object, value: object) -> tuple[str, str, str] | None:
+    """(field, rule, message) of what keeps `{title, value}` from joining the profile's
+    `entries`, or None. One OpenSSH public key line of KEY_LINE's types, nothing else."""
+    if not isinstance(title, str) or not KEY_TITLE.match(title):
+        return ("title", "pattern", "must be 1 to 64 letters, digits, spaces or ._@+- , starting with a letter "
+                                    "or digit (the key's name in the list)")
+    if not isinstance(value, str) or not value.strip():
+        return ("value", "required", "must be an OpenSSH public key line ('ssh-ed25519 AAAA... comment')")
+    if len(value) > MAX_PUBLIC_KEY_CHARS:
+        return ("value", "maxLength", f"is {len(value)} characters; a public key line has at most "
+                                      f"{MAX_PUBLIC_KEY_CHARS}")
+    if "\n" in value.strip() or "\r" in value.strip():
+        return ("value", "format", "must be one key on one line (add each key on its own)")
+    line = public_key_line(value)
+    if line is None:
+        return ("value", "format", "must be one OpenSSH public key: a type (ssh-ed25519, ssh-rsa, "
+                                   "ecdsa-sha2-nistp256/384/521, sk-ssh-ed25519@openssh.com, "
+                                   "sk-ecdsa-sha2-nistp256@openssh.com), its base64 body and an optional comment; "
+                                   "no options such as command= or from=")
+    if any(e["title"] == title for e in entries):
+        return ("title", "unique", f"a key titled {title!r} is in the profile already; delete it first")
+    if any(public_key_line(e["value"]) == line for e in entries):
+        return ("value", "unique", "this key is in the profile already")
+    if len(entries) >= MAX_PROFILE_KEYS:
+        return ("sshKeys", "maxItems", f"the profile holds {MAX_PROFILE_KEYS} keys at most; delete one first")
+    return None
 
 
 def generate_key_pair(comment: str) -> tuple[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from libs.common.protocol import ssh
 from services.rest.openapi.common import errors, json_content, operation, path_param, query_param, ref, schemas_of
 from services.rest.records import Group, GroupChange, Login, NewGroup, NewToken, NewUser, SelfChange, UserChange
 
@@ -56,6 +57,13 @@ _USER = path_param("user", "user name", {"type": "string", "pattern": "^[a-zA-Z0
 _GROUPNAME = path_param("group", "group name", {"type": "string", "pattern": "^[a-zA-Z0-9_-]+$"})
 _TOKEN = path_param("token", "a token's id (from GET /api/v2/tokens) or the token itself")
 _USERS_LIST = {"type": "array", "items": ref("UserView")}
+_KEY_TITLE = path_param("title", "the key's title", {"type": "string", "pattern": ssh.KEY_TITLE.pattern})
+_SSH_KEY_IN = {"type": "object", "required": ["title", "value"], "additionalProperties": False, "properties": {
+    "title": {"type": "string", "pattern": ssh.KEY_TITLE.pattern},
+    "value": {"type": "string", "maxLength": ssh.MAX_PUBLIC_KEY_CHARS, "description": "one OpenSSH public key line"}}}
+_SSH_KEY = {"type": "object", "required": ["title", "value"], "properties": {
+    "title": {"type": "string"}, "value": {"type": "string"}, "time": _MS}}
+_SSH_KEYS = {"type": "object", "required": ["sshKeys"], "properties": {"sshKeys": {"type": "array", "items": _SSH_KEY}}}
 _REDIRECT = {"302": {"description": "to the Location header's URL"}}
 _AUTHN_INFO = {"type": "object", "required": ["authn_type", "loginURI", "loginURIMethod"], "properties": {
     "authn_type": {"type": "string", "enum": ["basic", "OIDC"]}, "loginURI": {"type": "string"},
@@ -135,6 +143,31 @@ PATHS: dict[str, Any] = {
         "put": operation("Change one's own email or password (the old password required if one is set)",
                          tags=_USERS, fails=(400, 413), body=_body(_SELF_CHANGE),
                          ok=_ok(200, "changed; other sign-ins end on a password change", ref("UserView"))),
+    },
+    "/api/v2/users/me/ssh-keys": {
+        "get": operation("The caller's SSH public keys (extension.sshKeys, which the ssh plugin trusts)", tags=_USERS,
+                         ok=_ok(200, "the keys", _SSH_KEYS)),
+        "post": operation("Add an SSH public key to one's profile", tags=_USERS, fails=(400, 409, 413),
+                          description="One OpenSSH public key line (ssh-ed25519, ssh-rsa, ecdsa-sha2-nistp256/384/521, "
+                                      "sk-ssh-ed25519@openssh.com, sk-ecdsa-sha2-nistp256@openssh.com), no options; "
+                                      f"at most {ssh.MAX_PROFILE_KEYS} keys. 400 names the field (title, value, sshKeys); "
+                                      "409 for a title or key already there. Jobs submitted from then on trust it.",
+                          body=_body(_SSH_KEY_IN), ok=_ok(201, "added", _SSH_KEY)),
+    },
+    "/api/v2/users/me/ssh-keys/{title}": {
+        "delete": operation("Delete one of one's SSH public keys", tags=_USERS, fails=(404,), params=[_KEY_TITLE],
+                            ok=_ok(200, "deleted", MESSAGE)),
+    },
+    "/api/v2/users/{user}/ssh-keys": {
+        "get": operation("A user's SSH public keys (themselves or admins)", tags=_USERS, fails=(403, 404),
+                         params=[_USER], ok=_ok(200, "the keys", _SSH_KEYS)),
+        "post": operation("Add an SSH public key to a user's profile (themselves or admins)", tags=_USERS,
+                          fails=(400, 403, 404, 409, 413), params=[_USER], body=_body(_SSH_KEY_IN),
+                          ok=_ok(201, "added", _SSH_KEY)),
+    },
+    "/api/v2/users/{user}/ssh-keys/{title}": {
+        "delete": operation("Delete one of a user's SSH public keys (themselves or admins)", tags=_USERS,
+                            fails=(403, 404), params=[_USER, _KEY_TITLE], ok=_ok(200, "deleted", MESSAGE)),
     },
     "/api/v2/users": {
         "get": operation("Every user (admins)", tags=_USERS, fails=(403,), ok=_ok(200, "users", _USERS_LIST)),
