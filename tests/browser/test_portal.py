@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from libs.common.protocol import ssh
 from tests.browser.conftest import PASSWORD, Rest, shot
 
 expect = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: `make test` installs the "
@@ -483,6 +484,65 @@ def test_a_running_jobs_utilisation_charts_fill(context, url, rest, users):
         assert "CPU %" in legend and "memory GiB" in legend and "GPU %" not in legend
         assert tab.locator("#gpu-idle").is_hidden()  # holds no GPU
         shot(tab, "17-job-utilisation")
+    finally:
+        rest.call("PUT", f"/api/v2/jobs/{job}/executionType", {"value": "STOP"}, token=users["alice"])
+        tab.close()
+
+
+def test_ssh_keys_are_added_listed_and_deleted_in_the_profile(context, url, rest, users):
+    """Alice's own page (her name in the top bar): she adds a key, sees it listed (the API
+    has it too), sees a bad one refused naming the field, and deletes hers."""
+    key = ssh.generate_key_pair("alice@laptop")[1]
+    tab = context.new_page()
+    tab.on("dialog", lambda dialog: dialog.accept())
+    watch_errors(tab)
+    try:
+        sign_in(tab, url, "alice")
+        tab.locator("#who-name").click()
+        tab.wait_for_selector("#keys-title:has-text('SSH keys')")
+        tab.get_by_label("Title").fill("laptop")
+        tab.get_by_label("Public key").fill(key)
+        tab.get_by_role("button", name="Add key").click()
+        row = tab.locator("#ssh-key-list tr[data-key='laptop']")
+        row.wait_for()
+        assert "alice@laptop" in row.inner_text()
+        assert [k["value"] for k in rest.call("GET", "/api/v2/users/me/ssh-keys", token=users["alice"])["sshKeys"]] == [key]
+        assert_labelled(tab)
+        shot(tab, "18-profile-ssh-keys")
+        tab.get_by_label("Title").fill("bad")
+        tab.get_by_label("Public key").fill(f'command="sh" {key}')
+        tab.get_by_role("button", name="Add key").click()
+        tab.wait_for_selector("[role=alert]:has-text('value: must be one OpenSSH public key')")
+        row.get_by_role("button", name="delete key laptop").click()
+        tab.wait_for_selector("#no-ssh-keys")
+        assert rest.call("GET", "/api/v2/users/me/ssh-keys", token=users["alice"])["sshKeys"] == []
+    finally:
+        tab.close()
+
+
+SSH_JOB = BLOCKER.replace("blocker", "sshable").replace("instances: 2", "instances: 1").replace("cpu: 8", "cpu: 1") + """\
+extras:
+  com.microsoft.pai.runtimeplugin:
+    - plugin: ssh
+      parameters: {jobssh: true}
+"""
+
+
+def test_a_running_job_with_the_ssh_plugin_shows_its_owner_the_ssh_command(context, url, rest, users):
+    job = rest.submit(SSH_JOB, token=users["alice"])
+    tab = context.new_page()
+    watch_errors(tab)
+    try:
+        sign_in(tab, url, "alice")
+        rest.wait_state(job, {"RUNNING"})
+        expected = rest.call("GET", f"/api/v2/jobs/{job}/ssh", token=users["alice"])["containers"][0]["sshCommand"]
+        tab.goto(f"{url}/#/jobs/{job}")
+        command = tab.locator("#ssh li[data-task='big-0'] code.ssh-command")
+        command.wait_for()
+        assert command.inner_text() == expected and expected.startswith("ssh -i ")
+        assert tab.locator("#ssh-key-save").is_visible()
+        assert_labelled(tab)
+        shot(tab, "19-job-ssh")
     finally:
         rest.call("PUT", f"/api/v2/jobs/{job}/executionType", {"value": "STOP"}, token=users["alice"])
         tab.close()

@@ -11,6 +11,7 @@ import * as vcs from "./pages/vcs.js";
 import * as cluster from "./pages/cluster.js";
 import * as alerts from "./pages/alerts.js";
 import * as admin from "./pages/admin.js";
+import * as profile from "./pages/profile.js";
 
 const main = document.getElementById("main");
 let leave = null; // the current page's clean-up (timers, event subscriptions)
@@ -26,6 +27,7 @@ const ROUTES = [
   [/^\/cluster$/, cluster],
   [/^\/alerts$/, alerts],
   [/^\/admin$/, admin],
+  [/^\/profile$/, profile],
 ];
 
 export function parseHash() {

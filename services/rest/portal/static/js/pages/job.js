@@ -4,6 +4,7 @@
 import { api, download, events, get, jobPath, session } from "../api.js";
 import { FINAL_STATES, announce, clear, errorBox, fmtDuration, fmtTime, h, pageTitle, stateBadge, table } from "../dom.js";
 import { metricsSection } from "./job_metrics.js";
+import { sshSection } from "./job_ssh.js";
 
 const LOG_TAIL_BYTES = 64 * 1024;
 const LOG_POLL_MS = 2000;
@@ -23,6 +24,7 @@ function exitSpecBox(spec, code, diagnostics, title) {
 export async function render(main, { args, go }) {
   const id = args[0];
   const mine = () => session.me.admin || id.split("~")[0] === session.me.username;
+  const owned = () => id.split("~")[0] === session.me.username;  // the job's key is its owner's alone
   const head = h("div");
   const body = h("div", { class: "job-body" });
   const logBox = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "task log (tail)" }, "");
@@ -33,6 +35,7 @@ export async function render(main, { args, go }) {
   let stopped = false;
   const metrics = metricsSection(id);  // kept across reloads: its charts fill as samples come
   let metricsStarted = false;
+  const ssh = sshSection(id);  // the owner's command lines, where the job runs an SSH server
 
   async function loadLog() {
     if (!logSelect.value) return;
@@ -123,6 +126,7 @@ export async function render(main, { args, go }) {
       h("div", { class: "table-wrap" }, table(["task", "state", "node", "GPUs", "ports", "exit code", "exit", "retries", ""], taskRows))));
 
     if (owner) sections.push(metrics.section);
+    if (owned()) sections.push(ssh.section);
     if (owner) {
       const previous = logSelect.value;
       clear(logSelect, options.map((o) => h("option", { value: o }, o)));
@@ -158,6 +162,7 @@ export async function render(main, { args, go }) {
     }
     clear(body, sections);
     if (owner) { await loadLog(); if (!FINAL_STATES.has(st.state)) scheduleLog(); }
+    if (owned()) await ssh.update(st.state);
     if (owner && !metricsStarted && st.state !== "WAITING") { metricsStarted = true; metrics.start(); }
   }
 
