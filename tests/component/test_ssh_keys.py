@@ -18,7 +18,7 @@ from libs.common.protocol import parse_job, ssh
 from libs.common.service import ServiceContext
 from services.rest import job_ssh
 from services.rest.app import create_app, startup
-from tests.component.test_identity import PASSWORD, Api
+from tests.component.test_identity import Api
 from tests.fixtures.settings import IN_PROCESS_ENV
 
 RUN = uuid.uuid4().hex[:6]
