@@ -88,7 +88,8 @@ lint: $(STAMP)
 
 ## Install everything the tests need, lint, then run every test tier.
 test: $(STAMP) lint browser-deps postgres-deps openpai-sdk-deps container-deps ssh-deps
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+		--durations=30
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x tests/unit
