@@ -289,3 +289,34 @@ def detail(storage: Storage) -> dict[str, Any]:
         "mountOptions": list(storage.mountOptions),
         "description": storage.description,
     }
+
+
+# --- OpenPAI's deprecated storage config and server (rest-server controllers/v2/storage-deprecated.js) ---
+# OpenPAI's older split of a storage: a "server" (where the data is) and a "config"
+# (which servers a job mounts, and where). A PAI declaration holds both: it is shown as a
+# config of one server, the server named after the storage (so names stay unique where two
+# pvc storages share a claim).
+
+
+def legacy_config(storage: Storage) -> dict[str, Any]:
+    """`GET /api/v2/storage/config[/{name}]`: {name, default, servers, mountInfos}."""
+    return {
+        "name": storage.name,
+        "default": storage.default,
+        "servers": [storage.name],
+        "mountInfos": [{
+            "mountPoint": mount_path(storage),
+            "path": "",  # OpenPAI's "${PAI_USER_NAME}" for share: false; a declaration is always shared
+            "server": storage.name,
+            "permission": "ro" if storage.readOnly else "rw",
+        }],
+    }
+
+
+def legacy_server(storage: Storage) -> dict[str, Any]:
+    """`GET /api/v2/storage/server[/{name}]`: {spn, type (lower case), data, extension}; an nfs
+    storage's data as OpenPAI's ({address, rootPath}), the other types' as PAI declares them."""
+    data: dict[str, Any] = msgspec.to_builtins(storage.data)
+    if storage.type == "nfs":
+        data = {"address": data.pop("server", ""), "rootPath": data.pop("path", ""), **data}
+    return {"spn": storage.name, "type": storage.type.lower(), "data": data, "extension": {}}

@@ -5,6 +5,9 @@
 - `GET /api/v2/storages/{name}`: one storage with its `type`, `data` and `mountOptions`
   (OpenPAI's detail); 404 `NoStorageError` when none is declared, 403 when the
   caller's groups do not grant it.
+- `GET /api/v2/storage/config[/{name}]`, `GET /api/v2/storage/server[/{name}]`: OpenPAI's
+  deprecated views of the same declarations (a config of one server named after the storage),
+  read as above: the caller's granted ones, admins all; 404/403 by name.
 - `PUT /api/v2/storages/{name}` and `DELETE /api/v2/storages/{name}` (PAI's, admins):
   declare or change a storage, or take it away. Jobs already accepted keep the
   declaration they were given.
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import nats.js.errors
@@ -122,15 +127,36 @@ async def list_storages(request: web.Request) -> web.Response:
     return web.json_response({"storages": [core.summary(s) for s in shown]})
 
 
-async def get_one(request: web.Request) -> web.Response:
-    bus, name = ctx_of(request).bus, request.match_info["name"]
+async def readable(request: web.Request, name: str) -> Storage:
+    """One storage the caller may read: 404 when none is declared, 403 when their groups do not grant it."""
+    bus = ctx_of(request).bus
     got = await get_storage(bus, name)
     if got is None:
         raise NoStorage(f"storage {name[:64]} is not found")
     allowed = await granted(bus, request[USER])
     if allowed is not None and name not in allowed:
         raise Forbidden(f"user {request[USER].username} is not allowed to access {name}")
-    return web.json_response(core.detail(got[0]))
+    return got[0]
+
+
+async def get_one(request: web.Request) -> web.Response:
+    return web.json_response(core.detail(await readable(request, request.match_info["name"])))
+
+
+def _legacy(shape: Callable[[Storage], dict[str, Any]]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """OpenPAI's deprecated `/storage/config` and `/storage/server` reads of the same declarations
+    (libs/common/storages.py: legacy_config, legacy_server): one by name, or a list of those the
+    caller may read, `?names=` (repeated, or `names[]=` as OpenPAI's SDK writes arrays) picking some."""
+
+    async def answer(request: web.Request) -> web.Response:
+        if "name" in request.match_info:
+            return web.json_response(shape(await readable(request, request.match_info["name"])))
+        bus = ctx_of(request).bus
+        shown = core.visible((await all_storages(bus)).values(), await granted(bus, request[USER]))
+        names = {n for key in ("names", "names[]") for n in request.query.getall(key, []) if n}
+        return web.json_response([shape(s) for s in shown if not names or s.name in names])
+
+    return answer
 
 
 async def put_one(request: web.Request) -> web.Response:
@@ -159,6 +185,11 @@ routes = [
     web.get("/api/v2/storages/{name}", get_one),
     web.put("/api/v2/storages/{name}", put_one),
     web.delete("/api/v2/storages/{name}", delete_one),
+    # OpenPAI's deprecated routes (reads only, as OpenPAI has them), from the same declarations
+    web.get("/api/v2/storage/config", _legacy(core.legacy_config)),
+    web.get("/api/v2/storage/config/{name}", _legacy(core.legacy_config)),
+    web.get("/api/v2/storage/server", _legacy(core.legacy_server)),
+    web.get("/api/v2/storage/server/{name}", _legacy(core.legacy_server)),
 ]
 
 

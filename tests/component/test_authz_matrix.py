@@ -346,6 +346,10 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     ("PUT", "/api/v2/storages/{name}"): (ADMIN_ONLY, fixed("/api/v2/storages/mxstorage",
                                                           {"type": "hostPath", "data": {"path": "/srv/mx"}}), {200, 201}),
     ("DELETE", "/api/v2/storages/{name}"): (ADMIN_ONLY, fixed("/api/v2/storages/mxnostorage"), 404),
+    ("GET", "/api/v2/storage/config"): (SIGNED_IN, fixed("/api/v2/storage/config"), 200),
+    ("GET", "/api/v2/storage/config/{name}"): (SIGNED_IN, fixed("/api/v2/storage/config/mxnostorage"), 404),
+    ("GET", "/api/v2/storage/server"): (SIGNED_IN, fixed("/api/v2/storage/server"), 200),
+    ("GET", "/api/v2/storage/server/{name}"): (SIGNED_IN, fixed("/api/v2/storage/server/mxnostorage"), 404),
     # the web portal (services/rest/portal_routes.py): its files are public, its summaries are not
     ("GET", "/"): (ANYONE, fixed("/"), 200),
     ("GET", "/portal/{path}"): (ANYONE, fixed("/portal/js/main.js"), 200),

@@ -103,6 +103,41 @@ async def test_a_user_lists_and_reads_only_what_their_groups_grant(setup):
     assert {mine, theirs, FILED} <= {s["name"] for s in everything["storages"]}
 
 
+async def test_openpais_deprecated_storage_config_and_server_routes_read_the_same_declarations(setup):
+    api, admin, _ = setup
+    mine, theirs = unique("oldmine"), unique("oldtheirs")
+    await declare(api, admin, mine, default=True, readOnly=True, mountPath=f"/mnt/data/{mine}")
+    await declare(api, admin, theirs)
+    token = await member_of_group_granting(api, admin, mine, FILED)
+
+    config = {"name": mine, "default": True, "servers": [mine], "mountInfos": [
+        {"mountPoint": f"/mnt/data/{mine}", "path": "", "server": mine, "permission": "ro"}]}
+    status, one = await api.call(token, "GET", f"/api/v2/storage/config/{mine}")
+    assert (status, one) == (200, config)
+    status, listed = await api.call(token, "GET", "/api/v2/storage/config")
+    assert status == 200 and sorted(c["name"] for c in listed) == sorted([mine, FILED])
+    assert next(c for c in listed if c["name"] == mine) == config
+    status, picked = await api.call(token, "GET", f"/api/v2/storage/config?names={FILED}")
+    assert status == 200 and [c["name"] for c in picked] == [FILED]
+
+    status, server = await api.call(token, "GET", f"/api/v2/storage/server/{mine}")
+    assert (status, server) == (200, {"spn": mine, "type": "hostpath", "data": {"path": f"/srv/pai-storage/{mine}"},
+                                      "extension": {}})
+    status, nfs = await api.call(token, "GET", f"/api/v2/storage/server/{FILED}")
+    assert (status, nfs) == (200, {"spn": FILED, "type": "nfs", "data": {"address": "nfs.example",
+                                                                         "rootPath": "/export/data"}, "extension": {}})
+    status, servers = await api.call(token, "GET", "/api/v2/storage/server")
+    assert status == 200 and sorted(s["spn"] for s in servers) == sorted([mine, FILED])
+
+    for kind in ("config", "server"):
+        status, refused = await api.call(token, "GET", f"/api/v2/storage/{kind}/{theirs}")
+        assert (status, refused["code"]) == (403, "ForbiddenUserError") and theirs in refused["message"]
+        status, missing = await api.call(token, "GET", f"/api/v2/storage/{kind}/nosuchstorage")
+        assert (status, missing["code"]) == (404, "NoStorageError")
+        status, everything = await api.call(admin, "GET", f"/api/v2/storage/{kind}")
+        assert {mine, theirs, FILED} <= {c.get("name", c.get("spn")) for c in everything}
+
+
 async def test_storages_file_declares_at_start(setup):
     api, admin, _ = setup
     status, filed = await api.call(admin, "GET", f"/api/v2/storages/{FILED}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from libs.common.storages import Storage
-from services.rest.openapi.common import json_content, operation, path_param, ref, schemas_of
+from services.rest.openapi.common import json_content, operation, path_param, query_param, ref, schemas_of
 
 _TAGS = ["storages"]
 _NAME = path_param("name", "the storage's name", {"type": "string", "pattern": "^[A-Za-z0-9_-]+$"})
@@ -16,6 +16,34 @@ _SUMMARY = {"type": "object", "description": "OpenPAI's storage summary and PAI'
 _DETAIL = {"allOf": [_SUMMARY, {"type": "object", "properties": {
     "data": {"type": "object"}, "mountOptions": {"type": "array", "items": {"type": "string"}},
     "description": {"type": "string"}}}]}
+
+_LEGACY_CONFIG = {"type": "object", "description": "OpenPAI's deprecated storage config: one server, named after the storage",
+                  "properties": {"name": {"type": "string"}, "default": {"type": "boolean"},
+                                 "servers": {"type": "array", "items": {"type": "string"}},
+                                 "mountInfos": {"type": "array", "items": {"type": "object", "properties": {
+                                     "mountPoint": {"type": "string"}, "path": {"type": "string"},
+                                     "server": {"type": "string"}, "permission": {"enum": ["rw", "ro"]}}}}}}
+_LEGACY_SERVER = {"type": "object", "description": "OpenPAI's deprecated storage server (nfs data: address, rootPath)",
+                  "properties": {"spn": {"type": "string"}, "type": {"enum": ["hostpath", "nfs", "pvc"]},
+                                 "data": {"type": "object"}, "extension": {"type": "object"}}}
+_NAMES = query_param("names", "only these storages (repeat it)", {"type": "array", "items": {"type": "string"}})
+
+
+def _legacy(kind: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        f"/api/v2/storage/{kind}": {
+            "get": operation(f"OpenPAI's deprecated storage {kind}s the caller's groups grant (admins: all); "
+                             "use /api/v2/storages", tags=_TAGS, params=[_NAMES],
+                             ok={"200": {"description": f"storage {kind}s", "content": json_content(
+                                 {"type": "array", "items": schema})}}),
+        },
+        f"/api/v2/storage/{kind}/{{name}}": {
+            "get": operation(f"OpenPAI's deprecated storage {kind} of one storage", tags=_TAGS, fails=(403, 404),
+                             params=[_NAME], ok={"200": {"description": f"the storage {kind}",
+                                                         "content": json_content(schema)}}),
+        },
+    }
+
 
 SCHEMAS: dict[str, Any] = dict(schemas_of(Storage)[1])
 
@@ -36,4 +64,6 @@ PATHS: dict[str, Any] = {
                             params=[_NAME], ok={"200": {"description": "deleted", "content": json_content(
                                 {"type": "object"})}}),
     },
+    **_legacy("config", _LEGACY_CONFIG),
+    **_legacy("server", _LEGACY_SERVER),
 }
