@@ -113,8 +113,12 @@ _DRAIN_SECONDS = 1.0
 # Dispositions a task must not inherit: Python ignores SIGPIPE and SIGXFSZ, the
 # fork server ignores SIGINT, a launcher started under nohup ignores SIGHUP;
 # handlers do not survive exec, but be explicit.
+# SIGQUIT too: a shell starting a command in the background (`cmd &`, no job control)
+# leaves it ignored with SIGINT, and so would every task of a launcher started that way;
+# and the stop and timer signals a parent may have left ignored.
 _SIGNALS_RESET_FOR_TASK = frozenset(
-    {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ}
+    {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ,
+     signal.SIGUSR2, signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
 )
 _SHIM_SIGNALS = (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM)
 # The fd on which a task with secrets finds its script, and the shell text that
@@ -1066,7 +1070,7 @@ def _dev_null() -> int:
 
 def _catch_ignored_signals() -> None:
     """A signal the shim ignores (inherited: SIGINT from the fork server, SIGHUP
-    under nohup) would stay ignored in its tasks across exec, and the C child
+    under nohup, SIGQUIT in the background) would stay ignored in its tasks across exec, and the C child
     resets only SIGPIPE and SIGXFSZ. Caught instead, by a handler that does
     nothing, it is still ignored by the shim, and reset to default by the exec."""
     for sig in _SIGNALS_RESET_FOR_TASK - {signal.SIGPIPE, signal.SIGXFSZ}:
