@@ -419,3 +419,21 @@ async def test_sqlite_lists_walk_an_index_in_each_order_and_total_without_counti
             assert sum("MATCH" in s for s, _ in statements) == 1, statements  # its matches read once
     finally:
         await engine.dispose()
+
+
+async def test_a_job_committed_between_the_left_out_check_and_the_walk_is_not_listed_twice(engine, monkeypatch):
+    # rest lays its own row of a job just submitted over the page and leaves the
+    # database's out; the projection may commit that job while the page is read.
+    await _migrated(engine)
+    await _apply(engine, _numbered(ev.lifecycle("alice~old", at=ev.T0)))
+    left_out_check = query._left_out_matching
+
+    async def projection_commits_meanwhile(connection, f, excluding):
+        found = await left_out_check(connection, f, excluding)
+        await _apply(engine, _numbered(ev.lifecycle("alice~new", at=ev.T0 + 10), start=100))
+        return found
+
+    monkeypatch.setattr(query, "_left_out_matching", projection_commits_meanwhile)
+    total, rows = await query.list_jobs(engine, query.JobFilter(), excluding={"alice~new"})
+    assert [r["debugId"] for r in rows] == ["alice~old"]  # the new one is rest's to show, once
+    assert total == 1

@@ -319,6 +319,7 @@ async def list_page(engine: AsyncEngine, f: JobFilter, *, with_total: bool = Tru
     only those are read in full (a deep page reads hundreds of rows for twenty)."""
     async with engine.connect() as connection:
         dialect = connection.dialect.name
+        await read_snapshot(connection)
         left_out = sorted(await _left_out_matching(connection, f, sorted(excluding))) if excluding else []
         found = None
         if with_total and dialect == "sqlite" and _keyword_alone(f):
@@ -345,6 +346,19 @@ async def list_page(engine: AsyncEngine, f: JobFilter, *, with_total: bool = Tru
         full = {row.id: row for row in (await connection.execute(
             sa.select(*_LIST_COLUMNS).where(jobs.c.id.in_(wanted)))).all()} if wanted else {}
     return total, [job_row(full[job]) for job in wanted if job in full], p
+
+
+async def read_snapshot(connection: Any) -> None:
+    """Begin a read transaction, so that every read on `connection` until it closes sees one
+    state of the database. Python's sqlite3 driver begins one only before a write, so
+    each SELECT saw the latest commit: a page's left-out check and its walk could straddle
+    the projection's commit of a job rest lays over the page, which then showed twice.
+    PostgreSQL's default (read committed) has the same gap between statements: there the
+    transaction SQLAlchemy begins is made repeatable read, one snapshot for all of them."""
+    if connection.dialect.name == "sqlite":
+        await connection.exec_driver_sql("BEGIN")
+    elif connection.dialect.name == "postgresql":
+        await connection.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 
 
 async def rows_of(engine: AsyncEngine, ids: list[str]) -> dict[str, dict[str, Any]]:
