@@ -1,6 +1,6 @@
 """The bus client's CPU per message sent, in each of the ways PAI services send them.
 
-    python benchmarks/bus_send.py [--messages 3000] [--repeat 3] [--profile]
+    python benchmarks/bus_send.py [--messages 3000] [--repeat 3] [--profile] [--only PHASE]
 
 Starts a nats-server (PAI's users and permissions, store bootstrapped), then a
 client process of its own (`Bus`, as a service connects) that measures its own
