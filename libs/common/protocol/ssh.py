@@ -36,8 +36,6 @@ import shlex
 from typing import Any
 
 import msgspec
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from libs.common.protocol.checks import Checker
 from libs.common.protocol.model import JobSpec
@@ -180,6 +178,11 @@ def profile_key_problem(entries: list[dict[str, Any]], title: object, value: obj
 
 def generate_key_pair(comment: str) -> tuple[str, str]:
     """(private key in OpenSSH's PEM, public key line) of a new Ed25519 key."""
+    # Imported here: the protocol package is imported by every service (through the
+    # messages), and only rest makes key pairs; cryptography at import costs them all.
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                                 serialization.NoEncryption()).decode()
