@@ -117,6 +117,14 @@ def assert_labelled(tab) -> None:
     assert unlabelled == [], unlabelled
 
 
+def own_context(browser):
+    """A browser context of its own: signed in to nobody, whatever the shared context's
+    earlier tests left in its storage. The caller closes it."""
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    ctx.set_default_timeout(TIMEOUT_MS)
+    return ctx
+
+
 def sign_in(tab, url: str, username: str, *, remember: bool = False) -> None:
     tab.goto(url + "/")
     tab.get_by_label("User name").fill(username)
@@ -461,13 +469,14 @@ def test_every_page_renders(page, url, rest, browser, platform):
         ctx.close()
 
 
-def test_a_running_jobs_utilisation_charts_fill(context, url, rest, users):
+def test_a_running_jobs_utilisation_charts_fill(browser, url, rest, users):
     """The job page draws the monitor's samples (GET /api/v2/jobs/{id}/metrics) as they
     come: the whole job's chart and its task's gain points while it runs. CPU and memory
     only: this machine gives no GPU readings, so no GPU series is drawn."""
     job = rest.submit(BLOCKER.replace("blocker", "charted").replace("instances: 2", "instances: 1")
                       .replace("cpu: 8", "cpu: 1").replace("sleep 600", "while true; do :; done"), token=users["alice"])
-    tab = context.new_page()
+    ctx = own_context(browser)
+    tab = ctx.new_page()
     watch_errors(tab)
     try:
         sign_in(tab, url, "alice")
@@ -486,14 +495,15 @@ def test_a_running_jobs_utilisation_charts_fill(context, url, rest, users):
         shot(tab, "17-job-utilisation")
     finally:
         rest.call("PUT", f"/api/v2/jobs/{job}/executionType", {"value": "STOP"}, token=users["alice"])
-        tab.close()
+        ctx.close()
 
 
-def test_ssh_keys_are_added_listed_and_deleted_in_the_profile(context, url, rest, users):
+def test_ssh_keys_are_added_listed_and_deleted_in_the_profile(browser, url, rest, users):
     """Alice's own page (her name in the top bar): she adds a key, sees it listed (the API
     has it too), sees a bad one refused naming the field, and deletes hers."""
     key = ssh.generate_key_pair("alice@laptop")[1]
-    tab = context.new_page()
+    ctx = own_context(browser)
+    tab = ctx.new_page()
     tab.on("dialog", lambda dialog: dialog.accept())
     watch_errors(tab)
     try:
@@ -517,7 +527,7 @@ def test_ssh_keys_are_added_listed_and_deleted_in_the_profile(context, url, rest
         tab.wait_for_selector("#no-ssh-keys")
         assert rest.call("GET", "/api/v2/users/me/ssh-keys", token=users["alice"])["sshKeys"] == []
     finally:
-        tab.close()
+        ctx.close()
 
 
 SSH_JOB = BLOCKER.replace("blocker", "sshable").replace("instances: 2", "instances: 1").replace("cpu: 8", "cpu: 1") + """\
@@ -528,9 +538,10 @@ extras:
 """
 
 
-def test_a_running_job_with_the_ssh_plugin_shows_its_owner_the_ssh_command(context, url, rest, users):
+def test_a_running_job_with_the_ssh_plugin_shows_its_owner_the_ssh_command(browser, url, rest, users):
     job = rest.submit(SSH_JOB, token=users["alice"])
-    tab = context.new_page()
+    ctx = own_context(browser)
+    tab = ctx.new_page()
     watch_errors(tab)
     try:
         sign_in(tab, url, "alice")
@@ -545,4 +556,4 @@ def test_a_running_job_with_the_ssh_plugin_shows_its_owner_the_ssh_command(conte
         shot(tab, "19-job-ssh")
     finally:
         rest.call("PUT", f"/api/v2/jobs/{job}/executionType", {"value": "STOP"}, token=users["alice"])
-        tab.close()
+        ctx.close()
