@@ -21,6 +21,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,9 +38,16 @@ def _sdk_installed() -> None:
                        capture_output=True, timeout=300)
 
 
-async def test_openpai_javascript_sdk_through_its_whole_surface(platform):
+async def test_openpai_javascript_sdk_through_its_whole_surface(platform, tmp_path):
     _sdk_installed()
-    env = {**os.environ, "PAI_URL": platform.conn.url, "PAI_TOKEN": platform.conn.token, "RUN": RUN}
+    # A team storage the SDK's group is granted (drive.js: extension.acls.storageConfigs).
+    storage = f"sdkdata{RUN}"
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {platform.conn.token}"}) as http:
+        async with http.put(f"{platform.conn.url}/api/v2/storages/{storage}",
+                            json={"type": "hostPath", "data": {"path": str(tmp_path / storage)}}) as resp:
+            assert resp.status in (200, 201), await resp.text()
+    env = {**os.environ, "PAI_URL": platform.conn.url, "PAI_TOKEN": platform.conn.token, "RUN": RUN,
+           "STORAGE": storage}
     proc = await asyncio.create_subprocess_exec("node", str(SDK_DIR / "drive.js"), cwd=SDK_DIR, env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=240)
@@ -76,6 +84,8 @@ async def test_openpai_javascript_sdk_through_its_whole_surface(platform):
     assert seen["pods"]["kind"] == "PodList" and f"sleeper{RUN}" in seen["pods"]["jobs"]
     assert seen["nodesRefused"] is True
     assert seen["stopped"] == "STOPPED"
+    assert storage in [s["name"] for s in seen["storages"]["storages"]], seen["storages"]
+    assert seen["storage"]["name"] == storage
 
 
 def _schemathesis() -> str | None:

@@ -44,7 +44,7 @@ async function main() {
 
   step = 'create group';
   await admin.group.createGroup({ groupname: group, description: 'made by the SDK', externalName: `cn=${group}`,
-    extension: { acls: { virtualClusters: ['default'] } } });
+    extension: { acls: { virtualClusters: ['default'], storageConfigs: [process.env.STORAGE] } } });
   step = 'update group'; await admin.group.updateGroup({ data: { groupname: group, description: 'changed by the SDK' }, patch: true });
   step = 'get group'; seen.group = await admin.group.getGroup(group);
   step = 'add to group'; await admin.user.updateUserGroup(user, group);
@@ -119,7 +119,8 @@ async function main() {
   }, 60);
 
   step = 'storages';
-  try { seen.storages = await alice.storage.getStorages(); } catch (e) { seen.storages = { status: e.status || String(e) }; }
+  seen.storages = await alice.storage.getStorages();
+  step = 'storage'; seen.storage = await alice.storage.getStorage(process.env.STORAGE);
 
   step = 'sign out'; await alice.authn.basicLogout();
   step = 'delete user'; await admin.user.deleteUser(user);
