@@ -123,8 +123,8 @@ def cmd_groups_list(args: argparse.Namespace) -> int:
 
 def cmd_groups_show(args: argparse.Namespace) -> int:
     group = _call(args, "GET", f"/api/v2/groups/{args.groupname}")
-    members = _call(args, "GET", f"/api/v2/groups/{args.groupname}/userlist")
-    _print(args, {**group, "members": members})
+    members = _call(args, "GET", f"/api/v2/groups/{args.groupname}/userlist")  # OpenPAI's {username, clusterAdmin}
+    _print(args, {**group, "members": [m["username"] if isinstance(m, dict) else m for m in members]})
     return 0
 
 

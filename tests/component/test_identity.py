@@ -320,7 +320,7 @@ async def test_groups_grant_virtual_clusters_at_submit(setup, platform):
     assert me["virtualCluster"] == ["default", "vision"]
 
     status, members = await api.call(admin, "GET", f"/api/v2/groups/{group}/userlist")
-    assert members == [name]
+    assert members == [{"username": name, "clusterAdmin": False}]  # OpenPAI's shape
     status, body = await api.call(admin, "DELETE", f"/api/v2/groups/{group}")
     assert (status, body["code"]) == (409, "ConflictGroupError") and name in body["message"]
     await api.call(admin, "PUT", f"/api/v2/users/{name}", {"grouplist": ["default"]})

@@ -342,7 +342,11 @@ async def group_members(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     name = request.match_info["group"]
     await store.require_group(ctx.bus, name)
-    return web.json_response(await store.members_of(ctx.bus, name))
+    # OpenPAI's shape: each member with whether their groups make them an admin.
+    groups = {group.groupname: group for group in await store.all_groups(ctx.bus)}
+    members = [{"username": user.username, "clusterAdmin": core.resolve(user, groups).admin}
+               for user in await store.all_users(ctx.bus) if name in user.grouplist]
+    return web.json_response(members)
 
 
 async def create_group(request: web.Request) -> web.Response:

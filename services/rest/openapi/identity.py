@@ -197,6 +197,8 @@ PATHS: dict[str, Any] = {
     },
     "/api/v2/groups/{group}/userlist": {
         "get": operation("The members of a group (admins)", tags=_GROUPS, fails=(403, 404), params=[_GROUPNAME],
-                         ok=_ok(200, "user names", {"type": "array", "items": {"type": "string"}})),
+                         ok=_ok(200, "the members, as OpenPAI's", {"type": "array", "items": {
+                             "type": "object", "required": ["username", "clusterAdmin"],
+                             "properties": {"username": {"type": "string"}, "clusterAdmin": {"type": "boolean"}}}})),
     },
 }
