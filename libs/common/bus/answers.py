@@ -94,11 +94,11 @@ class StoreAcks:
         `timeout`."""
         pending = await self.expect(len(requests), read)
         try:
-            # No list of its own per batch (a tuple per request): the requests and
-            # their replies go to the link as they are, and only refusals come back.
-            refused = await self._link.send(requests, pending.replies)
-            for position, exc in refused.items():
-                pending.answer(position, exc)
+            refused = await self._link.send([(subject, reply, headers, data) for (subject, data, headers), reply
+                                             in zip(requests, pending.replies, strict=True)])
+            for position, exc in enumerate(refused):
+                if exc is not None:
+                    pending.answer(position, exc)
             return await pending.answered(timeout)
         finally:
             self.forget(pending)

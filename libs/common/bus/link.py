@@ -37,8 +37,8 @@ BUS_CLIENTS: tuple[BusClient, ...] = ("fast", "plain")
 
 # A message for a direct subscription: (subject, reply, payload, raw headers or None).
 DirectHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
-# A request sent by `Link.send` (with its reply subject beside it): subject, payload, headers.
-Request = tuple[str, bytes, "dict[str, str] | None"]
+# A request sent by `Link.send`: subject, reply subject, headers, payload.
+Request = tuple[str, str, "dict[str, str] | None", bytes]
 
 _CRLF = b"\r\n"
 # The first line of a headers block: "NATS/1.0" alone, or with an inline status
@@ -80,18 +80,18 @@ class Link:
         sub: Subscription = await self.nc.subscribe(subject, cb=each)
         return sub
 
-    async def send(self, requests: Sequence[Request], replies: Sequence[str]) -> dict[int, BaseException]:
-        """Send every request, in order, each with its reply subject (`replies`, in
-        the same order), without waiting for answers. Every request left (or is kept
-        for the connection that comes back) but those returned, by position, with the
-        nats-py error that kept each from leaving (too large, a closed connection):
-        the caller pays per refusal, not per request."""
-        refused: dict[int, BaseException] = {}
-        for position, ((subject, data, headers), reply) in enumerate(zip(requests, replies, strict=True)):
+    async def send(self, requests: Sequence[Request]) -> list[BaseException | None]:
+        """Send every request, in order, without waiting for answers; per request,
+        None once it left (or is kept for the connection that comes back), or the
+        nats-py error that kept it from leaving (too large, a closed connection)."""
+        refused: list[BaseException | None] = []
+        for subject, reply, headers, data in requests:
             try:
                 await self.nc.publish(subject, data, reply=reply, headers=headers)
             except nats.errors.Error as exc:
-                refused[position] = exc
+                refused.append(exc)
+            else:
+                refused.append(None)
         return refused
 
     async def settle(self, replies: Sequence[str], payload: bytes) -> None:

@@ -488,7 +488,7 @@ class FastLink(Link):
         parser.direct[sub._id] = handler
         return _Direct(self.nc, sub)
 
-    async def send(self, requests: Sequence[Request], replies: Sequence[str]) -> dict[int, BaseException]:
+    async def send(self, requests: Sequence[Request]) -> list[BaseException | None]:
         """As `Link.send`, but the requests PAI sends (see `publish_command`) are
         formatted here and written into nats-py's pending buffer together."""
         nc = self.nc
@@ -496,12 +496,12 @@ class FastLink(Link):
             # A connection whose `publish` was replaced on the instance (the fault
             # tests break writes there: tests/component/rest_replica.py) gets
             # every request through it, as nats-py's own requests do.
-            return await super().send(requests, replies)
-        refused: dict[int, BaseException] = {}
+            return await super().send(requests)
+        refused: list[BaseException | None] = [None] * len(requests)
         formatted: list[bytes] = []  # commands not yet sent, of the requests at `positions`
         positions: list[int] = []
         payload_bytes = 0
-        for position, ((subject, data, headers), reply) in enumerate(zip(requests, replies, strict=True)):
+        for position, (subject, reply, headers, data) in enumerate(requests):
             if len(data) > nc._max_payload:
                 refused[position] = nats.errors.MaxPayloadError()
                 continue
@@ -522,7 +522,7 @@ class FastLink(Link):
         return refused
 
     async def _send(self, commands: list[bytes], positions: list[int], payload_bytes: int,
-                    refused: dict[int, BaseException]) -> None:
+                    refused: list[BaseException | None]) -> None:
         if not commands:
             return
         try:
