@@ -224,6 +224,9 @@ async def start_podman_service(socket_path: str = PAI_PODMAN_SOCKET) -> None:
         [podman, "system", "service", f"--time={PODMAN_IDLE_SECONDS}", f"unix://{socket_path}"],
         env=podman_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True,
+        # Its own directory, not the launcher's: conmon leaves files (an `oom` marker) in
+        # the working directory it inherits, which was a checkout's when PAI ran from one.
+        cwd=os.path.dirname(socket_path),
     )
     engine = Engine(socket_path)
     try:
