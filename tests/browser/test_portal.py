@@ -59,8 +59,7 @@ VC_LINE = 14
 
 @pytest.fixture(scope="module")
 def context(browser, platform):
-    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-    ctx.set_default_timeout(TIMEOUT_MS)
+    ctx = own_context(browser)
     yield ctx
     ctx.close()
 
@@ -118,8 +117,8 @@ def assert_labelled(tab) -> None:
 
 
 def own_context(browser):
-    """A browser context of its own: signed in to nobody, whatever the shared context's
-    earlier tests left in its storage. The caller closes it."""
+    """A browser context of its own (the module's shared one is made so too): signed in to
+    nobody, whatever another context's tests left in their storage. The caller closes it."""
     ctx = browser.new_context(viewport={"width": 1440, "height": 900})
     ctx.set_default_timeout(TIMEOUT_MS)
     return ctx
@@ -316,8 +315,7 @@ def test_another_user_sees_no_stop_button(browser, url, rest, users):
     running = rest.submit(BLOCKER.replace("blocker", "long").replace("instances: 2", "instances: 1")
                           .replace("cpu: 8", "cpu: 1"), token=users["alice"])
     rest.wait_state(running, {"RUNNING"})
-    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-    ctx.set_default_timeout(TIMEOUT_MS)
+    ctx = own_context(browser)
     try:
         tab = ctx.new_page()
         watch_errors(tab)
