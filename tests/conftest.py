@@ -109,6 +109,35 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return ModulesAndLocalTaskGroup(config, log)
 
 
+# Where a run with workers spends its time, printed at its end: each worker's busy
+# seconds and the local-task group's, so that whoever keeps the suite under its time
+# budget sees which worker the run waited on (the local-task group runs on one).
+_BUSY_BY_WORKER: dict[str, float] = {}
+_BUSY_BY_GROUP: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # set on reports a worker sent to the controller
+    if node is None:
+        return
+    worker = node.gateway.id
+    _BUSY_BY_WORKER[worker] = _BUSY_BY_WORKER.get(worker, 0.0) + report.duration
+    group = xdist_group(report.nodeid.split("::", 1)[0], _GROUP_OF_PATH)
+    group = group if group == ONE_AT_A_TIME else "others"
+    _BUSY_BY_GROUP[group] = _BUSY_BY_GROUP.get(group, 0.0) + report.duration
+
+
+_GROUP_OF_PATH: dict[str, str] = {}
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _BUSY_BY_WORKER:
+        return
+    workers = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(_BUSY_BY_WORKER.items()))
+    groups = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(_BUSY_BY_GROUP.items()))
+    terminalreporter.write_line(f"busy time by worker: {workers}; by group: {groups}")
+
+
 def shared_path(*parts: str) -> Path:
     """A file of the team's reference material; the test skips when it is absent
     (a fresh clone has no ../shared)."""
