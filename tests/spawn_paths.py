@@ -32,13 +32,17 @@ def task_work_dir(tmp_path: Path, uid: int, gid: int) -> Path:
     return work
 
 
-def spawn_collected(argv: list[str], env: dict[str, str], work: Path, *args, **kwargs) -> tuple[int, str, str]:
-    """`local_shim._fork_exec_as(argv, env, work, <its output pipes>, *args, **kwargs)`, waited for:
-    its exit status, stdout, stderr."""
+def spawn_collected(
+    argv: list[str], env: dict[str, str], work: Path, *, uid: int, gid: int, program: str = local_shim.BASH, **fields
+) -> tuple[int, str, str]:
+    """`local_shim._fork_exec_as` of a SpawnRequest for `argv` in `work` with its own output
+    pipes (`fields`: the request's other fields), waited for: its exit status, stdout, stderr."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        pid = local_shim._fork_exec_as(argv, env, str(work), out_w, err_w, *args, **kwargs)
+        pid = local_shim._fork_exec_as(local_shim.SpawnRequest(
+            program=program, argv=argv, env=env, work_dir=str(work), out_w=out_w, err_w=err_w, uid=uid, gid=gid, **fields,
+        ))
     finally:
         os.close(out_w)
         os.close(err_w)

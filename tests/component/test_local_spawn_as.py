@@ -42,9 +42,8 @@ def spawn(program: str, args: list[str], work: Path, **kwargs) -> str:
     """Start `program` as UID:GID as the shim does; its stdout (it must succeed)."""
     cgroup = kwargs.pop("cgroup", None)
     code, stdout, stderr = spawn_collected(
-        [program, *args], {"PATH": "/usr/bin:/bin"}, work,
-        kwargs.pop("script_fd", None), UID, GID, [str(cgroup / "cgroup.procs")] if cgroup else None, program,
-        **kwargs,
+        [program, *args], {"PATH": "/usr/bin:/bin"}, work, uid=UID, gid=GID, program=program,
+        cgroup_procs=[str(cgroup / "cgroup.procs")] if cgroup else None, **kwargs,
     )
     assert code == 0, stderr
     return stdout

@@ -58,7 +58,10 @@ import signal
 import stat
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+
+import msgspec
 
 from services.launcher.backends import local_direct, local_limits, local_namespaces, local_procs
 from services.launcher.backends.local_doorbell import (
@@ -203,6 +206,28 @@ class _Limits:
         else:
             why_not = "it runs as the launcher's own user" if spec.uid is None else "none on this machine"
             self.detail += "; " + local_namespaces.describe(False, why_not)
+
+
+class SpawnRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """How one task's process is started, built in one place (Shim._start) and
+    read by each way of starting it (_posix_spawn, _spawn_as, subprocess's fork).
+
+    `uid`/`gid` None: as the shim's own user (_posix_spawn), which reads neither
+    them nor the bounds below them (the task's shell prelude enters its bounds)."""
+
+    program: str
+    argv: list[str]
+    env: dict[str, str]
+    work_dir: str
+    out_w: int  # the write ends of its log pipes: its stdout and stderr
+    err_w: int
+    script_fd: int | None = None  # its script with secrets (_script_file), moved to SCRIPT_FD
+    uid: int | None = None
+    gid: int | None = None
+    cgroup_procs: list[str] | None = None  # cgroup.procs files joined while still root
+    data_limit: int | None = None  # RLIMIT_DATA, soft and hard (a program exec'd without bash)
+    mounts: local_namespaces.MountPlan | None = None  # a mount namespace of its own
+    fsize_limit: int | None = None  # RLIMIT_FSIZE: the bound on its working directory
 
 
 class _Run:
@@ -406,13 +431,14 @@ class Shim:
         """Start `program`; `in_shell`: it is bash with the bounds' prelude, which
         enters the rlimit itself."""
         spec = run.spec
-        if spec.uid is not None and spec.gid is not None:
-            data_limit = None if in_shell else run.limits.data_limit
-            return _fork_exec_as(
-                argv, env, spec.work_dir, out_w, err_w, script_fd, spec.uid, spec.gid, run.limits.join, program,
-                data_limit=data_limit, mounts=run.limits.mounts, fsize_limit=run.limits.work_dir_bytes,
-            )
-        return _posix_spawn(argv, env, spec.work_dir, out_w, err_w, script_fd, program)
+        as_other_user = spec.uid is not None and spec.gid is not None
+        request = SpawnRequest(
+            program=program, argv=argv, env=env, work_dir=spec.work_dir, out_w=out_w, err_w=err_w, script_fd=script_fd,
+            uid=spec.uid if as_other_user else None, gid=spec.gid if as_other_user else None,
+            cgroup_procs=run.limits.join, data_limit=None if in_shell else run.limits.data_limit,
+            mounts=run.limits.mounts, fsize_limit=run.limits.work_dir_bytes,
+        )
+        return _fork_exec_as(request) if as_other_user else _posix_spawn(request)
 
     # -- watch ---------------------------------------------------------------
 
@@ -840,27 +866,24 @@ def _script_file(script: str) -> int:
     return fd
 
 
-def _posix_spawn(
-    argv: list[str], env: dict[str, str], work_dir: str, out_w: int, err_w: int, script_fd: int | None,
-    program: str = BASH,
-) -> int:
+def _posix_spawn(request: SpawnRequest) -> int:
     """Spawn the task as our own user (vfork + exec)."""
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_DUP2, out_w, 1),
-        (os.POSIX_SPAWN_DUP2, err_w, 2),
+        (os.POSIX_SPAWN_DUP2, request.out_w, 1),
+        (os.POSIX_SPAWN_DUP2, request.err_w, 2),
     ]
-    if script_fd is not None:
-        actions.append((os.POSIX_SPAWN_DUP2, script_fd, SCRIPT_FD))
+    if request.script_fd is not None:
+        actions.append((os.POSIX_SPAWN_DUP2, request.script_fd, SCRIPT_FD))
     # posix_spawn can neither chdir nor set a umask: the task inherits ours,
     # set just for it.
-    os.chdir(work_dir)
+    os.chdir(request.work_dir)
     umask = os.umask(TASK_UMASK)
     try:
         return os.posix_spawn(
-            program,
-            argv,
-            env,
+            request.program,
+            request.argv,
+            request.env,
             file_actions=actions,
             setsid=True,  # its own session and process group, led by the task
             setsigdef=_SIGNALS_RESET_FOR_TASK,
@@ -871,23 +894,8 @@ def _posix_spawn(
         os.chdir("/")
 
 
-def _fork_exec_as(
-    argv: list[str],
-    env: dict[str, str],
-    work_dir: str,
-    out_w: int,
-    err_w: int,
-    script_fd: int | None,
-    uid: int,
-    gid: int,
-    cgroup_procs: list[str] | None,
-    program: str = BASH,
-    *,
-    data_limit: int | None = None,
-    mounts: local_namespaces.MountPlan | None = None,
-    fsize_limit: int | None = None,
-) -> int:
-    """Start `program` as `uid`:`gid` with no other group, in the task's bounds.
+def _fork_exec_as(request: SpawnRequest) -> int:
+    """Start the request's program as its `uid`:`gid` with no other group, in the task's bounds.
 
     The child: new session, stdin /dev/null, stdout and stderr the log pipes,
     the script (if any) on _script_fd_in_task, every other fd closed, the
@@ -902,20 +910,20 @@ def _fork_exec_as(
     A failure before or at the exec is raised here as OSError with its errno
     (the task's LaunchFailed, or bash's turn for a program exec'd directly),
     as posix_spawn would; the failed child has been reaped."""
+    assert request.uid is not None and request.gid is not None, "a task as the shim's user: _posix_spawn"
     # _spawn_as takes the mount plan without storage binds (its five first fields):
     # a task that binds storages is started by subprocess's fork, whose child binds
     # them in Python (local_namespaces.enter).
+    mounts = request.mounts
     if _spawn_as is not None and not (mounts is not None and mounts.binds):
         return _spawn_as.spawn_as(
-            program, argv, [f"{name}={value}" for name, value in env.items()], work_dir,
-            _dev_null(), out_w, err_w, -1 if script_fd is None else script_fd,
-            uid, gid, TASK_UMASK, cgroup_procs, data_limit, _SIGNALS_RESET_FOR_TASK,
-            None if mounts is None else tuple(mounts)[:5], fsize_limit,
+            request.program, request.argv, [f"{name}={value}" for name, value in request.env.items()],
+            request.work_dir, _dev_null(), request.out_w, request.err_w,
+            -1 if request.script_fd is None else request.script_fd,
+            request.uid, request.gid, TASK_UMASK, request.cgroup_procs, request.data_limit, _SIGNALS_RESET_FOR_TASK,
+            None if mounts is None else tuple(mounts)[:5], request.fsize_limit,
         )
-    return _subprocess_fork_exec_as(
-        argv, env, work_dir, out_w, err_w, script_fd, uid, gid, cgroup_procs, program,
-        data_limit=data_limit, mounts=mounts, fsize_limit=fsize_limit,
-    )
+    return _subprocess_fork_exec_as(request)
 
 
 def _script_fd_in_task(script_fd: int, as_other_user: bool) -> int:
@@ -925,22 +933,7 @@ def _script_fd_in_task(script_fd: int, as_other_user: bool) -> int:
     return script_fd if as_other_user and _spawn_as is None else SCRIPT_FD
 
 
-def _subprocess_fork_exec_as(
-    argv: list[str],
-    env: dict[str, str],
-    work_dir: str,
-    out_w: int,
-    err_w: int,
-    script_fd: int | None,
-    uid: int,
-    gid: int,
-    cgroup_procs: list[str] | None,
-    program: str = BASH,
-    *,
-    data_limit: int | None = None,
-    mounts: local_namespaces.MountPlan | None = None,
-    fsize_limit: int | None = None,
-) -> int:
+def _subprocess_fork_exec_as(request: SpawnRequest) -> int:
     """_fork_exec_as without _spawn_as: subprocess's C child
     (_posixsubprocess.fork_exec), a real fork. It resets only SIGPIPE and
     SIGXFSZ (the shim catches every other signal a task must not find ignored:
@@ -949,8 +942,11 @@ def _subprocess_fork_exec_as(
     must happen while still root, or gets a data limit, drops its groups and
     uid in that Python step instead, after those. A failure comes back
     through a close-on-exec pipe."""
+    uid, gid, work_dir, mounts = request.uid, request.gid, request.work_dir, request.mounts
+    assert uid is not None and gid is not None, "a task as the shim's user: _posix_spawn"
+    cgroup_procs, data_limit, fsize_limit = request.cgroup_procs, request.data_limit, request.fsize_limit
     report_r, report_w = os.pipe()
-    keep = sorted({report_w} | ({script_fd} if script_fd is not None else set()))
+    keep = sorted({report_w} | ({request.script_fd} if request.script_fd is not None else set()))
     preexec = None
     in_python = bool(cgroup_procs) or data_limit is not None or mounts is not None or fsize_limit is not None
     if in_python:
@@ -971,14 +967,7 @@ def _subprocess_fork_exec_as(
                 resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
 
     try:
-        pid = _c_fork_exec(
-            argv, env, work_dir, _dev_null(), out_w, err_w, report_r, report_w, tuple(keep),
-            -1 if in_python else gid,
-            None if in_python else [],
-            -1 if in_python else uid,
-            preexec,
-            program,
-        )
+        pid = _c_fork_exec(request, (report_r, report_w), tuple(keep), preexec)
     except BaseException:
         os.close(report_r)
         raise
@@ -994,7 +983,7 @@ def _subprocess_fork_exec_as(
         os.waitpid(pid, 0)
         number, step = _child_failure(failure)
         if number:
-            raise OSError(number, f"{os.strerror(number)} ({step}, as uid {uid})", program)
+            raise OSError(number, f"{os.strerror(number)} ({step}, as uid {uid})", request.program)
         raise OSError(f"the task could not be started as uid {uid}: {step}")
     return pid
 
@@ -1006,31 +995,28 @@ _FORK_EXEC_TAKES_ALLOW_VFORK = True
 
 
 def _c_fork_exec(
-    argv: list[str],
-    env: dict[str, str],
-    work_dir: str,
-    stdin: int,
-    out_w: int,
-    err_w: int,
-    report_r: int,
-    report_w: int,
-    keep: tuple[int, ...],
-    gid: int,
-    groups: list[int] | None,
-    uid: int,
-    preexec: object,
-    program: str = BASH,
+    request: SpawnRequest, report: tuple[int, int], keep: tuple[int, ...], preexec: Callable[[], None] | None,
 ) -> int:
+    """subprocess's C child for `request`, its failure reported on the pipe `report`
+    (read end, write end), the fds `keep` left open. With `preexec` the child drops
+    its groups and uid in that Python step (after what must happen as root); without
+    it, the C child does."""
     global _FORK_EXEC_TAKES_ALLOW_VFORK
-    env_list = [f"{name}={value}".encode() for name, value in env.items()]
+    assert request.uid is not None and request.gid is not None, "a task as the shim's user: _posix_spawn"
+    env_list = [f"{name}={value}".encode() for name, value in request.env.items()]
+    in_python = preexec is not None
+    groups: list[int] | None = None if in_python else []  # None: left as they are (preexec drops them)
     args = (
-        argv, (os.fsencode(program),),
+        request.argv, (os.fsencode(request.program),),
         True, keep,  # close_fds, fds_to_keep
-        work_dir, env_list,
-        stdin, -1, -1, out_w, -1, err_w,  # p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
-        report_r, report_w,
+        request.work_dir, env_list,
+        _dev_null(), -1, -1, request.out_w, -1, request.err_w,  # p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
+        *report,  # errpipe_read, errpipe_write
         True, True, -1,  # restore_signals, call_setsid, pgid_to_set
-        gid, groups, uid, TASK_UMASK,
+        -1 if in_python else request.gid,  # gid
+        groups,  # extra_groups
+        -1 if in_python else request.uid,  # uid
+        TASK_UMASK,
         preexec,
     )
     if _FORK_EXEC_TAKES_ALLOW_VFORK:

@@ -43,7 +43,7 @@ def run(script: str, work: Path, *, script_fd: int | None = None, cgroup: Path |
     argv = [BASH, "--noprofile", "--norc", "-e", "-c", script, "pai-task-test"]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "SHELL": BASH}
     procs = [str(cgroup / "cgroup.procs")] if cgroup is not None else None
-    return spawn_collected(argv, env, work, script_fd, UID, GID, procs)
+    return spawn_collected(argv, env, work, uid=UID, gid=GID, script_fd=script_fd, cgroup_procs=procs)
 
 
 def test_the_task_runs_as_its_user_with_no_group_in_a_session_of_its_own(work: Path):
@@ -128,8 +128,8 @@ def test_a_task_with_a_cgroup_joins_it_before_dropping_root(work: Path, tmp_path
 
 def test_a_program_started_without_bash_gets_its_data_limit_soft_and_hard(work: Path):
     script = "ulimit -S -d; ulimit -H -d; id -u; id -G"
-    code, stdout, stderr = spawn_collected(["sh", "-c", script], {"PATH": "/usr/bin:/bin"}, work, None, UID, GID, None, "/bin/sh",
-                                 data_limit=64 << 20)
+    code, stdout, stderr = spawn_collected(["sh", "-c", script], {"PATH": "/usr/bin:/bin"}, work, uid=UID, gid=GID,
+                                           program="/bin/sh", data_limit=64 << 20)
     assert code == 0, stderr
     soft, hard, uid, groups = stdout.splitlines()
     assert soft == hard == str(64 * 1024)  # KiB: what `ulimit -d` would have set
