@@ -53,13 +53,10 @@ class Recorder:
     @classmethod
     async def start(cls, nc: Any) -> Recorder:
         recorder = cls(nc)
-        seen_dollar_on_full_wildcard = False
 
         async def on_message(msg, source: str) -> None:
-            nonlocal seen_dollar_on_full_wildcard
             if source == ">" and msg.subject.startswith("$"):
-                seen_dollar_on_full_wildcard = True  # counted by the "$..." subscription instead
-                return
+                return  # counted by the "$..." subscription instead
             recorder.messages.append((time.monotonic(), msg.subject, msg.reply or "", len(msg.data or b""), False))
             recorder.payloads.append(bytes(msg.data or b"")[:4096])
 

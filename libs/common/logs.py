@@ -75,8 +75,3 @@ async def read_log_chunks(bus, req: LogRequest, *, chunk: int = LOG_CHUNK_BYTES,
         # The end of the log as read (a launcher that does not tell the size: a short chunk).
         if not reply.data or (offset >= reply.size if reply.size >= 0 else len(reply.data) < chunk):
             return
-
-
-async def request_log(bus, req: LogRequest, *, timeout: float = 10.0) -> bytes:
-    """The log from `req.offset` (the end of it with `tailBytes`) in one piece, however long."""
-    return b"".join([part async for part in read_log_chunks(bus, req, timeout=timeout)])

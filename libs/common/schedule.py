@@ -15,7 +15,6 @@ from libs.common.messages import TaskPlacement
 from libs.common.protocol.model import JobSpec
 
 CLUSTER_VCS_KEY = "vcs"
-CLUSTER_NODES_KEY = "nodes"
 
 
 class ScheduleEntry(msgspec.Struct, frozen=True, kw_only=True):

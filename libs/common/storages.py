@@ -37,7 +37,6 @@ from libs.common.errors import BadInput, Forbidden, NoStorage
 from libs.common.ids import NAME_PATTERN
 
 StorageType = Literal["hostPath", "nfs", "pvc"]
-STORAGE_TYPES: tuple[str, ...] = ("hostPath", "nfs", "pvc")
 MAX_STORAGE_NAME_LENGTH = 64
 MAX_PATH_LENGTH = 1024
 MAX_STORAGES_PER_JOB = 32

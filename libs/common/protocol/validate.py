@@ -30,9 +30,6 @@ DOCKER_IMAGE_KEYS = frozenset({
     "protocolVersion", "name", "version", "contributor", "description", "type", "auth", "uri",
 })
 AUTH_KEYS = frozenset({"username", "password", "registryuri"})
-PLUGIN_PREREQUISITE_KEYS = frozenset({
-    "protocolVersion", "name", "version", "contributor", "description", "type", "plugin", "require", "uri",
-})
 DEPLOYMENT_KEYS = frozenset({"name", "taskRoles"})
 DEPLOYMENT_ROLE_KEYS = frozenset({"preCommands", "postCommands"})
 DEFAULTS_KEYS = frozenset({"virtualCluster", "deployment"})

@@ -39,7 +39,6 @@ RESOURCE_MAXIMA = {
     "memoryMB": (MAX_MEMORY_MB, "PAI's limit of memory per task instance"),
     "gpu": (MAX_GPU, "PAI's limit of GPUs per task instance"),
 }
-CONTAINER_OPTION_KEYS = frozenset({"shmMB", "infiniband"})
 
 
 def check_task_roles(check: Checker, data: RawMapping, prerequisite_types: dict[str, str]) -> None:

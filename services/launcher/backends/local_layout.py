@@ -126,7 +126,6 @@ SECRET_SEPARATOR = b"\x1f"
 # Modes of what the platform keeps (the launcher may run as root and its tasks
 # as other users): private files and directories, traverse-only directories on
 # the way to a task's working directory.
-PRIVATE_FILE_MODE = 0o600
 PRIVATE_DIR_MODE = 0o700
 TRAVERSE_ONLY_MODE = 0o711
 

@@ -227,13 +227,6 @@ def peak_memory_mb(cgroup: Path) -> int | None:
         return None
 
 
-def remove_cgroup(cgroup: Path) -> None:
-    try:
-        cgroup.rmdir()
-    except OSError:
-        pass
-
-
 # -- cgroup v1 ---------------------------------------------------------------------
 
 

@@ -34,7 +34,7 @@ launcher's log says which (SPAWN_AS).
 
 Secrets: a task whose commands use secrets gets its script, secrets filled in,
 through an in-memory file (memfd) on an fd of its own, which its shell reads and closes
-before running it (SCRIPT_LOADER). The script is then in no file on disk, not
+before running it (script_loader). The script is then in no file on disk, not
 in spec.json, and not in the shell's argv, which any user may read in
 /proc/<pid>/cmdline; only processes of the task's own user (and root) can see
 its memory or environment.
@@ -141,7 +141,6 @@ def script_loader(fd: int = SCRIPT_FD) -> str:
     return f"IFS= read -r -d '' __pai_script <&{fd} || true; exec {fd}<&-; eval \"$__pai_script\"\n"
 
 
-SCRIPT_LOADER = script_loader()
 # The umask tasks start with (the shim's own is 077: what it writes is private).
 TASK_UMASK = 0o022
 

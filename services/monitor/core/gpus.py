@@ -84,11 +84,8 @@ def merge_processes(*lists: Iterable[Any]) -> list[GpuProcess]:
     return [GpuProcess(pid=pid, usedMemoryBytes=used) for pid, used in sorted(by_pid.items())]
 
 
-# NVML_PSTATE_UNKNOWN; P-states run from 0 (fastest) to 15.
-NVML_PSTATE_UNKNOWN = 32
-
-
 def _performance_state(value: Any) -> int | None:
+    # P-states run from 0 (fastest) to 15; NVML says 32 (NVML_PSTATE_UNKNOWN) when it cannot tell.
     if value is None:
         return None
     value = int(value)
