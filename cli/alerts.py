@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cli.client import ApiError, Client, resolve
+from cli.client import ApiError, Client, connect
+from cli.output import add_output, emit
 
 console = Console()
 
@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     alerts = subparsers.add_parser("alerts", help="alerts and alert rules (node, GPU, job and service health)")
     alerts.add_argument("--state", choices=["firing", "resolved"])
     alerts.add_argument("--job", help="only alerts about this job (user~name)")
-    alerts.add_argument("--json", action="store_true")
+    add_output(alerts, legacy_json=True)
     alerts.set_defaults(func=cmd_list)
     sub = alerts.add_subparsers(dest="alerts_command")
     rules = sub.add_parser("rules", help="read or replace the alert rules")
@@ -51,15 +51,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
-    client = Client(resolve(args.url, args.token, args.data_dir))
+    client = Client(connect(args))
     return asyncio.run(client.request(method, path, **kwargs))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     params = {k: v for k, v in (("state", args.state), ("job", args.job)) if v}
     answer = _request(args, "GET", "/api/v2/alerts", params=params)
-    if args.json:
-        print(json.dumps(answer, indent=2))
+    if emit(args, answer, names=lambda a: [alert["fingerprint"] for alert in a["alerts"]]):
         return 0
     table = Table("state", "severity", "rule", "about", "since", "summary", title="alerts")
     for alert in answer["alerts"]:
@@ -90,7 +89,7 @@ def cmd_rules_get(args: argparse.Namespace) -> int:
 
 def cmd_rules_set(args: argparse.Namespace) -> int:
     data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
-    client = Client(resolve(args.url, args.token, args.data_dir))
+    client = Client(connect(args))
     answer = asyncio.run(_put_rules(client, data, args.revision))
     console.print(f"alert rules now at {_describe(answer)}; every monitor applies them at its next evaluation")
     return 0

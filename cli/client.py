@@ -1,7 +1,6 @@
 """A small HTTP client of PAI's API for the `pai` command.
 
-Where to connect: `--url/--token`, else `PAI_URL`/`PAI_TOKEN`, else the file
-`pai up` writes (`<data dir>/cli.json`).
+Where to connect: see `resolve` (flags, environment, contexts).
 """
 
 from __future__ import annotations
@@ -39,17 +38,39 @@ def connection_file(data_dir: str | Path) -> Path:
     return Path(data_dir).expanduser() / "cli.json"
 
 
-def resolve(url: str | None, token: str | None, data_dir: str | None) -> Connection:
+def resolve(url: str | None, token: str | None, data_dir: str | None, context: str | None = None) -> Connection:
+    """Where to connect, first found wins: `--url`/`--token`, `PAI_URL`/`PAI_TOKEN`,
+    the context named by `--context` or `PAI_CONTEXT`, the connection file of a data
+    directory named by `--data-dir` or `PAI_DATA_DIR` (`pai up` writes it), the
+    current context (cli/contexts.py), and, once, the login kept in ./.pai/ before
+    contexts."""
     url = url or os.environ.get("PAI_URL")
     token = token or os.environ.get("PAI_TOKEN")
     if not (url and token):
-        path = connection_file(data_dir or os.environ.get("PAI_DATA_DIR", ".pai"))
-        if path.exists():
-            saved = msgspec.json.decode(path.read_bytes(), type=Connection)
+        saved = _saved_connection(data_dir, context)
+        if saved is not None:
             url, token = url or saved.url, token or saved.token
     if not (url and token):
-        raise SystemExit("don't know where PAI runs: start it with `pai up`, or set PAI_URL and PAI_TOKEN")
+        raise SystemExit("don't know where PAI runs: `pai login --url URL`, `pai up`, "
+                         "or set PAI_URL and PAI_TOKEN (`pai context list` shows the clusters known)")
     return Connection(url=url.rstrip("/"), token=token)
+
+
+def connect(args: Any) -> Connection:
+    """`resolve` with a command's global options."""
+    return resolve(args.url, args.token, args.data_dir, getattr(args, "context", None))
+
+
+def _saved_connection(data_dir: str | None, context: str | None) -> Connection | None:
+    from cli import contexts
+
+    named = context or os.environ.get("PAI_CONTEXT")
+    data_dir = data_dir or os.environ.get("PAI_DATA_DIR")
+    if data_dir and not named:
+        path = connection_file(data_dir)
+        return msgspec.json.decode(path.read_bytes(), type=Connection) if path.exists() else None
+    found = contexts.selected(named) or contexts.migrate_old_login()
+    return Connection(url=found[1].url, token=found[1].token) if found else None
 
 
 # A 429 (this token's rate limit) is waited out this many times, each for the

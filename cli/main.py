@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import os
 import signal
 import sys
 import time
@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from cli import alerts as alerts_cli, nodes, report as report_cli, rules
-from cli.client import ApiError, Client, resolve
+from cli.client import ApiError, Client, connect
+from cli.output import add_output, emit
 
 console = Console()
 err_console = Console(stderr=True)
@@ -63,6 +64,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             conn = platform.start()
         console.print(f"[bold green]PAI is up[/] at [bold]{conn.url}[/]")
         console.print(f"admin token: [bold]{conn.token}[/]")
+        _save_up_context(args, conn)
         console.print(f"data: {platform.data}   logs: {platform.logs}")
         if args.example:
             _submit_example(conn, args.example)
@@ -78,6 +80,16 @@ def cmd_up(args: argparse.Namespace) -> int:
             platform.stop()
         console.print("PAI stopped")
     return 0
+
+
+def _save_up_context(args: argparse.Namespace, conn) -> None:
+    """The platform just started becomes the current context ("local", or --context),
+    so `pai` commands from any directory reach it."""
+    from cli import contexts
+
+    name = contexts.check_name(args.context or contexts.LOCAL_CONTEXT)
+    path = contexts.put(name, contexts.Context(url=conn.url, token=conn.token, user="admin"))
+    console.print(f"context [bold]{name}[/] (now current) in {path}")
 
 
 def _submit_example(conn, path: str) -> None:
@@ -111,13 +123,17 @@ def _submit_example(conn, path: str) -> None:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(resolve(args.url, args.token, args.data_dir))
+    return Client(connect(args))
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
     body = Path(args.file).read_bytes() if args.file != "-" else sys.stdin.buffer.read()
     ctype = "application/json" if args.file.endswith(".json") else "text/yaml"
     result = asyncio.run(_client(args).request("POST", "/api/v2/jobs", data=body, content_type=ctype))
+    if emit(args, result, names=lambda r: [r["job"]]):  # -o name: the job id alone, for scripts
+        for warning in result.get("warnings", []):
+            err_console.print(f"[yellow]note:[/] {warning}")
+        return 0
     console.print(f"submitted [bold]{result['job']}[/]")
     for warning in result.get("warnings", []):
         console.print(f"[yellow]note:[/] {warning}")
@@ -127,8 +143,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     params = {k: v for k, v in (("username", args.user), ("vc", args.vc), ("state", args.state)) if v}
     rows = asyncio.run(_client(args).request("GET", "/api/v2/jobs", params=params))
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    if emit(args, rows, names=lambda rs: [f"{r['username']}~{r['name']}" for r in rs]):
         return 0
     table = Table("job", "state", "vc", "tasks", "gpus", "retries", "submitted", "why waiting")
     for row in rows:
@@ -148,8 +163,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     detail = asyncio.run(_client(args).request("GET", f"/api/v2/jobs/{args.job}"))
-    if args.json:
-        print(json.dumps(detail, indent=2))
+    if emit(args, detail, names=lambda d: [f"{d['jobStatus']['username']}~{d['name']}"]):
         return 0
     s = detail["jobStatus"]
     console.print(f"[bold]{s['username']}~{detail['name']}[/]  {_state(s['state'])}  vc={s['virtualCluster']}  "
@@ -207,21 +221,25 @@ async def _follow(client: Client, job: str, params: dict[str, Any]) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    asyncio.run(_client(args).request("PUT", f"/api/v2/jobs/{args.job}/executionType", json_body={"value": "STOP"}))
+    answer = asyncio.run(_client(args).request("PUT", f"/api/v2/jobs/{args.job}/executionType",
+                                               json_body={"value": "STOP"}))
+    if emit(args, answer or {"job": args.job}, names=lambda _: [args.job]):
+        return 0
     console.print(f"stop of [bold]{args.job}[/] requested")
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
     answer = asyncio.run(_client(args).request("DELETE", f"/api/v2/jobs/{args.job}"))
+    if emit(args, answer, names=lambda _: [args.job]):
+        return 0
     console.print(answer["message"])
     return 0
 
 
 def cmd_vcs(args: argparse.Namespace) -> int:
     vcs = asyncio.run(_client(args).request("GET", "/api/v2/virtual-clusters"))
-    if args.json:
-        print(json.dumps(vcs, indent=2))
+    if emit(args, vcs):
         return 0
     table = Table("vc", "sku", "guaranteed", "used", "opportunistic", "total", "queued", "running")
     for name, vc in vcs.items():
@@ -236,7 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pai", description="PAI: run AI jobs on a shared GPU cluster")
     parser.add_argument("--url", help="API URL (default: PAI_URL or the running `pai up`)")
     parser.add_argument("--token", help="bearer token (default: PAI_TOKEN or the running `pai up`)")
-    parser.add_argument("--data-dir", help="PAI data directory (default: PAI_DATA_DIR or .pai)")
+    parser.add_argument("--data-dir", help="PAI data directory: `pai up` runs it, other commands use its login "
+                                           "(default: PAI_DATA_DIR, else .pai for `pai up`)")
+    parser.add_argument("--context", help="the cluster to use, of `pai context list` (default: PAI_CONTEXT, else the "
+                                          "current context); `pai login`/`pai up`: the context to write")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run nats-server and all five services on this machine")
@@ -251,18 +272,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="submit an OpenPAI v2 job file (YAML or JSON; - for stdin)")
     s.add_argument("file")
+    add_output(s)
     s.set_defaults(func=cmd_submit)
 
     ls = sub.add_parser("list", help="list jobs")
     ls.add_argument("--user")
     ls.add_argument("--vc")
     ls.add_argument("--state")
-    ls.add_argument("--json", action="store_true")
+    add_output(ls, legacy_json=True)
     ls.set_defaults(func=cmd_list)
 
     st = sub.add_parser("status", help="show one job: state, tasks, why it waits or failed")
     st.add_argument("job", help="user~name")
-    st.add_argument("--json", action="store_true")
+    add_output(st, legacy_json=True)
     st.set_defaults(func=cmd_status)
 
     lg = sub.add_parser("logs", help="show a task's output")
@@ -275,20 +297,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("stop", help="stop a job")
     sp.add_argument("job")
+    add_output(sp)
     sp.set_defaults(func=cmd_stop)
 
     dl = sub.add_parser("delete", help="delete a finished job: its records, logs and files (frees your job quota)")
     dl.add_argument("job", help="user~name")
+    add_output(dl)
     dl.set_defaults(func=cmd_delete)
 
     vc = sub.add_parser("vcs", help="virtual clusters: quota, use and queue")
-    vc.add_argument("--json", action="store_true")
+    add_output(vc, legacy_json=True)
     vc.set_defaults(func=cmd_vcs)
     rules.add_parser(sub)
     alerts_cli.add_parser(sub)
     report_cli.add_parser(sub)
     nodes.add_parser(sub)
-    from cli import login, ssh as ssh_cli, users, watch
+    from cli import context_cli, login, ssh as ssh_cli, users, watch
     from cli.simulate import add_parser as add_simulate
 
     add_simulate(sub)
@@ -296,13 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
     users.add_parser(sub)
     watch.add_parser(sub)
     ssh_cli.add_parser(sub)
+    context_cli.add_parser(sub)
     _accept_global_options_after_subcommands(parser)
     return parser
 
 
 # Options of `pai` itself that read as well after the subcommand: `pai up --data-dir D`
 # is `pai --data-dir D up`. Given in both places, the one after the subcommand wins.
-GLOBAL_OPTIONS = ("--url", "--token", "--data-dir")
+GLOBAL_OPTIONS = ("--url", "--token", "--data-dir", "--context")
 
 
 def _accept_global_options_after_subcommands(parser: argparse.ArgumentParser) -> None:
@@ -325,8 +350,20 @@ def _has_subcommands(parser: argparse.ArgumentParser) -> bool:
     return any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
 
 
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """Answer the shell's completion request (`pai completion SHELL` prints the hook
+    that asks) and exit; a no-op on any other run."""
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    import argcomplete
+
+    argcomplete.autocomplete(parser, always_complete_options=False)  # options once a "-" is typed
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    _complete(parser)
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except ApiError as exc:

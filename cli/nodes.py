@@ -9,43 +9,44 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from urllib.parse import quote
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cli.client import Client, resolve
+from cli.client import Client, connect
+from cli.output import add_output, emit
 
 console = Console()
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     nodes = subparsers.add_parser("nodes", help="nodes: health, conditions, cordons (cordon/uncordon: admins)")
-    nodes.add_argument("--json", action="store_true")
+    add_output(nodes, legacy_json=True)
     nodes.set_defaults(func=cmd_list)
     sub = nodes.add_subparsers(dest="nodes_command")
 
     cordon = sub.add_parser("cordon", help="take a node out of scheduling (running tasks go on)")
     cordon.add_argument("node")
     cordon.add_argument("--reason", required=True, help="why, for the people whose jobs wait")
+    add_output(cordon)
     cordon.set_defaults(func=cmd_cordon)
 
     uncordon = sub.add_parser("uncordon", help="let a cordoned node take work again")
     uncordon.add_argument("node")
     uncordon.add_argument("--reason", default="", help="optional note")
+    add_output(uncordon)
     uncordon.set_defaults(func=cmd_uncordon)
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(resolve(args.url, args.token, args.data_dir))
+    return Client(connect(args))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     rows = asyncio.run(_client(args).request("GET", "/api/v2/cluster/nodes"))
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    if emit(args, rows, names=lambda rs: [r["name"] for r in rs]):
         return 0
     table = Table("node", "health", "conditions", "cordoned", "why")
     for row in rows:
@@ -67,6 +68,8 @@ def _change(args: argparse.Namespace, method: str) -> int:
     path = f"/api/v2/cluster/nodes/{quote(args.node, safe='')}/cordon"
     body = {"reason": args.reason} if args.reason else None
     result = asyncio.run(_client(args).request(method, path, json_body=body))
+    if emit(args, result, names=lambda _: [args.node]):
+        return 0
     console.print(result["message"])
     return 0
 

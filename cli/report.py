@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 
 from rich.console import Console
 from rich.table import Table
 
-from cli.client import Client, resolve
+from cli.client import Client, connect
+from cli.output import add_output, emit
 
 console = Console()
 
@@ -22,15 +22,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report = subparsers.add_parser("report", help="usage report: GPU-hours per VC and user, top jobs, idle GPUs")
     report.add_argument("--days", type=float, default=7.0, help="how far back (default 7)")
     report.add_argument("--send", action="store_true", help="also mail it to the admins")
-    report.add_argument("--json", action="store_true")
+    add_output(report, legacy_json=True)
     report.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    client = Client(resolve(args.url, args.token, args.data_dir))
+    client = Client(connect(args))
     answer = asyncio.run(client.request("POST" if args.send else "GET", "/api/v2/report", params={"days": args.days}))
-    if args.json:
-        print(json.dumps(answer, indent=2))
+    if emit(args, answer, names=lambda a: [f"{a['from']}..{a['to']}"]):
         return 0
     console.print(f"[bold]PAI usage[/] {answer['from']} to {answer['to']}: {answer['gpuHours']} GPU-hours")
     for title, key, label in (("per virtual cluster", "gpuHoursByVc", "VC"), ("per user", "gpuHoursByUser", "user")):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -35,7 +34,8 @@ from rich.prompt import Confirm
 from rich.syntax import Syntax
 from rich.table import Table
 
-from cli.client import ApiError, Client, resolve
+from cli.client import ApiError, Client, connect
+from cli.output import add_output, emit
 
 console = Console()
 err_console = Console(stderr=True)
@@ -56,12 +56,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sub = rules.add_subparsers(dest="rules_command", required=True)
 
     ls = sub.add_parser("list", help="every rule, in the order they are tried")
-    ls.add_argument("--json", action="store_true")
+    add_output(ls, legacy_json=True)
     ls.set_defaults(func=cmd_list)
 
     show = sub.add_parser("show", help="one rule, as it would be written in a rule file")
     show.add_argument("code", type=int)
-    show.add_argument("--json", action="store_true")
+    add_output(show, legacy_json=True)
     show.set_defaults(func=cmd_show)
 
     add = sub.add_parser("add", help="add a rule from a YAML/JSON file (- for stdin); admin only")
@@ -116,8 +116,7 @@ def _reports_refusals(command: Callable[[argparse.Namespace], int]) -> Callable[
 
 def cmd_list(args: argparse.Namespace) -> int:
     answer = _request(args, "GET", "/api/v2/rules")
-    if args.json:
-        print(json.dumps(answer, indent=2))
+    if emit(args, answer, names=lambda a: [str(rule["code"]) for rule in a["rules"]]):
         return 0
     table = Table("#", "code", "phrase", "reaction", "type", "recognised by", title=_rule_set_line(answer))
     for index, rule in enumerate(answer["rules"]):
@@ -135,8 +134,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     answer = _request(args, "GET", f"/api/v2/rules/{args.code}")
-    if args.json:
-        print(json.dumps(answer, indent=2))
+    if emit(args, answer, names=lambda a: [str(a["rule"]["code"])]):
         return 0
     rule = answer["rule"]
     where = f"at position {answer['position']} ({_rule_set_line(answer)})"
@@ -191,7 +189,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
-    client = Client(resolve(args.url, args.token, args.data_dir))
+    client = Client(connect(args))
     return asyncio.run(client.request(method, path, **kwargs))
 
 

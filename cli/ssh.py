@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cli.client import Client, resolve
+from cli.client import Client, connect
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -46,7 +46,7 @@ def ssh_argv(task: dict[str, Any], key: Path, known_hosts: Path, command: list[s
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
-    client = Client(resolve(args.url, args.token, args.data_dir))
+    client = Client(connect(args))
     info = asyncio.run(client.request("GET", f"/api/v2/jobs/{args.job}/ssh"))
     task = choose(info, args.role, args.index)
     pair = info.get("keyPair") or {}

@@ -11,13 +11,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cli.client import Client, resolve
+from cli.client import Client, connect
+from cli.output import add_output, emit
 
 console = Console()
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(resolve(args.url, args.token, args.data_dir))
+    return Client(connect(args))
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
@@ -42,8 +43,7 @@ def _password(args: argparse.Namespace) -> str | None:
 
 def cmd_users_list(args: argparse.Namespace) -> int:
     users = _call(args, "GET", "/api/v2/users")
-    if args.json:
-        _print(args, users)
+    if emit(args, users, names=lambda us: [u["username"] for u in us]):
         return 0
     table = Table("user", "admin", "groups", "virtual clusters", "email")
     for u in users:
@@ -108,8 +108,7 @@ def cmd_passwd(args: argparse.Namespace) -> int:
 
 def cmd_groups_list(args: argparse.Namespace) -> int:
     groups = _call(args, "GET", "/api/v2/groups")
-    if args.json:
-        _print(args, groups)
+    if emit(args, groups, names=lambda gs: [g["groupname"] for g in gs]):
         return 0
     table = Table("group", "admin", "virtual clusters", "priority classes", "storages", "description")
     for g in groups:
@@ -167,6 +166,8 @@ def cmd_groups_delete(args: argparse.Namespace) -> int:
 
 def cmd_tokens_list(args: argparse.Namespace) -> int:
     tokens = _call(args, "GET", "/api/v2/tokens")["tokens"]
+    if emit(args, tokens, names=lambda ts: [t["id"] for t in ts]):
+        return 0
     table = Table("id", "kind", "description", "created", "expires")
     from datetime import datetime
 
@@ -198,7 +199,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     users = subparsers.add_parser("users", help="users (admins): list, show, add, set, delete")
     u = users.add_subparsers(dest="users_command", required=True)
     ls = u.add_parser("list")
-    ls.add_argument("--json", action="store_true")
+    add_output(ls, legacy_json=True)
     ls.set_defaults(func=cmd_users_list)
     show = u.add_parser("show")
     show.add_argument("username")
@@ -224,7 +225,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     groups = subparsers.add_parser("groups", help="groups and the VCs they open (admins change them)")
     g = groups.add_subparsers(dest="groups_command", required=True)
     gls = g.add_parser("list")
-    gls.add_argument("--json", action="store_true")
+    add_output(gls, legacy_json=True)
     gls.set_defaults(func=cmd_groups_list)
     gshow = g.add_parser("show", help="a group and its members")
     gshow.add_argument("groupname")
@@ -248,7 +249,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     tokens = subparsers.add_parser("tokens", help="your tokens: list, add (for scripts), revoke")
     t = tokens.add_subparsers(dest="tokens_command", required=True)
-    t.add_parser("list").set_defaults(func=cmd_tokens_list)
+    tls = t.add_parser("list")
+    add_output(tls)
+    tls.set_defaults(func=cmd_tokens_list)
     tadd = t.add_parser("add", help="a token for a script; printed once")
     tadd.add_argument("--expiration", type=int, help="seconds it lives (default: the server's, 90 days)")
     tadd.add_argument("--description")

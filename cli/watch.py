@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 from rich.console import Console
 
-from cli.client import ApiError, Client, Connection, resolve
+from cli.client import ApiError, Client, Connection, connect
 
 console = Console()
 FINAL_STATES = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -100,7 +100,7 @@ async def watch(conn: Connection, job: str | None) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    conn = resolve(args.url, args.token, args.data_dir)
+    conn = connect(args)
     try:
         return asyncio.run(watch(conn, args.job))
     except KeyboardInterrupt:

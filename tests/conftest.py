@@ -32,6 +32,9 @@ _SESSION_TEMP = Path(tempfile.mkdtemp(prefix="pai-tests-", dir="/var/tmp" if Pat
 _SESSION_TEMP.chmod(0o755)
 os.environ["TMPDIR"] = str(_SESSION_TEMP)
 tempfile.tempdir = str(_SESSION_TEMP)
+# The `pai` command keeps its contexts in the user's config directory (cli/contexts.py):
+# no test, nor a service or CLI it starts, reads or writes the real one.
+os.environ["XDG_CONFIG_HOME"] = str(_SESSION_TEMP / "config")
 
 # A pytest-xdist worker (make test) starts with COLUMNS=80 and LINES=24 set: the CLI's
 # rich consoles, made when their modules are imported, would keep that size whatever a
