@@ -73,12 +73,12 @@ ACCESS: dict[str, Access] = {
                    Kind.JOB_ARCHIVED),  # job.archived: services/rest/history/expiry.py
         durable=Durable.REST,  # job.deleted: its own records of a deleted job (services/rest/deletion.py)
         more_durables=(Durable.HISTORY,),  # the job history database (services/rest/history)
-        writes=(Bucket.JOBS, Bucket.USERS, Bucket.SECRETS),
+        writes=(Bucket.JOBS, Bucket.USERS, Bucket.SECRETS, Bucket.MARKET),  # MARKET: services/rest/market
         # Not SECRETS: sealed for the launcher, rest only stores them.
         # NODES, NODE_HEALTH: the node list of `GET /api/v2/cluster/nodes`.
         # JOB_METRICS: a job's utilisation over time (GET /api/v2/jobs/{id}/metrics).
         reads=(Bucket.JOBS, Bucket.USERS, Bucket.JOB_STATUS, Bucket.SCHEDULE, Bucket.CLUSTER, Bucket.NODES, Bucket.NODE_HEALTH,
-               Bucket.ALERTS, Bucket.JOB_METRICS),
+               Bucket.ALERTS, Bucket.JOB_METRICS, Bucket.MARKET),
         asks=(LOG_SUBJECT, RULES_SUBJECT, ALERTS_SUBJECT),
         serves=(JOB_TAG_SUBJECT,),  # the monitor's tag-job alert action (services/rest/tag_requests.py)
         watches=(Kind.JOB_STATE,),  # job state changes streamed to their owners (services/rest/events.py)

@@ -28,6 +28,7 @@ CODES: dict[str, int] = {
     "NoTokenError": 404,
     "NoStorageError": 404,  # a storage no admin declared (libs/common/storages.py)
     "NoRuleError": 404,  # a failure rule (libs/common/rules_messages.py)
+    "NoMarketItemError": 404,  # a marketplace item not there, or not visible to the caller (services/rest/market)
     "NotFoundError": 404,  # no such route
     "MethodNotAllowed": 405,
     "ConflictJobError": 409,

@@ -94,6 +94,8 @@ BUCKETS: dict[Bucket, StoreLimits] = {
     # A job's utilisation over time: one bounded history per task (~15 KiB, libs/common/usage_history.py);
     # its entries expire (store_settings: retention_finished_seconds after their last sample).
     Bucket.JOB_METRICS: StoreLimits(max_bytes=1 * GIB),
+    # Marketplace items: at most MAX_MARKET_ITEMS of MAX_MARKET_ITEM_BYTES (typically a few KiB), and stars.
+    Bucket.MARKET: StoreLimits(max_bytes=512 * MIB),
 }
 # A bucket added to `Bucket` without a line above: small state (per node or per
 # service), as most buckets are. Give a bucket that grows with jobs its own line.

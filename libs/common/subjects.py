@@ -106,6 +106,9 @@ class Bucket(StrEnum):
     # monitor: each task's utilisation over time (key user.name.role.index), for
     # GET /api/v2/jobs/{id}/metrics; entries expire retention_finished_seconds after their last sample.
     JOB_METRICS = "pai_job_metrics"
+    # rest: marketplace items (`item.<id>`) and who starred them (`star.<id>.<user>`)
+    # (services/rest/market).
+    MARKET = "pai_market"
 
 
 # Durable consumer names, one per consuming service.

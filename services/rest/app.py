@@ -50,8 +50,9 @@ from services.rest.identity import (
     ssh_keys,
     store as identity_store,
 )
+from services.rest.market import store as market_store
 from services.rest.request import CTX, ctx_of
-from services.rest.routes import cluster as cluster_routes, jobs as job_routes
+from services.rest.routes import cluster as cluster_routes, jobs as job_routes, market as market_routes
 from services.rest.trailing_slash import accept_trailing_slashes
 
 log = logging.getLogger("pai.rest")
@@ -163,6 +164,7 @@ async def create_app(ctx: ServiceContext) -> web.Application:
     app.add_routes(health_routes(lambda: ctx))
     app.add_routes(job_routes.ROUTES)  # every /api/v2/jobs route (services/rest/routes/jobs.py)
     app.add_routes(cluster_routes.ROUTES)  # VCs, sku types, info, Kubernetes views (services/rest/routes/cluster.py)
+    app.add_routes(market_routes.ROUTES)  # the marketplace (services/rest/routes/market.py)
     app.add_routes(identity_routes.routes)
     app.add_routes(identity_openpai.routes)  # OpenPAI's user, group and token edits (identity/openpai.py)
     app.add_routes(ssh_keys.routes)  # a user's SSH keys one by one (identity/ssh_keys.py)
@@ -190,5 +192,6 @@ async def startup(ctx: ServiceContext) -> None:
         log.info("created admin user %s; token written to %s", ctx.config.admin_user, path)
     await oidc_routes.seed_groups(ctx)  # OpenPAI's groupConfig: the groups directory groups map to
     await storages.seed(ctx)  # the storages of storages_file
+    await market_store.seed(ctx.bus, ctx.config.admin_user)  # the marketplace's built-in templates, once
     # Submissions an earlier crash left unpublished: the intake sweep finds them once
     # the job index is loaded (services/rest/intake.py).

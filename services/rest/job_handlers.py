@@ -31,6 +31,8 @@ from libs.common.subjects import Bucket
 from services.rest import deletion, history_reads, intake, job_ssh, jobs_api, metrics, portal_routes, quotas, storages, views
 from services.rest.identity import core as identity_core, store as identity_store
 from services.rest.log_stream import log_response
+from services.rest.market import core as market_core, store as market_store
+from services.rest.market.handlers import caller_of_principal as handlers_caller
 from services.rest.records import SubmittedJob
 from services.rest.request import USER, ctx_of, read_body, read_json_object
 
@@ -95,6 +97,8 @@ async def _take_job(request: web.Request) -> web.Response:
         # is accepted: rest's sweep publishes it (a resubmission would only be a 409).
         warnings = [*warnings, PUBLISH_DELAYED_WARNING]
     metrics.job_submitted(record.vc)
+    if (item := market_core.item_of_job_config(parsed.config)) is not None:  # made from a marketplace item
+        await market_store.count_submission(ctx.bus, handlers_caller(user), item)
     return jobs_api.json_response(
         {"job": jid, "name": spec.name, "state": "WAITING", "warnings": warnings, "ignoredFields": spec.ignoredFields},
         status=202,

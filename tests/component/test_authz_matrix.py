@@ -208,6 +208,24 @@ async def _owners_key_path(m: Matrix, _: str) -> tuple[str, Any]:
     return f"/api/v2/users/{OWNER}/ssh-keys/{key['title']}", None
 
 
+MARKET = "/api/v2/marketplace/items"
+MARKET_ITEM = {"name": "matrix item", "protocol": job_yaml("fromitem")}
+
+
+async def _owners_public_item(m: Matrix, _: str) -> tuple[str, Any]:
+    """An item of the owner's, public and approved: everyone sees it, its owner and admins change it."""
+    status, item = await m.call(m.tokens["owner"], "POST", MARKET, {**MARKET_ITEM, "visibility": "public"})
+    assert status == 201, item
+    await m.as_admin("POST", f"{MARKET}/{item['id']}/review", {"decision": "approve"})
+    return f"{MARKET}/{item['id']}", {"summary": "changed"}
+
+
+async def _owners_pending_review(m: Matrix, _: str) -> tuple[str, Any]:
+    status, item = await m.call(m.tokens["owner"], "POST", MARKET, {**MARKET_ITEM, "visibility": "public"})
+    assert status == 201, item
+    return f"{MARKET}/{item['id']}/review", {"decision": "approve"}
+
+
 async def _login(m: Matrix, _: str) -> tuple[str, Any]:
     return "/api/v2/authn/basic/login", {"username": OWNER, "password": PASSWORD}
 
@@ -350,6 +368,18 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     ("GET", "/api/v2/storage/config/{name}"): (SIGNED_IN, fixed("/api/v2/storage/config/mxnostorage"), 404),
     ("GET", "/api/v2/storage/server"): (SIGNED_IN, fixed("/api/v2/storage/server"), 200),
     ("GET", "/api/v2/storage/server/{name}"): (SIGNED_IN, fixed("/api/v2/storage/server/mxnostorage"), 404),
+    # the marketplace (services/rest/market): hidden items are 404s (tests/component/test_market_api.py)
+    ("GET", "/api/v2/marketplace/items"): (SIGNED_IN, fixed(MARKET), 200),
+    ("POST", "/api/v2/marketplace/items"): (SIGNED_IN, fixed(MARKET, MARKET_ITEM), 201),
+    ("POST", "/api/v2/marketplace/import"): (SIGNED_IN, fixed("/api/v2/marketplace/import", job_yaml("imported")), 201),
+    ("GET", "/api/v2/marketplace/items/{item}"): (SIGNED_IN, fixed(f"{MARKET}/cpu-batch"), 200),
+    ("PUT", "/api/v2/marketplace/items/{item}"): (OWNER_OR_ADMIN, _owners_public_item, 200),
+    ("DELETE", "/api/v2/marketplace/items/{item}"): (OWNER_OR_ADMIN, _owners_public_item, 200),
+    ("PUT", "/api/v2/marketplace/items/{item}/star"): (SIGNED_IN, fixed(f"{MARKET}/cpu-batch/star"), 200),
+    ("DELETE", "/api/v2/marketplace/items/{item}/star"): (SIGNED_IN, fixed(f"{MARKET}/cpu-batch/star"), 200),
+    ("POST", "/api/v2/marketplace/items/{item}/review"): (ADMIN_ONLY, _owners_pending_review, 200),
+    ("POST", "/api/v2/marketplace/items/{item}/render"): (SIGNED_IN, fixed(f"{MARKET}/cpu-batch/render", {}), 200),
+    ("GET", "/api/v2/marketplace/items/{item}/export"): (SIGNED_IN, fixed(f"{MARKET}/cpu-batch/export"), 200),
     # the web portal (services/rest/portal_routes.py): its files are public, its summaries are not
     ("GET", "/"): (ANYONE, fixed("/"), 200),
     ("GET", "/portal/{path}"): (ANYONE, fixed("/portal/js/main.js"), 200),

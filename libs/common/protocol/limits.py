@@ -52,3 +52,22 @@ MAX_SKU_NUMBER = 1024  # extras.hivedScheduler.taskRoles.<role>.skuNumber: leaf 
 # --- retries ------------------------------------------------------------------
 MAX_JOB_RETRY_COUNT = 100
 MAX_TASK_RETRY_COUNT = 100
+
+# --- marketplace items (services/rest/market) ----------------------------------------
+# An item is one KV value in pai_market; these keep one under MAX_MARKET_ITEM_BYTES.
+MAX_MARKET_BODY_BYTES = 192 * 1024  # a create, change or import request
+MAX_MARKET_ITEM_ID_LENGTH = 64  # letters, digits, _ and - (a KV key token and a URL segment)
+MAX_MARKET_NAME_LENGTH = 64
+MAX_MARKET_SUMMARY_CHARS = 256
+MAX_MARKET_DESCRIPTION_CHARS = 32 * 1024  # Markdown
+MAX_MARKET_PROTOCOL_BYTES = 64 * 1024  # a template's job YAML
+MAX_MARKET_URI_LENGTH = 1024  # a data item's storage path or URI
+MAX_MARKET_CATEGORY_LENGTH = 32
+MAX_MARKET_TAGS = 16
+MAX_MARKET_TAG_LENGTH = 32
+MAX_MARKET_GROUPS = 32  # groups an item is shared with
+MAX_MARKET_REVIEW_NOTE_CHARS = 512
+MAX_MARKET_ITEMS_PER_USER = 100
+MAX_MARKET_ITEMS = 2000  # in all; the bucket's size follows (libs/common/jetstream_limits.py)
+MAX_MARKET_SWEEP_JOBS = 16  # jobs one hyper-parameter sweep makes
+MAX_MARKET_ITEM_BYTES = 160 * 1024  # the stored record

@@ -38,7 +38,7 @@ import msgspec
 from libs.common.ids import NAME_PATTERN
 from libs.common.protocol.checks import Checker
 from libs.common.protocol.document import type_name
-from libs.common.protocol.limits import MAX_SKU_NUMBER
+from libs.common.protocol.limits import MAX_MARKET_ITEM_ID_LENGTH, MAX_SKU_NUMBER
 from libs.common.protocol.model import PRIORITY_CLASSES
 from libs.common.protocol.paths import DocPath, RawMapping
 from libs.common.protocol.plugins import check_runtime_plugins
@@ -76,6 +76,11 @@ def check_extras(check: Checker, data: RawMapping) -> None:
                 _check_storages(check, extras[key], path)
             case "com.microsoft.pai.runtimeplugin":
                 check_runtime_plugins(check, extras[key], path, data)
+            case "marketplaceItem":  # the marketplace item the job was made from (services/rest/market)
+                if check.string(extras[key], path, non_empty=True) and (
+                        len(extras[key]) > MAX_MARKET_ITEM_ID_LENGTH or not NAME_PATTERN.match(extras[key])):
+                    check.error(path, "pattern", f"a marketplace item id is 1 to {MAX_MARKET_ITEM_ID_LENGTH} "
+                                "letters, digits, _ and -")
             case _:
                 check.ignore(path, EXTRAS_NOT_ACTED_ON.get(str(key), "an extras field PAI does not know"))
 

@@ -19,7 +19,7 @@ from aiohttp import web
 
 log = logging.getLogger("pai.rest.openapi")
 
-FRAGMENTS = ("jobs", "platform", "identity", "portal", "openpai", "storages")
+FRAGMENTS = ("jobs", "platform", "identity", "portal", "openpai", "storages", "market")
 OPENAPI_VERSION = "3.1.0"  # JSON Schema 2020-12, what msgspec generates
 
 
