@@ -40,6 +40,7 @@ from libs.common.alerts_messages import ALERTS_SUBJECT
 from libs.common.logs import LOG_SUBJECT
 from libs.common.rules_messages import RULES_SUBJECT
 from libs.common.subjects import JOB_TAG_SUBJECT, PREFIX, STREAM, Bucket, Durable, Kind, dead_letter_subject, kind_filter
+from libs.common.tensorboard_relay import TENSORBOARD_SUBJECT
 
 if TYPE_CHECKING:
     from libs.common.config import Config
@@ -79,7 +80,7 @@ ACCESS: dict[str, Access] = {
         # JOB_METRICS: a job's utilisation over time (GET /api/v2/jobs/{id}/metrics).
         reads=(Bucket.JOBS, Bucket.USERS, Bucket.JOB_STATUS, Bucket.SCHEDULE, Bucket.CLUSTER, Bucket.NODES, Bucket.NODE_HEALTH,
                Bucket.ALERTS, Bucket.JOB_METRICS, Bucket.MARKET),
-        asks=(LOG_SUBJECT, RULES_SUBJECT, ALERTS_SUBJECT),
+        asks=(LOG_SUBJECT, RULES_SUBJECT, ALERTS_SUBJECT, TENSORBOARD_SUBJECT),
         serves=(JOB_TAG_SUBJECT,),  # the monitor's tag-job alert action (services/rest/tag_requests.py)
         watches=(Kind.JOB_STATE,),  # job state changes streamed to their owners (services/rest/events.py)
     ),
@@ -100,7 +101,7 @@ ACCESS: dict[str, Access] = {
         # before a crash).
         reads=(Bucket.JOB_STATUS, Bucket.SECRETS, Bucket.NODE_HEALTH),
         lease=True,
-        serves=(LOG_SUBJECT,),
+        serves=(LOG_SUBJECT, TENSORBOARD_SUBJECT,),
     ),
     "runtime": Access(
         publishes=(Kind.TASK_VERDICT,),

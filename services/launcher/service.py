@@ -97,6 +97,7 @@ from services.launcher.core.held import HeldRunning, job_of
 from services.launcher.core.retention import due_for_pruning, record_may_go, task_keys
 from services.launcher.core.tasks import TaskFinished, TaskKey
 from services.launcher.log_snapshots import LogSnapshots, chunk_of
+from services.launcher.tensorboard_relay import serve as serve_tensorboard
 
 log = logging.getLogger("pai.launcher")
 
@@ -849,6 +850,7 @@ async def body(ctx: ServiceContext) -> None:
         ctx.spawn(shell.pump_backend(), "backend-events")
         ctx.spawn(shell.prune_forever(), "retention")
         await shell.serve_logs()
+        await serve_tensorboard(ctx.bus, core)  # a job's TensorBoard for rest (services/launcher/tensorboard_relay.py)
         ctx.set_ready()
         await ctx.bus.consume_batches(
             Durable.LAUNCHER, CONSUMED_KINDS, CONSUMED_TYPES, shell.handle_bus, stopping=ctx.stopping, ordered=True

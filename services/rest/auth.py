@@ -11,6 +11,7 @@ KV watch), after `cache.MAX_AGE_SECONDS` at the latest.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import msgspec
@@ -105,7 +106,7 @@ async def call_as_caller(request: web.Request, handler):
     middleware (services/rest/app.py) after the rate limit."""
     if is_public(request.path):
         return await handler(request)
-    header = request.headers.get("Authorization", "")
+    header = request.headers.get("Authorization", "") or _tensorboard_cookie(request)
     if not encodable(header):  # aiohttp keeps bytes that are not UTF-8 as surrogates
         raise Unauthorized("the Authorization header is not valid UTF-8: send 'Authorization: Bearer <token>' "
                            "with the token as PAI gave it")
@@ -125,6 +126,19 @@ async def call_as_caller(request: web.Request, handler):
         return await handler(request)
     finally:
         remembered.clear()  # a revocation or change made here holds for this replica's next request
+
+
+# A job's TensorBoard opened in a browser tab carries no Authorization header: the portal
+# sets its owner's token as this cookie, scoped to that job's TensorBoard path and
+# SameSite=Strict, and it counts there alone (services/rest/job_tensorboard.py).
+TENSORBOARD_COOKIE = "pai_tensorboard"
+_TENSORBOARD_PATH = re.compile(r"^/api/v2/jobs/[^/]+/tensorboard(/|$)")
+
+
+def _tensorboard_cookie(request: web.Request) -> str:
+    """`Bearer <token>` from the TensorBoard cookie on a job's TensorBoard path, or ""."""
+    token = request.cookies.get(TENSORBOARD_COOKIE, "") if _TENSORBOARD_PATH.match(request.path) else ""
+    return f"Bearer {token}" if token else ""
 
 
 def setup(app: web.Application, bus_of) -> None:

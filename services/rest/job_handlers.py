@@ -22,7 +22,7 @@ from libs.common.bus import get_json
 from libs.common.errors import BadInput, Conflict, Forbidden, NotFound, NoVirtualCluster
 from libs.common.logs import LogRequest, read_log_chunks
 from libs.common.messages import StopRequested
-from libs.common.protocol import MAX_BODY_BYTES, parse_job
+from libs.common.protocol import MAX_BODY_BYTES, parse_job, tensorboard
 from libs.common.protocol.locate import errors_located
 from libs.common.records import JobRecord
 from libs.common.schedule import ClusterView
@@ -60,6 +60,9 @@ async def _take_job(request: web.Request) -> web.Response:
     jid = ids.job_id(user.username, spec.name)
     # OpenPAI's ssh plugin: the job's key pair and the owner's profile keys (services/rest/job_ssh.py).
     spec, secrets, ssh_keys = await job_ssh.prepare(ctx.bus, user.username, jid, spec, parsed.config, parsed.secrets)
+    tensorboard_request = tensorboard.tensorboard_request(parsed.config)  # OpenPAI's tensorboard plugin
+    if tensorboard_request is not None:
+        spec = tensorboard.with_tensorboard(spec, tensorboard_request)
     if portal_routes.wants_dry_run(request):  # validated as a submission is; nothing stored or published
         return portal_routes.dry_run_answer(jid, parsed)
     record = SubmittedJob(

@@ -28,8 +28,9 @@ runs them the same way.
 
 `teamwise_storage` names the storages the job mounts (`storageConfigNames`);
 rest resolves them (libs/common/storages.py). `ssh` is checked here and folded
-in by rest with the job's keys (libs/common/protocol/ssh.py). Other plugins
-(tensorboard, git, ...) are kept and reported as not run.
+in by rest with the job's keys (libs/common/protocol/ssh.py), `tensorboard` likewise
+(libs/common/protocol/tensorboard.py). Other plugins (git, ...) are kept and reported
+as not run.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from libs.common.protocol.document import type_name
 from libs.common.protocol.paths import DocPath, RawMapping
 from libs.common.protocol.render import TEMPLATE_START, render
 from libs.common.protocol.ssh import SSH, check_ssh_parameters
+from libs.common.protocol.tensorboard import TENSORBOARD, check_tensorboard_parameters
 
 PLUGINS_KEY = "com.microsoft.pai.runtimeplugin"
 PREREQUISITE_PLUGIN_PREFIX = PLUGINS_KEY + "."
@@ -53,7 +55,7 @@ PLUGIN_KEYS = frozenset({"plugin", "parameters", "failurePolicy", "taskroles", "
 FAILURE_POLICIES = ("fail", "ignore")
 PRE_EVENTS = frozenset({"containerStarts", "taskStarts"})
 POST_EVENTS = frozenset({"containerEnds", "taskSucceeds"})
-NOT_RUN = "runtime plugin {name!r} is not run by PAI (PAI runs cmd, ssh and teamwise_storage)"
+NOT_RUN = "runtime plugin {name!r} is not run by PAI (PAI runs cmd, ssh, tensorboard and teamwise_storage)"
 
 
 class Step(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,7 +86,7 @@ def check_runtime_plugins(check: Checker, value: object, path: DocPath, data: Ra
         if not check.string(plugin["plugin"], (*where, "plugin"), non_empty=True):
             continue
         name = plugin["plugin"]
-        if name not in (CMD, STORAGE, SSH):
+        if name not in (CMD, STORAGE, SSH, TENSORBOARD):
             check.ignore(where, NOT_RUN.format(name=name[:64]))
             continue
         check.known_keys(plugin, where, PLUGIN_KEYS)
@@ -106,6 +108,8 @@ def check_runtime_plugins(check: Checker, value: object, path: DocPath, data: Ra
                                   non_empty=False)
         elif name == SSH:  # libs/common/protocol/ssh.py
             check_ssh_parameters(check, parameters, (*where, "parameters"))
+        elif name == TENSORBOARD:  # libs/common/protocol/tensorboard.py
+            check_tensorboard_parameters(check, parameters, (*where, "parameters"))
         else:
             _check_cmd_parameters(check, parameters, (*where, "parameters"))
 

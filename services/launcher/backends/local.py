@@ -961,7 +961,35 @@ def _inherited_env() -> dict[str, str]:
     env.update({name: value for name, value in os.environ.items() if name.startswith("LC_")})
     env.setdefault("PATH", DEFAULT_PATH)
     env.setdefault("SHELL", BASH)
+    env.update(_platform_tensorboard())
     return env
+
+
+def _platform_tensorboard() -> dict[str, str]:
+    """What the tensorboard plugin's step runs where a process task has no `tensorboard`
+    on its PATH (libs/common/protocol/tensorboard.py): the TensorBoard installed beside
+    the launcher's Python, run by that Python when a task's user may run it, else by
+    the system's Python of the same version over the same packages (a Python kept
+    under a home directory the task users cannot enter: pyenv's). {} without one."""
+    tensorboard = Path(sys.executable).parent / "tensorboard"
+    if not tensorboard.is_file():
+        return {}
+    if _others_may_run(sys.executable) and _others_may_run(str(tensorboard)):
+        return {"PAI_TENSORBOARD": str(tensorboard)}
+    python = shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}", path="/usr/local/bin:/usr/bin:/bin")
+    packages = next((p for p in sys.path if p.endswith("site-packages") and (Path(p) / "tensorboard").is_dir()), None)
+    if python is None or packages is None or not _others_may_run(python) or " " in packages:
+        return {}
+    return {"PAI_TENSORBOARD": f"{python} -m tensorboard.main", "PAI_TENSORBOARD_PYTHONPATH": packages}
+
+
+def _others_may_run(path: str) -> bool:
+    """Whether a user other than the file's owner can reach and run `path` (o+x all the way)."""
+    real = Path(os.path.realpath(path))
+    try:
+        return all(os.stat(p).st_mode & 0o001 for p in (real, *real.parents))
+    except OSError:
+        return False
 
 
 def _choose_limits(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from services.rest import job_handlers, job_metrics, jobs_api, openpai_jobs
+from services.rest import job_handlers, job_metrics, job_tensorboard, jobs_api, openpai_jobs
 
 JOB = "/api/v2/jobs/{job}"
 TASK = JOB + "/attempts/{jobAttemptId}/taskRoles/{taskRoleName}/taskIndex/{taskIndex}/attempts"
@@ -28,6 +28,10 @@ ROUTES = [
     web.get(JOB + "/events", jobs_api.get_job_events),
     web.get(JOB + "/metrics", job_metrics.get_job_metrics),  # PAI's: utilisation over time
     web.get(JOB + "/ssh", openpai_jobs.get_ssh_info),
+    # PAI's: the job's TensorBoard, relayed by the launcher (services/rest/job_tensorboard.py).
+    web.get(JOB + "/tensorboard", job_tensorboard.get_tensorboard),
+    web.get(JOB + "/tensorboard/{tail:.*}", job_tensorboard.get_tensorboard),
+    web.post(JOB + "/tensorboard/{tail:.*}", job_tensorboard.get_tensorboard),
     # OpenPAI's job history: attempts numbered from 0.
     web.get(JOB + "/job-attempts/healthz", openpai_jobs.attempts_healthz),
     web.get(JOB + "/job-attempts", openpai_jobs.list_attempts),

@@ -177,7 +177,7 @@ def test_teamwise_storage_names_the_storages(plugins, names):
 
 def test_other_plugins_are_kept_and_reported_as_not_run():
     parsed = parse_job(yaml.safe_dump(job(extras={"com.microsoft.pai.runtimeplugin": [
-        {"plugin": "tensorboard", "parameters": {"logdir": {"path": "/mnt/tb"}}}]})), user="alice")
+        {"plugin": "git", "parameters": {"repo": "https://example.com/r.git"}}]})), user="alice")
     assert parsed.spec.ignoredFields == ["extras.com.microsoft.pai.runtimeplugin[0]"]
     assert parsed.spec.role("worker").commands == ["echo main"]
 

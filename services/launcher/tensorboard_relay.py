@@ -1,0 +1,148 @@
+"""The launcher's side of a job's TensorBoard (libs/common/tensorboard_relay.py).
+
+rest asks on TENSORBOARD_SUBJECT; the launcher finds the role's first task of the job's
+current attempt, running, and its `tensorboard` port and host address (as the scheduler
+placed it), makes the HTTP request there, and answers. The launcher is where the
+platform already reaches tasks (it starts and stops them); on Kubernetes it reaches a
+node's host network the way it reaches the API. An answer longer than one message is
+kept a few seconds under rest's `fetch` id for its later chunks (bounded in count and
+bytes). Nothing here is stored: a launcher restarted mid-answer makes rest's next chunk
+a 503, and the browser asks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+
+import aiohttp
+import msgspec
+
+from libs.common.messages import TaskState
+from libs.common.protocol.tensorboard import PORT_LABEL
+from libs.common.tensorboard_relay import (
+    CHUNK_BYTES,
+    MAX_ANSWER_BYTES,
+    METHODS,
+    PASSED_HEADERS,
+    TENSORBOARD_SUBJECT,
+    RelayReply,
+    RelayRequest,
+)
+from services.launcher.core.lifecycle import LauncherCore
+
+log = logging.getLogger(__name__)
+
+KEEP_SECONDS = 30.0
+KEPT_AT_MOST = 8
+# What TensorBoard may take to answer one request (a large event file's first load).
+FETCH_SECONDS = 30.0
+
+
+class Relay:
+    def __init__(self, core: LauncherCore):
+        self.core = core
+        self._kept: OrderedDict[str, tuple[float, RelayReply, bytes]] = OrderedDict()
+        self._http: aiohttp.ClientSession | None = None
+        self.pending: set[asyncio.Task[None]] = set()
+
+    def where(self, req: RelayRequest) -> tuple[str, int] | RelayReply:
+        """(host, port) of the job's TensorBoard, or why there is none to reach."""
+        record = self.core.job(req.job)
+        if record is None or not record.attempts or record.state.is_final:
+            return RelayReply(status=409, error=f"{req.job} is not running: its TensorBoard runs while it does")
+        task = record.current.task(req.role, 0)
+        if task is None or task.state != TaskState.RUNNING or not task.live:
+            state = task.state.value if task is not None else "not started"
+            return RelayReply(status=409, error=f"task {req.role}[0] of {req.job}, which runs TensorBoard, is {state}")
+        ports = task.ports.get(PORT_LABEL)
+        if not ports or not task.hostIp:
+            return RelayReply(status=404, error=f"task {req.role}[0] of {req.job} has no tensorboard port")
+        return task.hostIp, ports[0]
+
+    async def answer(self, req: RelayRequest) -> RelayReply:
+        now = time.monotonic()
+        for fetch in [f for f, (at, _, _) in self._kept.items() if now - at > KEEP_SECONDS]:
+            del self._kept[fetch]
+        if req.offset > 0:
+            kept = self._kept.get(req.fetch)
+            if kept is None:
+                return RelayReply(status=503, error="the rest of TensorBoard's answer is no longer kept; ask again")
+            head, body = kept[1], kept[2]
+            return msgspec.structs.replace(head, data=body[req.offset:req.offset + CHUNK_BYTES])
+        if req.method not in METHODS or not req.path.startswith("/"):
+            return RelayReply(status=400, error=f"not relayed: {req.method} {req.path[:100]}")
+        found = self.where(req)
+        if isinstance(found, RelayReply):
+            return found
+        host, port = found
+        url = f"http://{host}:{port}{req.path}" + (f"?{req.query}" if req.query else "")
+        headers = {"Content-Type": req.contentType} if req.contentType else {}
+        try:
+            http = self._session()
+            async with http.request(req.method, url, data=req.body or None, headers=headers,
+                                    allow_redirects=False) as resp:
+                parts, size = [], 0
+                async for part in resp.content.iter_any():
+                    parts.append(part)
+                    size += len(part)
+                    if size > MAX_ANSWER_BYTES:
+                        return RelayReply(status=502, error=f"TensorBoard's answer is over {MAX_ANSWER_BYTES} bytes")
+                body = b"".join(parts)
+                passed = {h: resp.headers[h] for h in PASSED_HEADERS if h in resp.headers}
+                head = RelayReply(status=resp.status, headers=passed, size=len(body))
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            return RelayReply(status=502, error=(
+                f"TensorBoard of {req.job} ({req.role}[0], port {port}) did not answer: {exc or type(exc).__name__}; "
+                f"it may still be starting, or have failed: its task's log and {'.tensorboard.log'} in the task's "
+                "working directory say"))
+        if len(body) > CHUNK_BYTES:
+            self._kept[req.fetch] = (now, head, body)
+            while len(self._kept) > KEPT_AT_MOST:
+                self._kept.popitem(last=False)
+        return msgspec.structs.replace(head, data=body[:CHUNK_BYTES])
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            # No proxy from the environment: the task's address is the node's own. Compressed
+            # answers stay so (a third of the bytes on the bus), their Content-Encoding passed on.
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FETCH_SECONDS),
+                                               auto_decompress=False, trust_env=False)
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+
+async def serve(bus, core: LauncherCore) -> Relay:
+    """Answer rest's TensorBoard requests (queue group `launcher`, as the log requests)."""
+    relay = Relay(core)
+
+    async def on_request(msg) -> None:
+        try:
+            req = msgspec.json.decode(msg.data, type=RelayRequest)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            await msg.respond(msgspec.json.encode(RelayReply(status=400, error=f"bad TensorBoard request: {exc}")))
+            return
+        # Answered in a task of its own: a slow TensorBoard holds no other request.
+        task = asyncio.get_running_loop().create_task(_respond(msg, relay, req))
+        relay.pending.add(task)
+        task.add_done_callback(relay.pending.discard)
+
+    await bus.nc.subscribe(TENSORBOARD_SUBJECT, queue="launcher", cb=on_request)
+    return relay
+
+
+async def _respond(msg, relay: Relay, req: RelayRequest) -> None:
+    try:
+        reply = await relay.answer(req)
+    except Exception as exc:  # noqa: BLE001 - any failure is this one answer's, said to rest
+        log.exception("relaying TensorBoard of %s", req.job)
+        reply = RelayReply(status=502, error=f"the launcher could not relay TensorBoard: {type(exc).__name__}")
+    try:
+        await msg.respond(msgspec.json.encode(reply))
+    except Exception:  # noqa: BLE001 - rest gave up waiting; nothing to answer
+        log.debug("TensorBoard answer for %s not delivered", req.job)
