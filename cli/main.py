@@ -320,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     users.add_parser(sub)
     watch.add_parser(sub)
     ssh_cli.add_parser(sub)
+    from cli import market
+
+    market.add_parser(sub)  # pai market ... (cli/market.py)
     context_cli.add_parser(sub)
     _accept_global_options_after_subcommands(parser)
     return parser

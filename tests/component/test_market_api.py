@@ -6,6 +6,7 @@ counted and linked back to it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -250,3 +251,45 @@ async def test_a_job_from_a_template_names_it_and_counts(api):
     assert kept["extras"]["marketplaceItem"] == item["id"]
     status, reply, _ = await api.call("stranger", "POST", f"{ITEMS}/{item['id']}/render", {})
     assert status == 404
+
+
+def _pai(api: Api, who: str, *argv: str) -> int:
+    from cli.main import main
+
+    return main(["--url", str(api.server.make_url("")).rstrip("/"), "--token", api.tokens[who], *argv])
+
+
+async def test_cli(api, tmp_path, capsys, monkeypatch):
+    for name in ("PAI_URL", "PAI_TOKEN", "PAI_CONTEXT"):
+        monkeypatch.delenv(name, raising=False)
+    template = tmp_path / "job.yaml"
+    template.write_text(PROTOCOL)
+    tag = f"cli{RUN}"
+    assert await asyncio.to_thread(_pai, api, "owner", "market", "create", "--name", "CLI template", "--template",
+                                   str(template), "--tag", tag, "--share-with", GROUP, "-o", "name") == 0
+    item_id = capsys.readouterr().out.strip()
+    assert await asyncio.to_thread(_pai, api, "mate", "market", "list", "--tag", tag, "-o", "name") == 0
+    assert capsys.readouterr().out.split() == [item_id]
+    assert await asyncio.to_thread(_pai, api, "stranger", "market", "list", "--tag", tag, "-o", "name") == 0
+    assert capsys.readouterr().out.split() == []
+    assert await asyncio.to_thread(_pai, api, "mate", "market", "star", item_id) == 0
+    assert "starred (1 stars)" in capsys.readouterr().out
+    assert await asyncio.to_thread(_pai, api, "mate", "market", "use", item_id, "-p", "greeting=from-cli",
+                                   "--name", f"cli{RUN}", "-o", "name") == 0
+    assert capsys.readouterr().out.split() == [f"{MATE}~cli{RUN}"]
+    config = await api.ok("mate", "GET", f"/api/v2/jobs/{MATE}~cli{RUN}/config")
+    assert config["parameters"]["greeting"] == "from-cli" and config["extras"]["marketplaceItem"] == item_id
+    assert await asyncio.to_thread(_pai, api, "mate", "market", "use", "hyperparameter-sweep", "--sweep",
+                                   "lr=0.1,0.2,0.3", "--dry-run") == 0
+    assert capsys.readouterr().out.count("marketplaceItem: hyperparameter-sweep") == 3
+    assert await asyncio.to_thread(_pai, api, "owner", "market", "export", item_id) == 0
+    exported = tmp_path / "item.yaml"
+    exported.write_text(capsys.readouterr().out)
+    assert await asyncio.to_thread(_pai, api, "owner", "market", "import", str(exported), "--public", "-o", "name") == 0
+    copy = capsys.readouterr().out.strip()
+    assert (await api.ok("owner", "GET", f"{ITEMS}/{copy}"))["approval"] == "pending"
+    assert await asyncio.to_thread(_pai, api, "admin", "market", "approve", copy, "--note", "ok") == 0
+    assert f"{copy}: approved" in capsys.readouterr().out
+    assert await asyncio.to_thread(_pai, api, "mate", "market", "show", item_id) == 0
+    shown = capsys.readouterr().out
+    assert "greeting = hello" in shown and "★ 1" in shown
