@@ -39,7 +39,19 @@ import msgspec
 from libs.common.alerts_messages import ALERTS_SUBJECT
 from libs.common.logs import LOG_SUBJECT
 from libs.common.rules_messages import RULES_SUBJECT
-from libs.common.subjects import JOB_TAG_SUBJECT, PREFIX, STREAM, Bucket, Durable, Kind, dead_letter_subject, kind_filter
+from libs.common.subjects import (
+    JOB_TAG_SUBJECT,
+    PREFIX,
+    STREAM,
+    TERMINAL_INPUT_SUBJECTS,
+    TERMINAL_OPEN_SUBJECT,
+    TERMINAL_OUTPUT_SUBJECTS,
+    Bucket,
+    Durable,
+    Kind,
+    dead_letter_subject,
+    kind_filter,
+)
 from libs.common.tensorboard_relay import TENSORBOARD_SUBJECT
 
 if TYPE_CHECKING:
@@ -60,6 +72,10 @@ class Access(msgspec.Struct, frozen=True, kw_only=True):
     lease: bool = False  # single-active: writes its own key of the lease bucket
     serves: tuple[str, ...] = ()  # request/reply subjects it answers
     asks: tuple[str, ...] = ()  # request/reply subjects it sends requests on
+    # Plain subjects outside the stream it publishes on and subscribes to (a terminal
+    # session's bytes: libs/common/subjects.py, TERMINAL_*).
+    sends: tuple[str, ...] = ()
+    hears: tuple[str, ...] = ()
     reads_events: bool = False  # integrators: the event stream, read-only
     # Event kinds it follows live (rest's GET /api/v2/events): an ephemeral push
     # consumer per kind, named by it and filtered to that kind, delivering to its
@@ -80,7 +96,10 @@ ACCESS: dict[str, Access] = {
         # JOB_METRICS: a job's utilisation over time (GET /api/v2/jobs/{id}/metrics).
         reads=(Bucket.JOBS, Bucket.USERS, Bucket.JOB_STATUS, Bucket.SCHEDULE, Bucket.CLUSTER, Bucket.NODES, Bucket.NODE_HEALTH,
                Bucket.ALERTS, Bucket.JOB_METRICS, Bucket.MARKET),
-        asks=(LOG_SUBJECT, RULES_SUBJECT, ALERTS_SUBJECT, TENSORBOARD_SUBJECT),
+        asks=(LOG_SUBJECT, RULES_SUBJECT, ALERTS_SUBJECT, TENSORBOARD_SUBJECT, TERMINAL_OPEN_SUBJECT),
+        # A browser terminal's keys to the launcher, its output back (services/rest/terminal.py).
+        sends=(TERMINAL_INPUT_SUBJECTS,),
+        hears=(TERMINAL_OUTPUT_SUBJECTS,),
         serves=(JOB_TAG_SUBJECT,),  # the monitor's tag-job alert action (services/rest/tag_requests.py)
         watches=(Kind.JOB_STATE,),  # job state changes streamed to their owners (services/rest/events.py)
     ),
@@ -93,7 +112,8 @@ ACCESS: dict[str, Access] = {
         lease=True,
     ),
     "launcher": Access(
-        publishes=(Kind.TASK_STARTED, Kind.TASK_EXITED, Kind.JOB_STATE, Kind.JOB_RELEASED),
+        publishes=(Kind.TASK_STARTED, Kind.TASK_EXITED, Kind.JOB_STATE, Kind.JOB_RELEASED,
+                   Kind.TERMINAL_OPENED, Kind.TERMINAL_CLOSED),  # terminals: services/launcher/terminals.py
         durable=Durable.LAUNCHER,
         writes=(Bucket.JOB_STATUS,),
         # NODE_HEALTH: at restore, tasks still live on a node the monitor holds
@@ -101,7 +121,9 @@ ACCESS: dict[str, Access] = {
         # before a crash).
         reads=(Bucket.JOB_STATUS, Bucket.SECRETS, Bucket.NODE_HEALTH),
         lease=True,
-        serves=(LOG_SUBJECT, TENSORBOARD_SUBJECT,),
+        serves=(LOG_SUBJECT, TENSORBOARD_SUBJECT, TERMINAL_OPEN_SUBJECT),
+        sends=(TERMINAL_OUTPUT_SUBJECTS,),
+        hears=(TERMINAL_INPUT_SUBJECTS,),
     ),
     "runtime": Access(
         publishes=(Kind.TASK_VERDICT,),
@@ -231,6 +253,8 @@ def permissions(user: str) -> Permissions:
         publish += _writing_bucket(Bucket.LEASES, key=user) + _reading_bucket(Bucket.LEASES)
     publish += access.asks
     subscribe += access.serves
+    publish += access.sends
+    subscribe += access.hears
     if access.watches:
         publish += [_api("STREAM.INFO", STREAM), _api("STREAM.MSG.GET", STREAM)]
         # CONSUMER.CREATE.<stream>.<name>.<filter>: nats-server holds the config's

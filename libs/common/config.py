@@ -139,6 +139,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     rest_token_max_seconds: float = 366 * 86400.0
     # rest: seconds between heartbeat comments on GET /api/v2/events (SSE).
     rest_events_heartbeat_seconds: float = 15.0
+    # A browser terminal in a task (GET /api/v2/jobs/{id}/terminal; services/launcher/terminals.py):
+    # closed after this long with nothing typed (output alone does not keep it open); and at
+    # most this many sessions open at once on one launcher (past it 503).
+    terminal_idle_seconds: float = 900.0
+    terminal_sessions_max: int = 64
     # --- every service's HTTP server, rest's API above all (docs/api.md "Abuse") ---
     # A request's header must arrive whole this long after the connection opened or
     # the previous answer was sent, or the connection is closed (slow-loris).

@@ -230,6 +230,39 @@ class TaskVerdict(Event, kw_only=True, frozen=True, tag=Kind.TASK_VERDICT.value)
     diagnostics: list[str] = []  # the log lines that matched
 
 
+class TerminalOpened(Event, kw_only=True, frozen=True, tag=Kind.TERMINAL_OPENED.value):
+    """`by` opened a browser terminal in a running task (`mode`: "process", "container"
+    or "pod", how the shell was entered). The id is `<job>/terminal/<session>/opened`."""
+
+    vc: VcName
+    attempt: int
+    role: str
+    index: int
+    by: str
+    session: str
+    mode: str = ""
+
+
+class TerminalClosed(Event, kw_only=True, frozen=True, tag=Kind.TERMINAL_CLOSED.value):
+    """The terminal session `session` ended after `seconds`; `reason` says how (the shell
+    exited, the browser closed it, idle past `terminal_idle_seconds`, the task ended).
+    The id is `<job>/terminal/<session>/closed`."""
+
+    vc: VcName
+    attempt: int
+    role: str
+    index: int
+    by: str
+    session: str
+    openedAt: float
+    seconds: float
+    reason: str = ""
+
+
+def terminal_event_id(job: str, session: str, what: str) -> EventId:
+    return EventId(f"{job}/terminal/{session}/{what}")
+
+
 # --- monitor ----------------------------------------------------------------
 
 
@@ -323,6 +356,8 @@ AnyEvent = (
     | TaskStarted
     | TaskExited
     | TaskVerdict
+    | TerminalOpened
+    | TerminalClosed
     | NodeStatus
     | NodeCordonChanged
     | AlertFiring
@@ -379,3 +414,48 @@ def decoder_for(*types: type[Event]) -> msgspec.json.Decoder:
     if len(types) == 1:
         return msgspec.json.Decoder(types[0])
     return msgspec.json.Decoder(Union[types])  # noqa: UP007 (a union of types known at run time)
+
+
+# --- a browser terminal's session, over request/reply and its own subjects ---------
+# (libs/common/subjects.py: TERMINAL_*; not events: nothing of it is stored but the
+# TerminalOpened and TerminalClosed above.)
+
+
+class TerminalOpen(msgspec.Struct, frozen=True, kw_only=True):
+    """rest -> launcher (TERMINAL_OPEN_SUBJECT): open a shell in a running task. rest
+    has checked `by` may (owner or admin) and subscribed to the session's output."""
+
+    session: str  # random, rest's: names the session's subjects
+    job: JobId
+    role: str
+    index: int
+    by: str
+    cols: int = 80
+    rows: int = 24
+
+
+class TerminalOpenReply(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    # Why not, for a person; `status` the HTTP status rest answers with (404 no such
+    # task, 409 not running, 503 too many sessions or the backend cannot).
+    error: str = ""
+    status: int = 0
+    mode: str = ""
+
+
+class TerminalInput(msgspec.Struct, frozen=True, kw_only=True):
+    """rest -> launcher on the session's input subject: keys typed, a new size, the end,
+    or nothing but being there (`ping`: the browser is still connected)."""
+
+    data: bytes = b""
+    cols: int = 0  # with rows: the terminal was resized
+    rows: int = 0
+    close: bool = False
+
+
+class TerminalOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """launcher -> rest on the session's output subject: what the shell wrote, or its end."""
+
+    data: bytes = b""
+    closed: bool = False
+    reason: str = ""

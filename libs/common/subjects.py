@@ -25,6 +25,30 @@ STREAM_SUBJECTS = [f"{PREFIX}.>"]
 # rest answers (queue group "rest") by changing the job's tags as its tag route does.
 JOB_TAG_SUBJECT = "pai.rpc.v1.job_tag"
 JOB_TAG_QUEUE = "rest"
+# A browser terminal in a running task (services/rest/terminal.py, services/launcher/terminals.py):
+# rest asks the launcher (which owns the task) to open a session, then each side sends
+# its bytes on the session's own subject, named by a random id rest chose:
+# `...session.<id>.in` (keys and resizes, rest -> launcher), `...session.<id>.out`
+# (the shell's output and its end, launcher -> rest).
+TERMINAL_OPEN_SUBJECT = "pai.rpc.v1.terminal.open"
+TERMINAL_SESSION_PREFIX = "pai.rpc.v1.terminal.session"
+TERMINAL_INPUT_SUBJECTS = f"{TERMINAL_SESSION_PREFIX}.*.in"
+TERMINAL_OUTPUT_SUBJECTS = f"{TERMINAL_SESSION_PREFIX}.*.out"
+
+
+# Each side of a terminal session sends something at least this often (a ping: an empty
+# TerminalInput or TerminalOutput), and ends the session after TERMINAL_LINK_SECONDS
+# without a word from the other: a side killed -9 leaves no session open behind it.
+TERMINAL_PING_SECONDS = 10.0
+TERMINAL_LINK_SECONDS = 35.0
+
+
+def terminal_input_subject(session: str) -> str:
+    return f"{TERMINAL_SESSION_PREFIX}.{session}.in"
+
+
+def terminal_output_subject(session: str) -> str:
+    return f"{TERMINAL_SESSION_PREFIX}.{session}.out"
 
 
 class Kind(StrEnum):
@@ -46,6 +70,9 @@ class Kind(StrEnum):
     TASK_STARTED = "task.started"
     TASK_EXITED = "task.exited"
     TASK_VERDICT = "task.verdict"
+    # Someone opened, and later closed, a browser terminal in a running task (launcher).
+    TERMINAL_OPENED = "terminal.opened"
+    TERMINAL_CLOSED = "terminal.closed"
     NODE_STATUS = "node.status"
     # An admin cordoned or uncordoned a node (rest); the monitor folds it into NodeStatus.
     NODE_CORDON = "node.cordon"

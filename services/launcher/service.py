@@ -61,7 +61,9 @@ from libs.common.messages import (
     NodeStatus,
     PreemptRequested,
     StopRequested,
+    TaskState,
     TaskVerdict,
+    TerminalOpenReply,
 )
 from libs.common.nodes import NodeHealthRecord
 from libs.common.protocol.masking import scrub_bytes, scrub_text
@@ -98,6 +100,7 @@ from services.launcher.core.retention import due_for_pruning, record_may_go, tas
 from services.launcher.core.tasks import TaskFinished, TaskKey
 from services.launcher.log_snapshots import LogSnapshots, chunk_of
 from services.launcher.tensorboard_relay import serve as serve_tensorboard
+from services.launcher.terminals import Located, TerminalSessions
 
 log = logging.getLogger("pai.launcher")
 
@@ -758,6 +761,23 @@ class LauncherShell:
                 data = data[-req.tailBytes :] if req.tailBytes else b""
         return data  # the caller cuts the chunk asked for (offset, length)
 
+    def locate_task(self, job: str, role: str, index: int) -> Located | TerminalOpenReply:
+        """The running task a browser terminal asks for (services/launcher/terminals.py), or
+        why there is none: 404 no such task, 409 not running."""
+        record = self.core.job(job)
+        if record is None or not record.attempts:
+            return TerminalOpenReply(ok=False, status=409, error=f"{job} has no running task")
+        attempt = record.current
+        task = attempt.task(role, index)
+        if task is None:
+            return TerminalOpenReply(ok=False, status=404, error=f"{job} has no task {role}[{index}]")
+        if record.state.is_final or task.state != TaskState.RUNNING or not task.live or task.killReason is not None:
+            return TerminalOpenReply(ok=False, status=409, error=(
+                f"task {role}[{index}] of {job} is {task.state.value if task.killReason is None else 'being stopped'}, "
+                "not running: a terminal opens only in a running task"))
+        key = TaskKey(job=job, attempt=attempt.attempt, role=role, index=index, taskAttempt=task.taskAttempt)
+        return Located(key, record.vc)
+
     async def close(self) -> None:
         for task in (self._committer, self._held_timer):
             if task is not None:
@@ -841,6 +861,7 @@ async def body(ctx: ServiceContext) -> None:
     core = LauncherCore(time.time, kill_grace_seconds=ctx.config.grace_seconds)
     backend = make_backend(ctx.config)
     shell = LauncherShell(ctx, core, backend)
+    terminals: TerminalSessions | None = None
     try:
         await shell.restore()
         # The restored records (every job the launcher still holds) are long-lived:
@@ -851,11 +872,17 @@ async def body(ctx: ServiceContext) -> None:
         ctx.spawn(shell.prune_forever(), "retention")
         await shell.serve_logs()
         await serve_tensorboard(ctx.bus, core)  # a job's TensorBoard for rest (services/launcher/tensorboard_relay.py)
+        terminals = TerminalSessions(
+            ctx.bus, getattr(backend, "open_terminal", None), shell.locate_task,
+            idle_seconds=ctx.config.terminal_idle_seconds, most=ctx.config.terminal_sessions_max)
+        await terminals.serve()
         ctx.set_ready()
         await ctx.bus.consume_batches(
             Durable.LAUNCHER, CONSUMED_KINDS, CONSUMED_TYPES, shell.handle_bus, stopping=ctx.stopping, ordered=True
         )
     finally:
+        if terminals is not None:
+            await terminals.close()
         await shell.close()
 
 

@@ -11,6 +11,7 @@ KV watch), after `cache.MAX_AGE_SECONDS` at the latest.
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import time
 
@@ -106,7 +107,7 @@ async def call_as_caller(request: web.Request, handler):
     middleware (services/rest/app.py) after the rate limit."""
     if is_public(request.path):
         return await handler(request)
-    header = request.headers.get("Authorization", "") or _tensorboard_cookie(request)
+    header = request.headers.get("Authorization", "") or _websocket_bearer(request) or _tensorboard_cookie(request)
     if not encodable(header):  # aiohttp keeps bytes that are not UTF-8 as surrogates
         raise Unauthorized("the Authorization header is not valid UTF-8: send 'Authorization: Bearer <token>' "
                            "with the token as PAI gave it")
@@ -126,6 +127,26 @@ async def call_as_caller(request: web.Request, handler):
         return await handler(request)
     finally:
         remembered.clear()  # a revocation or change made here holds for this replica's next request
+
+
+# A browser's WebSocket carries no Authorization header: its token comes as a
+# subprotocol, as Kubernetes' API server takes one (services/rest/terminal.py).
+WEBSOCKET_BEARER_PREFIX = "base64url.bearer.pai."
+
+
+def _websocket_bearer(request: web.Request) -> str:
+    """`Bearer <token>` from a WebSocket's `base64url.bearer.pai.<token>` subprotocol, or ""."""
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        return ""
+    for offered in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+        offered = offered.strip()
+        if offered.startswith(WEBSOCKET_BEARER_PREFIX):
+            encoded = offered[len(WEBSOCKET_BEARER_PREFIX):]
+            try:
+                return "Bearer " + base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+            except (ValueError, UnicodeDecodeError):
+                return "Bearer -"  # refused below as any token that is not valid
+    return ""
 
 
 # A job's TensorBoard opened in a browser tab carries no Authorization header: the portal

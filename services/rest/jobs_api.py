@@ -552,6 +552,22 @@ async def from_history(request: web.Request, jid: str, what: str, gone: NotFound
     return engine
 
 
+# Events of a live job that only the history holds: its terminal sessions, which the
+# launcher records as events (services/launcher/terminals.py) and keeps nowhere else.
+HISTORY_ONLY_REASONS = ("TerminalOpened", "TerminalClosed")
+
+
+async def _terminal_sessions(request: web.Request, sub: SubmittedJob) -> list[JobEvent]:
+    engine = history_engine(request)
+    if engine is None:
+        return []
+    try:
+        stored = await history_query.job_events(engine, sub.job, reasons=HISTORY_ONLY_REASONS, since=sub.submittedAt)
+    except (SQLAlchemyError, OSError):
+        return []  # the history away: the live events still answer
+    return msgspec.convert(stored, list[JobEvent])
+
+
 async def get_job_events(request: web.Request) -> web.Response:
     jid = job_param(request)
     wanted = request.query.get("type")
@@ -565,6 +581,8 @@ async def get_job_events(request: web.Request) -> web.Response:
         return json_response(JobEvents(data=msgspec.convert(stored, list[JobEvent])))
     require_owner_or_admin(request, sub, "read the events of")
     events = job_events(sub, rec, waiting_reason(rec, sched), time.time())
+    events += await _terminal_sessions(request, sub)
+    events.sort(key=lambda e: e.firstTimestamp)
     if wanted is not None:
         events = [e for e in events if e.type == wanted]
     return json_response(JobEvents(data=events))

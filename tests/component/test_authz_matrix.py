@@ -257,6 +257,8 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     ("DELETE", "/api/v2/jobs/{job}/tag"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/tag", {"value": "baseline"}), 200),
     ("GET", "/api/v2/jobs/{job}/events"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/events"), 200),
     ("GET", "/api/v2/jobs/{job}/metrics"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/metrics"), 200),
+    # a shell in a running task (services/rest/terminal.py): this job runs no task
+    ("GET", "/api/v2/jobs/{job}/terminal"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/terminal"), 409),
     # cluster
     ("GET", "/api/v2/virtual-clusters"): (SIGNED_IN, fixed("/api/v2/virtual-clusters"), 200),
     ("GET", "/api/v2/virtual-clusters/{vc}"): (SIGNED_IN, fixed("/api/v2/virtual-clusters/default"), {200, 404}),

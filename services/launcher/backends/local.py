@@ -100,6 +100,7 @@ from services.launcher.backends import (
     local_shim,
     local_uids,
     local_users,
+    terminals,
 )
 from services.launcher.backends.local_doorbell import (
     CREDENTIALS_SPACE,
@@ -487,6 +488,23 @@ class LocalBackend:
         return await asyncio.to_thread(
             read_log, Path(files.beside(OUTPUT_LOG)), cap_bytes=self.log_cap_bytes, tail_bytes=tail_bytes
         )
+
+    async def open_terminal(self, key: TaskKey, *, cols: int, rows: int) -> terminals.TerminalChannel:
+        """A shell in the running task `key` for a browser terminal: the engine's exec in
+        a container task; in a process task a pty entered as the task is (terminal_enter:
+        its cgroups, mount namespace, uid, working directory and environment)."""
+        await self._ensure_running()
+        if self.containers is not None and self.containers.owns(key.slug):
+            return await self.containers.open_terminal(key, cols=cols, rows=rows)
+        task = self._tasks.get(key.slug)
+        spec = read_task_spec(task.files, TaskSpec) if task is not None and not task.finished.is_set() else None
+        # Any process of the task: they share its cgroups and mount namespace.
+        pids = local_procs.marked(key.slug, TASK_KEY_ENV) if spec is not None else []
+        if spec is None or not pids:
+            raise NotFound(f"task {key.role}[{key.index}] of {key.job} has no running process here")
+        return await terminals.PtyTerminal.open(
+            pid=min(pids), uid=spec.uid, gid=spec.gid, cwd=spec.workDir or os.path.join(spec.taskPath, "work"),
+            env=spec.env, mounts=spec.privateMounts, cols=cols, rows=rows)
 
     async def forget(self, key: TaskKey) -> None:
         if self.containers is not None and self.containers.owns(key.slug):

@@ -51,7 +51,8 @@ from typing import Any
 
 import msgspec
 
-from libs.common.errors import NotFound
+from libs.common.errors import NotFound, Transient
+from services.launcher.backends import terminals
 from services.launcher.backends.engine import Engine, EngineError, registry_auth_header
 from services.launcher.backends.local_layout import write_replacing
 from services.launcher.backends.local_limits import OOM_REASON
@@ -243,6 +244,17 @@ class ContainerTasks:
             return b""
         both = both[-self.log_cap_bytes:]
         return both if tail_bytes is None else both[-tail_bytes:] if tail_bytes else b""
+
+    async def open_terminal(self, key: TaskKey, *, cols: int, rows: int) -> terminals.EngineExecTerminal:
+        """A shell in the task's running container, through the engine's exec (its user,
+        working directory and environment are the container's)."""
+        task = self._tasks.get(key.slug)
+        if task is None or task.finished.is_set():
+            raise NotFound(f"no running container of task {key.role}[{key.index}] of {key.job}")
+        try:
+            return await terminals.EngineExecTerminal.open(self.engine, task.record.name, cols=cols, rows=rows)
+        except EngineError as exc:
+            raise Transient(f"the container engine did not open a shell in {task.record.name}: {exc.message}") from exc
 
     async def forget(self, key: TaskKey) -> None:
         task = self._tasks.pop(key.slug, None)

@@ -33,6 +33,8 @@ from libs.common.messages import (
     TaskStarted,
     TaskState,
     TaskVerdict,
+    TerminalClosed,
+    TerminalOpened,
 )
 from libs.common.subjects import Kind
 
@@ -50,9 +52,11 @@ KINDS: tuple[Kind, ...] = (
     Kind.TASK_STARTED,
     Kind.TASK_EXITED,
     Kind.TASK_VERDICT,
+    Kind.TERMINAL_OPENED,
+    Kind.TERMINAL_CLOSED,
 )
 TYPES = (JobSubmitted, StopRequested, JobPlaced, JobWaiting, PreemptRequested, JobStateChanged, JobDeleted,
-         TaskStarted, TaskExited, TaskVerdict)
+         TaskStarted, TaskExited, TaskVerdict, TerminalOpened, TerminalClosed)
 
 
 class Upsert(msgspec.Struct, frozen=True, kw_only=True):
@@ -208,6 +212,17 @@ def project(seq: int, event: AnyEvent) -> list[Operation]:
                                    + (f": {spec.reason}" if spec.reason else ""),
                            subject=f"{job}/{event.role}/{event.index}"),
             ]
+        case TerminalOpened():
+            how = f" ({event.mode})" if event.mode else ""
+            return [_event_row(seq, event, type_="Normal", reason="TerminalOpened", attempt=event.attempt,
+                               message=f"{event.by} opened a terminal in task {event.role}[{event.index}]{how}",
+                               subject=f"{job}/{event.role}/{event.index}")]
+        case TerminalClosed():
+            why = f": {event.reason}" if event.reason else ""
+            return [_event_row(seq, event, type_="Normal", reason="TerminalClosed", attempt=event.attempt,
+                               message=f"the terminal {event.by} opened in task {event.role}[{event.index}] closed "
+                                       f"after {_seconds(event.seconds)}{why}",
+                               subject=f"{job}/{event.role}/{event.index}")]
         case JobDeleted():
             # The job as its owner deleted it; a later job of the same name (its rows written
             # by later events) stays.
@@ -219,6 +234,11 @@ def project(seq: int, event: AnyEvent) -> list[Operation]:
                 Delete(table="jobs", key={"id": job}, seq_column="submitted_seq", before_seq=seq),
             ]
     return []
+
+
+def _seconds(seconds: float) -> str:
+    whole = round(seconds)
+    return f"{whole // 60}m {whole % 60}s" if whole >= 60 else f"{whole}s"
 
 
 def _placeholder(job: str, vc: str) -> dict[str, Any]:

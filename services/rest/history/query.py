@@ -397,11 +397,17 @@ async def job_attempts(engine: AsyncEngine, job: str) -> list[dict[str, Any]]:
     } for a in found]
 
 
-async def job_events(engine: AsyncEngine, job: str, *, type_: str | None = None) -> list[dict[str, Any]]:
-    """The job's event log, oldest first, shaped as GET /api/v2/jobs/{job}/events' items."""
+async def job_events(engine: AsyncEngine, job: str, *, type_: str | None = None,
+                     reasons: tuple[str, ...] = (), since: float | None = None) -> list[dict[str, Any]]:
+    """The job's event log, oldest first, shaped as GET /api/v2/jobs/{job}/events' items;
+    `reasons`: those only, `since`: at or after it (seconds)."""
     query = sa.select(events).where(events.c.job == job)
     if type_ is not None:
         query = query.where(events.c.type == type_)
+    if reasons:
+        query = query.where(events.c.reason.in_(reasons))
+    if since is not None:
+        query = query.where(events.c.at >= since)
     async with engine.connect() as connection:
         rows = (await connection.execute(query.order_by(events.c.at, events.c.seq))).all()
     return [{"type": r.type, "reason": r.reason, "message": r.message, "firstTimestamp": _ms(r.at),

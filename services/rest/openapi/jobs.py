@@ -294,6 +294,18 @@ PATHS: dict[str, Any] = {
                                                                   "gpuIdle": {"type": "object"},
                                                                   "grafanaUrl": {"type": ["string", "null"]}}})}}),
     },
+    "/api/v2/jobs/{job}/terminal": {
+        "get": operation("A shell in a running task, over a WebSocket (owner and admins): binary frames are the "
+                         "terminal's bytes both ways, a text frame {\"resize\": {\"cols\", \"rows\"}} resizes it, the "
+                         "last text frame {\"closed\": why} says why it ended. A browser sends its token as the "
+                         "subprotocol base64url.bearer.pai.<token in base64url> beside pai.terminal.v1. Each session "
+                         "is in the job's events (TerminalOpened, TerminalClosed)", tags=_JOBS, fails=(400, 403, 404, 409),
+                         params=[_JOB, query_param("taskRole", "the task's role (default: the first)"),
+                                 query_param("taskIndex", "the task's index (default 0)", {"type": "integer"}),
+                                 query_param("cols", "columns (default 80)", {"type": "integer"}),
+                                 query_param("rows", "rows (default 24)", {"type": "integer"})],
+                         ok={"101": {"description": "switched to the WebSocket protocol pai.terminal.v1"}}),
+    },
     "/api/v2/virtual-clusters": {
         "get": operation("Every virtual cluster: capacity, cells per sku (guaranteed, used, total), queue",
                          tags=_CLUSTER,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from services.rest import job_handlers, job_metrics, job_tensorboard, jobs_api, openpai_jobs
+from services.rest import job_handlers, job_metrics, job_tensorboard, jobs_api, openpai_jobs, terminal
 
 JOB = "/api/v2/jobs/{job}"
 TASK = JOB + "/attempts/{jobAttemptId}/taskRoles/{taskRoleName}/taskIndex/{taskIndex}/attempts"
@@ -32,6 +32,7 @@ ROUTES = [
     web.get(JOB + "/tensorboard", job_tensorboard.get_tensorboard),
     web.get(JOB + "/tensorboard/{tail:.*}", job_tensorboard.get_tensorboard),
     web.post(JOB + "/tensorboard/{tail:.*}", job_tensorboard.get_tensorboard),
+    web.get(JOB + "/terminal", terminal.open_terminal),  # PAI's: a shell in a running task (WebSocket)
     # OpenPAI's job history: attempts numbered from 0.
     web.get(JOB + "/job-attempts/healthz", openpai_jobs.attempts_healthz),
     web.get(JOB + "/job-attempts", openpai_jobs.list_attempts),
