@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast test-gpu install clean lint bench browser-deps postgres-deps container-deps openpai-sdk-deps ssh-deps
+.PHONY: up test test-fast test-gpu install clean lint bench browser-deps postgres-deps container-deps openpai-sdk-deps ssh-deps alerting-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,19 @@ ssh-deps:
 		else echo "OpenSSH or libnss_wrapper is missing and this is not root on Debian: the ssh tests will skip (apt-get install openssh-client openssh-server libnss-wrapper)" >&2; fi; \
 	fi
 
+# Debian's Prometheus tools for the alerting tests (tests/component/test_alert_routes.py):
+# promtool checks the chart's PrometheusRule, a real Alertmanager receives the
+# monitor's alerts. Installed as root when missing; the packages' own services are not
+# what the tests run (each test starts its own Alertmanager on a free port).
+alerting-deps:
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+				-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+				prometheus prometheus-alertmanager >/dev/null; \
+		else echo "promtool or Alertmanager is missing and this is not root on Debian: the alerting tests will skip (apt-get install prometheus prometheus-alertmanager)" >&2; fi; \
+	fi
+
 # The tests run in TEST_WORKERS processes (pytest-xdist): each module whole on one, and
 # the modules that run tasks on the local backend one after another on one (their
 # group, tests/conftest.py); the others side by side with them, so that the tests that
@@ -87,7 +100,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 ## Install everything the tests need, lint, then run every test tier.
-test: $(STAMP) lint browser-deps postgres-deps openpai-sdk-deps container-deps ssh-deps
+test: $(STAMP) lint browser-deps postgres-deps openpai-sdk-deps container-deps ssh-deps alerting-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
 		--durations=30
 

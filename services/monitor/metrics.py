@@ -73,14 +73,14 @@ node_up = Gauge("pai_node_up", "1 while a node is healthy, 0 when it is reported
 _NODE_GAUGES: dict[str, Gauge] = {
     name: Gauge(name, doc, registry=None)
     for name, doc in {
-        "node_cpu_percent": "CPU busy percent over the last sample period.",
-        "node_memory_used_bytes": "Memory in use (total minus available).",
-        "node_memory_total_bytes": "Physical memory.",
-        "node_load1": "1-minute load average.",
-        "node_load5": "5-minute load average.",
-        "node_load15": "15-minute load average.",
-        "node_data_disk_used_bytes": "Used bytes of the file system of PAI's data dir.",
-        "node_data_disk_total_bytes": "Size of the file system of PAI's data dir.",
+        "pai_node_cpu_percent": "CPU busy percent over the last sample period.",
+        "pai_node_memory_used_bytes": "Memory in use (total minus available).",
+        "pai_node_memory_total_bytes": "Physical memory.",
+        "pai_node_load1": "1-minute load average.",
+        "pai_node_load5": "5-minute load average.",
+        "pai_node_load15": "15-minute load average.",
+        "pai_node_data_disk_used_bytes": "Used bytes of the file system of PAI's data dir.",
+        "pai_node_data_disk_total_bytes": "Size of the file system of PAI's data dir.",
         "nvidiasmi_attached_gpus": "GPUs NVML reports on this machine.",
     }.items()
 }
@@ -207,6 +207,10 @@ alert_mails_total = Counter("pai_alert_mails_total", "Alert, job-state and repor
                             ["kind", "outcome"])
 alert_evaluation_seconds = Histogram("pai_alert_evaluation_seconds", "CPU-bound time of one evaluation of every rule.",
                                      buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
+alert_deliveries_total = Counter(
+    "pai_alert_deliveries_total",
+    "Posts to Alertmanager and the alert webhook by outcome: sent, failed (retried), refused (a 4xx; not retried).",
+    ["receiver", "outcome"])
 _alerts_shown: set[tuple[str, str]] = set()
 
 

@@ -290,12 +290,12 @@ async def test_the_sampler_stores_this_node_in_the_nodes_bucket(bus, monitor):
     # The agent labels its series with its node's name (dashboards pick a node by it).
     node = sample.node
     scrape = await monitor.until(
-        lambda s: s.value("node_memory_total_bytes", node=node) == sample.memoryTotalBytes
+        lambda s: s.value("pai_node_memory_total_bytes", node=node) == sample.memoryTotalBytes
         and s.value("nvidiasmi_attached_gpus", node=node) == len(sample.gpus),
-        what=f"node_memory_total_bytes {sample.memoryTotalBytes}, nvidiasmi_attached_gpus {len(sample.gpus)} of {node}",
+        what=f"pai_node_memory_total_bytes {sample.memoryTotalBytes}, nvidiasmi_attached_gpus {len(sample.gpus)} of {node}",
     )
-    assert scrape.value("node_memory_total_bytes", node=node) == sample.memoryTotalBytes
-    assert scrape.value("node_memory_total_bytes") is None, "no series of this machine without its node"
+    assert scrape.value("pai_node_memory_total_bytes", node=node) == sample.memoryTotalBytes
+    assert scrape.value("pai_node_memory_total_bytes") is None, "no series of this machine without its node"
     assert monitor.proc.poll() is None
 
 

@@ -639,7 +639,7 @@ def test_promql_metric_names_finds_what_a_query_reads(expr: str, names: set[str]
 # What the dashboard was specified against, used only for a service whose metrics.py is
 # not written yet.
 AGREED_METRICS = {
-    "pai_jobs", "pai_job_submit_to_running_seconds", "node_cpu_percent", "node_memory_used_bytes",
+    "pai_jobs", "pai_job_submit_to_running_seconds", "pai_node_cpu_percent", "pai_node_memory_used_bytes",
     "nvidiasmi_utilization_gpu",
 }  # fmt: skip
 
@@ -666,8 +666,8 @@ def test_dashboard_is_a_grafana_configmap_of_the_agreed_views(manifests: list[di
     dash = dashboard(manifests)
     assert dash["uid"] == "pai-overview"
     read = set().union(*(promql_metric_names(q) for q in dashboard_queries(dash)))
-    assert {"pai_jobs", "pai_job_submit_to_running_seconds_bucket", "node_cpu_percent",
-            "node_memory_used_bytes", "nvidiasmi_utilization_gpu"} <= read  # fmt: skip
+    assert {"pai_jobs", "pai_job_submit_to_running_seconds_bucket", "pai_node_cpu_percent",
+            "pai_node_memory_used_bytes", "nvidiasmi_utilization_gpu"} <= read  # fmt: skip
     by_state_and_vc = [q for q in dashboard_queries(dash) if "pai_jobs" in q and "state" in q and "vc" in q]
     assert by_state_and_vc, "no panel shows jobs by state and VC"
     ids = [p["id"] for p in dash["panels"]]

@@ -151,10 +151,10 @@ def series_map(sample: NodeSample) -> dict[tuple[str, tuple[str, ...]], float]:
 def test_node_series_use_openpai_names_and_bytes():
     shown = series_map(node_sample([FULL]))
     labels = ("0", UUID)
-    assert shown[("node_cpu_percent", ())] == 12.5
-    assert shown[("node_memory_used_bytes", ())] == 3 * GIB
-    assert shown[("node_memory_total_bytes", ())] == 16 * GIB
-    assert shown[("node_data_disk_total_bytes", ())] == 100 * GIB
+    assert shown[("pai_node_cpu_percent", ())] == 12.5
+    assert shown[("pai_node_memory_used_bytes", ())] == 3 * GIB
+    assert shown[("pai_node_memory_total_bytes", ())] == 16 * GIB
+    assert shown[("pai_node_data_disk_total_bytes", ())] == 100 * GIB
     assert shown[("nvidiasmi_attached_gpus", ())] == 1
     assert shown[("nvidiasmi_utilization_gpu", labels)] == 87
     assert shown[("nvidiasmi_utilization_memory", labels)] == 41

@@ -75,8 +75,8 @@ def test_a_node_sample_sets_node_and_gpu_gauges_and_a_vanished_gpu_loses_its_ser
     a = GpuSample(index=0, uuid=f"GPU-a-{TAG}", minorNumber=0, utilizationGpuPercent=90.0, memoryTotalBytes=16)
     b = GpuSample(index=1, uuid=f"GPU-b-{TAG}", minorNumber=1, utilizationGpuPercent=10.0, memoryTotalBytes=16)
     metrics.record_node_sample(sample([a, b]))
-    assert value("node_cpu_percent") == 25.0
-    assert value("node_memory_total_bytes") == 400
+    assert value("pai_node_cpu_percent") == 25.0
+    assert value("pai_node_memory_total_bytes") == 400
     assert value("nvidiasmi_attached_gpus") == 2
     assert value("nvidiasmi_utilization_gpu", minor_number="1", uuid=f"GPU-b-{TAG}") == 10.0
 

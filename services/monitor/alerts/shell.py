@@ -10,6 +10,8 @@ decisions out as bucket writes, events, mail and action requests.
 - Mails through one sender task, so a slow or absent mail server delays mail,
   never evaluation or event handling. What was mailed is stored first (group
   state, `sent.` claims): after a crash a mail may be lost, never sent twice.
+- Sends the alerts to Alertmanager and the notifications to a webhook, each
+  receiver from its own task with its own retries (senders.py, outbound.py).
 - Runs the actions: stop-job and cordon-node publish the requests the API
   publishes; tag-job (tag `alert:<rule>`) asks rest over the bus
   (`pai.rpc.v1.job_tag`), which tags the job as its tag route does: the
@@ -77,6 +79,7 @@ from services.monitor.alerts.core import (
 from services.monitor.alerts.mailer import Mailer, MailSettings
 from services.monitor.alerts.report import build_report, weekly_report_due
 from services.monitor.alerts.rules import Action, InvalidRules, load_rules_text
+from services.monitor.alerts.senders import AlertmanagerSender, WebhookSender
 from services.monitor.alerts.store import (
     REPORT_PREFIX,
     SENT_PREFIX,
@@ -190,6 +193,15 @@ class AlertShell:
         self.written: dict[str, AlertRecord] = {}
         self._lock = asyncio.Lock()  # one evaluation or event at a time
         self._background: set[asyncio.Task] = set()
+        am_urls = [u.strip() for u in self.config.alertmanager_urls.split(",") if u.strip()]
+        self.alertmanager = AlertmanagerSender(
+            am_urls, alerts=lambda: list(self.core.alerts.values()), clock=clock,
+            resend_seconds=self.config.alertmanager_resend_seconds, portal_url=self.settings.portal_url,
+        ) if am_urls else None
+        self.webhook = WebhookSender(
+            self.config.alert_webhook_url, token_file=self.config.alert_webhook_token_file,
+            portal_url=self.settings.portal_url,
+        ) if self.config.alert_webhook_url else None
 
     # --- start-up ----------------------------------------------------------------
 
@@ -217,6 +229,10 @@ class AlertShell:
         # Every change made through any replica taken up (again after a reconnect).
         self.ctx.spawn(self.rules_key.follow(bus, self.ctx.stopping, self.follow), "alert-rules")
         self.ctx.spawn(self._send_forever(), "alert-mail")
+        if self.alertmanager is not None:  # after the restore: the stored alerts go out at once
+            self.ctx.spawn(self.alertmanager.run(), "alertmanager")
+        if self.webhook is not None:
+            self.ctx.spawn(self.webhook.run(), "alert-webhook")
         self.ctx.spawn(self._tag_forever(), "alert-tags")
         self.ctx.spawn(self._evaluate_forever(), "alert-evaluation")
         if self.config.usage_report_weekday >= 0:
@@ -371,6 +387,8 @@ class AlertShell:
                     firing=(alert,)))
         await self._claim_and_queue(notifications)
         await self._write_alerts()
+        if self.alertmanager is not None:
+            self.alertmanager.poke()
 
     async def _claim_and_queue(self, notifications: list[Notification]) -> None:
         if not notifications:
@@ -379,7 +397,7 @@ class AlertShell:
                                       return_exceptions=True)
         for notification, claimed in zip(notifications, claims, strict=True):
             if claimed is True:  # claimed by someone before (False): mailed already, or being
-                self.outbox.put_nowait(notification)
+                self._queue(notification)
         for claimed in claims:
             if isinstance(claimed, BaseException):
                 raise claimed
@@ -420,9 +438,17 @@ class AlertShell:
                 case Notification(group=group):
                     if group is not None:
                         await self.store.put_group(group)  # before mailing: never twice
-                    self.outbox.put_nowait(output)
+                    self._queue(output)
                 case ActionDue():
                     await self._act(output)
+        if self.alertmanager is not None and any(isinstance(o, (AlertFired, AlertEnded)) for o in outputs):
+            self.alertmanager.poke()  # stored above (_write_alerts): a restart sends the same
+
+    def _queue(self, notification: Notification) -> None:
+        """To mail and to the webhook, each with its own sender task."""
+        self.outbox.put_nowait(notification)
+        if self.webhook is not None:
+            self.webhook.put(notification)
 
     async def _write_alerts(self) -> None:
         current = dict(self.core.alerts)

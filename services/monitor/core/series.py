@@ -4,10 +4,11 @@ Pure, so the mapping (names, labels, units, what is left out when NVML could
 not read a value) is tested without a registry; `services.monitor.metrics`
 applies the result to the real gauges.
 
-Names follow OpenPAI's job-exporter (`nvidiasmi_*`) and node-exporter (`node_load1`)
-where those exist. GPU series are labelled with `minor_number` (what
-`/dev/nvidiaN` and OpenPAI's dashboards use) and `uuid` (stable when a board is
-swapped or the index order changes).
+Names follow OpenPAI's job-exporter (`nvidiasmi_*`) where it has one. The node's own
+readings are `pai_node_*` (`pai_node_load1`): node_exporter's `node_*` names, which they
+had before, clashed with node_exporter's own series of the same node. GPU series are
+labelled with `minor_number` (what `/dev/nvidiaN` and OpenPAI's dashboards use) and
+`uuid` (stable when a board is swapped or the index order changes).
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ class Series(msgspec.Struct, frozen=True):
 
 def node_series(sample: NodeSample) -> list[Series]:
     out = [
-        Series("node_cpu_percent", (), sample.cpuPercent),
-        Series("node_memory_used_bytes", (), float(sample.memoryUsedBytes)),
-        Series("node_memory_total_bytes", (), float(sample.memoryTotalBytes)),
-        Series("node_load1", (), sample.load1),
-        Series("node_load5", (), sample.load5),
-        Series("node_load15", (), sample.load15),
-        Series("node_data_disk_used_bytes", (), float(sample.diskUsedBytes)),
-        Series("node_data_disk_total_bytes", (), float(sample.diskTotalBytes)),
+        Series("pai_node_cpu_percent", (), sample.cpuPercent),
+        Series("pai_node_memory_used_bytes", (), float(sample.memoryUsedBytes)),
+        Series("pai_node_memory_total_bytes", (), float(sample.memoryTotalBytes)),
+        Series("pai_node_load1", (), sample.load1),
+        Series("pai_node_load5", (), sample.load5),
+        Series("pai_node_load15", (), sample.load15),
+        Series("pai_node_data_disk_used_bytes", (), float(sample.diskUsedBytes)),
+        Series("pai_node_data_disk_total_bytes", (), float(sample.diskTotalBytes)),
         Series("nvidiasmi_attached_gpus", (), float(len(sample.gpus))),
     ]
     for gpu in sample.gpus:
