@@ -6,6 +6,7 @@ failed naming what is missing."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -87,12 +88,21 @@ def stand_in(where: Path) -> Path:
     return tool
 
 
+def args_of(work: Path) -> list[str]:
+    """What the stand-in was started with: it runs in the background, so it may come a moment later."""
+    for _ in range(200):
+        if (work / "args").exists() and (work / "args").read_text().endswith("\n"):
+            return (work / "args").read_text().split()
+        time.sleep(0.02)
+    raise AssertionError("the stand-in TensorBoard was not started")
+
+
 def test_the_step_starts_tensorboard_over_the_directories_on_the_tasks_port(tmp_path: Path):
     stand_in(tmp_path / "bin")
     done = run(step_of("{logdir: {one: tb/one, two: /tmp/pai-tb-two}}"), tmp_path, f"{tmp_path / 'bin'}:/usr/bin:/bin")
     assert done.returncode == 0, done.stderr
     assert "main ran" in done.stdout and "TensorBoard" in done.stdout
-    assert (tmp_path / "args").read_text().split() == [
+    assert args_of(tmp_path) == [
         "--logdir_spec", "one:tb/one,two:/tmp/pai-tb-two", "--host", "127.0.0.1", "--port", "16006"]
     assert (tmp_path / "tb" / "one").is_dir()  # made, relative to the working directory
 
@@ -101,7 +111,7 @@ def test_the_platforms_tensorboard_is_used_where_the_task_has_none(tmp_path: Pat
     tool = stand_in(tmp_path / "platform")
     done = run(step_of("{logdir: tb}"), tmp_path, "/usr/bin:/bin", PAI_TENSORBOARD=str(tool))
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "args").read_text().split()[:2] == ["--logdir", "tb"]
+    assert args_of(tmp_path)[:2] == ["--logdir", "tb"]
 
 
 def test_only_the_first_task_runs_it(tmp_path: Path):
