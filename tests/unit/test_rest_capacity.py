@@ -70,3 +70,51 @@ def test_never_fits(spec, cluster, fragment):
     else:
         assert problem is not None and fragment in problem.message
         assert problem.path == f"taskRoles.{spec.taskRoles[0].name}"
+
+
+PINNED = [{"pinnedCellId": "pin-a", "sku": "gpu", "leafCells": 8, "nodeLeafCells": 4},
+          {"pinnedCellId": "pin-b", "sku": "gpu", "leafCells": 4, "nodeLeafCells": 4}]
+
+
+def pinned_view() -> ClusterView:
+    return ClusterView(virtualClusters=[{"name": "default", "skus": [{"sku": "cpu", "guaranteed": 8},
+                                                                     {"sku": "gpu", "guaranteed": 12}],
+                                         "pinnedCells": PINNED}],
+                       skuTypes={"cpu": CPU_SKU, "gpu": GPU_SKU})
+
+
+def pinned_role(name="worker", instances=1, gpu=1, pin=None, group=None, sku_number=None) -> TaskRole:
+    return TaskRole(name=name, instances=instances, resources=Resources(cpu=1, gpu=gpu, memoryMB=512),
+                    pinnedCellId=pin, affinityGroupName=group, skuNumber=sku_number)
+
+
+ROLE_PIN = "extras.hivedScheduler.taskRoles.{}.pinnedCellId"
+
+
+@pytest.mark.parametrize("spec,path,fragment", [
+    (job(pinned_role("ps", pin="pin-a"), pinned_role(pin="pin-b", instances=4)), None, None),
+    (job(pinned_role(pin="nowhere")), ROLE_PIN.format("worker"),
+     "pinned cell 'nowhere' is not one of virtual cluster default's pinned cells (pin-a, pin-b)"),
+    (job(pinned_role(pin="pin-a"), pinned=None), None, None),
+    (job(pinned_role(pin="elsewhere"), pinned="elsewhere"), "extras.hivedScheduler.pinnedCellId",
+     "pinned cell 'elsewhere' is not one of"),
+    (job(pinned_role(pin="pin-b", instances=5)), ROLE_PIN.format("worker"),
+     "needs 5 gpu cells at once (gang), but pinned cell pin-b has 4 in all"),
+    (job(pinned_role(pin="pin-b", instances=5), gang=False), None, None),
+    (job(pinned_role(pin="pin-a", gpu=5)), ROLE_PIN.format("worker"),
+     "needs 5 gpu cells per instance on one node, but the largest node of pinned cell pin-a has 4"),
+    (job(pinned_role(pin="pin-a", sku_number=6)), ROLE_PIN.format("worker"), "needs 6 gpu cells per instance"),
+    (job(pinned_role(pin="pin-a"), sku="cpu"), ROLE_PIN.format("worker"), "pinned cell pin-a has sku gpu, not cpu"),
+    # With a named group, a role without one is placed task by task: 9 one-GPU tasks, no gang of 9.
+    (job(pinned_role("ps", group="g"), pinned_role(instances=9)), None, None),
+    (job(pinned_role("ps"), pinned_role(instances=12)), "taskRoles.ps", "needs 13 gpu cells at once (gang)"),
+], ids=["two-roles-two-pins", "unknown-pin", "one-pinned-role", "unknown-job-pin", "gang-bigger-than-the-pin",
+        "no-gang-fits", "task-bigger-than-the-pins-nodes", "sku-number-counted", "pin-of-another-sku",
+        "unnamed-role-beside-a-group-is-no-gang", "without-names-one-gang"])
+def test_pins_checked_at_submit_name_the_field(spec, path, fragment):
+    problem = never_fits(spec, pinned_view())
+    if fragment is None:
+        assert problem is None
+    else:
+        assert problem is not None and fragment in problem.message
+        assert problem.path == path

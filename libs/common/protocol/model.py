@@ -61,6 +61,9 @@ class TaskRole(msgspec.Struct, frozen=True, kw_only=True):
     # hivedScheduler.taskRoles.<role>.skuNumber (HiveD's leafCellNumber): leaf cells per
     # task, at least what its resources need; None: what they need.
     skuNumber: int | None = None
+    # hivedScheduler.taskRoles.<role>.pinnedCellId, else the job's hivedScheduler.pinnedCellId:
+    # the VC's pinned cell the role's tasks run in (roles may be pinned to different cells).
+    pinnedCellId: str | None = None
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +77,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     gangAllocation: bool = True
     lazyPreemptionEnable: bool = False
     skuType: str | None = None  # extras.hivedScheduler.skuType
+    # extras.hivedScheduler.pinnedCellId: the pin of every role that names none of its own
+    # (each role's pin is TaskRole.pinnedCellId; specs stored before it carry this alone).
     pinnedCellId: str | None = None
     taskRoles: list[TaskRole] = []
     # extras.jobStatusChangeNotification
@@ -101,6 +106,15 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
             if role.name == name:
                 return role
         raise KeyError(name)
+
+    def pin_of(self, role: TaskRole) -> str | None:
+        """The pinned cell of a role's tasks: its own, else the job's."""
+        return role.pinnedCellId or self.pinnedCellId
+
+    @property
+    def pinned(self) -> bool:
+        """Whether any role runs in a pinned cell."""
+        return self.pinnedCellId is not None or any(role.pinnedCellId for role in self.taskRoles)
 
     @property
     def task_count(self) -> int:

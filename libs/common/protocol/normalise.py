@@ -20,7 +20,7 @@ from libs.common.protocol.model import (
 )
 from libs.common.protocol.paths import RawMapping
 from libs.common.protocol.plugins import storage_config_names, with_steps
-from libs.common.protocol.validate_extras import extras_storages, job_pin
+from libs.common.protocol.validate_extras import extras_storages
 
 DEFAULT_VIRTUAL_CLUSTER = "default"
 
@@ -41,9 +41,9 @@ def build_job_spec(data: RawMapping, *, user: str, ignored_fields: list[str]) ->
         gangAllocation=extras.get("gangAllocation", True),
         lazyPreemptionEnable=hived.get("lazyPreemptionEnable", False),
         skuType=hived.get("skuType"),
-        pinnedCellId=job_pin(hived, data["taskRoles"]),  # the job's, or its roles' one pin
+        pinnedCellId=hived.get("pinnedCellId"),  # every role's pin unless it names its own
         taskRoles=[
-            _task_role(data, name, role, hived_roles.get(name, {}))
+            _task_role(data, name, role, hived_roles.get(name) or {}, job_pin=hived.get("pinnedCellId"))
             for name, role in data["taskRoles"].items()
         ],
         notifyOnStateChange=_wants_notification(extras.get("jobStatusChangeNotification", False)),
@@ -55,7 +55,7 @@ def build_job_spec(data: RawMapping, *, user: str, ignored_fields: list[str]) ->
     )
 
 
-def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping) -> TaskRole:
+def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping, *, job_pin: str | None) -> TaskRole:
     image = role.get("dockerImage")
     completion = role.get("completion", {})
     resources = role.get("resourcePerInstance", {})
@@ -82,6 +82,7 @@ def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping)
         skuType=hived.get("skuType"),
         affinityGroupName=hived.get("affinityGroupName"),
         skuNumber=hived.get("skuNumber"),
+        pinnedCellId=hived.get("pinnedCellId") or job_pin,
     )
 
 

@@ -8,10 +8,11 @@ turns them into each pod's scheduling spec:
   group are placed together, all or nothing; services/scheduler/core/demand.py);
 - `skuNumber` (HiveD's leafCellNumber): the leaf cells each task of the role gets,
   at least what its resources need;
-- `pinnedCellId`: the role's tasks go to that pinned cell of the VC. HiveD has the
-  pods of one affinity group share it; PAI pins a job as a whole, so every role's
-  pin (or the job's `pinnedCellId`) must be the same, and a job that pins some roles
-  and not others, or roles to different cells, is refused naming the role;
+- `pinnedCellId`: the role's tasks go to that pinned cell of the VC (the job's
+  `pinnedCellId` is the default of every role); roles may be pinned to different
+  cells, some pinned and some not. As in OpenPAI, a role names a skuType or a pin,
+  not both, and the roles of one affinity group ask for the same sku and pin; a pin
+  the VC does not have is refused by rest at submit (services/rest/capacity.py);
 - `gangReleaseEnable` (also job-level): true is what PAI does (a job's cells are
   released together when its attempt ends); false, HiveD's release of each task's
   cells as it ends, is kept and reported as not acted on.
@@ -151,23 +152,37 @@ def role_pins(hived: RawMapping, job_roles: object) -> dict[str, str | None]:
     return pins
 
 
-def job_pin(hived: RawMapping, job_roles: object) -> str | None:
-    """The one cell a (valid) job is pinned to, from the job's pinnedCellId or its roles'."""
-    return next((pin for pin in role_pins(hived, job_roles).values() if pin), None)
-
-
 def _check_pins(check: Checker, hived: RawMapping, path: DocPath, data: RawMapping) -> None:
-    """Every role pinned to one cell, or none pinned (PAI pins a job as a whole)."""
-    pins = role_pins(hived, data.get("taskRoles"))
-    if not any(pins.values()):
+    """OpenPAI's rules for pins and affinity groups: a role names a skuType or a pinnedCellId, not
+    both (the pinned cell has its sku); the roles of one affinity group ask for the same sku and the
+    same pinned cell (a group is one cell request, placed in one cell)."""
+    settings_of = hived.get("taskRoles")
+    if not isinstance(settings_of, dict):
         return
-    own = hived.get("pinnedCellId")
-    wanted = own if isinstance(own, str) else next(pin for pin in pins.values() if pin)
-    for name, pin in pins.items():
-        if pin != wanted:
-            check.error((*path, "taskRoles", str(name), "pinnedCellId"), "pinned_cell_mismatch",
-                        f"this role is pinned to {pin!r} and another to {wanted!r}: PAI places a job in one "
-                        "pinned cell (or none); pin every role to the same cell, or split the job")
+    pins = role_pins(hived, data.get("taskRoles"))
+    job_sku = hived.get("skuType")
+    first_of_group: dict[str, tuple[str, str | None, str | None]] = {}  # group -> (role, sku, pin)
+    for name, settings in settings_of.items():
+        if not isinstance(settings, dict) or str(name) not in pins:
+            continue
+        where = (*path, "taskRoles", str(name))
+        if isinstance(settings.get("skuType"), str) and isinstance(settings.get("pinnedCellId"), str):
+            check.error((*where, "pinnedCellId"), "sku_and_pin",
+                        "a task role names a skuType or a pinnedCellId, not both: the pinned cell's sku is used")
+            continue
+        group = settings.get("affinityGroupName")
+        if not isinstance(group, str) or not group:
+            continue
+        sku = settings.get("skuType") if isinstance(settings.get("skuType"), str) else job_sku
+        sku = sku if isinstance(sku, str) else None
+        pin = pins[str(name)]
+        first = first_of_group.setdefault(group, (str(name), sku, pin))
+        if first[1:] != (sku, pin):
+            field = "pinnedCellId" if first[2] != pin else "skuType"
+            check.error((*where, field), "affinity_group_mismatch",
+                        f"affinity group {group!r} is one cell request: its roles must ask for the same skuType "
+                        f"and pinnedCellId, but role {first[0]!r} asks for sku {first[1]!r} in pinned cell "
+                        f"{first[2]!r} and this one for sku {sku!r} in {pin!r}")
 
 
 STORAGE_KEYS = ("name", "mountPath", "readOnly", "share")

@@ -5,6 +5,14 @@ leaf cell of the sku offers). A sku dimension of 0 is not accounted, except GPUs
 a sku without GPUs cannot host a task that asks for any. A role's `skuNumber`
 (HiveD's leafCellNumber) asks for that many leaf cells per task: it is taken when
 it is more than the resources need (never fewer cells than they need).
+
+Affinity groups follow OpenPAI's rest server and HiveD (docs/scheduling.md): a group is
+named within its job (OpenPAI names it `<user>~<job>/<affinityGroupName>`, so two jobs
+naming the same group are never placed together). Without any name, the whole job is
+one gang; once some role names a group, a role without one has no group: each of its
+tasks is placed on its own. A role's pin (`pinnedCellId`, its own or the job's) goes
+with its tasks: a group lives in one pinned cell, so the default gang is split per pin
+as it is per sku.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ class TaskDemand(msgspec.Struct, frozen=True, kw_only=True):
     memoryMB: int
     sku: str | None  # None: any sku the VC has
     cells: int | None = None  # the role's skuNumber: leaf cells asked for per task
+    pin: str | None = None  # the pinned cell the task must run in (guaranteed work only)
 
 
 class GroupDemand(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,6 +44,7 @@ class GroupDemand(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     sku: str | None
     tasks: list[TaskDemand]
+    pin: str | None = None  # every task's pinned cell (one per group)
 
 
 def leaf_cells_for(task: TaskDemand, sku: SkuType) -> int:
@@ -55,21 +65,29 @@ def leaf_cells_for(task: TaskDemand, sku: SkuType) -> int:
 def affinity_groups(spec: JobSpec) -> list[GroupDemand]:
     """The job's groups in role order.
 
-    Roles without an affinityGroupName form one group together (the whole job by
-    default). Tasks of one group asking for different skus are split into one
-    group per sku, since a gang lives on one sku.
+    No role names an affinity group: the roles form one group together (the whole job).
+    Some do: each name is a group, and every task of a role without one is a group of its
+    own. Tasks of one group asking for different skus or pinned cells (only in the default
+    group: named ones are refused at submit) are split into one group per sku and pin,
+    since a gang lives on one sku, in one pinned cell.
     """
-    groups: dict[tuple[str, str | None], list[TaskDemand]] = {}
+    named = any(role.affinityGroupName for role in spec.taskRoles)
+    groups: dict[tuple[str, str | None, str | None], list[TaskDemand]] = {}
     for role in spec.taskRoles:
-        group_name = role.affinityGroupName or "default"
         sku = role.skuType or spec.skuType
-        tasks = groups.setdefault((group_name, sku), [])
+        pin = spec.pin_of(role)
         for index in range(role.instances):
+            if role.affinityGroupName or not named:
+                group_name = role.affinityGroupName or "default"
+            else:
+                group_name = f"{role.name}/{index}"  # HiveD: a pod without an affinity group is its own
+            tasks = groups.setdefault((group_name, sku, pin), [])
             tasks.append(TaskDemand(role=role.name, index=index, gpu=role.resources.gpu, cpu=role.resources.cpu,
-                                    memoryMB=role.resources.memoryMB, sku=sku, cells=role.skuNumber))
-    names = [name for name, _ in groups]
+                                    memoryMB=role.resources.memoryMB, sku=sku, cells=role.skuNumber, pin=pin))
+    names = [name for name, _, _ in groups]
     return [
-        GroupDemand(name=name if names.count(name) == 1 else f"{name}/{sku}", sku=sku, tasks=tasks)
-        for (name, sku), tasks in groups.items()
+        GroupDemand(name=name if names.count(name) == 1 else f"{name}/{sku}" + (f"/{pin}" if pin else ""),
+                    sku=sku, tasks=tasks, pin=pin)
+        for (name, sku, pin), tasks in groups.items()
         if tasks
     ]

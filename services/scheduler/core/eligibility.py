@@ -19,8 +19,8 @@ def candidate_skus(state: ClusterState, record: JobRecord, vc: VcRecord, group: 
         return [group.sku]
     if record.opportunistic:
         return list(state.tree.sku_chains)
-    if record.spec.pinnedCellId is not None:
-        pinned = vc.pinned.get(record.spec.pinnedCellId)
+    if group.pin is not None:
+        pinned = vc.pinned.get(group.pin)
         return [pinned.sku] if pinned is not None else []
     return vc.skus
 
@@ -33,10 +33,10 @@ def never_fits(config: ClusterConfig, state: ClusterState, record: JobRecord) ->
         return f"VC {record.vc} does not exist (VCs: {known})"
     if not record.spec.taskRoles:
         return "the job has no task roles"
-    pinned_id = record.spec.pinnedCellId
-    if pinned_id is not None and not record.opportunistic and pinned_id not in vc.pinned:
-        have = ", ".join(sorted(vc.pinned)) or "none"
-        return f"pinned cell {pinned_id} is not pinned to VC {vc.name} (its pinned cells: {have})"
+    for pinned_id in dict.fromkeys(group.pin for group in record.groups if group.pin is not None):
+        if not record.opportunistic and pinned_id not in vc.pinned:
+            have = ", ".join(sorted(vc.pinned)) or "none"
+            return f"pinned cell {pinned_id} is not pinned to VC {vc.name} (its pinned cells: {have})"
     for group in record.pending_groups:
         problem = _group_never_fits(config, state, record, vc, group)
         if problem is not None:
@@ -48,7 +48,7 @@ def _group_never_fits(config: ClusterConfig, state: ClusterState, record: JobRec
                       group: GroupDemand) -> str | None:
     tree = state.tree
     guaranteed = not record.opportunistic
-    pinned_id = record.spec.pinnedCellId
+    pinned_id = group.pin
     if group.sku is not None:
         if group.sku not in tree.sku_chains:
             return f"no sku {group.sku} in the cluster (skus: {', '.join(tree.sku_chains) or 'none'})"
@@ -88,7 +88,7 @@ def _sku_never_fits(config: ClusterConfig, state: ClusterState, record: JobRecor
                     f"{sku} node has {largest_node}")
         sizes.append(size)
     needed = sum(sizes) if record.spec.gangAllocation else max(sizes)
-    pinned_id = record.spec.pinnedCellId
+    pinned_id = group.pin
     if record.opportunistic:
         capacity, where = tree.sku_leaves.get(sku, 0), "the cluster has"
     elif pinned_id is not None:

@@ -56,12 +56,15 @@ def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], queues: Qu
     for job in jobs.values():
         if job.opportunistic:
             continue
-        for leaf in job.leaves():
-            _require(leaf.unit is not None and leaf.unit.vc == job.vc,
-                     f"guaranteed job {job.id} of VC {job.vc} runs on {leaf.address} outside its VC's cells")
-            if job.spec.pinnedCellId is not None and leaf.unit is not None:
-                _require(leaf.unit.pinned_id == job.spec.pinnedCellId and leaf.unit.quota_key is None,
-                         f"job {job.id} runs on {leaf.address} outside pinned cell {job.spec.pinnedCellId}")
+        pins = {(task.role, task.index): task.pin for group in job.groups for task in group.tasks}
+        for task, leaves in job.placed.items():
+            pin = pins.get(task)
+            for leaf in leaves:
+                _require(leaf.unit is not None and leaf.unit.vc == job.vc,
+                         f"guaranteed job {job.id} of VC {job.vc} runs on {leaf.address} outside its VC's cells")
+                if pin is not None and leaf.unit is not None:
+                    _require(leaf.unit.pinned_id == pin and leaf.unit.quota_key is None,
+                             f"job {job.id} runs on {leaf.address} outside pinned cell {pin}")
         # Gang: a group placed together is there entirely or not at all (restored attempts excepted).
         if job.spec.gangAllocation and not job.restored:
             for group in job.groups:

@@ -51,6 +51,7 @@ class Candidate:
     order: list[int]  # task index of each size
     sizes: list[int]
     quota_free: int  # leaf cells of the VC's quota (or pinned cell) its guaranteed work does not hold
+    pin: str | None = None  # the pinned cell the tasks must go to (guaranteed work)
 
     @property
     def total(self) -> int:
@@ -112,7 +113,7 @@ def plan_free_bound(ctx: PlanContext, record: JobRecord, vc: VcRecord, cand: Can
     """Compaction, first step: free leaves of the cells the VC holds already."""
     if cand.quota_free < cand.total:
         return None  # the VC's quota is used up: only preemption inside it can help
-    return plan_guaranteed(ctx.state, record, vc, cand.sku, cand.sizes, View(), bind=False)
+    return plan_guaranteed(ctx.state, vc, cand.sku, cand.sizes, View(), bind=False, pin=cand.pin)
 
 
 def plan_oppo_bound(ctx: PlanContext, record: JobRecord, vc: VcRecord, cand: Candidate) -> Plan | None:
@@ -121,7 +122,7 @@ def plan_oppo_bound(ctx: PlanContext, record: JobRecord, vc: VcRecord, cand: Can
     may take younger borrowers where binding may)."""
     if cand.quota_free < cand.total or ctx.state.tree.sku_totals[cand.sku].oppo == 0:
         return None  # quota used up, or no opportunistic work to take: the same as the first try
-    plan = plan_taking_youngest(ctx, record, vc, cand.sku, cand.sizes, bind=False)
+    plan = plan_taking_youngest(ctx, record, vc, cand.sku, cand.sizes, bind=False, pin=cand.pin)
     if plan is not None and costly_compaction(ctx, record, vc, cand.sku, plan):
         return None
     return plan
@@ -131,21 +132,21 @@ def plan_free(ctx: PlanContext, record: JobRecord, vc: VcRecord, cand: Candidate
     """Free leaves of the VC's cells, binding more of its quota (buddy allocation) when needed."""
     if cand.quota_free < cand.total:
         return None
-    return plan_guaranteed(ctx.state, record, vc, cand.sku, cand.sizes, View(), bind=True)
+    return plan_guaranteed(ctx.state, vc, cand.sku, cand.sizes, View(), bind=True, pin=cand.pin)
 
 
 def plan_take_oppo(ctx: PlanContext, record: JobRecord, vc: VcRecord, cand: Candidate) -> Plan | None:
     """Free leaves plus those of the fewest youngest borrowers that make the job fit, binding allowed."""
     if cand.quota_free < cand.total or ctx.state.tree.sku_totals[cand.sku].oppo == 0:
         return None
-    return plan_taking_youngest(ctx, record, vc, cand.sku, cand.sizes, bind=True)
+    return plan_taking_youngest(ctx, record, vc, cand.sku, cand.sizes, bind=True, pin=cand.pin)
 
 
 def plan_victims(ctx: PlanContext, record: JobRecord, vc: VcRecord, cand: Candidate) -> Plan | None:
     """Lower-priority guaranteed jobs of the VC give way (preemption.py); jobs lazily downgraded on the
     way are opportunistic work from now on."""
     holding = ctx.holding.get(vc.name, {})
-    plan = plan_with_victims(ctx.state, record, vc, cand.sku, cand.sizes, holding, cand.quota_free)
+    plan = plan_with_victims(ctx.state, record, vc, cand.sku, cand.sizes, holding, cand.quota_free, pin=cand.pin)
     if plan is not None:
         for job in holding:
             if job.opportunistic:
@@ -203,6 +204,7 @@ def candidates(ctx: PlanContext, record: JobRecord, vc: VcRecord, tasks: list[Ta
         else:
             skus = sorted(skus, key=lambda sku: vc.held.get(sku, 0) - vc.sku_virtual.get(sku, 0))
     max_node = state.tree.sku_max_node_leaves
+    pin = None if record.opportunistic else tasks[0].pin  # the tasks come from one group: one pin
     found = []
     for sku in skus:
         sku_type = state.config.skuTypes[sku]
@@ -210,7 +212,7 @@ def candidates(ctx: PlanContext, record: JobRecord, vc: VcRecord, tasks: list[Ta
         order = sorted(range(len(tasks)), key=lambda i: -cells[i])
         sizes = [cells[i] for i in order]
         if sizes[0] <= max_node.get(sku, 0):
-            found.append(Candidate(sku, order, sizes, quota_free(record, vc, sku)))
+            found.append(Candidate(sku, order, sizes, quota_free(record, vc, sku, pin), pin))
     return found
 
 
@@ -231,7 +233,7 @@ def choose(ctx: PlanContext, record: JobRecord, vc: VcRecord, tasks: list[TaskDe
 
 
 def plan_taking_youngest(ctx: PlanContext, record: JobRecord, vc: VcRecord, sku: str, sizes: list[int], *,
-                         bind: bool = True) -> Plan | None:
+                         bind: bool = True, pin: str | None = None) -> Plan | None:
     """Free cells plus those of the fewest most recently started opportunistic jobs that make the job fit.
 
     Opportunistic work restarts from scratch when preempted, so taking the youngest
@@ -251,7 +253,7 @@ def plan_taking_youngest(ctx: PlanContext, record: JobRecord, vc: VcRecord, sku:
             chain.free = {name: dict.fromkeys(cells) for name, cells in lists.items()}
 
     # Whether it fits at all with every opportunistic job gone (counters only, no list to build).
-    plan = plan_guaranteed(state, record, vc, sku, sizes, View(take_oppo=True), bind=bind)
+    plan = plan_guaranteed(state, vc, sku, sizes, View(take_oppo=True), bind=bind, pin=pin)
     if plan is None:
         return None
     plan.abandon()
@@ -279,7 +281,7 @@ def plan_taking_youngest(ctx: PlanContext, record: JobRecord, vc: VcRecord, sku:
 
     def plan_with(count: int) -> Plan | None:
         extra = [leaf for job in running[:count] for leaf in job.leaves() if leaf.sku == sku]
-        return plan_guaranteed(state, record, vc, sku, sizes, View(extra_leaves=extra), bind=bind)
+        return plan_guaranteed(state, vc, sku, sizes, View(extra_leaves=extra), bind=bind, pin=pin)
 
     def fits(count: int) -> bool:
         plan = plan_with(count)

@@ -8,7 +8,6 @@ is dropped: `Plan.abandon`.
 from __future__ import annotations
 
 from services.scheduler.core.cells import Cell, Chain
-from services.scheduler.core.jobs import JobRecord
 from services.scheduler.core.search import View, capacity, fit_across, fit_group
 from services.scheduler.core.state import ClusterState, Quota, VcRecord
 
@@ -79,11 +78,12 @@ def plan_opportunistic(state: ClusterState, sku: str, sizes: list[int], view: Vi
     return Plan(leaves, []) if leaves is not None else None
 
 
-def plan_guaranteed(state: ClusterState, job: JobRecord, vc: VcRecord, sku: str, sizes: list[int],
-                    view: View, *, bind: bool = True) -> Plan | None:
-    """Inside the VC's bound cells, binding more of its quota (buddy allocation) when needed and `bind`."""
-    if job.spec.pinnedCellId is not None:
-        pinned = vc.pinned.get(job.spec.pinnedCellId)
+def plan_guaranteed(state: ClusterState, vc: VcRecord, sku: str, sizes: list[int],
+                    view: View, *, bind: bool = True, pin: str | None = None) -> Plan | None:
+    """Inside the VC's bound cells, binding more of its quota (buddy allocation) when needed and `bind`;
+    with `pin`, inside that pinned cell of the VC alone."""
+    if pin is not None:
+        pinned = vc.pinned.get(pin)
         if pinned is None or pinned.sku != sku:
             return None
         leaves = fit_group([pinned], sizes, view)

@@ -20,7 +20,7 @@ from services.scheduler.core.state import ClusterState, VcRecord
 
 
 def plan_with_victims(state: ClusterState, record: JobRecord, vc: VcRecord, sku: str, sizes: list[int],
-                      holding: Iterable[JobRecord], quota_free: int) -> Plan | None:
+                      holding: Iterable[JobRecord], quota_free: int, *, pin: str | None = None) -> Plan | None:
     """A plan whose cells may be held by lower-priority jobs of the VC (they are the victims), or None.
 
     `quota_free`: leaf cells of the VC's quota its guaranteed work does not hold.
@@ -39,12 +39,12 @@ def plan_with_victims(state: ClusterState, record: JobRecord, vc: VcRecord, sku:
     # A job still waiting for more tasks (incremental) is not downgraded: it would change queues.
     lazy = [job for job in lower if job.lazy and not job.waiting]
     if lazy and quota_free + sum(held_by_lower[job] for job in lazy) >= total:
-        plan = _plan_with_downgrades(state, record, vc, sku, sizes, lazy)
+        plan = _plan_with_downgrades(state, vc, sku, sizes, lazy, pin)
         if plan is not None:
             return plan
     # Whether it fits at all with every candidate gone, before looking for the fewest victims.
     everyone = View(take_oppo=True, extra_leaves=[leaf for job in lower for leaf in job.leaves()])
-    plan = plan_guaranteed(state, record, vc, sku, sizes, everyone)
+    plan = plan_guaranteed(state, vc, sku, sizes, everyone, pin=pin)
     if plan is None:
         return None
     plan.abandon()
@@ -52,21 +52,21 @@ def plan_with_victims(state: ClusterState, record: JobRecord, vc: VcRecord, sku:
     for job in lower:
         for leaf in job.leaves():
             view.add_extra(leaf)
-        plan = plan_guaranteed(state, record, vc, sku, sizes, view)
+        plan = plan_guaranteed(state, vc, sku, sizes, view, pin=pin)
         if plan is not None:
             return plan
     return None
 
 
-def _plan_with_downgrades(state: ClusterState, record: JobRecord, vc: VcRecord, sku: str, sizes: list[int],
-                          lazy: list[JobRecord]) -> Plan | None:
+def _plan_with_downgrades(state: ClusterState, vc: VcRecord, sku: str, sizes: list[int],
+                          lazy: list[JobRecord], pin: str | None) -> Plan | None:
     downgraded: list[JobRecord] = []
     with state.unbinds_recorded() as unbound:
         for job in lazy:
             state.refresh_job_leaves(job, partial(setattr, job, "opportunistic", True))
             downgraded.append(job)
             excluded = [leaf for j in downgraded for leaf in j.leaves()]
-            plan = plan_guaranteed(state, record, vc, sku, sizes, View(take_oppo=True, excluded=excluded))
+            plan = plan_guaranteed(state, vc, sku, sizes, View(take_oppo=True, excluded=excluded), pin=pin)
             if plan is not None:
                 return plan  # the downgraded jobs keep running as opportunistic work
         for vc_record, quota, cell in reversed(unbound):

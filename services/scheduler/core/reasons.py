@@ -123,9 +123,10 @@ def never(problem: str) -> Reason:
 
 
 def waiting_for_room(state: ClusterState, record: JobRecord, vc: VcRecord, skus: list[str], cells: int,
-                     reserved: Callable[[], int] = lambda: 0) -> Reason:
+                     reserved: Callable[[], int] = lambda: 0, pin: str | None = None) -> Reason:
     """The job fits in principle but not now: free versus needed cells, read when the text is asked for.
-    reserved(): idle cells no VC holds that opportunistic work leaves alone now (the adaptive reserve)."""
+    reserved(): idle cells no VC holds that opportunistic work leaves alone now (the adaptive reserve);
+    `pin`: the pinned cell the waiting tasks must go to (its cells are counted instead of the VC's)."""
     tree = state.tree
 
     def unhealthy() -> int:
@@ -152,7 +153,7 @@ def waiting_for_room(state: ClusterState, record: JobRecord, vc: VcRecord, skus:
 
         return idle_anywhere(cells, skus, idle_counts)
 
-    pinned = vc.pinned.get(record.spec.pinnedCellId) if record.spec.pinnedCellId is not None else None
+    pinned = vc.pinned.get(pin) if pin is not None else None
 
     def vc_counts() -> tuple[int, int, str]:
         if pinned is not None:

@@ -50,7 +50,8 @@ def restore_attempt(state: ClusterState, record: JobRecord, tasks: list[TaskPlac
         record.opportunistic = True
         record.borrowed = True
     if not record.opportunistic:
-        problem = _bind_for(state, record, all_leaves)
+        pins = {(task.role, task.index): task.pin for group in record.groups for task in group.tasks}
+        problem = _bind_for(state, record, [(pins.get(key), leaves) for key, leaves in placed.items()])
         if problem is not None:
             warnings.append(f"{record.id}: {problem}; it keeps running as an opportunistic job")
             record.opportunistic = True
@@ -66,18 +67,21 @@ def restore_attempt(state: ClusterState, record: JobRecord, tasks: list[TaskPlac
     return warnings
 
 
-def _bind_for(state: ClusterState, record: JobRecord, leaves: list[Cell]) -> str | None:
-    """Bind the VC cells these leaves need; on failure nothing stays bound and the problem is returned."""
+def _bind_for(state: ClusterState, record: JobRecord, tasks: list[tuple[str | None, list[Cell]]]) -> str | None:
+    """Bind the VC cells these leaves need (each task's with its pin, if any); on failure nothing stays
+    bound and the problem is returned. A pinned task's leaves must lie in its pinned cell."""
     vc = state.vcs.get(record.vc)
     if vc is None:
         return f"VC {record.vc} no longer exists"
-    pinned_id = record.spec.pinnedCellId
-    if pinned_id is not None:
+    for pinned_id in dict.fromkeys(pin for pin, _ in tasks if pin is not None):
         pinned = vc.pinned.get(pinned_id)
         if pinned is None:
             return f"pinned cell {pinned_id} is no longer pinned to VC {vc.name}"
-        outside = [leaf.address for leaf in leaves if pinned not in leaf.ancestors]
-        return f"cells {', '.join(outside)} are outside pinned cell {pinned_id}" if outside else None
+        outside = [leaf.address for pin, leaves in tasks if pin == pinned_id for leaf in leaves
+                   if pinned not in leaf.ancestors]
+        if outside:
+            return f"cells {', '.join(outside)} are outside pinned cell {pinned_id}"
+    leaves = [leaf for pin, task_leaves in tasks if pin is None for leaf in task_leaves]
     bound_now: list[tuple[Quota, Cell]] = []
     for leaf in leaves:
         if leaf.unit is not None:

@@ -55,7 +55,7 @@ def fallback_kind(policy: SchedulingPolicy, record: JobRecord) -> ShapeFallback 
     submission (the bucket key holds it): a job placed all at once (one group, gang or a single
     task), not pinned, not restored; one preempted as often as an opportunistic job's budget
     allows goes only to cells no VC holds."""
-    if policy.shape_fallback is None or record.opportunistic or record.restored or record.spec.pinnedCellId is not None:
+    if policy.shape_fallback is None or record.opportunistic or record.restored or record.spec.pinned:
         return None
     if len(record.groups) != 1 or not (record.spec.gangAllocation or len(record.groups[0].tasks) == 1):
         return None
@@ -70,12 +70,12 @@ def may_age(policy: SchedulingPolicy, record: JobRecord) -> bool:
     return record.never is None and not over_budget(policy, record)
 
 
-def quota_free(record: JobRecord, vc: VcRecord, sku: str) -> int:
-    """Leaf cells of the VC's quota (or pinned cell) its guaranteed work does not hold."""
+def quota_free(record: JobRecord, vc: VcRecord, sku: str, pin: str | None = None) -> int:
+    """Leaf cells of the VC's quota (or of the pinned cell `pin`) its guaranteed work does not hold."""
     if record.opportunistic:
         return 0
-    if record.spec.pinnedCellId is not None:
-        pinned = vc.pinned.get(record.spec.pinnedCellId)
+    if pin is not None:
+        pinned = vc.pinned.get(pin)
         return pinned.leaf_count - pinned.held if pinned is not None else 0
     return vc.sku_virtual.get(sku, 0) - vc.held.get(sku, 0)
 
@@ -92,7 +92,7 @@ def shape_of(record: JobRecord) -> Shape | None:
     if any(t.cells is not None for t in tasks):
         return None  # a skuNumber: its size is not the resources' (no shape to compare by)
     at_once = len(tasks) if record.spec.gangAllocation else 1
-    return (first.gpu, first.cpu, first.memoryMB, at_once, record.spec.pinnedCellId)
+    return (first.gpu, first.cpu, first.memoryMB, at_once, record.groups[0].pin)
 
 
 def dominates(shape: Shape, failed: Shape) -> bool:

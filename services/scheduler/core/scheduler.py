@@ -462,7 +462,7 @@ class SchedulerCore:
         VC's unused quota holds it in count: beyond its quota it is not a matter of shape."""
         if fallback_kind(self.policy, record) is None or record.placed or record.reserved or record.victims:
             return False
-        if not any(quota_free(record, vc, sku) >= self._cells_for(tasks, sku) for sku in record.skus):
+        if not any(quota_free(record, vc, sku, tasks[0].pin) >= self._cells_for(tasks, sku) for sku in record.skus):
             return False
         self._fallback_buckets.update(dict.fromkeys(((record.vc, sku), record.queue.bucket) for sku in record.skus))
         return True

@@ -23,11 +23,21 @@ class VcSkuStatus(msgspec.Struct, frozen=True, kw_only=True):
     unhealthy: int  # cells of the cluster on unhealthy nodes
 
 
+class PinnedCellStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One pinned cell of a VC: what rest checks a job's pinnedCellId against at submit."""
+
+    pinnedCellId: str
+    sku: str
+    leafCells: int  # in the whole pinned cell
+    nodeLeafCells: int  # on its largest node: the most one task may have there
+
+
 class VcStatus(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     skus: list[VcSkuStatus]
     queued: int  # attempts waiting for (more) cells
     running: int  # attempts holding cells
+    pinnedCells: list[PinnedCellStatus] = []
 
 
 def vc_status(state: ClusterState, jobs: Iterable[JobRecord]) -> list[VcStatus]:
@@ -54,5 +64,9 @@ def vc_status(state: ClusterState, jobs: Iterable[JobRecord]) -> list[VcStatus]:
                               unhealthy=state.unhealthy_leaves.get(sku, 0)) for sku in skus],
             queued=queued.get(name, 0),
             running=running.get(name, 0),
+            pinnedCells=[PinnedCellStatus(pinnedCellId=pin, sku=cell.sku, leafCells=cell.leaf_count,
+                                          nodeLeafCells=cell.leaf_count if cell.in_node else
+                                          max((node.leaf_count for node in cell.node_cells), default=0))
+                         for pin, cell in vc.pinned.items()],
         ))
     return result

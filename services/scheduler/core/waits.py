@@ -61,7 +61,7 @@ class Waits:
                 reason = reasons.unheld_large(cells, skus, self._idle_counts(skus))
             else:
                 reason = reasons.waiting_for_room(state, record, vc, skus, cells,
-                                                  lambda: self._reserve.held_back(skus))
+                                                  lambda: self._reserve.held_back(skus), group.pin)
             self.set_reason(record, reason, decisions)
 
     def _idle_counts(self, skus: list[str]) -> Callable[[], tuple[int, int, int]]:

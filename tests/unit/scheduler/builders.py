@@ -84,9 +84,9 @@ def spec(name: str, *, vc: str, gpus: int = 1, instances: int = 1, priority: str
 
 
 def role(name: str, *, instances: int = 1, gpus: int = 1, cpu: int = 1, memory_mb: int = 1024,
-         sku: str | None = None, group: str | None = None) -> TaskRole:
+         sku: str | None = None, group: str | None = None, pinned: str | None = None) -> TaskRole:
     return TaskRole(name=name, instances=instances, resources=Resources(gpu=gpus, cpu=cpu, memoryMB=memory_mb),
-                    skuType=sku, affinityGroupName=group)
+                    skuType=sku, affinityGroupName=group, pinnedCellId=pinned)
 
 
 class Harness:
