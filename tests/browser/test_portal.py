@@ -555,3 +555,41 @@ def test_a_running_job_with_the_ssh_plugin_shows_its_owner_the_ssh_command(brows
     finally:
         rest.call("PUT", f"/api/v2/jobs/{job}/executionType", {"value": "STOP"}, token=users["alice"])
         ctx.close()
+
+
+def test_a_terminal_opens_in_a_running_task_and_answers_what_is_typed(browser, url, rest, users):
+    """The job page's Terminal button opens a shell in the running task (xterm.js, over a
+    WebSocket through rest and the bus: the browser reaches no node): alice types a
+    command, reads its answer from inside the task, closes the terminal, and the session
+    is in the job's events."""
+    job = rest.submit(BLOCKER.replace("blocker", "terminal").replace("instances: 2", "instances: 1")
+                      .replace("cpu: 8", "cpu: 1"), token=users["alice"])
+    ctx = own_context(browser)
+    tab = ctx.new_page()
+    watch_errors(tab)
+    try:
+        sign_in(tab, url, "alice")
+        rest.wait_state(job, {"RUNNING"})
+        tab.goto(f"{url}/#/jobs/{job}")
+        tab.locator("button[data-terminal='big-0']").click()
+        expect(tab.locator("#terminal-status")).to_have_text("connected to big[0]")
+        tab.keyboard.type("echo answer-$((20 + 22)) from $PAI_CURRENT_TASK_ROLE_NAME-$PAI_TASK_INDEX")
+        tab.keyboard.press("Enter")
+        tab.wait_for_function("() => document.querySelector('#terminal-screen .xterm-rows')?.innerText"
+                              ".includes('answer-42 from big-0')")
+        assert tab.locator("#terminal-screen .xterm-rows > div").count() > 10  # xterm laid it out (its styles applied)
+        assert_labelled(tab)
+        shot(tab, "22-job-terminal")
+        tab.locator("#terminal-close").click()
+        expect(tab.locator("#terminal")).to_be_hidden()
+        deadline = 60
+        reasons: set[str] = set()
+        while deadline > 0 and not {"TerminalOpened", "TerminalClosed"} <= reasons:
+            events = rest.call("GET", f"/api/v2/jobs/{job}/events", token=users["alice"])["data"]
+            reasons = {e["reason"] for e in events if e["message"].startswith(("alice opened", "the terminal alice"))}
+            tab.wait_for_timeout(250)
+            deadline -= 0.25
+        assert {"TerminalOpened", "TerminalClosed"} <= reasons
+    finally:
+        rest.call("PUT", f"/api/v2/jobs/{job}/executionType", {"value": "STOP"}, token=users["alice"])
+        ctx.close()

@@ -287,3 +287,46 @@ async def test_without_an_engine_tasks_run_as_processes(platform: Api):
     assert detail["jobStatus"]["state"] == "SUCCEEDED", detail
     assert task_of(detail)["runtimeMode"] == "process"
     assert any("not used by the local backend" in note for note in detail["notes"])
+
+async def test_a_browser_terminal_in_a_container_task_runs_through_the_engines_exec(engine_socket: RecordingProxy):
+    """The launcher's shell in a container task (backends/terminals.py, EngineExecTerminal):
+    the engine's exec with a tty, its start upgraded to a raw stream on podman's socket;
+    the shell is the container's user, in its working directory and environment, sized as
+    asked; closing the terminal ends the shell. (The relay over the bus and rest is the
+    process mode's, tests/integration/test_terminal.py.)"""
+    from services.launcher.backends import terminals
+
+    engine = engine_api.Engine(engine_socket.upstream)  # podman's own: the recording proxy relays no upgrade
+    name = f"pai-terminal-test-{os.getpid()}"
+    try:
+        await engine.create(name, {"Image": IMAGE, "Entrypoint": ["/bin/sh", "-c", "sleep 300"], "Cmd": [],
+                                   "Env": ["PAI_TASK_INDEX=3"], "WorkingDir": "/tmp", "User": "4242:4242"})
+        await engine.start(name)
+        channel = await terminals.EngineExecTerminal.open(engine, name, cols=90, rows=20)
+        assert channel.mode == "container"
+        await channel.write(b"id -u; pwd; echo $PAI_TASK_INDEX; stty size; echo done-$((6*7))\n")
+        seen = b""
+        while b"\ndone-42" not in seen.replace(b"\r", b""):
+            chunk = await asyncio.wait_for(channel.read(), 20)
+            assert chunk, f"the shell ended early; it showed {seen!r}"
+            seen += chunk
+        lines = [line.strip() for line in seen.decode().replace("\r", "").split("\n")]
+        at = lines.index("done-42")
+        assert lines[at - 4: at] == ["4242", "/tmp", "3", "20 90"], lines
+        await channel.resize(100, 30)
+        await channel.write(b"stty size\n")
+        seen = b""
+        while b"30 100" not in seen:
+            seen += await asyncio.wait_for(channel.read(), 20)
+        exec_id = channel._exec_id
+        await channel.close()
+        for _ in range(100):  # the exec's shell was hung up
+            _, data = await engine._call("GET", f"/exec/{exec_id}/json", ok=(200, 404))
+            if not json.loads(data).get("Running", False):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the exec's shell still runs after the terminal closed")
+    finally:
+        await engine.remove(name)
+        await engine.close()

@@ -12,7 +12,8 @@ In this order, each as far as the machine allows (a best effort only where said)
    entered where the task has one of its own (`mounts`: local_namespaces);
 4. supplementary groups dropped, then the job's gid and uid taken: never root in a
    task that runs under a uid of its own;
-5. its working directory, then bash (sh where there is none) replaces this process.
+5. its working directory, then bash (sh where there is none) replaces this process, its
+   prompt naming the task (PS1), reading the task's ~/.bashrc alone.
 The environment is the task's own (the launcher passes spec.json's `env`, TERM added).
 A step that fails where it must not (namespace, identity, directory) ends this process
 with a message on the terminal, before any shell starts.
@@ -102,7 +103,13 @@ def main(argv: list[str]) -> None:
         sys.stderr.flush()
         os._exit(126)
     shell = shutil.which("bash") or "/bin/sh"
-    os.execv(shell, [shell, "-i"] if shell.endswith("bash") else [shell])
+    # The task's uid has no name in the user database ("I have no name!" in the system
+    # bashrc's prompt): the prompt names the task instead, and only the task's own
+    # ~/.bashrc (HOME is its working directory) is read.
+    os.environ.setdefault("PS1", r"\[\e[1m\]${PAI_CURRENT_TASK_ROLE_NAME:-task}[${PAI_TASK_INDEX:-0}]\[\e[0m\] \w\$ ")
+    if shell.endswith("bash"):
+        os.execv(shell, [shell, "--rcfile", os.path.join(os.environ.get("HOME", plan["cwd"]), ".bashrc"), "-i"])
+    os.execv(shell, [shell, "-i"])
 
 
 if __name__ == "__main__":

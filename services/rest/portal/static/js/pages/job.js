@@ -5,6 +5,7 @@ import { api, download, events, get, jobPath, session } from "../api.js";
 import { FINAL_STATES, announce, clear, errorBox, fmtDuration, fmtTime, h, pageTitle, stateBadge, table } from "../dom.js";
 import { metricsSection } from "./job_metrics.js";
 import { sshSection } from "./job_ssh.js";
+import { terminalSection } from "./job_terminal.js";
 
 const LOG_TAIL_BYTES = 64 * 1024;
 const LOG_POLL_MS = 2000;
@@ -36,6 +37,7 @@ export async function render(main, { args, go }) {
   const metrics = metricsSection(id);  // kept across reloads: its charts fill as samples come
   let metricsStarted = false;
   const ssh = sshSection(id);  // the owner's command lines, where the job runs an SSH server
+  const terminal = terminalSection(id);  // kept across reloads: a session stays open while the page refreshes
 
   async function loadLog() {
     if (!logSelect.value) return;
@@ -119,12 +121,16 @@ export async function render(main, { args, go }) {
           h("td", {}, t.containerNodeName || "–"), h("td", {}, t.containerGpus || "–"), h("td", {}, ports || "–"),
           h("td", { class: "num" }, t.containerExitCode ?? "–"),
           h("td", {}, t.containerExitSpec ? t.containerExitSpec.phrase : ""), h("td", { class: "num" }, String(t.retries ?? 0)),
-          h("td", {}, owner ? h("button", { type: "button", class: "small", onclick: () => { logSelect.value = `${role}/${t.taskIndex}`; loadLog(); logBox.focus(); } }, "Log") : "")));
+          h("td", {}, owner ? h("button", { type: "button", class: "small", onclick: () => { logSelect.value = `${role}/${t.taskIndex}`; loadLog(); logBox.focus(); } }, "Log") : "",
+            owner && st.state === "RUNNING" && t.taskState === "RUNNING"
+              ? h("button", { type: "button", class: "small", dataset: { terminal: `${role}-${t.taskIndex}` }, "aria-label": `open a terminal in ${role}[${t.taskIndex}]`,
+                onclick: () => terminal.open(role, t.taskIndex) }, "Terminal") : null)));
       }
     }
     sections.push(h("section", { "aria-labelledby": "tasks-title" }, h("h2", { id: "tasks-title" }, "Task roles and tasks"),
       h("div", { class: "table-wrap" }, table(["task", "state", "node", "GPUs", "ports", "exit code", "exit", "retries", ""], taskRows))));
 
+    if (owner) sections.push(terminal.section);
     if (owner) sections.push(metrics.section);
     if (owned()) sections.push(ssh.section);
     if (owner) {
@@ -177,5 +183,5 @@ export async function render(main, { args, go }) {
   });
   // Others' jobs are not on a user's stream; and a missed event must not freeze the page.
   const timer = setInterval(() => { if (!FINAL_STATES.has(detail.jobStatus.state)) load({ ifChanged: true }).catch(() => {}); }, 10000);
-  return () => { stopped = true; metrics.stop(); off(); clearTimeout(pending); clearTimeout(logTimer); clearInterval(timer); };
+  return () => { stopped = true; metrics.stop(); terminal.close(); off(); clearTimeout(pending); clearTimeout(logTimer); clearInterval(timer); };
 }
