@@ -67,7 +67,6 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # The /readyz the ServiceDown rule probes, "name=url,..."; empty: each
     # service's port on `host`; "-": probe none.
     alert_probe_urls: str = ""
-    # The weekly usage report goes to admin_emails on this weekday (0 Monday .. 6
     # Alertmanagers (base URLs, comma-separated) the cluster monitor also posts every
     # alert to (their v2 API), firing ones again every alertmanager_resend_seconds;
     # empty: none.
@@ -77,6 +76,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # docs/alerts.md), with the bearer token in alert_webhook_token_file if set.
     alert_webhook_url: str = ""
     alert_webhook_token_file: str = ""
+    # The weekly usage report goes to admin_emails on this weekday (0 Monday .. 6
     # Sunday) at 08:00 UTC; -1: never (`pai report --send` still mails it).
     usage_report_weekday: int = 0
     kube_namespace: str = "default"
