@@ -11,6 +11,7 @@ import msgspec
 
 from libs.common.messages import JobState
 from libs.common.records import JobRecord, TaskRecord
+from services.rest.market import core as market_core
 from services.rest.records import SubmittedJob
 
 
@@ -118,6 +119,7 @@ def job_detail(sub: SubmittedJob, rec: JobRecord | None, waiting_reason: str | N
         "tags": list(sub.tags),
         "warnings": sub.warnings,
         "notes": notes,
+        "marketplaceItem": market_core.item_of_job_config(sub.config),  # its page links back to the item
     }
 
 

@@ -97,6 +97,8 @@ JOB_DETAIL = {
         "tags": {"type": "array", "items": {"type": "string"}},
         "warnings": {"type": "array", "items": {"type": "string"}},
         "notes": {"type": "array", "items": {"type": "string"}},
+        "marketplaceItem": {**_NULLABLE_STRING, "description": "the marketplace item the job was made from "
+                                                               "(its extras.marketplaceItem)"},
     },
     "required": ["name", "jobStatus", "taskRoles"],
 }

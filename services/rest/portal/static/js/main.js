@@ -12,6 +12,10 @@ import * as cluster from "./pages/cluster.js";
 import * as alerts from "./pages/alerts.js";
 import * as admin from "./pages/admin.js";
 import * as profile from "./pages/profile.js";
+import * as market from "./pages/market.js";
+import * as marketItem from "./pages/market_item.js";
+import * as marketEdit from "./pages/market_edit.js";
+import * as marketReview from "./pages/market_review.js";
 
 const main = document.getElementById("main");
 let leave = null; // the current page's clean-up (timers, event subscriptions)
@@ -28,6 +32,11 @@ const ROUTES = [
   [/^\/alerts$/, alerts],
   [/^\/admin$/, admin],
   [/^\/profile$/, profile],
+  [/^\/market$/, market],
+  [/^\/market\/item\/(.+)$/, marketItem],
+  [/^\/market\/new$/, marketEdit],
+  [/^\/market\/edit\/(.+)$/, marketEdit],
+  [/^\/market\/review$/, marketReview],
 ];
 
 export function parseHash() {

@@ -5,6 +5,7 @@ import { api, download, events, get, jobPath, session } from "../api.js";
 import { FINAL_STATES, announce, clear, errorBox, fmtDuration, fmtTime, h, pageTitle, stateBadge, table } from "../dom.js";
 import { metricsSection } from "./job_metrics.js";
 import { sshSection } from "./job_ssh.js";
+import { marketLink } from "./market_submit.js";
 import { terminalSection } from "./job_terminal.js";
 
 const LOG_TAIL_BYTES = 64 * 1024;
@@ -89,7 +90,8 @@ export async function render(main, { args, go }) {
     clear(head,
       pageTitle(detail.name, " ", stateBadge(st.state)),
       h("p", { class: "muted" }, `${id} · ${st.username} · VC ${st.virtualCluster} · priority ${st.priority} · attempt ${st.attempt} · submitted ${fmtTime(st.createdTime)}`,
-        st.completedTime ? ` · ran ${fmtDuration(st.appLaunchedTime || st.createdTime, st.completedTime)}` : ""),
+        st.completedTime ? ` · ran ${fmtDuration(st.appLaunchedTime || st.createdTime, st.completedTime)}` : "",
+        detail.marketplaceItem ? [" · ", marketLink(detail.marketplaceItem)] : ""),
       h("div", { class: "toolbar" },
         canStop ? h("button", { type: "button", id: "stop", class: "danger", onclick: stop }, "Stop") : null,
         owner ? h("button", { type: "button", id: "clone", onclick: () => go(`/submit?clone=${encodeURIComponent(id)}`) }, "Clone") : null,

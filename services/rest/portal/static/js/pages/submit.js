@@ -5,6 +5,7 @@
 import { api, jobPath } from "../api.js";
 import { announce, clear, h, pageTitle } from "../dom.js";
 import { EXAMPLES } from "../examples.js";
+import { marketPrefill } from "./market_submit.js";
 
 // The line of a field path in block-style YAML, for errors the server could not
 // place (e.g. "defaults.virtualCluster" refused after parsing). Best effort: null if not found.
@@ -184,7 +185,15 @@ export async function render(main, { params, go }) {
     result);
 
   const clone = params.get("clone");
-  if (clone) {
+  // From a marketplace template (js/pages/market_submit.js): its job, parameters filled in.
+  const market = params.get("market") ? await marketPrefill(params).catch((err) => err) : null;
+  if (market instanceof Error) {
+    load(EXAMPLES.hello);
+    result.append(h("div", { class: "error-box" }, `Could not open the template ${params.get("market")}: ${market.message}`));
+  } else if (market) {
+    load(market.text);
+    result.append(market.note);
+  } else if (clone) {
     try {
       const text = await api("GET", `${jobPath(clone)}/config`, { accept: "text/yaml" });
       const name = clone.split("~").slice(1).join("~");
