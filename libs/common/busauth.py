@@ -30,7 +30,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict
 
@@ -77,6 +80,9 @@ class Access(msgspec.Struct, frozen=True, kw_only=True):
     sends: tuple[str, ...] = ()
     hears: tuple[str, ...] = ()
     reads_events: bool = False  # integrators: the event stream, read-only
+    # The monitor: JetStream's account info and the info of PAI's stream and buckets,
+    # for their fill (services/monitor/store_fill.py); read-only.
+    reads_store_fill: bool = False
     # Event kinds it follows live (rest's GET /api/v2/events): an ephemeral push
     # consumer per kind, named by it and filtered to that kind, delivering to its
     # inbox, with flow control; and STREAM.MSG.GET by sequence, to resume.
@@ -145,6 +151,7 @@ ACCESS: dict[str, Access] = {
                Bucket.SCHEDULE, Bucket.JOB_METRICS),
         serves=(ALERTS_SUBJECT,),
         asks=(JOB_TAG_SUBJECT,),  # the tag-job alert action: rest tags the job (no API token)
+        reads_store_fill=True,
     ),
     INTEGRATOR: Access(reads_events=True),
     PLATFORM: Access(admin=True),
@@ -261,6 +268,8 @@ def permissions(user: str) -> Permissions:
         # filter to the one in the subject, so only consumers of these kinds.
         publish += [_api("CONSUMER.CREATE", STREAM, "*", kind_filter(kind)) for kind in access.watches]
         publish.append(f"$JS.FC.{STREAM}.>")  # answers to the consumers' flow control
+    if access.reads_store_fill:
+        publish += [_api("INFO"), _api("STREAM.INFO", STREAM), *(_api("STREAM.INFO", _kv_stream(b)) for b in Bucket)]
     if access.reads_events:
         events_publish, events_subscribe = _reading_events()
         publish += events_publish
@@ -307,6 +316,7 @@ class Login(TypedDict, total=False):
     nkey_seed: str
     password: str
     client: Literal["fast", "plain"]  # the config's bus_client (libs/common/bus/link.py)
+    tls_ca_file: str  # the CA a tls:// server's certificate is checked against (nats_tls_ca_file)
 
 
 class UserKey(msgspec.Struct, frozen=True):
@@ -489,7 +499,7 @@ def login_of_config(config: Config) -> Login:
     """`Bus.connect` keyword arguments of a process's own login (`nats_user` with its
     `nats_nkey_seed`, or `nats_password` against a NATS of passwords)."""
     return {"user": config.nats_user, "nkey_seed": config.nats_nkey_seed, "password": config.nats_password,
-            "client": config.bus_client}
+            "client": config.bus_client, "tls_ca_file": config.nats_tls_ca_file}
 
 
 def authorization_from_keys(keys_dir: Path) -> dict:
@@ -508,11 +518,28 @@ def authorization_from_keys(keys_dir: Path) -> dict:
     return {"users": nkey_users_block(public)}
 
 
-def write_chart_server_config(base: Path, keys_dir: Path, out: Path) -> None:
-    """The bundled NATS's configuration (the chart's init container): the chart's
-    `nats.conf` with the users' public nkeys and permissions appended."""
+ROUTE_PASSWORD_FILE = "route-password"  # the chart's credentials Secret: NATS servers' password to each other
+ROUTE_PASSWORD_PLACEHOLDER = "__ROUTE_PASSWORD__"
+
+
+def chart_server_config(base: Path, keys_dir: Path) -> str:
+    """The bundled NATS's configuration: the chart's `nats-base.conf` (no secret in
+    it) with the route password of the credentials Secret filled in and the users'
+    public nkeys and permissions appended."""
+    text = Path(base).read_text()
+    if ROUTE_PASSWORD_PLACEHOLDER in text:
+        file = Path(keys_dir) / ROUTE_PASSWORD_FILE
+        password = file.read_text().strip() if file.is_file() else ""
+        if not password or not password.isalnum():
+            raise ValueError(f"{file}: the NATS route password is missing or not letters and digits alone")
+        text = text.replace(ROUTE_PASSWORD_PLACEHOLDER, password)
     authorization = json.dumps(authorization_from_keys(keys_dir), indent=2)
-    text = Path(base).read_text().rstrip("\n") + f"\nauthorization: {authorization}\n"
+    return text.rstrip("\n") + f"\nauthorization: {authorization}\n"
+
+
+def write_chart_server_config(base: Path, keys_dir: Path, out: Path) -> None:
+    """`chart_server_config` written to `out` (the chart's init container)."""
+    text = chart_server_config(base, keys_dir)
     # Not _write_private: the folder is the pod's emptyDir, which this uid may not
     # chmod; the file alone is made 0600 (the NATS container runs as the same uid).
     out = Path(out)
@@ -521,6 +548,34 @@ def write_chart_server_config(base: Path, keys_dir: Path, out: Path) -> None:
     with os.fdopen(fd, "w") as file:
         file.write(text)
     os.replace(tmp, out)
+
+
+def reload_when_changed(base: Path, keys_dir: Path, out: Path, pid_file: Path, *,
+                        sleep: Callable[[float], None] = time.sleep, period: float = 10.0,
+                        rounds: int | None = None) -> None:
+    """The NATS pod's config reloader: every `period` seconds, make the configuration
+    again from the mounted ConfigMap and Secret (Kubernetes updates them in place) and,
+    when it changed, write it and signal nats-server (SIGHUP, the pid in `pid_file`;
+    the pod shares one process namespace) to reload it: a user's key rotated or a
+    permission changed reaches the servers without a restart. A bad configuration is
+    logged and not written: the server keeps the one it runs."""
+    done = 0
+    while rounds is None or done < rounds:
+        sleep(period)
+        done += 1
+        try:
+            text = chart_server_config(base, keys_dir)
+        except (OSError, ValueError) as exc:
+            print(f"busauth reloader: not reloading: {exc}", file=sys.stderr, flush=True)
+            continue
+        if out.is_file() and out.read_text() == text:
+            continue
+        write_chart_server_config(base, keys_dir, out)
+        try:
+            os.kill(int(pid_file.read_text().strip()), signal.SIGHUP)
+            print("busauth reloader: configuration changed; nats-server reloads it", file=sys.stderr, flush=True)
+        except (OSError, ValueError) as exc:
+            print(f"busauth reloader: cannot signal nats-server: {exc}", file=sys.stderr, flush=True)
 
 
 def bootstrap_from_env() -> None:  # pragma: no cover - the chart's bootstrap Job
@@ -546,7 +601,9 @@ USAGE = """usage: python -m libs.common.busauth COMMAND
   permissions                   every user's NATS permissions (the chart's files/nats-permissions.json)
   bootstrap                     create/update the store as the platform user (PAI_NATS_*)
   authorization KEYS_DIR        the server's authorization block (public nkeys) from one secret file per user
-  nats-conf BASE KEYS_DIR OUT   BASE with that block appended, written to OUT (the chart's NATS init container)"""
+  nats-conf BASE KEYS_DIR OUT   BASE with that block appended, written to OUT (the chart's NATS init container)
+  nats-reload BASE KEYS_DIR OUT PID_FILE
+                                the same every 10 s; when it changed, written and nats-server signalled to reload"""
 
 
 def main(argv: list[str]) -> None:  # pragma: no cover - command line
@@ -560,6 +617,8 @@ def main(argv: list[str]) -> None:  # pragma: no cover - command line
                 print(json.dumps({"authorization": authorization_from_keys(Path(keys_dir))}, indent=2))
             case ["nats-conf", base, keys_dir, out]:
                 write_chart_server_config(Path(base), Path(keys_dir), Path(out))
+            case ["nats-reload", base, keys_dir, out, pid_file]:
+                reload_when_changed(Path(base), Path(keys_dir), Path(out), Path(pid_file))
             case _:
                 sys.exit(USAGE)
     except ValueError as exc:

@@ -30,7 +30,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     runtime_port: int = 9189
     monitor_port: int = 9190
     admin_user: str = "admin"
-    # Where `pai up` writes the admin token it created at first start.
+    # Where `pai up` writes the admin token it created at first start; a file already
+    # there (the Helm chart's Secret) is the admin's token, which rest registers.
     admin_token_file: str = ""
     # Seconds between SIGTERM and SIGKILL when a task is stopped or preempted.
     grace_seconds: float = 10.0
@@ -81,6 +82,13 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     usage_report_weekday: int = 0
     kube_namespace: str = "default"
     kube_api_url: str = ""  # empty: in-cluster config or kubeconfig
+    # Task Pods on the node's network (OpenPAI's way) rather than the Pod network:
+    # an admin's choice for every job (services/launcher/backends/kube_pods.py).
+    kube_host_network: bool = False
+    # The uid and gid task containers run as (never root: the Pod's securityContext
+    # is Kubernetes' "restricted" one).
+    kube_task_uid: int = 1000
+    kube_task_gid: int = 1000
     log_level: str = "INFO"
     # Which replica this process is, for the single-active services' lease: a
     # process restarted as the same replica takes its own lease back at once, a
@@ -94,6 +102,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Its nkey seed ("SU..."), or a secret PAI derives the seed from (the chart's).
     nats_nkey_seed: str = ""
     nats_password: str = ""  # only for a NATS of your own that still uses passwords
+    # The CA file a NATS server's certificate is checked against when nats_url says
+    # tls:// (the Helm chart's nats.tls); empty: the system's CAs.
+    nats_tls_ca_file: str = ""
     # Job secrets are sealed with the public key (rest) and opened with the
     # private key (the launcher alone). `pai up` generates both in the data dir.
     secrets_public_key_file: str = ""
@@ -191,6 +202,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # "agent": sample this node only; "cluster": node health, metrics of every
     # event, alerts; "both" (what `pai up` runs): one process does both.
     monitor_mode: str = "both"
+    # The agent tells a task's processes by their environment (PAI_TASK_KEY and
+    # OpenPAI's PAI_* variables); false: by their Kubernetes Pod's cgroup alone, never
+    # reading another process's environment (the Helm chart's node agent: an
+    # environment may hold a job's secrets).
+    monitor_read_task_environ: bool = True
     # A node whose agent has been silent this long is lost: unhealthy, its tasks
     # are ended (exit spec PodNodeLost) and retried elsewhere.
     node_lost_seconds: float = 30.0

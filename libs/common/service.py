@@ -26,7 +26,7 @@ import nats.js.errors
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from libs.common import busauth, http_server, telemetry
+from libs.common import busauth, http_server, shell_metrics, telemetry
 from libs.common.bus import Bus
 from libs.common.config import Config
 from libs.common.subjects import Bucket
@@ -70,6 +70,10 @@ class ServiceContext:
     bus: Bus
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     ready: bool = False
+    # A single-active service's replica waiting for the leader lease: healthy and
+    # ready to take over, so ready as Kubernetes reads it (a standby reported not
+    # ready kept `helm install --wait`, Argo CD and Flux from ever finishing).
+    standby: bool = False
     tasks: list[asyncio.Task] = field(default_factory=list)
 
     def set_ready(self) -> None:
@@ -105,8 +109,8 @@ def health_routes(ctx_getter: Callable[[], ServiceContext | None]) -> list[web.R
 
     async def readyz(_: web.Request) -> web.Response:
         ctx = ctx_getter()
-        if ctx is not None and ctx.ready and ctx.bus.nc.is_connected:
-            return web.json_response({"status": "ready"})
+        if ctx is not None and (ctx.ready or ctx.standby) and ctx.bus.nc.is_connected:
+            return web.json_response({"status": "standby" if ctx.standby else "ready"})
         return web.json_response({"status": "not ready"}, status=503)
 
     async def metrics(_: web.Request) -> web.Response:
@@ -126,14 +130,20 @@ async def hold_leadership(ctx: ServiceContext) -> None:
     Losing the lease (another replica took over after we stalled) ends the
     process: two active schedulers or launchers must never run at once.
     """
+    leading = shell_metrics.leader.labels(ctx.name)
+    leading.set(0)
     kv = await ctx.bus.kv(Bucket.LEASES)
     me = f"{ctx.config.replica or socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
     revision = None
     while revision is None:
         revision = await _try_take(kv, ctx.name, me)
         if revision is None:
-            log.info("standing by: another %s holds the lease", ctx.name)
+            if not ctx.standby:
+                log.info("standing by: another %s holds the lease", ctx.name)
+            ctx.standby = True
             await asyncio.sleep(LEASE_SECONDS / 3)
+    ctx.standby = False
+    leading.set(1)
 
     async def renew() -> None:
         nonlocal revision
@@ -226,6 +236,7 @@ def run(
 async def _main(name, config, body, single_active, app_factory) -> None:
     bus = await Bus.connect(config.nats_url, name=f"pai-{name}", **busauth.login_of_config(config))
     ctx = ServiceContext(name=name, config=config, bus=bus)
+    shell_metrics.record_build(name)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, ctx.stopping.set)

@@ -137,7 +137,9 @@ def make_backend(config: Config) -> Backend:
     if config.backend == "kubernetes":
         from services.launcher.backends.kubernetes import KubernetesBackend
 
-        return KubernetesBackend.from_config_sync(config.kube_api_url or None, config.kube_namespace)
+        return KubernetesBackend.from_config_sync(config.kube_api_url or None, config.kube_namespace,
+                                                  host_network=config.kube_host_network,
+                                                  run_as=(config.kube_task_uid, config.kube_task_gid))
     from services.launcher.backends.local import LocalBackend
 
     return LocalBackend(

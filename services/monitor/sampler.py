@@ -170,8 +170,10 @@ class TaskProcesses:
     calls, so its CPU percent covers the time since the previous sample.
     """
 
-    def __init__(self, proc: Path = Path("/proc")):
+    def __init__(self, proc: Path = Path("/proc"), *, read_environ: bool = True):
         self._proc = proc
+        # False: a process is told by its Pod's cgroup alone (Config.monitor_read_task_environ).
+        self._read_environ = read_environ
         self._known: dict[tuple[int, float], TaskIdentity | None] = {}
         self._own_pid = os.getpid()
 
@@ -201,6 +203,11 @@ class TaskProcesses:
         return out
 
     def _identify(self, pid: int) -> TaskIdentity | None:
+        if not self._read_environ:
+            try:
+                return identify({}, (self._proc / str(pid) / "cgroup").read_text())
+            except OSError:
+                return None
         try:
             env = parse_environ((self._proc / str(pid) / "environ").read_bytes())
         except OSError:

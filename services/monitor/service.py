@@ -30,7 +30,7 @@ from services.monitor.alerts.shell import AlertShell
 from services.monitor.core.stored import StoredJob
 from services.monitor.core.tally import MonitorCore, PartlyHandled
 from services.monitor.core.updates import RaiseAlert
-from services.monitor.sampler import NodeSampler, default_node_name
+from services.monitor.sampler import NodeSampler, TaskProcesses, default_node_name
 
 log = logging.getLogger("pai.monitor")
 
@@ -45,7 +45,8 @@ async def body(ctx: ServiceContext, *, sampler: NodeSampler | None = None) -> No
     if mode not in agent.MODES:
         raise BadInput(f"monitor_mode: {mode!r} is not one of {', '.join(agent.MODES)}")
     if runs_agent(mode):
-        sampler = sampler or NodeSampler(default_node_name(), ctx.config.data_path)
+        sampler = sampler or NodeSampler(default_node_name(), ctx.config.data_path,
+                                         tasks=TaskProcesses(read_environ=ctx.config.monitor_read_task_environ))
         await asyncio.to_thread(sampler.open)
     try:
         if runs_cluster(mode):

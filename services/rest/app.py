@@ -183,7 +183,10 @@ async def create_app(ctx: ServiceContext) -> web.Application:
 
 
 async def startup(ctx: ServiceContext) -> None:
-    token = await auth.ensure_admin(ctx.bus, ctx.config.admin_user)
+    # A token file that is there already is the operator's (the Helm chart mounts its
+    # Secret there): rest registers it and writes nothing; otherwise it makes one.
+    given = ctx.config.token_path.read_text().strip() if ctx.config.admin_token_file and ctx.config.token_path.is_file() else None
+    token = await auth.ensure_admin(ctx.bus, ctx.config.admin_user, given_token=given or None)
     if token is not None:
         path = ctx.config.token_path
         path.parent.mkdir(parents=True, exist_ok=True)

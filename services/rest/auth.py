@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import re
 import time
 
 import msgspec
+import nats.js.errors
 from aiohttp import web
 
 from libs.common.bus import Bus
@@ -62,16 +64,32 @@ async def create_user(bus: Bus, username: str, *, admin: bool = False, email: st
                                    description="made with the user")
 
 
-async def ensure_admin(bus: Bus, username: str) -> str | None:
+async def ensure_admin(bus: Bus, username: str, *, given_token: str | None = None) -> str | None:
     """At start: the built-in groups, and the admin user with a platform token the first
-    time (returned then, None afterwards). An admin kept from before groups joins the admin group."""
+    time (returned then, None afterwards). An admin kept from before groups joins the admin group.
+
+    `given_token`: the admin's token as the operator keeps it (the Helm chart's Secret,
+    made by its pre-install hook): registered whenever it is not yet, by whichever
+    replica starts first, and never returned (it is already where it belongs)."""
     await store.ensure_builtin_groups(bus)
     user = User(username=username, grouplist=[core.DEFAULT_GROUP, core.ADMIN_GROUP], createdAt=time.time())
+    created = True
     try:
         await store.create_user(bus, user)
     except ConflictUser:
+        created = False
         await store.change_user(bus, username, lambda u: msgspec.structs.replace(
             u, grouplist=core.grouplist_with_admin(u.grouplist, True)))
+    if given_token is not None:
+        key = store.token_key(given_token)
+        if key is None or not given_token.startswith(f"{username}."):
+            raise ValueError(f"the admin token given (admin_token_file) is not a token of user {username!r}")
+        if await store.lookup_token(bus, given_token, time.time()) is None:
+            with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):  # another replica registered it
+                await store.issue_token(bus, username, TokenKind.PLATFORM, expires_at=None,
+                                        description="the chart's admin token", token=given_token)
+        return None
+    if not created:
         return None
     return await store.issue_token(bus, username, TokenKind.PLATFORM, expires_at=None, description="pai up")
 

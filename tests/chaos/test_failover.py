@@ -10,6 +10,7 @@ is `LEASE_SECONDS` long, so it is at most that plus one standby check.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -43,10 +44,12 @@ def start_standby(platform, name: str) -> tuple[subprocess.Popen, int]:
 
 
 def ready(port: int) -> bool:
+    """Leading: /readyz answers 200 "ready" (a standby answers 200 too, "standby":
+    ready for Kubernetes, since it is healthy, but not the active replica)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
-            return resp.status == 200
-    except OSError:
+            return resp.status == 200 and json.load(resp).get("status") == "ready"
+    except (OSError, ValueError):
         return False
 
 

@@ -23,7 +23,17 @@ from libs.common.natsserver import binary as nats_server_binary
 from tests.tools_helm import KubeTools
 
 # The chart's renderer and the helm fixture, shared with the other chart tests.
-from tests.unit.test_deploy import CHART, NAMESPACE, RELEASE, REPO, nats_conf_as_the_pod_makes_it, render, run_helm as helm, tools  # noqa: F401 - tools is a fixture
+from tests.unit.test_deploy import (  # noqa: F401 - tools is a fixture
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    nats_conf_as_the_pod_makes_it,
+    release_secrets,
+    render,
+    run_helm as helm,
+    tools,
+)
 
 PRODUCTION = CHART / "values-production.yaml"
 SERVICES = ("rest", "scheduler", "launcher", "runtime", "monitor")
@@ -43,6 +53,11 @@ def nats_conf(docs: list[dict], root: Path) -> str:
     """nats.conf as a NATS pod has it: the Secret's base config with the users appended
     by the pod's `auth` init container (its command run here, under `root`)."""
     return nats_conf_as_the_pod_makes_it(docs, root)
+
+
+def bootstrap_job(docs: list[dict]) -> dict:
+    (job,) = [d for name, d in kinds(docs, "Job").items() if name.startswith(f"{RELEASE}-bootstrap-")]
+    return job
 
 
 def pod_urls(replicas: int) -> str:
@@ -75,8 +90,10 @@ def test_nats_is_a_three_server_jetstream_cluster_with_a_volume_each(rendered, t
     conf = nats_conf(docs, tmp_path)
     routes = re.findall(r'"nats://route:([A-Za-z0-9]+)@([^"]+)"', conf)
     assert [host for _, host in routes] == [f"{RELEASE}-nats-{i}.{RELEASE}-nats-headless.{NAMESPACE}.svc:6222" for i in range(3)]
-    # The nodes log in to each other with the password kept in the Secret.
-    password = kinds(docs, "Secret")[f"{RELEASE}-nats"]["stringData"]["route-password"]
+    # The nodes log in to each other with the password kept in the credentials Secret
+    # (made by the release-secrets hook; never in the rendered configuration).
+    password = release_secrets(docs)[f"{RELEASE}-bus-credentials"]["route-password"]
+    assert "__ROUTE_PASSWORD__" in kinds(docs, "ConfigMap")[f"{RELEASE}-nats"]["data"]["nats-base.conf"]
     assert {p for p, _ in routes} == {password} and len(password) >= 32
     assert re.search(r"cluster \{[^}]*authorization \{\s*user: route\s*password: \"" + password, conf)
 
@@ -95,7 +112,7 @@ def test_services_get_every_nats_server_and_the_bootstrap_makes_three_copies(ren
     deployments = kinds(docs, "Deployment")
     for service in SERVICES:
         assert env_of(deployments[f"{RELEASE}-{service}"])["PAI_NATS_URL"]["value"] == pod_urls(3)
-    job = kinds(docs, "Job")[f"{RELEASE}-bootstrap"]
+    job = bootstrap_job(docs)
     env = {name: e["value"] for name, e in env_of(job).items() if "value" in e}
     config = load_config(env=env)
     assert config.nats_replicas == 3 and config.nats_url == pod_urls(3)
@@ -112,9 +129,10 @@ def test_single_active_services_run_two_replicas_named_by_their_pod(rendered, se
 def test_every_scaled_out_component_has_a_disruption_budget(rendered) -> None:
     values, docs = rendered
     budgets = kinds(docs, "PodDisruptionBudget")
-    # Not the monitor (one pod), nor the single-active scheduler and launcher
-    # (their standby is never ready: a budget would block evicting the active).
-    expected = {"nats", "rest", "runtime"}
+    # Not the monitor (one pod). The single-active scheduler and launcher too: their
+    # standby reports ready (healthy, waiting for the lease), so a budget lets a drain
+    # evict the active pod while the standby stays to take over.
+    expected = {"nats", "rest", "runtime", "scheduler", "launcher"}
     assert set(budgets) == {f"{RELEASE}-{name}" for name in expected}
     for name in expected:
         spec = budgets[f"{RELEASE}-{name}"]["spec"]
@@ -133,7 +151,7 @@ def test_external_nats_renders_no_nats_of_its_own(tools: KubeTools) -> None:
     assert f"{RELEASE}-nats" not in kinds(docs, "PodDisruptionBudget")
     for service in SERVICES:
         assert env_of(kinds(docs, "Deployment")[f"{RELEASE}-{service}"])["PAI_NATS_URL"]["value"] == EXTERNAL
-    job_env = env_of(kinds(docs, "Job")[f"{RELEASE}-bootstrap"])
+    job_env = env_of(bootstrap_job(docs))
     assert job_env["PAI_NATS_URL"]["value"] == EXTERNAL and job_env["PAI_NATS_REPLICAS"]["value"] == "3"
 
 
@@ -144,7 +162,7 @@ def test_a_single_nats_server_has_no_cluster_block_and_no_budget(tools: KubeTool
     assert "cluster {" not in conf and "jetstream" in conf
     assert f"{RELEASE}-nats" not in kinds(docs, "PodDisruptionBudget")
     assert env_of(kinds(docs, "Deployment")[f"{RELEASE}-rest"])["PAI_NATS_URL"]["value"] == f"nats://{RELEASE}-nats:4222"
-    assert env_of(kinds(docs, "Job")[f"{RELEASE}-bootstrap"])["PAI_NATS_REPLICAS"]["value"] == "1"
+    assert env_of(bootstrap_job(docs))["PAI_NATS_REPLICAS"]["value"] == "1"
 
 
 def test_an_even_number_of_nats_servers_is_refused(tools: KubeTools) -> None:

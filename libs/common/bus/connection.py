@@ -79,7 +79,7 @@ class Connection:
     @classmethod
     async def connect(
         cls, url: str, *, name: str, user: str = "", nkey_seed: str = "", password: str = "",
-        connect_timeout: float = 30.0, client: BusClient | None = None,
+        connect_timeout: float = 30.0, client: BusClient | None = None, tls_ca_file: str = "",
     ) -> Self:
         """Connect as NATS user `user`, retrying until NATS answers or `connect_timeout` passes.
 
@@ -96,6 +96,8 @@ class Connection:
         come under the user's own inbox prefix, the only one its permissions let it
         subscribe to. `client`: the link it runs (`bus_client`, module doc of
         bus/link.py); by default what `PAI_BUS_CLIENT` says, else `fast`.
+        `tls_ca_file`: servers given as tls:// are checked against this CA (else
+        the system's); their name must match the URL's host.
         """
         deadline = time.monotonic() + connect_timeout
         servers = server_urls(url)
@@ -106,6 +108,10 @@ class Connection:
                 login["nkeys_seed_str"] = busauth.user_seed(nkey_seed)
             else:
                 login.update(user=user, password=password)
+        if tls_ca_file or any(server.startswith("tls://") for server in servers):
+            import ssl
+
+            login["tls"] = ssl.create_default_context(cafile=tls_ca_file or None)
         rng = random.Random()
         attempt = 0
         last_error: list[Exception | None] = [None]  # what the server last answered a try

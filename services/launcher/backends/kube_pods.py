@@ -24,9 +24,13 @@ What a Pod looks like:
   inside the container (the device plugin exposes the Pod's GPUs as 0..n-1),
   while the physical indices the scheduler chose are in the HiveD annotation;
 - no service account token and no Service environment variables in the Pod;
-- hostNetwork (as OpenPAI runs its jobs), so PAI_HOST_IP_* and the ports PAI
-  gave each task are reachable on the node's address; every port is declared
-  as a container port with the same host port;
+- least privilege: the Pod network, unless the admin asks for the node's
+  (`kube_host_network`, as OpenPAI runs its jobs); either way every port PAI
+  gave the task is declared as a container port with the same host port, so
+  PAI_HOST_IP_* and those ports reach the task on the node's address; and
+  Kubernetes' "restricted" securityContext: a non-root uid and gid
+  (`kube_task_uid`, `kube_task_gid`), no privilege escalation, every
+  capability dropped, the runtime's default seccomp profile;
 - volumes: `/dev/shm` a memory-backed emptyDir of the role's shmMB (OpenPAI's 512
   when unset, its size charged to the Pod's memory), and each of the job's
   storages (libs/common/storages.py) at its mount path: hostPath, nfs or
@@ -55,6 +59,7 @@ from services.launcher.core.mounts import shm_mb
 from services.launcher.core.tasks import TaskKey, TaskLaunch
 
 DEFAULT_IMAGE = "python:3.11-slim"
+DEFAULT_RUN_AS = (1000, 1000)  # uid, gid: Config.kube_task_uid, kube_task_gid
 FINALIZER = "pai/exit-record"
 TASK_ANNOTATION = "pai/task"
 END_ANNOTATION = "pai/end"
@@ -103,9 +108,11 @@ def build_pod(
     *,
     namespace: str,
     default_image: str = DEFAULT_IMAGE,
-    host_network: bool = True,
+    host_network: bool = False,
+    run_as: tuple[int, int] = DEFAULT_RUN_AS,
 ) -> dict:
     """The Pod manifest (as the JSON the API takes) for one task instance."""
+    uid, gid = run_as
     key, placement = launch.key, launch.placement
     record = PodRecord(key=key, user=launch.user, vc=launch.vc, placement=placement)
     bind_info = BindInfo(node=placement.node, leafCellIsolation=list(placement.gpus), cellChain=placement.skuType)
@@ -121,6 +128,10 @@ def build_pod(
         "env": [{"name": name, "value": value} for name, value in sorted(container_env(launch).items())],
         "resources": _resources(launch),
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
     }
     volumes: list[dict] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_mb(launch.shmMB)}Mi"}}]
     for storage in launch.storages:
@@ -138,6 +149,12 @@ def build_pod(
         # variable for every Service of the namespace.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+            "runAsGroup": gid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
         "volumes": volumes,
     }

@@ -52,6 +52,7 @@ from services.launcher.backends import kube_names
 from services.launcher.backends.kube_logs import read_log
 from services.launcher.backends.kube_pods import (
     DEFAULT_IMAGE,
+    DEFAULT_RUN_AS,
     KIND_LABEL,
     REGISTRY_SECRET_KIND,
     EndRequest,
@@ -138,7 +139,8 @@ class KubernetesBackend:
         termination_margin_seconds: float = 30.0,
         api_retry_seconds: float = 30.0,
         default_image: str = DEFAULT_IMAGE,
-        host_network: bool = True,
+        host_network: bool = False,
+        run_as: tuple[int, int] = DEFAULT_RUN_AS,
         clock: Callable[[], float] = time.time,
         connect: Callable[[], Awaitable[ApiClient]] | None = None,
     ):
@@ -154,6 +156,9 @@ class KubernetesBackend:
         self.api_retry_seconds = api_retry_seconds
         self.default_image = default_image
         self.host_network = host_network
+        if min(run_as) <= 0:
+            raise ValueError(f"task Pods run as a non-root uid and gid, not {run_as} (kube_task_uid, kube_task_gid)")
+        self.run_as = run_as
         self._clock = clock
         self._client = api_client
         self._connect = connect
@@ -214,7 +219,8 @@ class KubernetesBackend:
             return  # started before: never twice
         self._ensure_watching()
         manifest = build_pod(
-            launch, namespace=self.namespace, default_image=self.default_image, host_network=self.host_network
+            launch, namespace=self.namespace, default_image=self.default_image, host_network=self.host_network,
+            run_as=self.run_as,
         )
         task = self._track(launch.key, name, manifest["spec"]["containers"][0]["name"])
         registry = registry_secret(launch, self.namespace)

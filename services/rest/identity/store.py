@@ -322,8 +322,9 @@ def token_id(key: str) -> str:
 
 
 async def issue_token(bus: Bus, user: str, kind: TokenKind, *, expires_at: float | None, description: str = "",
-                      now: float | None = None) -> str:
-    token = f"{user}.{secrets.token_urlsafe(32)}"
+                      now: float | None = None, token: str | None = None) -> str:
+    """A new token for `user`; `token`: this one (the admin's, from the chart's Secret)."""
+    token = token or f"{user}.{secrets.token_urlsafe(32)}"
     record = TokenRecord(user=user, kind=kind, createdAt=time.time() if now is None else now,
                          expiresAt=expires_at, description=description)
     await (await _kv(bus)).create(token_key(token), msgspec.json.encode(record))

@@ -57,14 +57,15 @@ several bundled NATS replicas, every pod by its stable DNS name, comma-separated
 {{- define "pai.natsUrl" -}}
 {{- if .Values.nats.enabled -}}
 {{- $name := include "pai.componentName" (dict "root" . "component" "nats") -}}
+{{- $scheme := ternary "tls" "nats" (eq (include "pai.natsTls" .) "true") -}}
 {{- if gt (int .Values.nats.replicas) 1 -}}
 {{- $urls := list -}}
 {{- range $i := until (int .Values.nats.replicas) -}}
-{{- $urls = append $urls (printf "nats://%s-%d.%s-headless.%s.svc:%v" $name $i $name $.Release.Namespace $.Values.nats.port) -}}
+{{- $urls = append $urls (printf "%s://%s-%d.%s-headless.%s.svc:%v" $scheme $name $i $name $.Release.Namespace $.Values.nats.port) -}}
 {{- end -}}
 {{- join "," $urls -}}
 {{- else -}}
-{{- printf "nats://%s:%v" $name .Values.nats.port -}}
+{{- printf "%s://%s:%v" $scheme $name .Values.nats.port -}}
 {{- end -}}
 {{- else -}}
 {{- required "nats.externalUrl is required when nats.enabled is false" .Values.nats.externalUrl -}}
@@ -90,7 +91,7 @@ replicas, or nats.externalReplicas for an external cluster. */}}
 {{- end -}}
 
 {{- define "pai.jobNamespace" -}}
-{{- default .Release.Namespace .Values.services.launcher.jobNamespace -}}
+{{- include "pai.jobsNamespaceName" . -}}
 {{- end -}}
 
 {{/*
@@ -174,4 +175,79 @@ bundled
       key: dsn
       {{- end }}
 {{- end -}}
+{{- end -}}
+
+{{/* The Secret of the bus's logins (one secret per NATS user, and the route
+password): the operator's (nats.existingSecret) or the one the release-secrets hook makes. */}}
+{{- define "pai.busCredentialsSecret" -}}
+{{- .Values.nats.existingSecret | default (include "pai.componentName" (dict "root" . "component" "bus-credentials")) -}}
+{{- end -}}
+
+{{- define "pai.jobSecretsKeySecret" -}}
+{{- .Values.jobSecrets.existingSecret | default (include "pai.componentName" (dict "root" . "component" "job-secrets-key")) -}}
+{{- end -}}
+
+{{- define "pai.adminTokenSecret" -}}
+{{- .Values.admin.existingSecret | default (include "pai.componentName" (dict "root" . "component" "admin-token")) -}}
+{{- end -}}
+
+{{/*
+What the release-secrets hook makes (libs/common/release_secrets.py), one
+"SECRET/KEY=KIND" a line; a Secret the operator gives (existingSecret) is not named.
+No value is made at template time: `helm template` renders the same every time.
+*/}}
+{{- define "pai.generatedSecrets" -}}
+{{- $specs := list -}}
+{{- if not .Values.nats.existingSecret -}}
+{{- $bus := include "pai.busCredentialsSecret" . -}}
+{{- range $user := keys (.Files.Get "files/nats-permissions.json" | fromJson) | sortAlpha -}}
+{{- $specs = append $specs (printf "%s/%s=random" $bus $user) -}}
+{{- end -}}
+{{- $specs = append $specs (printf "%s/route-password=random" $bus) -}}
+{{- end -}}
+{{- if not .Values.jobSecrets.existingSecret -}}
+{{- $specs = append $specs (printf "%s/secrets.key=x25519:secrets.pub" (include "pai.jobSecretsKeySecret" .)) -}}
+{{- end -}}
+{{- if not .Values.admin.existingSecret -}}
+{{- $specs = append $specs (printf "%s/%s=token:%s" (include "pai.adminTokenSecret" .) .Values.admin.existingSecretKey .Values.config.admin_user) -}}
+{{- end -}}
+{{- if and .Values.postgresql.enabled (not .Values.postgresql.existingSecret) -}}
+{{- $specs = append $specs (printf "%s/password=random" (include "pai.postgresqlName" .)) -}}
+{{- end -}}
+{{- join "\n" $specs -}}
+{{- end -}}
+
+{{/* The namespace of job Pods: jobs.namespace, by default "<release namespace>-jobs". */}}
+{{- define "pai.jobsNamespaceName" -}}
+{{- .Values.jobs.namespace | default (printf "%s-jobs" .Release.Namespace) -}}
+{{- end -}}
+
+{{/* NATS URL scheme: tls:// when the bundled NATS requires TLS of its clients. */}}
+{{- define "pai.natsTls" -}}
+{{- if and .Values.nats.enabled .Values.nats.tls.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The NATS CA for clients (nats.tls): env, volume mount and volume of every NATS client pod. */}}
+{{- define "pai.natsTlsEnv" -}}
+{{- if eq (include "pai.natsTls" .) "true" }}
+- name: PAI_NATS_TLS_CA_FILE
+  value: {{ printf "/etc/pai/nats-tls/%s" .Values.nats.tls.caKey | quote }}
+{{- end }}
+{{- end -}}
+{{- define "pai.natsTlsMount" -}}
+{{- if eq (include "pai.natsTls" .) "true" }}
+- name: nats-tls
+  mountPath: /etc/pai/nats-tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "pai.natsTlsVolume" -}}
+{{- if eq (include "pai.natsTls" .) "true" }}
+- name: nats-tls
+  secret:
+    secretName: {{ .Values.nats.tls.secretName }}
+    items:
+      - key: {{ .Values.nats.tls.caKey }}
+        path: {{ .Values.nats.tls.caKey }}
+{{- end }}
 {{- end -}}
