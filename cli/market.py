@@ -86,6 +86,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     use.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE", help="a parameter's value")
     use.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2,...",
                      help="one job per value (several --sweep: every combination)")
+    use.add_argument("--data", action="append", default=[], metavar="PREREQUISITE=ITEM",
+                     help="a data prerequisite of the template takes this data item's uri")
     use.add_argument("--name", default="", help="the job's name (default: the template's and a stamp)")
     use.add_argument("--dry-run", action="store_true", help="print the job YAML instead of submitting it")
     add_output(use)
@@ -174,10 +176,15 @@ def cmd_show(args: argparse.Namespace) -> int:
         console.print(Markdown(item["description"]))
     if item["kind"] == "data":
         console.print(f"uri: {escape(item['uri'])}")
-    elif item["parameters"]:
-        console.print("parameters (pai market use ... -p NAME=VALUE):")
-        for name, value in item["parameters"].items():
-            console.print(f"  {escape(name)} = {escape(value)}")
+    else:
+        if item["parameters"]:
+            console.print("parameters (pai market use ... -p NAME=VALUE):")
+            for name, value in item["parameters"].items():
+                console.print(f"  {escape(name)} = {escape(value)}")
+        if item.get("data"):
+            console.print("data (pai market use ... --data NAME=DATA_ITEM):")
+            for name, uris in item["data"].items():
+                console.print(f"  {escape(name)} = {escape(', '.join(uris))}")
     return 0
 
 
@@ -234,7 +241,8 @@ def cmd_use(args: argparse.Namespace) -> int:
     sweep = {k: [v for v in values.split(",") if v] for k, values in _pairs(args.sweep, "--sweep").items()}
     client = Client(connect(args))
     rendered = _run(client.request("POST", f"{ITEMS}/{_quote(args.item)}/render", json_body={
-        "parameters": _pairs(args.param, "--param"), "sweep": sweep, "name": args.name}))
+        "parameters": _pairs(args.param, "--param"), "sweep": sweep, "data": _pairs(args.data, "--data"),
+        "name": args.name}))
     if args.dry_run:
         print("\n---\n".join(j["config"] for j in rendered["jobs"]), end="")
         return 0

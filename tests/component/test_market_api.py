@@ -293,3 +293,21 @@ async def test_cli(api, tmp_path, capsys, monkeypatch):
     assert await asyncio.to_thread(_pai, api, "mate", "market", "show", item_id) == 0
     shown = capsys.readouterr().out
     assert "greeting = hello" in shown and "★ 1" in shown
+
+
+async def test_a_template_refers_to_a_data_item(api):
+    template = (await api.call("owner", "POST", "/api/v2/marketplace/import?visibility=groups&group=" + GROUP,
+                               (FIXTURES / "lstm-training.yaml").read_text(), content_type="text/yaml"))[1]
+    assert template["data"] == {"text_data": ["/mnt/confignfs/text_data"]}
+    shared = await api.new_item(kind="data", protocol="", uri="/mnt/team/shared_text", visibility="groups",
+                                groups=[GROUP])
+    private = await api.new_item(kind="data", protocol="", uri="/mnt/owner/secret_text")
+    rendered = await api.ok("mate", "POST", f"{ITEMS}/{template['id']}/render", {"data": {"text_data": shared["id"]}})
+    prerequisites = yaml.safe_load(rendered["jobs"][0]["config"])["prerequisites"]
+    assert [p["uri"] for p in prerequisites if p["type"] == "data"] == [["/mnt/team/shared_text"]]
+    status, reply, _ = await api.call("mate", "POST", f"{ITEMS}/{template['id']}/render",
+                                      {"data": {"text_data": private["id"]}})
+    assert (status, reply["code"]) == (404, "NoMarketItemError")  # not shared with him: not there
+    status, reply, _ = await api.call("mate", "POST", f"{ITEMS}/{template['id']}/render",
+                                      {"data": {"nothing": shared["id"]}})
+    assert status == 400 and reply["details"]["errors"][0]["path"] == "data.nothing"

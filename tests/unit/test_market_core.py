@@ -218,3 +218,17 @@ def test_search():
     assert not core.matches(it, q(category="data"), caller=OWNER, stars_of_caller=set())
     assert core.matches(it, q(starred_by="alice"), caller=OWNER, stars_of_caller={"demo-1"})
     assert not core.matches(it, q(mine=True), caller=TEAMMATE, stars_of_caller=set())
+
+
+def test_a_data_prerequisite_takes_a_data_items_uri():
+    template = core.saved(None, core.from_v2((FIXTURES / "lstm-training.yaml").read_text()), OWNER,
+                          item_id="lstm-1", now=1.0)
+    assert core.data_slots(template.protocol) == {"text_data": ["/mnt/confignfs/text_data"]}
+    data = core.saved(None, ItemFields(name="Other text", kind=Kind.DATA, uri="/mnt/team/other_text"), OWNER,
+                      item_id="other-1", now=1.0)
+    (doc,) = core.job_documents(template, parameters={}, sweep={}, name="x", stamp="1", data_items={"text_data": data})
+    assert [p["uri"] for p in doc["prerequisites"] if p["name"] == "text_data"] == [["/mnt/team/other_text"]]
+    with pytest.raises(BadInput, match="no data prerequisite 'images'"):
+        core.job_documents(template, parameters={}, sweep={}, name="x", stamp="1", data_items={"images": data})
+    with pytest.raises(BadInput, match="not a data item"):
+        core.job_documents(template, parameters={}, sweep={}, name="x", stamp="1", data_items={"text_data": template})

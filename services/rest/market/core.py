@@ -365,22 +365,52 @@ def summary_of(item: MarketItem, *, stars: int, starred: bool) -> dict[str, Any]
 def detail_of(item: MarketItem, *, stars: int, starred: bool, caller: Caller, revision: int) -> dict[str, Any]:
     return {**summary_of(item, stars=stars, starred=starred), "description": item.description,
             "descriptionHtml": render_markdown(item.description), "protocol": item.protocol, "uri": item.uri,
-            "parameters": parameters_of(item.protocol), "reviewedBy": item.reviewedBy,
+            "parameters": parameters_of(item.protocol), "data": data_slots(item.protocol),
+            "reviewedBy": item.reviewedBy,
             "reviewNote": item.reviewNote, "mayChange": may_change(caller, item), "revision": revision}
 
 
 # --- using a template --------------------------------------------------------------------------
 
 
+def data_slots(protocol: str) -> dict[str, list[str]]:
+    """A template's prerequisites of type data (name -> its uris): where a data item goes."""
+    if not protocol:
+        return {}
+    try:
+        data = load_document(protocol, "text/yaml").data
+    except ProtocolError:
+        return {}
+    slots: dict[str, list[str]] = {}
+    for p in data.get("prerequisites") or [] if isinstance(data, dict) else []:
+        if isinstance(p, dict) and p.get("type") == "data" and isinstance(p.get("name"), str):
+            uri = p.get("uri")
+            slots[p["name"]] = [str(u) for u in uri] if isinstance(uri, list) else [str(uri)] if uri else []
+    return slots
+
+
 def job_documents(item: MarketItem, *, parameters: dict[str, str], sweep: dict[str, list[str]],
-                  name: str, stamp: str) -> list[dict[str, Any]]:
-    """The job document(s) a template makes: its parameters as given, the job named
-    `name` (or the template's name and `stamp`), `extras.marketplaceItem` naming the item.
+                  name: str, stamp: str, data_items: dict[str, MarketItem] | None = None) -> list[dict[str, Any]]:
+    """The job document(s) a template makes: its parameters as given, each data prerequisite
+    named in `data_items` pointing at that data item's uri, the job named `name` (or the
+    template's name and `stamp`), `extras.marketplaceItem` naming the item.
     A sweep makes one job per combination of its values (at most MAX_MARKET_SWEEP_JOBS)."""
     if item.kind != Kind.TEMPLATE:
         raise BadInput(f"item {item.id} is a data item: refer to its uri ({item.uri}) from a template's "
                        "prerequisites (type: data); only templates make jobs")
     data = load_document(item.protocol, "text/yaml").data
+    slots = data_slots(item.protocol)
+    for slot, given in (data_items or {}).items():
+        if slot not in slots:
+            raise bad(f"data.{slot}", "unknown_prerequisite",
+                      f"the template has no data prerequisite {slot!r}; it has: {', '.join(slots) or 'none'}")
+        if given.kind != Kind.DATA:
+            raise bad(f"data.{slot}", "kind", f"item {given.id} is a template, not a data item")
+    if data_items:
+        data["prerequisites"] = [
+            {**p, "uri": [data_items[p["name"]].uri]}
+            if isinstance(p, dict) and p.get("type") == "data" and p.get("name") in data_items else p
+            for p in data.get("prerequisites") or []]
     known = parameters_of(item.protocol)
     for key in [*parameters, *sweep]:
         if key not in known:

@@ -187,6 +187,7 @@ async def review_item(request: web.Request) -> web.Response:
 class RenderBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     parameters: dict[str, str | int | float | bool] = {}
     sweep: dict[str, list[str | int | float]] = {}
+    data: dict[str, str] = {}  # a data prerequisite's name -> the data item whose uri it takes
     name: str = ""
 
 
@@ -197,12 +198,20 @@ async def render_jobs(request: web.Request) -> web.Response:
     body = _decode(await _json_body(request, "the parameters"), RenderBody, "the parameters")
     if len(body.parameters) + len(body.sweep) > 256:
         raise core.bad("parameters", "maxProperties", "at most 256 parameters")
-    got = await store.get_item(ctx_of(request).bus, item_id)
-    item = core.readable(caller_of(request), got[0] if got else None, item_id)
+    if len(body.data) > 64:
+        raise core.bad("data", "maxProperties", "at most 64 data prerequisites")
+    bus, caller = ctx_of(request).bus, caller_of(request)
+    got = await store.get_item(bus, item_id)
+    item = core.readable(caller, got[0] if got else None, item_id)
+    data_items = {}
+    for slot, data_id in body.data.items():  # each one the caller may see, or 404 naming it
+        core.check_item_id(data_id, f"data.{slot}")
+        found = await store.get_item(bus, data_id)
+        data_items[slot] = core.readable(caller, found[0] if found else None, data_id)
     stamp = f"{int(time.time() * 1000) % 10**8:08d}"
     docs = core.job_documents(item, parameters={k: str(v) for k, v in body.parameters.items()},
                               sweep={k: [str(x) for x in v] for k, v in body.sweep.items()}, name=body.name,
-                              stamp=stamp)
+                              stamp=stamp, data_items=data_items)
     return json_response({"item": item.id, "jobs": [{"name": d["name"], "config": core.dump_yaml(d)} for d in docs]})
 
 

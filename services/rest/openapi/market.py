@@ -27,6 +27,9 @@ _DETAIL = {"allOf": [_SUMMARY, {"type": "object", "properties": {
     "protocol": {"type": "string", "description": "a template's OpenPAI v2 job document"},
     "uri": {"type": "string", "description": "a data item's storage path or URI"},
     "parameters": {"type": "object", "additionalProperties": {"type": "string"}},
+    "data": {"type": "object", "description": "a template's data prerequisites (name -> uris), which "
+                                              "render's `data` may point at data items",
+             "additionalProperties": {"type": "array", "items": {"type": "string"}}},
     "reviewedBy": {"type": "string"}, "reviewNote": {"type": "string"},
     "mayChange": {"type": "boolean"}, "revision": {"type": "integer"}}}]}
 _ITEM_OK = {"200": {"description": "the item (ETag: its revision)", "content": json_content(_DETAIL)}}

@@ -40,12 +40,20 @@ export function safeFragment(html) {
   return out;
 }
 
-function useForm(item, go) {
+function useForm(item, go, dataItems) {
   const names = Object.keys(item.parameters || {});
   const inputs = names.map((name, i) => {
     const id = `use-param-${i}`;
     const input = h("input", { id, value: item.parameters[name], dataset: { param: name }, class: "use-param" });
     return h("div", { class: "field" }, h("label", { for: id }, name), input);
+  });
+  // A data prerequisite of the template may take the uri of a data item the user sees.
+  const slots = Object.entries(item.data || {}).map(([slot, uris], i) => {
+    const id = `use-data-${i}`;
+    const select = h("select", { id, dataset: { slot }, class: "use-data" },
+      h("option", { value: "" }, `as written: ${uris.join(", ") || "none"}`),
+      dataItems.map((d) => h("option", { value: d.id }, `${d.name} (${d.id})`)));
+    return h("div", { class: "field" }, h("label", { for: id }, `data: ${slot}`), select);
   });
   const form = h("form", { id: "use-form", class: "card", "aria-labelledby": "use-title", onsubmit: (e) => {
     e.preventDefault();
@@ -53,12 +61,13 @@ function useForm(item, go) {
     for (const input of form.querySelectorAll(".use-param")) {
       if (input.value !== item.parameters[input.dataset.param]) q.set(`p.${input.dataset.param}`, input.value);
     }
+    for (const select of form.querySelectorAll(".use-data")) if (select.value) q.set(`d.${select.dataset.slot}`, select.value);
     go(`/submit?${q}`);
   } },
   h("h2", { id: "use-title" }, "Use this template"),
   names.length ? h("p", { class: "hint" }, "Change a parameter here or on the submit page; the job records this item.")
     : h("p", { class: "hint" }, "It has no parameters; the submit page opens with it filled in."),
-  h("div", { class: "filters" }, inputs),
+  h("div", { class: "filters" }, inputs, slots),
   h("div", { class: "toolbar" }, h("button", { type: "submit", class: "primary", id: "use" }, "Use")));
   return form;
 }
@@ -93,6 +102,8 @@ export async function render(main, { args, go }) {
   const id = args[0];
   async function load() {
     const item = await get(itemPath(id));
+    const dataItems = item.kind === "template" && Object.keys(item.data || {}).length
+      ? (await get("/api/v2/marketplace/items?kind=data&sort=name")).items : [];
     const actions = h("div", { class: "toolbar" }, starButton(item),
       h("button", { type: "button", id: "export", onclick: () => download(item).catch((err) => alert(err.message)) }, "Export (v2 YAML)"),
       item.mayChange ? h("a", { class: "button", id: "edit", href: `#/market/edit/${encodeURIComponent(item.id)}` }, "Edit") : null,
@@ -112,7 +123,7 @@ export async function render(main, { args, go }) {
       h("div", { class: "two market-item" },
         h("section", { "aria-labelledby": "about-title" }, h("h2", { id: "about-title" }, "About"), description),
         h("div", { class: "stack" },
-          item.kind === "template" ? useForm(item, go)
+          item.kind === "template" ? useForm(item, go, dataItems)
             : h("section", { class: "card", "aria-labelledby": "data-title" }, h("h2", { id: "data-title" }, "Where the data is"),
               h("p", {}, h("code", { id: "data-uri" }, item.uri)),
               h("p", { class: "hint" }, "Refer to it from a template's prerequisites: ", h("code", {}, "type: data"), ", ", h("code", {}, `uri: [${item.uri}]`), ", and ", h("code", {}, "<% $data.uri[0] %>"), " in a command.")),

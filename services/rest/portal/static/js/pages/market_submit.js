@@ -1,4 +1,4 @@
-// The submit page's start from a marketplace template (#/submit?market=<id>&p.<name>=<value>):
+// The submit page's start from a marketplace template (#/submit?market=<id>&p.<name>=<value>&d.<prerequisite>=<data item>):
 // the job YAML the template makes with those parameters (POST .../render), which names the
 // item in extras.marketplaceItem, so the job counts for it and its page links back.
 
@@ -10,8 +10,12 @@ export async function marketPrefill(params) {
   const id = params.get("market");
   if (!id) return null;
   const parameters = {};
-  for (const [k, v] of params) if (k.startsWith("p.")) parameters[k.slice(2)] = v;
-  const got = await api("POST", `${itemPath(id)}/render`, { body: { parameters } });
+  const data = {};
+  for (const [k, v] of params) {
+    if (k.startsWith("p.")) parameters[k.slice(2)] = v;
+    if (k.startsWith("d.")) data[k.slice(2)] = v;
+  }
+  const got = await api("POST", `${itemPath(id)}/render`, { body: { parameters, data } });
   return {
     text: got.jobs[0].config,
     note: h("p", { class: "hint", id: "from-market" }, "From the marketplace template ",
