@@ -33,6 +33,7 @@ from services.rest.identity import core as identity_core, store as identity_stor
 from services.rest.log_stream import log_response
 from services.rest.market import core as market_core, store as market_store
 from services.rest.market.handlers import caller_of_principal as handlers_caller
+from services.rest.notify_default import with_default as with_notification_default
 from services.rest.records import SubmittedJob
 from services.rest.request import USER, ctx_of, read_body, read_json_object
 
@@ -60,6 +61,8 @@ async def _take_job(request: web.Request) -> web.Response:
     jid = ids.job_id(user.username, spec.name)
     # OpenPAI's ssh plugin: the job's key pair and the owner's profile keys (services/rest/job_ssh.py).
     spec, secrets, ssh_keys = await job_ssh.prepare(ctx.bus, user.username, jid, spec, parsed.config, parsed.secrets)
+    # Status mail as the owner's profile asks, where the job does not say (services/rest/notify_default.py).
+    spec = with_notification_default(spec, parsed.config, user.notifyStates)
     tensorboard_request = tensorboard.tensorboard_request(parsed.config)  # OpenPAI's tensorboard plugin
     if tensorboard_request is not None:
         spec = tensorboard.with_tensorboard(spec, tensorboard_request)

@@ -21,6 +21,7 @@ from libs.common.errors import BadInput, Forbidden, ForbiddenKey
 from libs.common.ids import NAME_PATTERN
 from libs.common.protocol.limits import MAX_EMAIL_LENGTH, MAX_USERNAME_LENGTH
 from libs.common.protocol.model import PRIORITY_CLASSES
+from services.rest import notify_default
 from services.rest.records import Group, GroupAcls, GroupExtension, TokenKind, TokenRecord, User
 
 ADMIN_GROUP = "admin"
@@ -54,6 +55,8 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     hasPassword: bool = False
     # The priority classes they may submit with (admins: all); a default for principals cached before.
     priorityClasses: tuple[str, ...] = OPEN_PRIORITY_CLASSES
+    # Their default for job status mail (services/rest/notify_default.py); () for none.
+    notifyStates: tuple[str, ...] = ()
 
 
 def resolve(user: User, groups: dict[str, Group], *, token_key: str = "") -> Principal:
@@ -67,7 +70,8 @@ def resolve(user: User, groups: dict[str, Group], *, token_key: str = "") -> Pri
     classes = tuple(c for c in PRIORITY_CLASSES if admin or c in granted)  # highest first
     return Principal(username=user.username, admin=admin, virtualClusters=tuple(vcs),
                      grouplist=tuple(user.grouplist), email=user.email, tokenKey=token_key,
-                     hasPassword=bool(user.passwordHash), priorityClasses=classes)
+                     hasPassword=bool(user.passwordHash), priorityClasses=classes,
+                     notifyStates=notify_default.wanted_states(user.extension))
 
 
 def may_submit_to(caller: Principal, vc: str) -> bool:

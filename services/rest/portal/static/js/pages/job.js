@@ -7,6 +7,7 @@ import { metricsSection } from "./job_metrics.js";
 import { sshSection } from "./job_ssh.js";
 import { marketLink } from "./market_submit.js";
 import { terminalSection } from "./job_terminal.js";
+import { exportYaml, saveAsTemplate } from "../jobfile.js";
 
 const LOG_TAIL_BYTES = 64 * 1024;
 const LOG_POLL_MS = 2000;
@@ -21,6 +22,16 @@ function exitSpecBox(spec, code, diagnostics, title) {
     spec && spec.reason ? h("p", { class: "reason-text" }, h("strong", {}, "Reason: "), spec.reason) : null,
     solution.length ? h("div", { class: "solution" }, h("strong", {}, "What to do:"), h("ul", {}, solution.map((s) => h("li", {}, s)))) : null,
     diagnostics ? h("details", {}, h("summary", {}, "Diagnostics"), h("pre", { class: "log small" }, diagnostics)) : null);
+}
+
+// Export as YAML and Save as template, from the config as submitted (secrets masked).
+function jobFileButtons(id, name, out) {
+  const config = () => api("GET", `${jobPath(id)}/config`, { accept: "text/yaml" });
+  const failed = (err) => out.append(errorBox(err));
+  return [
+    h("button", { type: "button", id: "job-export", onclick: () => config().then((text) => exportYaml(text, name), failed) }, "Export as YAML"),
+    h("button", { type: "button", id: "job-save-template", onclick: () => config().then((text) => saveAsTemplate(text, name, out), failed) }, "Save as template"),
+  ];
 }
 
 export async function render(main, { args, go }) {
@@ -95,6 +106,7 @@ export async function render(main, { args, go }) {
       h("div", { class: "toolbar" },
         canStop ? h("button", { type: "button", id: "stop", class: "danger", onclick: stop }, "Stop") : null,
         owner ? h("button", { type: "button", id: "clone", onclick: () => go(`/submit?clone=${encodeURIComponent(id)}`) }, "Clone") : null,
+        owner ? jobFileButtons(id, detail.name, head) : null,
         h("span", { class: "tags", "aria-label": "tags" }, (detail.tags || []).map((t) => h("span", { class: "tag" }, t,
           owner ? h("button", { type: "button", class: "ghost small", "aria-label": `remove tag ${t}`, onclick: () => changeTag("DELETE", t) }, "✕") : null))),
         owner ? h("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); if (tagInput.value.trim()) changeTag("PUT", tagInput.value.trim()); } },

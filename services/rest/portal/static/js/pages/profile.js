@@ -1,8 +1,11 @@
 // The signed-in user's own page: who they are, and their SSH public keys (GET, POST,
-// DELETE /api/v2/users/me/ssh-keys), which the tasks of jobs with the ssh plugin trust.
+// DELETE /api/v2/users/me/ssh-keys), which the tasks of jobs with the ssh plugin trust;
+// their email, password, notification settings, tokens, groups, VCs and storages
+// (js/pages/profile_account.js).
 
 import { api, get, session } from "../api.js";
 import { announce, clear, errorBox, fmtTime, h, pageTitle, table } from "../dom.js";
+import { accountSections } from "./profile_account.js";
 
 export async function render(main) {
   const me = session.me;
@@ -46,15 +49,21 @@ export async function render(main) {
     } catch (err) { say(err.message, true); }
   }
 
+  const account = accountSections(me);
   clear(main, pageTitle(me.username),
     h("p", { class: "muted" }, `${me.email || "no email"} · groups ${me.grouplist.join(", ") || "none"} · VCs ${(me.virtualCluster || []).join(", ") || "none"}`,
       me.admin ? " · admin" : ""),
+    h("nav", { "aria-label": "On this page", class: "toolbar" }, [["account-title", "Email and password"], ["notify-title", "Notifications"],
+      ["tokens-title", "Tokens"], ["keys-title", "SSH keys"], ["access-title", "Groups, VCs and storages"]].map(([id, text]) => h("a", { href: `#/profile`, dataset: { to: id }, onclick: (e) => {
+      e.preventDefault(); const t = document.getElementById(id); t.scrollIntoView(); t.focus(); } }, text))),
+    account.top,
     h("section", { "aria-labelledby": "keys-title" }, h("h2", { id: "keys-title" }, "SSH keys"),
       h("p", { class: "muted" }, "The tasks of a job that asks for the ssh plugin accept these keys, as they were when the job was submitted."),
       msg, keysBox,
       h("form", { class: "filters", "aria-label": "Add an SSH key", onsubmit: add },
         h("div", { class: "field" }, h("label", { for: "key-title" }, "Title"), title),
         h("div", { class: "field" }, h("label", { for: "key-value" }, "Public key"), value),
-        h("div", { class: "field" }, h("span", { class: "label-spacer" }, " "), h("button", { type: "submit", class: "primary" }, "Add key")))));
-  await load();
+        h("div", { class: "field" }, h("span", { class: "label-spacer" }, " "), h("button", { type: "submit", class: "primary" }, "Add key")))),
+    account.bottom);
+  await Promise.all([load(), account.load()]);
 }

@@ -6,6 +6,8 @@ import { api, jobPath } from "../api.js";
 import { announce, clear, h, pageTitle } from "../dom.js";
 import { EXAMPLES } from "../examples.js";
 import { marketPrefill } from "./market_submit.js";
+import { exportYaml, saveAsTemplate } from "../jobfile.js";
+import { jobForm } from "./submit_form.js";
 
 // The line of a field path in block-style YAML, for errors the server could not
 // place (e.g. "defaults.virtualCluster" refused after parsing). Best effort: null if not found.
@@ -86,6 +88,7 @@ export async function render(main, { params, go }) {
   editor.addEventListener("scroll", () => { gutter.scrollTop = editor.scrollTop; });
 
   function goToLine(n) {
+    if (formMode) setMode(false);
     const lines = editor.value.split("\n");
     const start = lines.slice(0, n - 1).reduce((a, l) => a + l.length + 1, 0);
     editor.focus();
@@ -117,7 +120,7 @@ export async function render(main, { params, go }) {
     const key = h("input", { value: k, "aria-label": `${kind} ${n + 1} name`, placeholder: "name", class: "pair-key" });
     const val = h("input", { value: v, "aria-label": `${kind} ${n + 1} value`, placeholder: "value", type: secret ? "password" : "text", class: "pair-value", autocomplete: "off" });
     const row = h("div", { class: "pair" }, key, val, h("button", { type: "button", class: "ghost", "aria-label": `remove ${kind} ${n + 1}`, onclick: () => { row.remove(); changed(); } }, "✕"));
-    const changed = () => { if (!secret) { editor.value = writeBlock(editor.value, "parameters", pairs(paramRows)); drawGutter(); } };
+    const changed = () => { if (!secret) { editor.value = writeBlock(editor.value, "parameters", pairs(paramRows)); drawGutter(); if (formMode) form.show(editor.value); } };
     key.addEventListener("input", changed); val.addEventListener("input", changed);
     container.append(row);
     return row;
@@ -159,7 +162,37 @@ export async function render(main, { params, go }) {
     }
   }
 
-  function load(text) { editor.value = text; marks = new Map(); clear(errorsList); summary.textContent = ""; clear(result); drawGutter(); syncFields(); }
+  function load(text) {
+    editor.value = text; marks = new Map(); clear(errorsList); summary.textContent = ""; clear(result); drawGutter(); syncFields();
+    if (formMode) setMode(true);
+  }
+
+  // --- the form, beside the YAML it makes (js/pages/submit_form.js) -----------------------
+  let formMode = false;
+  const form = jobForm({ onYaml: (text) => { editor.value = text; marks = new Map(); drawGutter(); syncFields(); } });
+  const editorWrap = h("div", { class: "editor-wrap" }, h("label", { for: "job-text", class: "sr-only" }, "Job config (YAML or JSON)"), gutter, editor);
+  const formWrap = h("div", { id: "form-wrap", hidden: true }, form.element);
+  const modeNote = h("div", { role: "status", id: "mode-note" });
+  const formButton = h("button", { type: "button", id: "mode-form", "aria-pressed": "false", onclick: () => setMode(true) }, "Form");
+  const yamlButton = h("button", { type: "button", id: "mode-yaml", "aria-pressed": "true", onclick: () => setMode(false) }, "YAML editor");
+  async function setMode(toForm) {
+    clear(modeNote);
+    if (toForm) {
+      const why = await form.show(editor.value);
+      if (why) {  // the editor's text is not a job the form can show: stay on it, saying why
+        modeNote.append(h("div", { class: "error-box" }, `The form cannot show this document (${why}); fix it in the editor, or start from an example.`));
+        announce("The form cannot show this document");
+        toForm = false;
+      }
+    }
+    formMode = toForm;
+    formWrap.hidden = !toForm;
+    editorWrap.hidden = toForm;
+    formButton.setAttribute("aria-pressed", String(toForm));
+    yamlButton.setAttribute("aria-pressed", String(!toForm));
+    if (!toForm) drawGutter();
+  }
+  const jobName = () => { const m = editor.value.match(/^name:\s*["']?([^"'\n#]+?)["']?\s*$/m); return m ? m[1] : "job"; };
 
   const exampleSelect = h("select", { id: "example", onchange: () => { if (exampleSelect.value) load(EXAMPLES[exampleSelect.value]); } },
     h("option", { value: "" }, "— choose —"), Object.keys(EXAMPLES).map((k) => h("option", { value: k }, k)));
@@ -172,7 +205,10 @@ export async function render(main, { params, go }) {
       h("div", { class: "field" }, h("label", { for: "example" }, "Start from an example"), exampleSelect),
       h("div", { class: "field" }, h("label", { for: "upload" }, "Upload a YAML or JSON file"), upload),
       h("p", { class: "hint" }, "Or paste a job; to clone a past job use its ", h("em", {}, "Clone"), " button.")),
-    h("div", { class: "editor-wrap" }, h("label", { for: "job-text", class: "sr-only" }, "Job config (YAML or JSON)"), gutter, editor),
+    h("div", { class: "toolbar", role: "group", "aria-label": "Edit the job with" }, formButton, yamlButton,
+      h("button", { type: "button", id: "export-yaml", onclick: () => exportYaml(editor.value, jobName()) }, "Export as YAML"),
+      h("button", { type: "button", id: "save-template", onclick: () => saveAsTemplate(editor.value, jobName(), result) }, "Save as template")),
+    modeNote, editorWrap, formWrap,
     summary, errorsList,
     h("div", { class: "two" },
       h("fieldset", {}, h("legend", {}, "Parameters"), h("p", { class: "hint" }, "Used as ", h("code", {}, "<% $parameters.name %>"), "; written into the YAML."),
@@ -204,4 +240,5 @@ export async function render(main, { params, go }) {
   } else {
     load(EXAMPLES.hello);
   }
+  if (params.get("form")) await setMode(true);
 }
