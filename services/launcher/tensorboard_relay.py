@@ -20,6 +20,7 @@ from collections import OrderedDict
 import aiohttp
 import msgspec
 
+from libs.common.ids import JobId
 from libs.common.messages import TaskState
 from libs.common.protocol.tensorboard import PORT_LABEL
 from libs.common.tensorboard_relay import (
@@ -50,7 +51,7 @@ class Relay:
 
     def where(self, req: RelayRequest) -> tuple[str, int] | RelayReply:
         """(host, port) of the job's TensorBoard, or why there is none to reach."""
-        record = self.core.job(req.job)
+        record = self.core.job(JobId(req.job))
         if record is None or not record.attempts or record.state.is_final:
             return RelayReply(status=409, error=f"{req.job} is not running: its TensorBoard runs while it does")
         task = record.current.task(req.role, 0)

@@ -288,6 +288,77 @@ async def test_without_an_engine_tasks_run_as_processes(platform: Api):
     assert task_of(detail)["runtimeMode"] == "process"
     assert any("not used by the local backend" in note for note in detail["notes"])
 
+
+# The ssh plugin in an image without OpenSSH (nor a C library: busybox-static): PAI's bundle.
+SSH_TASK = [
+    "me=$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX; o=$((1 - me))",
+    'eval port=\\$PAI_PORT_LIST_worker_${o}_ssh; eval host=\\$PAI_HOST_IP_worker_${o}',
+    'for i in $(seq 1 100); do ssh -p "$port" "$host" "echo reached worker-\\$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX '
+    'from worker-$me in \\$(cat /etc/pai-image)" && break; sleep 0.2; done',
+    "sleep 120",
+]
+
+
+async def test_ssh_plugin_in_an_image_without_openssh(cplatform: Api, tmp_path: Path):
+    from cli.client import ApiError, Client, Connection
+    from libs.common.protocol import ssh as protocol_ssh
+    from tests.integration.test_ssh import keygen, ssh
+
+    if shutil.which("ssh") is None or not Path(protocol_ssh.SSHD).exists() \
+            or not list(Path("/usr/lib").glob(f"*/{protocol_ssh.NSS_WRAPPER}")):
+        pytest.skip("needs Debian's openssh-client, openssh-server and libnss-wrapper on the node (make test's "
+                    "ssh-deps installs them): PAI brings the node's own into the container")
+    login = "ctrssh"
+    created = await cplatform.client.request("POST", "/api/v2/users", json_body={"username": login})
+    owner = Client(Connection(cplatform.conn.url, created["token"]))
+    profile_key, profile_pub = keygen(tmp_path, "profile")
+    stranger_key, _ = keygen(tmp_path, "stranger")
+    await owner.request("PUT", f"/api/v2/users/{login}/extension",
+                        json_body={"extension": {"sshKeys": [{"title": "laptop", "value": profile_pub}]}})
+    body = job_yaml("ctr-ssh", SSH_TASK, roles={"worker": 2},
+                    extra="extras:\n  com.microsoft.pai.runtimeplugin:\n    - plugin: ssh\n      parameters: {jobssh: true}\n")
+    body = body.replace("    resourcePerInstance:", "    dockerImage: img\n    resourcePerInstance:")
+    body += f"prerequisites:\n  - name: img\n    type: dockerimage\n    uri: {IMAGE}\n"
+    job = (await owner.request("POST", "/api/v2/jobs", data=body.encode(), content_type="text/yaml"))["job"]
+    try:
+        info: dict = {}
+        for _ in range(300):
+            try:
+                info = await owner.request("GET", f"/api/v2/jobs/{job}/ssh")
+            except ApiError as exc:  # 404 until its tasks run
+                assert exc.status == 404, exc.body
+            log = "".join([await cplatform.logs(job, taskRole="worker", taskIndex=i) for i in (0, 1)]) \
+                if len(info.get("containers", [])) == 2 else ""
+            if log.count("ssh plugin: sshd listening") == 2:
+                break
+            await asyncio.sleep(0.2)
+        assert log.count("ssh plugin: sshd listening") == 2, log
+        pair = info["keyPair"]
+        job_key = tmp_path / "job_key"
+        job_key.write_text(pair["privateKey"])
+        job_key.chmod(0o600)
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text(f"* {pair['publicKey']}\n")
+        for task in info["containers"]:
+            host, port = task["sshIp"], task["sshPort"]
+            for key in (job_key, profile_key):
+                done = await asyncio.to_thread(ssh, key, known_hosts, login, host, port,
+                                               "cat /etc/pai-image; echo task=$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX")
+                assert done.returncode == 0, (key.name, done.stderr)
+                assert done.stdout.split() == ["pai-test-busybox", f"task={task['taskIndex']}"], done.stdout
+            refused = await asyncio.to_thread(ssh, stranger_key, known_hosts, login, host, port, "true")
+            assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused.stderr
+        for _ in range(100):  # the tasks reached each other with the job's key, from inside their images
+            log = "".join([await cplatform.logs(job, taskRole="worker", taskIndex=i) for i in (0, 1)])
+            if "reached worker-1 from worker-0 in pai-test-busybox" in log and "reached worker-0 from worker-1" in log:
+                break
+            await asyncio.sleep(0.2)
+        assert "reached worker-1 from worker-0 in pai-test-busybox" in log, log
+        assert "reached worker-0 from worker-1 in pai-test-busybox" in log, log
+    finally:
+        await owner.request("PUT", f"/api/v2/jobs/{job}/executionType", json_body={"value": "STOP"})
+
+
 async def test_a_browser_terminal_in_a_container_task_runs_through_the_engines_exec(engine_socket: RecordingProxy):
     """The launcher's shell in a container task (backends/terminals.py, EngineExecTerminal):
     the engine's exec with a tty, its start upgraded to a raw stream on podman's socket;

@@ -16,7 +16,9 @@ themselves, pin it). A task's server accepts the job's key (when `jobssh`), the
 `userssh` key and the keys of the owner's profile (`extension.sshKeys`) as they were
 at submission; nothing else (no passwords).
 
-The server is the node's OpenSSH `sshd`, run as the job's own uid from the task's
+The server is the node's OpenSSH `sshd` (in a container task, the same programs PAI
+binds read-only at BUNDLE with their own libraries and loader, so any image will do:
+services/launcher/backends/ssh_bundle.py), run as the job's own uid from the task's
 working directory with a config written there (its own host key, no PAM, no
 privilege separation: an unprivileged sshd logs in only its own user). A job's uid
 has no passwd entry, and sshd and ssh look their user up: libnss_wrapper answers
@@ -47,6 +49,8 @@ PORT_LABEL = "ssh"
 SECRET_NAME = "paiJobSshPrivateKey"
 SSHD = "/usr/sbin/sshd"
 NSS_WRAPPER = "libnss_wrapper.so"
+# Where a container task finds PAI's own sshd and ssh (services/launcher/backends/ssh_bundle.py).
+BUNDLE = "/pai/ssh"
 SSH_PARAMETERS = ("jobssh", "userssh", "sshbarrier", "sshbarrierTimeout", "sshbarriertaskroles")
 USERSSH_TYPES = ("custom", "system")
 # One public key: its type and base64 body; the comment is dropped, options are refused
@@ -205,10 +209,14 @@ def server_script(login: str, job_public: str, authorized: list[str]) -> str:
     client = "\n".join(['Host *', '  IdentityFile "$d/id_ed25519"', '  UserKnownHostsFile "$d/known_hosts"',
                         "  StrictHostKeyChecking yes", f"  User {login}", "  LogLevel ERROR"])
     return "\n".join([
-        # Where the task cannot run PAI's server (an image without it: container mode), the task
-        # runs without one, saying so, as before PAI ran the plugin.
-        f'test -x {SSHD} || {{ echo "[PAI] ssh plugin: not run: no OpenSSH server ({SSHD}) here" >&2; exit 0; }}',
-        f'[ -n "$(ls /usr/lib/*/{NSS_WRAPPER} /usr/lib/{NSS_WRAPPER} 2>/dev/null)" ] || '
+        # In a container the server is PAI's bundle, bound at BUNDLE (any image, even one
+        # without a C library: services/launcher/backends/ssh_bundle.py); else the node's.
+        f'__pai_sshd={SSHD}; __pai_bundle=; if [ -x {BUNDLE}/sbin/sshd ]; then __pai_sshd={BUNDLE}/sbin/sshd; '
+        '__pai_bundle=1; fi',
+        # Where the task cannot run a server (no bundle, no sshd), it runs without one, saying so.
+        'test -x "$__pai_sshd" || { echo "[PAI] ssh plugin: not run: no OpenSSH server ($__pai_sshd) here" >&2; '
+        'exit 0; }',
+        f'[ -n "$__pai_bundle" ] || [ -n "$(ls /usr/lib/*/{NSS_WRAPPER} /usr/lib/{NSS_WRAPPER} 2>/dev/null)" ] || '
         f'{{ echo "[PAI] ssh plugin: not run: no {NSS_WRAPPER} here (Debian: libnss-wrapper)" >&2; exit 0; }}',
         'd="$PAI_WORK_DIR/.ssh"; mkdir -p "$d"; chmod 700 "$d"; umask 077',
         f"cat > \"$d/id_ed25519\" <<'__PAI_SSH_KEY__'\n<% $secrets.{SECRET_NAME} %>\n__PAI_SSH_KEY__",
@@ -217,28 +225,37 @@ def server_script(login: str, job_public: str, authorized: list[str]) -> str:
         # Every task's host key is the job's key: a task trusts its job's servers, and no other.
         f'printf "* %s\\n" {q(job_public)} > "$d/known_hosts"',
         f'cat > "$d/config" <<__PAI_SSH_CONFIG__\n{client}\n__PAI_SSH_CONFIG__',
-        f'printf "%s:x:%s:%s:PAI job:%s:/bin/bash\\n" {q(login)} "$(id -u)" "$(id -g)" "$PAI_WORK_DIR" > "$d/passwd"',
+        # The login shell: the image's bash, else its sh (busybox images have only that).
+        '__pai_shell=$(command -v bash 2>/dev/null || echo /bin/sh)',
+        f'printf "%s:x:%s:%s:PAI job:%s:%s\\n" {q(login)} "$(id -u)" "$(id -g)" "$PAI_WORK_DIR" "$__pai_shell" '
+        '> "$d/passwd"',
         'printf "pai:x:%s:\\n" "$(id -g)" > "$d/group"',
         # What a session gets of the task's environment (sshd starts sessions afresh).
         "env | grep -E '^(PAI_[A-Za-z0-9_]*|CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES|PATH|LANG|TZ)=' "
         '> "$d/environment" || true',
-        f'printf "%s\\n" "LD_PRELOAD={NSS_WRAPPER}" "NSS_WRAPPER_PASSWD=$d/passwd" "NSS_WRAPPER_GROUP=$d/group" '
-        '>> "$d/environment"',
+        # The bundle's programs find the user through NSS_WRAPPER_* alone (they preload it
+        # themselves); the node's need LD_PRELOAD. A session's ssh is the bundle's in a container.
+        f'if [ -n "$__pai_bundle" ]; then __pai_preload=; printf "%s\\n" "PATH={BUNDLE}/bin:$PATH" >> "$d/environment"; '
+        f'else __pai_preload={NSS_WRAPPER}; printf "%s\\n" "LD_PRELOAD={NSS_WRAPPER}" >> "$d/environment"; fi',
+        'printf "%s\\n" "NSS_WRAPPER_PASSWD=$d/passwd" "NSS_WRAPPER_GROUP=$d/group" >> "$d/environment"',
         f'cat > "$d/sshd_config" <<__PAI_SSHD_CONFIG__\n{config}\n__PAI_SSHD_CONFIG__',
-        f'export LD_PRELOAD={NSS_WRAPPER} NSS_WRAPPER_PASSWD="$d/passwd" NSS_WRAPPER_GROUP="$d/group"',
-        f'{SSHD} -t -f "$d/sshd_config"',
-        f'{SSHD} -D -e -f "$d/sshd_config" >> "$d/sshd.log" 2>&1 < /dev/null & __pai_sshd=$!',
-        # Listening before the role's commands start (a peer's ssh may come at once), or the step fails.
-        'for __i in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PAI_CONTAINER_SSH_PORT") 2>/dev/null && break; '
-        'kill -0 "$__pai_sshd" 2>/dev/null || { cat "$d/sshd.log" >&2; exit 1; }; sleep 0.05; done',
+        'export NSS_WRAPPER_PASSWD="$d/passwd" NSS_WRAPPER_GROUP="$d/group"',
+        'LD_PRELOAD=$__pai_preload "$__pai_sshd" -t -f "$d/sshd_config"',
+        'LD_PRELOAD=$__pai_preload "$__pai_sshd" -D -e -f "$d/sshd_config" > "$d/sshd.log" 2>&1 < /dev/null & '
+        '__pai_sshd_pid=$!',
+        # Listening before the role's commands start (a peer's ssh may come at once), or the step
+        # fails; told by sshd's own log line, which any shell can read (busybox's has no /dev/tcp).
+        'for __i in $(seq 1 200); do grep -q "Server listening" "$d/sshd.log" 2>/dev/null && break; '
+        'kill -0 "$__pai_sshd_pid" 2>/dev/null || { cat "$d/sshd.log" >&2; exit 1; }; sleep 0.05; done',
         f'echo "[PAI] ssh plugin: sshd listening on port $PAI_CONTAINER_SSH_PORT as {login}"',
     ])
 
 
 def exports() -> str:
     """The task's commands find their user and ssh's config (MPI's ssh) as the server does."""
-    return (f'if [ -e "$PAI_WORK_DIR/.ssh/passwd" ]; then export LD_PRELOAD={NSS_WRAPPER} '
-            'NSS_WRAPPER_PASSWD="$PAI_WORK_DIR/.ssh/passwd" NSS_WRAPPER_GROUP="$PAI_WORK_DIR/.ssh/group"; fi')
+    return (f'if [ -e "$PAI_WORK_DIR/.ssh/passwd" ]; then export NSS_WRAPPER_PASSWD="$PAI_WORK_DIR/.ssh/passwd" '
+            f'NSS_WRAPPER_GROUP="$PAI_WORK_DIR/.ssh/group"; if [ -x {BUNDLE}/bin/ssh ]; then export PATH="{BUNDLE}/bin:$PATH"; '
+            f'else export LD_PRELOAD={NSS_WRAPPER}; fi; fi')
 
 
 def login_name(user: str) -> str:

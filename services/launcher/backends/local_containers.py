@@ -32,7 +32,8 @@ the job's uid (as the process mode) when tasks run as users of their own; the ho
 network (ports are the scheduler's, as OpenPAI's hostNetwork); memory (no swap),
 cpu and pids limits; /dev/shm of the role's shmMB (OpenPAI's 512 MB when unset);
 its GPUs (NVIDIA_VISIBLE_DEVICES and, where the host has them, only their device
-nodes); the bind mounts it is given (storages).
+nodes); the bind mounts it is given (storages); where its role runs the ssh plugin,
+PAI's own OpenSSH read-only at /pai/ssh (ssh_bundle.py).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from services.launcher.backends.engine import Engine, EngineError, registry_auth
 from services.launcher.backends.local_layout import write_replacing
 from services.launcher.backends.local_limits import OOM_REASON
 from services.launcher.backends.local_logs import read_log
+from services.launcher.backends.ssh_bundle import Bundles as SshBundles
 from services.launcher.core.tasks import BackendEvent, TaskFinished, TaskKey, TaskLaunch, TaskRunning
 
 log = logging.getLogger(__name__)
@@ -162,6 +164,8 @@ class ContainerTasks:
         self._mounts = mounts
         self._clock = clock
         self._tasks: dict[str, _Task] = {}
+        # The ssh plugin's server, brought into the tasks that run it (ssh_bundle.py).
+        self._ssh = SshBundles(self.dir)
         self._engine_name = ""
         self._v1_memory = CGROUP_V1_ROOT / "memory" if (CGROUP_V1_ROOT / "memory" / "memory.failcnt").exists() else None
         if self._v1_memory is not None:
@@ -491,6 +495,7 @@ class ContainerTasks:
             env.setdefault("NVIDIA_VISIBLE_DEVICES", "void")
         binds = [f"{work}:{CONTAINER_WORK_DIR}:rw"]
         binds += [f"{m.host}:{m.container}:{'ro' if m.readOnly else 'rw'}" for m in mounts]
+        binds += self._ssh.binds(env)  # read-only, at /pai/ssh, where the role runs the ssh plugin
         shm_mb = launch.shmMB if launch.shmMB is not None else DEFAULT_SHM_MB
         parent = self._make_parent(slug, launch.memoryMB * MIB)
         host_config: dict[str, Any] = {

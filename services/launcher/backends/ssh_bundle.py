@@ -1,0 +1,139 @@
+"""The ssh plugin's server for container tasks, whatever their image: a bundle PAI brings.
+
+A container task of a role that runs the ssh plugin (libs/common/protocol/ssh.py) gets
+this node's OpenSSH `sshd` and `ssh`, bound read-only at MOUNT_POINT, so an image need
+not have OpenSSH, nor even a C library (a busybox-static image has none). The bundle is
+made once per launcher data dir from the node's own files: the two programs, every
+shared library they and libnss_wrapper need (as the node's loader resolves them), and
+the dynamic loader itself. Each program is started through a small `/bin/sh` wrapper
+that runs it with the bundle's loader, library path and libnss_wrapper preloaded (the
+job's uid has no passwd entry in the image; the plugin's passwd file gives it one), and
+tells it the wrapper's path as its argv[0]: sshd re-executes itself for every
+connection by that path, so each session goes through the wrapper again. Nothing of
+the bundle reaches the image's own programs: no LD_PRELOAD or library path is exported.
+
+Made in a directory named after what it holds (the programs' sizes and times), written
+to a temporary directory and renamed into place, so a launcher killed while making it
+leaves nothing half made in use, and an upgraded OpenSSH gets a bundle of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from libs.common.protocol import ssh as protocol_ssh
+
+log = logging.getLogger(__name__)
+
+MOUNT_POINT = "/pai/ssh"
+SSH_CLIENT = "/usr/bin/ssh"
+# Where libnss_wrapper is on Debian and the like.
+NSS_WRAPPER_GLOB = f"/usr/lib/*/{protocol_ssh.NSS_WRAPPER}"
+PROGRAMS = {"sbin/sshd": protocol_ssh.SSHD, "bin/ssh": SSH_CLIENT}
+_LDD_LINE = re.compile(r"^\s*(?:\S+\s+=>\s+)?(/\S+)\s+\(0x[0-9a-f]+\)\s*$")
+
+
+def _needed(binary: str) -> list[str]:
+    """The shared libraries `binary` loads and the loader, as the node's ldd resolves them."""
+    done = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=30, check=True)
+    return [m.group(1) for m in map(_LDD_LINE.match, done.stdout.splitlines()) if m]
+
+
+def _nss_wrapper() -> str | None:
+    found = sorted(Path("/usr/lib").glob(f"*/{protocol_ssh.NSS_WRAPPER}"))
+    return str(found[0]) if found else None
+
+
+def _identity(paths: list[str]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        st = os.stat(path)
+        digest.update(f"{path}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:12]
+
+
+def _wrapper(loader: str, real: str, shown: str) -> str:
+    lib = f"{MOUNT_POINT}/lib"
+    return (f"#!/bin/sh\n# PAI's ssh plugin: {Path(real).name} from the node, with its own libraries "
+            "(services/launcher/backends/ssh_bundle.py)\n"
+            f'exec {lib}/{loader} --library-path {lib} --preload {lib}/{protocol_ssh.NSS_WRAPPER} '
+            f'--argv0 {shown} {MOUNT_POINT}/libexec/{Path(real).name} "$@"\n')
+
+
+def prepare(under: Path) -> Path | None:
+    """The bundle's directory under `under` (made when missing), or None where this node
+    has no OpenSSH server, client or libnss_wrapper to make it from (said in the log)."""
+    nss = _nss_wrapper()
+    missing = [p for p in (protocol_ssh.SSHD, SSH_CLIENT) if not os.access(p, os.X_OK)] + ([] if nss else [NSS_WRAPPER_GLOB])
+    if missing or shutil.which("ldd") is None:
+        log.warning("the ssh plugin cannot run in container tasks: %s missing on this node (Debian: "
+                    "openssh-server, openssh-client, libnss-wrapper, libc-bin)", ", ".join(missing) or "ldd")
+        return None
+    assert nss is not None
+    sources = [protocol_ssh.SSHD, SSH_CLIENT, nss]
+    target = under / f"ssh-bundle-{_identity(sources)}"
+    if (target / "sbin" / "sshd").exists():
+        return target
+    libraries: dict[str, str] = {}
+    for binary in sources:
+        for path in _needed(binary):
+            libraries.setdefault(Path(path).name, os.path.realpath(path))
+    loader = next((name for name in libraries if name.startswith("ld-linux")), None)
+    if loader is None:
+        log.warning("the ssh plugin cannot run in container tasks: no dynamic loader found for %s", protocol_ssh.SSHD)
+        return None
+    libraries[protocol_ssh.NSS_WRAPPER] = nss
+    under.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".ssh-bundle-", dir=under))
+    try:
+        for sub in ("lib", "libexec", "sbin", "bin"):
+            (work / sub).mkdir()
+        for name, path in libraries.items():
+            shutil.copy2(path, work / "lib" / name)
+        for shown, real in PROGRAMS.items():
+            shutil.copy2(real, work / "libexec" / Path(real).name)
+            (work / shown).write_text(_wrapper(loader, real, f"{MOUNT_POINT}/{shown}"))
+        for made in work.rglob("*"):  # every part readable and runnable by the job's uid
+            made.chmod(0o755)
+        work.chmod(0o755)
+        try:
+            work.rename(target)
+        except OSError:  # made meanwhile by another launcher of this data dir
+            shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    log.info("made the ssh plugin's bundle for container tasks: %s (%d libraries)", target, len(libraries))
+    return target
+
+
+def wants_ssh(env: dict[str, str]) -> bool:
+    """Whether a task runs the ssh plugin's server: its role was given the plugin's port."""
+    return "PAI_CONTAINER_SSH_PORT" in env
+
+
+class Bundles:
+    """The bundle of one data dir, made at the first task that needs it."""
+
+    def __init__(self, under: Path):
+        self.under = under
+        self._made: Path | None = None
+        self._tried = False
+
+    def binds(self, env: dict[str, str]) -> list[str]:
+        if not wants_ssh(env):
+            return []
+        if not self._tried:
+            self._tried = True
+            try:
+                self._made = prepare(self.under)
+            except (OSError, subprocess.SubprocessError) as exc:
+                log.error("the ssh plugin's bundle for container tasks could not be made: %s", exc)
+        return [f"{self._made}:{MOUNT_POINT}:ro"] if self._made is not None else []
