@@ -15,7 +15,13 @@ ask to subclass the emulator for special behaviour):
   server sets them;
 - the `pods/<name>/log` subresource with `tailLines` and `limitBytes`;
 - `end_watches()`: the server drops its watch connections, optionally with a
-  `410 Gone` ERROR event first (the client must list again).
+  `410 Gone` ERROR event first (the client must list again);
+- the `pods/<name>/exec` subresource over a WebSocket, in Kubernetes' channel
+  protocols (v4.channel.k8s.io, v5.channel.k8s.io): the kubelet's part is played by
+  this machine, which runs the command on a pty in the container's environment
+  (`env`) and working directory; stdin, stdout, resize and the closing status
+  travel on their channels as they do from a real API server (`exec_sessions`
+  counts them).
 
 `Kubelet` reports container states through the same HTTP API (PATCH of the
 `status` subresource), as the node agent would, and writes the logs.
@@ -26,15 +32,24 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import contextlib
 import copy
 import datetime
+import fcntl
+import json
+import os
+import signal
+import struct
+import termios
 import uuid
 from typing import Any
 
+import aiohttp.web
 import attrs
 import kmock
 
 NAMESPACE = "pai-jobs"
+EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 
 
 def utc_now() -> str:
@@ -76,6 +91,8 @@ class PodApiEmulator(kmock.KubernetesEmulator):
     _changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
     _watch_generation: int = attrs.field(default=0, init=False)
     _expired_generation: int = attrs.field(default=0, init=False)
+    # Exec streams opened, and what each ran (the `command` parameters).
+    exec_sessions: list[list[str]] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -114,6 +131,8 @@ class PodApiEmulator(kmock.KubernetesEmulator):
     # -- server side ---------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> Any:
+        if request.resource is not None and request.resource.plural == "pods" and request.subresource == "exec":
+            return await self._serve_exec(request)
         if request.resource is not None and request.action == kmock.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             meta.setdefault("namespace", request.namespace)
@@ -187,6 +206,82 @@ class PodApiEmulator(kmock.KubernetesEmulator):
         if request.subresource == "log":
             return self._serve_log(request)
         return await super()._serve_fetch(request)
+
+    async def _serve_exec(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        raw = request._raw_request
+        assert raw is not None
+        pod = self.pod(request.name, request.namespace)
+        if pod is None:
+            raise kmock.KubernetesObjectNotFoundError()
+        command = raw.query.getall("command", [])
+        wanted = raw.query.get("container")
+        containers = pod["spec"]["containers"]
+        container = next((c for c in containers if c["name"] == wanted), containers[0] if not wanted else None)
+        if container is None or not command or raw.query.get("tty", "").lower() not in ("true", "1"):
+            return aiohttp.web.json_response({"kind": "Status", "status": "Failure", "code": 400,
+                                              "message": "the emulator's exec wants a container, a command and tty"},
+                                             status=400)
+        ws = aiohttp.web.WebSocketResponse(protocols=EXEC_PROTOCOLS)
+        await ws.prepare(raw)
+        self.exec_sessions.append(list(command))
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp"}
+        env.update({item["name"]: str(item.get("value", "")) for item in container.get("env", [])})
+        workdir = container.get("workingDir") or "/"
+        master, slave = os.openpty()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command, stdin=slave, stdout=slave, stderr=slave, start_new_session=True, env=env,
+                cwd=workdir if os.path.isdir(workdir) else "/")
+        finally:
+            os.close(slave)
+        loop = asyncio.get_running_loop()
+        output: asyncio.Queue[bytes] = asyncio.Queue()
+
+        def readable() -> None:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(master)
+            output.put_nowait(data)
+
+        os.set_blocking(master, False)
+        loop.add_reader(master, readable)
+
+        async def to_client() -> None:
+            while data := await output.get():
+                await ws.send_bytes(b"\x01" + data)
+
+        async def from_client() -> None:
+            async for msg in ws:
+                if msg.type != aiohttp.WSMsgType.BINARY or not msg.data:
+                    continue
+                channel, data = msg.data[0], msg.data[1:]
+                if channel == 0:
+                    os.write(master, data)
+                elif channel == 4:
+                    size = json.loads(data)
+                    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", size["Height"], size["Width"], 0, 0))
+
+        pumps = [asyncio.ensure_future(to_client()), asyncio.ensure_future(from_client())]
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        for pump in pumps:
+            pump.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGHUP)
+        code = await process.wait()
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(master)
+        os.close(master)
+        status = {"metadata": {}, "status": "Success"} if code == 0 else {
+            "metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+            "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
+        if not ws.closed:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await ws.send_bytes(b"\x03" + json.dumps(status).encode())
+            await ws.close()
+        return ws
 
     def _serve_log(self, request: kmock.Request) -> bytes:
         if self.pod(request.name, request.namespace) is None:

@@ -21,7 +21,7 @@ from hypothesis import given
 
 from libs.common.errors import NotFound
 from libs.common.messages import TaskPlacement
-from services.launcher.backends import kube_names
+from services.launcher.backends import kube_names, terminals
 from services.launcher.backends.kube_pods import (
     DEFAULT_IMAGE,
     END_ANNOTATION,
@@ -715,3 +715,43 @@ async def test_an_unreachable_api_ends_the_start_as_launch_failed():
         assert "could not be reached" in finished.platformMessage
     finally:
         await backend.close()
+
+
+# -- a browser terminal: Kubernetes' exec ----------------------------------------
+
+
+async def test_a_terminal_in_a_pod_runs_through_kubernetes_exec(cluster):
+    """The launcher's shell in a Pod (backends/terminals.py, KubeExecTerminal): an exec
+    WebSocket on the API server in Kubernetes' channel protocol, with a tty, in the task's
+    container (its environment); keys on stdin, a resize on its channel, the shell's
+    output on stdout; closing it ends the shell. A task with no running Pod: NotFound."""
+    backend, _, key, name = await started(cluster)
+    channel = await backend.open_terminal(key, cols=90, rows=20)
+    try:
+        assert channel.mode == "pod"
+        await channel.write(b"echo $PAI_CURRENT_TASK_ROLE_NAME $PAI_JOB_NAME; stty size; echo done-$((6*7))\n")
+        seen = await _read_until(channel, b"\ndone-42")
+        lines = [line.strip() for line in seen.decode().replace("\r", "").split("\n")]
+        at = lines.index("done-42")
+        assert lines[at - 2: at] == ["worker alice~mnist", "20 90"], lines
+        await channel.resize(100, 30)
+        await channel.write(b"stty size\n")
+        await _read_until(channel, b"30 100")
+        assert cluster.emulator.exec_sessions == [list(terminals.CONTAINER_SHELL)]
+        await channel.write(b"exit 3\n")
+        while await asyncio.wait_for(channel.read(), 10):
+            pass  # the rest of the output, then the stream's end
+        assert json.loads(channel.status)["details"]["causes"][0]["message"] == "3"  # the shell's exit, as Kubernetes says it
+    finally:
+        await channel.close()
+    with pytest.raises(NotFound):
+        await backend.open_terminal(task_key(7), cols=80, rows=24)
+
+
+async def _read_until(channel, wanted: bytes) -> bytes:
+    seen = b""
+    while wanted not in seen.replace(b"\r", b""):
+        chunk = await asyncio.wait_for(channel.read(), 10)
+        assert chunk, f"the shell ended early; it showed {seen!r}"
+        seen += chunk
+    return seen

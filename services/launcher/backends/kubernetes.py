@@ -48,7 +48,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
 
 from libs.common.errors import NotFound, Transient
-from services.launcher.backends import kube_names
+from services.launcher.backends import kube_names, terminals
 from services.launcher.backends.kube_logs import read_log
 from services.launcher.backends.kube_pods import (
     DEFAULT_IMAGE,
@@ -292,6 +292,21 @@ class KubernetesBackend:
 
     def events(self) -> AsyncIterator[BackendEvent]:
         return self._event_stream()
+
+    async def open_terminal(self, key: TaskKey, *, cols: int, rows: int) -> terminals.KubeExecTerminal:
+        """A shell in the task's Pod, through Kubernetes' exec (its container's user,
+        working directory and environment)."""
+        await self._ready()
+        name = kube_names.pod_name(key)
+        task = self._tasks.get(name)
+        if task is None or task.reported:
+            raise NotFound(f"no running Pod of task {key.role}[{key.index}] of {key.job}")
+        assert self._client is not None
+        try:
+            return await terminals.KubeExecTerminal.open(self._client.configuration, self.namespace, name, task.container,
+                                                         cols=cols, rows=rows)
+        except (ApiException, aiohttp.ClientError, OSError) as exc:
+            raise Transient(f"Kubernetes did not open a shell in Pod {self.namespace}/{name}: {_describe(exc)}") from exc
 
     async def read_log(self, key: TaskKey, *, tail_bytes: int | None = None) -> bytes:
         api = await self._ready()

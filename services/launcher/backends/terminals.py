@@ -215,3 +215,76 @@ class EngineExecTerminal:
         self._writer.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._writer.wait_closed(), 5)
+
+
+# Kubernetes' exec streams (the v4.channel.k8s.io subprotocol): each binary frame starts
+# with its channel's byte.
+STDIN, STDOUT, STDERR, ERROR, RESIZE = 0, 1, 2, 3, 4
+
+
+class KubeExecTerminal:
+    """A Pod's shell through Kubernetes' exec: a WebSocket to the API server, which the
+    kubelet joins to the container's process (kubectl exec -it)."""
+
+    mode = "pod"
+
+    def __init__(self, client, ws):
+        self._client = client
+        self._ws = ws
+        self._closed = False
+        self.status = b""  # what the API server said on the error channel (the shell's end)
+
+    @classmethod
+    async def open(cls, configuration, namespace: str, pod: str, container: str, *, cols: int, rows: int
+                   ) -> KubeExecTerminal:
+        from kubernetes_asyncio.client import CoreV1Api
+        from kubernetes_asyncio.stream import WsApiClient
+
+        client = WsApiClient(configuration=configuration)
+        try:
+            # Not preloaded: the call gives aiohttp's ws_connect, still to be awaited.
+            connecting = await CoreV1Api(client).connect_get_namespaced_pod_exec(
+                pod, namespace, command=CONTAINER_SHELL, container=container, stdin=True, stdout=True,
+                stderr=False, tty=True, _preload_content=False)  # with a tty, stderr is stdout
+            ws = await connecting
+        except BaseException:
+            await client.close()
+            raise
+        channel = cls(client, ws)
+        await channel.resize(cols, rows)
+        return channel
+
+    async def read(self) -> bytes:
+        from aiohttp import WSMsgType
+
+        while True:
+            msg = await self._ws.receive()
+            if msg.type != WSMsgType.BINARY:
+                if msg.type == WSMsgType.TEXT:
+                    continue
+                return b""  # closed, closing or failed: the shell's end
+            if not msg.data:
+                continue
+            channel, data = msg.data[0], msg.data[1:]
+            if channel in (STDOUT, STDERR) and data:
+                return bytes(data)
+            if channel == ERROR:
+                self.status = bytes(data)
+
+    async def write(self, data: bytes) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self._ws.send_bytes(bytes([STDIN]) + data)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        cols, rows = clamp_size(cols, rows)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self._ws.send_bytes(bytes([RESIZE]) + json.dumps({"Width": cols, "Height": rows}).encode())
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # The stream's end is the exec's end: the kubelet hangs the shell up.
+        with contextlib.suppress(Exception):
+            await self._ws.close()
+        await self._client.close()
