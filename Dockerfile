@@ -21,6 +21,8 @@ RUN pip install --prefix=/install .
 FROM python:3.11-slim
 # rest, scheduler, launcher, runtime or monitor.
 ARG SERVICE
+# The commit the image is built from, for pai_build_info (--build-arg PAI_BUILD_COMMIT=$(git rev-parse HEAD)).
+ARG PAI_BUILD_COMMIT=unknown
 RUN case "$SERVICE" in rest|scheduler|launcher|runtime|monitor) ;; \
       *) echo "--build-arg SERVICE= must name one of rest scheduler launcher runtime monitor" >&2; exit 1 ;; esac
 # The service's HTTP port is its PAI setting (PAI_<SERVICE>_PORT, default 9186 ... 9190),
@@ -28,6 +30,7 @@ RUN case "$SERVICE" in rest|scheduler|launcher|runtime|monitor) ;; \
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PAI_SERVICE=${SERVICE} \
+    PAI_BUILD_COMMIT=${PAI_BUILD_COMMIT} \
     PAI_HOST=0.0.0.0 \
     PAI_DATA_DIR=/var/lib/pai
 COPY --from=build /install /usr/local

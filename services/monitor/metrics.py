@@ -200,6 +200,41 @@ def record_node_sample(sample: NodeSample) -> None:
         _gpu_series_shown[name] = shown[name]
 
 
+# --- JetStream's fill (services/monitor/store_fill.py) ---
+STREAM_LABELS = ("stream", "bucket")  # the JetStream stream, and the KV bucket it holds ("" for PAI_EVENTS)
+store_bytes = Gauge("pai_jetstream_store_bytes", "Bytes JetStream stores for PAI's account (every stream and bucket).")
+store_max_bytes = Gauge("pai_jetstream_store_max_bytes", "The account's JetStream storage limit (no series: unlimited).")
+stream_bytes = Gauge("pai_jetstream_stream_bytes", "Bytes a stream or bucket holds.", list(STREAM_LABELS))
+stream_max_bytes = Gauge("pai_jetstream_stream_max_bytes", "A stream's or bucket's byte limit (discard-new: past it, "
+                         "writes are refused; no series: unlimited).", list(STREAM_LABELS))
+stream_messages = Gauge("pai_jetstream_stream_messages", "Messages a stream or bucket holds.", list(STREAM_LABELS))
+stream_max_messages = Gauge("pai_jetstream_stream_max_messages", "A stream's or bucket's message limit "
+                            "(no series: unlimited).", list(STREAM_LABELS))
+
+
+def record_store(*, used: int, limit: int | None) -> None:
+    store_bytes.set(used)
+    if limit is None:
+        store_max_bytes.clear()
+    else:
+        store_max_bytes.set(limit)
+
+
+def record_stream(stream: str, bucket: str, *, used_bytes: int, messages: int, max_bytes: int | None,
+                  max_messages: int | None) -> None:
+    """One stream's fill; a limit of -1 or 0 (none) leaves its max series out."""
+    stream_bytes.labels(stream, bucket).set(used_bytes)
+    stream_messages.labels(stream, bucket).set(messages)
+    for gauge, limit in ((stream_max_bytes, max_bytes), (stream_max_messages, max_messages)):
+        if limit is not None and limit > 0:
+            gauge.labels(stream, bucket).set(limit)
+        else:
+            try:
+                gauge.remove(stream, bucket)
+            except KeyError:
+                pass
+
+
 # --- alerts (services/monitor/alerts; docs/alerts.md) ---
 alerts_firing = Gauge("pai_alerts_firing", "Alerts firing now, silenced ones included, by rule and severity.",
                       ["rule", "severity"])

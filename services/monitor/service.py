@@ -23,7 +23,7 @@ from libs.common.errors import BadInput
 from libs.common.messages import EVENT_TYPES, AlertFiring, AnyEvent, NodeCordonChanged
 from libs.common.service import ServiceContext
 from libs.common.subjects import Bucket, Durable, Kind
-from services.monitor import agent, metrics
+from services.monitor import agent, metrics, store_fill
 from services.monitor.agent import runs_agent, runs_cluster
 from services.monitor.alerts.mailer import Mailer
 from services.monitor.alerts.shell import AlertShell
@@ -65,6 +65,7 @@ async def cluster_body(ctx: ServiceContext, sampler: NodeSampler | None) -> None
     """Metrics of every event, node health, alerts; also this node's agent when `sampler`."""
     intake = await start_cluster(ctx)
     ctx.set_ready()
+    ctx.spawn(store_fill.follow(ctx), "store-fill")  # JetStream's fill as metrics
     ctx.spawn(intake.nodes.run(), "node-health")
     if sampler is not None:
         ctx.spawn(agent.sample_forever(ctx, sampler), "node-sampler")

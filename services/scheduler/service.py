@@ -265,10 +265,12 @@ class SchedulerShell:
 
     async def publish_view(self) -> None:
         cells = node_cells_view(self.core.config)
+        vcs, skus = self.core.vc_status(), sku_types_view(self.core.config)
+        metrics.record_capacity(vcs, skus)  # pai_vc_gpus, pai_cluster_gpus
         view = ClusterView(
-            virtualClusters=[msgspec.to_builtins(vc) for vc in self.core.vc_status()],
+            virtualClusters=[msgspec.to_builtins(vc) for vc in vcs],
             nodes=[{"name": n, "cells": cells.get(n, [])} for n in self.core.node_names()],
-            skuTypes=sku_types_view(self.core.config),
+            skuTypes=skus,
             updatedAt=time.time(),
         )
         await (await self.ctx.bus.kv(Bucket.CLUSTER)).put(CLUSTER_VCS_KEY, msgspec.json.encode(view))
