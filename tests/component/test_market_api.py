@@ -311,3 +311,17 @@ async def test_a_template_refers_to_a_data_item(api):
     status, reply, _ = await api.call("mate", "POST", f"{ITEMS}/{template['id']}/render",
                                       {"data": {"nothing": shared["id"]}})
     assert status == 400 and reply["details"]["errors"][0]["path"] == "data.nothing"
+
+
+async def test_delete_takes_the_item_and_its_stars(api):
+    item = await api.new_item(visibility="groups", groups=[GROUP])
+    path = f"{ITEMS}/{item['id']}"
+    await api.ok("mate", "PUT", path + "/star")
+    await api.ok("owner", "DELETE", path)
+    for who in ("owner", "mate", "admin"):
+        status, _, _ = await api.call(who, "GET", path)
+        assert status == 404
+    again = await api.new_item(visibility="groups", groups=[GROUP])
+    await api.ok("admin", "DELETE", f"{ITEMS}/{again['id']}")  # an admin may delete anyone's
+    mine = await api.ok("mate", "GET", f"{ITEMS}?starred=true")
+    assert item["id"] not in {i["id"] for i in mine["items"]}
