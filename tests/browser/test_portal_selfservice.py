@@ -75,7 +75,7 @@ def test_the_form_builds_a_two_role_job_that_runs(tab, rest: Rest, users):
     assert made["extras"]["com.microsoft.pai.runtimeplugin"] == [{"plugin": "ssh", "parameters": {"jobssh": True}}]
     assert made["jobRetryCount"] == 1 and made["defaults"] == {"virtualCluster": "default"}
     assert_labelled(tab)
-    shot(tab, "20-submit-form")
+    shot(tab, "40-submit-form")
 
     # To the editor and back: the editor holds the form's YAML; a field only the editor
     # shows is kept through the form and named there; the form shows what the editor says.
@@ -156,7 +156,7 @@ def test_a_user_adds_an_ssh_key_and_creates_a_token_that_works(tab, rest: Rest, 
     assert rest.call("GET", "/api/v2/users/me", token=users["bob"])["email"] == "bob@example.com"
     assert "default" in tab.locator("#my-vcs").inner_text()
     assert_labelled(tab)
-    shot(tab, "21-profile")
+    shot(tab, "41-profile")
 
     row.get_by_role("button", name="revoke token my-script").click()
     row.wait_for(state="detached")
@@ -224,11 +224,12 @@ def test_an_admin_changes_a_groups_vcs_and_the_members_next_submission_follows(b
         assert rest.call("GET", "/api/v2/groups/team")["extension"]["acls"]["storageConfigs"] == ["team-data"]
         assert [s["name"] for s in rest.call("GET", "/api/v2/storages", token=users["bob"])["storages"]] == ["team-data"]
         assert_labelled(admin)
-        shot(admin, "22-admin-users-groups-storages-dark")
+        shot(admin, "42-admin-users-groups-storages-dark")
 
         # The VC taken away again: refused.
         admin.get_by_role("button", name="edit group team").click()
         admin.locator("#eg-vcs-research").uncheck()
+        shot(admin, "43-admin-group-editor-dark")
         admin.get_by_role("button", name="Save group").click()
         admin.wait_for_selector("#groups tr[data-group='team'] td.vcs:not(:has-text('research'))")
         assert _submits(rest, users["bob"], "research", "after") == 403

@@ -7,7 +7,7 @@
 import { dump, load } from "../vendor/js-yaml/js-yaml.js";
 
 export const PLUGINS = "com.microsoft.pai.runtimeplugin";
-const TOP = new Set(["protocolVersion", "name", "type", "version", "description", "jobRetryCount", "prerequisites",
+const TOP = new Set(["protocolVersion", "name", "type", "description", "jobRetryCount", "prerequisites",
   "parameters", "secrets", "taskRoles", "defaults", "extras"]);
 const ROLE = new Set(["instances", "dockerImage", "resourcePerInstance", "commands", "taskRetryCount"]);
 const RESOURCES = new Set(["cpu", "memoryMB", "gpu", "ports"]);

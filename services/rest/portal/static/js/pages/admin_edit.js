@@ -24,6 +24,12 @@ function panel(box, titleText, form) {
   box.querySelector(".editor-title").focus();
 }
 
+// After a save the editor goes: the keyboard goes back to the Edit button of what was saved.
+function refocus(label) {
+  const button = [...document.querySelectorAll("button[aria-label]")].find((b) => b.getAttribute("aria-label") === label);
+  if (button) button.focus();
+}
+
 function field(label, control) { return h("div", { class: "field" }, h("label", { for: control.id }, label), control); }
 
 export function userEditor(box, user, groups, { say, done }) {
@@ -41,6 +47,7 @@ export function userEditor(box, user, groups, { say, done }) {
       say(`saved the user ${user.username}`);
       clear(box);
       await done();
+      refocus(`edit user ${user.username}`);
     } catch (err) { problem.append(h("div", { class: "error-box", role: "alert" }, err.message)); }
   } },
   h("div", { class: "filters" }, field("Email", email), h("label", { class: "inline", for: "eu-admin" }, admin, "Admin")),
@@ -70,6 +77,7 @@ export function groupEditor(box, group, known, { say, done }) {
       say(`saved the group ${group ? group.groupname : name.value.trim()}`);
       clear(box);
       await done();
+      refocus(`edit group ${group ? group.groupname : name.value.trim()}`);
     } catch (err) { problem.append(h("div", { class: "error-box", role: "alert" }, err.message)); }
   } },
   h("div", { class: "filters" }, field("Group name", name), field("Description", description), field("External name (OIDC)", external),
@@ -127,6 +135,7 @@ export async function storageSection(box, { say, done }) {
         say(`saved the storage ${n}`);
         clear(editor);
         await done();
+        refocus(`edit storage ${n}`);
       } catch (err) { problem.append(h("div", { class: "error-box", role: "alert" }, err.message)); }
     } },
     h("div", { class: "filters" }, field("Storage name", name), field("Type", type)), dataBox,

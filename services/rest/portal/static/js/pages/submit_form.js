@@ -93,7 +93,7 @@ export function jobForm({ onYaml }) {
       h("div", { class: "field" }, h("span", { class: "label-spacer" }, "Ports"), ports,
         h("div", { class: "toolbar" },
           h("button", { type: "button", class: "small", onclick: () => { role.ports.push({ label: "http", count: 1 }); drawPorts(); emit(); ports.querySelector(".pair:last-child input").focus(); } }, `Add a port to role ${n}`),
-          form.roles.length > 1 ? h("button", { type: "button", class: "small danger", onclick: () => { form.roles.splice(i, 1); draw(); emit(); } }, `Remove task role ${n}`) : null)));
+          form.roles.length > 1 ? h("button", { type: "button", class: "small danger", onclick: () => { form.roles.splice(i, 1); draw(); emit(); document.getElementById("form-add-role").focus(); } }, `Remove task role ${n}`) : null)));
   }
 
   function draw() {
