@@ -325,3 +325,12 @@ async def test_delete_takes_the_item_and_its_stars(api):
     await api.ok("admin", "DELETE", f"{ITEMS}/{again['id']}")  # an admin may delete anyone's
     mine = await api.ok("mate", "GET", f"{ITEMS}?starred=true")
     assert item["id"] not in {i["id"] for i in mine["items"]}
+
+
+async def test_the_etag_of_a_create_is_its_revision(api):
+    status, item, headers = await api.call("owner", "POST", ITEMS, {"name": "etag", "protocol": PROTOCOL})
+    assert status == 201
+    assert headers["ETag"] == f'"{item["revision"]}"'
+    changed = await api.ok("owner", "PUT", f"{ITEMS}/{item['id']}", {"summary": "s"},
+                           headers={"If-Match": headers["ETag"]})
+    assert changed["revision"] > item["revision"]

@@ -17,7 +17,6 @@ not given away; one they may see but not change is a 403.
 from __future__ import annotations
 
 import re
-import time
 from enum import StrEnum
 from typing import Any
 
@@ -542,7 +541,3 @@ def to_v2(item: MarketItem) -> str:
     if extras:
         doc["extras"] = extras
     return dump_yaml(doc)
-
-
-def now() -> float:
-    return time.time()

@@ -112,8 +112,8 @@ async def list_items(request: web.Request) -> web.Response:
 
 async def create_item(request: web.Request) -> web.Response:
     fields = _decode(await _json_body(request, "the item"), ItemFields, "the item")
-    item = await store.create(ctx_of(request).bus, caller_of(request), fields)
-    return await _detail(request, item, 1, status=201)
+    item, revision = await store.create(ctx_of(request).bus, caller_of(request), fields)
+    return await _detail(request, item, revision, status=201)
 
 
 async def get_item(request: web.Request) -> web.Response:
@@ -136,9 +136,8 @@ async def put_item(request: web.Request) -> web.Response:
         fields = _decode(merged, ItemFields, "the item")
         return core.saved(current, fields, caller, item_id=item_id, now=time.time())
 
-    item = await store.change(ctx_of(request).bus, item_id, caller, plan, if_match=if_match)
-    got = await store.get_item(ctx_of(request).bus, item_id)
-    return await _detail(request, item, got[1] if got else 0)
+    item, revision = await store.change(ctx_of(request).bus, item_id, caller, plan, if_match=if_match)
+    return await _detail(request, item, revision)
 
 
 async def delete_item(request: web.Request) -> web.Response:
@@ -179,9 +178,8 @@ async def review_item(request: web.Request) -> web.Response:
     def plan(current: MarketItem) -> MarketItem:
         return core.reviewed(current, body.decision, caller, body.note, time.time())
 
-    item = await store.change(ctx_of(request).bus, item_id, caller, plan)
-    got = await store.get_item(ctx_of(request).bus, item_id)
-    return await _detail(request, item, got[1] if got else 0)
+    item, revision = await store.change(ctx_of(request).bus, item_id, caller, plan)
+    return await _detail(request, item, revision)
 
 
 class RenderBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -240,5 +238,5 @@ async def import_item(request: web.Request) -> web.Response:
     tags = [t for t in q.getall("tag", []) if t] or None
     fields = core.from_v2(text, kind=q.get("kind", "")[:16], category=q.get("category", "")[:64], tags=tags,
                           visibility=visibility, groups=[g for g in q.getall("group", []) if g])
-    item = await store.create(ctx_of(request).bus, caller_of(request), fields)
-    return await _detail(request, item, 1, status=201)
+    item, revision = await store.create(ctx_of(request).bus, caller_of(request), fields)
+    return await _detail(request, item, revision, status=201)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -94,7 +96,9 @@ async def stars(bus: Bus) -> dict[str, set[str]]:
 
 
 async def create(bus: Bus, caller: Caller, fields: ItemFields, *, item_id: str = "",
-                 builtin: bool = False) -> MarketItem:
+                 builtin: bool = False) -> tuple[MarketItem, int]:
+    """A new item (its id made from its name unless given) and its revision; 409 for an id
+    taken, 507 past MAX_MARKET_ITEMS_PER_USER or MAX_MARKET_ITEMS."""
     kv = await _kv(bus)
     items = await all_items(bus)
     mine = sum(1 for i in items.values() if i.owner == caller.username)
@@ -108,15 +112,15 @@ async def create(bus: Bus, caller: Caller, fields: ItemFields, *, item_id: str =
         core.check_item_id(item_id)
     else:
         item_id = core.new_item_id(fields.name, set(items), secrets.token_hex(3))
-    item = core.saved(None, fields, caller, item_id=item_id, now=core.now())
+    item = core.saved(None, fields, caller, item_id=item_id, now=time.time())
     if builtin:
         item = msgspec.structs.replace(item, builtin=True)
     value = _encoded(item)
     try:
-        await kv.create(item_key(item_id), value)
+        revision = await kv.create(item_key(item_id), value)
     except nats.js.errors.KeyWrongLastSequenceError:
         raise Conflict(f"marketplace item {item_id} already exists") from None
-    return item
+    return item, revision
 
 
 def _encoded(item: MarketItem) -> bytes:
@@ -126,9 +130,11 @@ def _encoded(item: MarketItem) -> bytes:
     return value
 
 
-async def change(bus: Bus, item_id: str, caller: Caller, plan, *, if_match: int | None = None) -> MarketItem:
+async def change(bus: Bus, item_id: str, caller: Caller, plan: Callable[[MarketItem], MarketItem], *,
+                 if_match: int | None = None) -> tuple[MarketItem, int]:
     """Read the item, let `plan(item) -> new item` decide (it raises to refuse), write it
-    at the revision read; a lost race is read and planned again, or a 412 with If-Match."""
+    at the revision read; a lost race is read and planned again, or a 412 with If-Match.
+    The item as it is then, and its revision."""
     kv = await _kv(bus)
     for _ in range(UPDATE_ATTEMPTS):
         got = await get_item(bus, item_id)
@@ -139,10 +145,9 @@ async def change(bus: Bus, item_id: str, caller: Caller, plan, *, if_match: int 
                             "read it again")
         new = plan(current)
         if new == current:
-            return current
+            return current, revision
         try:
-            await kv.update(item_key(item_id), _encoded(new), last=revision)
-            return new
+            return new, await kv.update(item_key(item_id), _encoded(new), last=revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             if if_match is not None:
                 raise StaleItem(f"item {item_id} changed while being saved; read it again") from None
