@@ -30,8 +30,8 @@ from libs.common.tensorboard_relay import MAX_REQUEST_BODY_BYTES, RelayRequest
 from services.rest import jobs_api
 from services.rest.request import USER, ctx_of
 
-# Headers added to every relayed answer: no sniffing, nothing of the path leaks elsewhere.
-ANSWER_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
+# Headers added to every relayed answer: no sniffing, no framing, nothing of the path leaks elsewhere.
+ANSWER_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY"}
 
 
 async def get_tensorboard(request: web.Request) -> web.StreamResponse:

@@ -5,6 +5,7 @@ import { api, download, events, get, jobPath, session } from "../api.js";
 import { FINAL_STATES, announce, clear, errorBox, fmtDuration, fmtTime, h, pageTitle, stateBadge, table } from "../dom.js";
 import { metricsSection } from "./job_metrics.js";
 import { sshSection } from "./job_ssh.js";
+import { runsTensorBoard, tensorBoardButton } from "./job_tensorboard.js";
 import { marketLink } from "./market_submit.js";
 import { terminalSection } from "./job_terminal.js";
 import { exportYaml, saveAsTemplate } from "../jobfile.js";
@@ -107,6 +108,7 @@ export async function render(main, { args, go }) {
         canStop ? h("button", { type: "button", id: "stop", class: "danger", onclick: stop }, "Stop") : null,
         owner ? h("button", { type: "button", id: "clone", onclick: () => go(`/submit?clone=${encodeURIComponent(id)}`) }, "Clone") : null,
         owner ? jobFileButtons(id, detail.name, head) : null,
+        owned() && st.state === "RUNNING" && runsTensorBoard(detail) ? tensorBoardButton(id) : null,  // its owner's alone
         h("span", { class: "tags", "aria-label": "tags" }, (detail.tags || []).map((t) => h("span", { class: "tag" }, t,
           owner ? h("button", { type: "button", class: "ghost small", "aria-label": `remove tag ${t}`, onclick: () => changeTag("DELETE", t) }, "✕") : null))),
         owner ? h("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); if (tagInput.value.trim()) changeTag("PUT", tagInput.value.trim()); } },
