@@ -9,6 +9,8 @@ each page go to the browser tier's artifacts (tests/browser/conftest.py).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.browser.conftest import PASSWORD, Rest, shot
@@ -34,7 +36,7 @@ defaults:
 """
 ITEMS = "/api/v2/marketplace/items"
 DESCRIPTION = ("# Greeting\n\nPrints **the greeting**.\n\n<script>window.hacked = 1</script>\n\n"
-               "| parameter | default |\n|---|---|\n| greeting | hello |\n")
+               "| parameter | default |\n|---|---|\n| greeting | hello |\n\n![the logo](https://example.com/logo.png)\n")
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +95,13 @@ def test_publish_share_find_star_use_and_run(browser, url, rest, people):
         assert description.locator("table td").first.inner_text() == "greeting"
         assert "<script>" in description.inner_text() and description.locator("script").count() == 0
         assert carol.evaluate("window.hacked") is None
+        # an image from elsewhere (the portal's CSP loads none) becomes a link
+        assert description.locator("img").count() == 0
+        assert description.get_by_role("link", name="the logo").get_attribute("href") == "https://example.com/logo.png"
+        with carol.expect_download() as got:
+            carol.get_by_role("button", name="Export (v2 YAML)").click()
+        exported = Path(got.value.path()).read_text()
+        assert "protocolVersion: 2" in exported and "contributor: carol" in exported
         item = mine(rest, people["carol"], "Greeting template")
         assert item["visibility"] == "private"
         assert rest.status(f"{ITEMS}/{item['id']}", token=people["dave"]) == 404

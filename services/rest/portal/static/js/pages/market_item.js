@@ -10,6 +10,7 @@ import { itemPath, starButton, visibilityBadge } from "./market.js";
 const TAGS = new Set(["h1", "h2", "h3", "h4", "h5", "h6", "p", "ul", "ol", "li", "code", "pre", "em", "strong", "a",
   "blockquote", "table", "thead", "tbody", "tr", "th", "td", "hr", "br", "img", "del", "s"]);
 const ATTRS = { a: ["href", "title"], img: ["src", "alt", "title"], ol: ["start"], code: ["class"] };
+const SAME_ORIGIN_IMAGE = /^(data:image\/(png|gif|jpeg|webp);|\/(?!\/)|\.{0,2}\/)/i;
 const SAFE_URL = /^(https?:|mailto:|#|\/(?!\/)|\.{0,2}\/|[^:/?#]*(?:[/?#]|$))/i;
 
 // The server's HTML as DOM nodes: allowed elements and attributes only; anything else
@@ -23,6 +24,12 @@ export function safeFragment(html) {
       if (child.nodeType !== Node.ELEMENT_NODE) continue;
       const tag = child.tagName.toLowerCase();
       if (!TAGS.has(tag)) { copy(child, into); continue; }
+      if (tag === "img" && !SAME_ORIGIN_IMAGE.test((child.getAttribute("src") || "").trim())) {
+        // The portal loads nothing from elsewhere (its CSP: img-src 'self' data:): a link instead.
+        const src = (child.getAttribute("src") || "").trim();
+        into.append(SAFE_URL.test(src) ? Object.assign(document.createElement("a"), { href: src, rel: "noopener noreferrer nofollow", target: "_blank", textContent: child.getAttribute("alt") || src }) : document.createTextNode(child.getAttribute("alt") || ""));
+        continue;
+      }
       const shifted = /^h[1-6]$/.test(tag) ? `h${Math.min(6, Number(tag[1]) + 2)}` : tag;
       const el = document.createElement(shifted);
       for (const name of ATTRS[tag] || []) {
