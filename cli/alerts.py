@@ -45,8 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     put = rules_sub.add_parser("set", help="replace the rule document with FILE (YAML, - for stdin); admin only")
     put.add_argument("file")
     put.add_argument("--revision", type=int, help="only if the rules are still at this revision (from `get`)")
+    add_output(put)
     put.set_defaults(func=cmd_rules_set)
     reset = rules_sub.add_parser("reset", help="back to the rules PAI ships; admin only")
+    add_output(reset)
     reset.set_defaults(func=cmd_rules_reset)
 
 
@@ -91,6 +93,8 @@ def cmd_rules_set(args: argparse.Namespace) -> int:
     data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     client = Client(connect(args))
     answer = asyncio.run(_put_rules(client, data, args.revision))
+    if emit(args, answer, names=lambda a: [str(a["revision"])]):
+        return 0
     console.print(f"alert rules now at {_describe(answer)}; every monitor applies them at its next evaluation")
     return 0
 
@@ -110,5 +114,7 @@ async def _put_rules(client: Client, data: bytes, revision: int | None) -> Any:
 
 def cmd_rules_reset(args: argparse.Namespace) -> int:
     answer = _request(args, "POST", "/api/v2/alerts/rules/reset")
+    if emit(args, answer, names=lambda a: [str(a["revision"])]):
+        return 0
     console.print(f"alert rules back to {_describe(answer)}")
     return 0

@@ -68,17 +68,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     rm = sub.add_parser("delete", help="delete your item")
     rm.add_argument("item")
+    add_output(rm)
     rm.set_defaults(func=cmd_delete)
 
     for verb in ("star", "unstar"):
         p = sub.add_parser(verb, help=f"{verb} an item")
         p.add_argument("item")
+        add_output(p)
         p.set_defaults(func=cmd_star, on=verb == "star")
 
     for verb in ("approve", "reject"):
         p = sub.add_parser(verb, help=f"{verb} a public item (admins)")
         p.add_argument("item")
         p.add_argument("--note", default="", help="why, for its owner")
+        add_output(p)
         p.set_defaults(func=cmd_review, decision=verb)
 
     use = sub.add_parser("use", help="submit a job (or a sweep of jobs) from a template")
@@ -219,21 +222,24 @@ def cmd_save(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    _run(Client(connect(args)).request("DELETE", f"{ITEMS}/{_quote(args.item)}"))
-    print(f"deleted {args.item}")
+    answer = _run(Client(connect(args)).request("DELETE", f"{ITEMS}/{_quote(args.item)}"))
+    if not emit(args, answer or {"id": args.item, "deleted": True}, names=lambda _: [args.item]):
+        print(f"deleted {args.item}")
     return 0
 
 
 def cmd_star(args: argparse.Namespace) -> int:
     got = _run(Client(connect(args)).request("PUT" if args.on else "DELETE", f"{ITEMS}/{_quote(args.item)}/star"))
-    print(f"{got['id']}: {'starred' if got['starred'] else 'not starred'} ({got['stars']} stars)")
+    if not emit(args, got, names=lambda g: [g["id"]]):
+        print(f"{got['id']}: {'starred' if got['starred'] else 'not starred'} ({got['stars']} stars)")
     return 0
 
 
 def cmd_review(args: argparse.Namespace) -> int:
     got = _run(Client(connect(args)).request("POST", f"{ITEMS}/{_quote(args.item)}/review",
                                              json_body={"decision": args.decision, "note": args.note}))
-    print(f"{got['id']}: {got['approval']}")
+    if not emit(args, got, names=lambda g: [g["id"]]):
+        print(f"{got['id']}: {got['approval']}")
     return 0
 
 

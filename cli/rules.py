@@ -67,20 +67,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add = sub.add_parser("add", help="add a rule from a YAML/JSON file (- for stdin); admin only")
     add.add_argument("file")
     _placement_arguments(add)
+    add_output(add)
     add.set_defaults(func=cmd_add)
 
     change = sub.add_parser("change", help="replace rule CODE with the rule in FILE; admin only")
     change.add_argument("code", type=int)
     change.add_argument("file")
     _placement_arguments(change)
+    add_output(change)
     change.set_defaults(func=cmd_change)
 
     delete = sub.add_parser("delete", help="delete rule CODE; admin only")
     delete.add_argument("code", type=int)
+    add_output(delete)
     delete.set_defaults(func=cmd_delete)
 
     reset = sub.add_parser("reset", help="drop every change and use the rules PAI starts with; admin only")
     reset.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    add_output(reset)
     reset.set_defaults(func=cmd_reset)
 
 
@@ -151,7 +155,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_add(args: argparse.Namespace) -> int:
     data, content_type = _read_file(args.file)
     answer = _request(args, "POST", "/api/v2/rules", data=data, content_type=content_type, params=_placement(args))
-    _changed("added", answer)
+    if not emit(args, answer, names=lambda a: [str(a["rule"]["code"])]):
+        _changed("added", answer)
     return 0
 
 
@@ -161,12 +166,15 @@ def cmd_change(args: argparse.Namespace) -> int:
     answer = _request(
         args, "PUT", f"/api/v2/rules/{args.code}", data=data, content_type=content_type, params=_placement(args)
     )
-    _changed("changed", answer)
+    if not emit(args, answer, names=lambda a: [str(a["rule"]["code"])]):
+        _changed("changed", answer)
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
     answer = _request(args, "DELETE", f"/api/v2/rules/{args.code}")
+    if emit(args, answer, names=lambda a: [str(a["deleted"]["code"])]):
+        return 0
     rule = answer["deleted"]
     console.print(f"deleted rule [bold]{rule['code']} {rule['phrase']}[/]; rules now at revision {answer['revision']}")
     return 0
@@ -181,6 +189,8 @@ def cmd_reset(args: argparse.Namespace) -> int:
             console.print("nothing changed")
             return 1
     answer = _request(args, "POST", "/api/v2/rules/reset")
+    if emit(args, answer, names=lambda a: [str(a["revision"])]):
+        return 0
     console.print(f"rules reset to the {_source(answer['source'])}; revision {answer['revision']}")
     return 0
 

@@ -25,8 +25,10 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
     return asyncio.run(_client(args).request(method, path, json_body=body))
 
 
-def _print(args: argparse.Namespace, value: Any) -> None:
-    print(json.dumps(value, indent=2))
+def _print(args: argparse.Namespace, value: Any, names: Any = None) -> None:
+    """JSON as these commands always printed it, or what -o asks."""
+    if not emit(args, value, names=names):
+        print(json.dumps(value, indent=2))
 
 
 def _password(args: argparse.Namespace) -> str | None:
@@ -54,7 +56,7 @@ def cmd_users_list(args: argparse.Namespace) -> int:
 
 
 def cmd_users_show(args: argparse.Namespace) -> int:
-    _print(args, _call(args, "GET", f"/api/v2/users/{args.username}"))
+    _print(args, _call(args, "GET", f"/api/v2/users/{args.username}"), names=lambda u: [u["username"]])
     return 0
 
 
@@ -66,6 +68,8 @@ def cmd_users_add(args: argparse.Namespace) -> int:
     if password is not None:
         body["password"] = password
     created = _call(args, "POST", "/api/v2/users", body)
+    if emit(args, created, names=lambda c: [c["username"]]):
+        return 0
     console.print(f"created user [bold]{created['username']}[/]; their token (shown once):")
     print(created["token"])
     return 0
@@ -84,12 +88,14 @@ def cmd_users_set(args: argparse.Namespace) -> int:
         body["password"] = password
     if not body:
         raise SystemExit("nothing to change: give --email, --admin, --groups or --set-password")
-    _print(args, _call(args, "PUT", f"/api/v2/users/{args.username}", body))
+    _print(args, _call(args, "PUT", f"/api/v2/users/{args.username}", body), names=lambda _: [args.username])
     return 0
 
 
 def cmd_users_delete(args: argparse.Namespace) -> int:
-    print(_call(args, "DELETE", f"/api/v2/users/{args.username}")["message"])
+    answer = _call(args, "DELETE", f"/api/v2/users/{args.username}")
+    if not emit(args, answer, names=lambda _: [args.username]):
+        print(answer["message"])
     return 0
 
 
@@ -123,7 +129,8 @@ def cmd_groups_list(args: argparse.Namespace) -> int:
 def cmd_groups_show(args: argparse.Namespace) -> int:
     group = _call(args, "GET", f"/api/v2/groups/{args.groupname}")
     members = _call(args, "GET", f"/api/v2/groups/{args.groupname}/userlist")  # OpenPAI's {username, clusterAdmin}
-    _print(args, {**group, "members": [m["username"] if isinstance(m, dict) else m for m in members]})
+    _print(args, {**group, "members": [m["username"] if isinstance(m, dict) else m for m in members]},
+           names=lambda _: [args.groupname])
     return 0
 
 
@@ -141,7 +148,7 @@ def _acls(args: argparse.Namespace, kept: dict[str, Any] | None = None) -> dict[
 
 def cmd_groups_add(args: argparse.Namespace) -> int:
     body = {"groupname": args.groupname, "description": args.description or "", "extension": {"acls": _acls(args)}}
-    _print(args, _call(args, "POST", "/api/v2/groups", body))
+    _print(args, _call(args, "POST", "/api/v2/groups", body), names=lambda _: [args.groupname])
     return 0
 
 
@@ -152,12 +159,14 @@ def cmd_groups_set(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"extension": {"acls": _acls(args, kept)}}
     if args.description is not None:
         body["description"] = args.description
-    _print(args, _call(args, "PUT", f"/api/v2/groups/{args.groupname}", body))
+    _print(args, _call(args, "PUT", f"/api/v2/groups/{args.groupname}", body), names=lambda _: [args.groupname])
     return 0
 
 
 def cmd_groups_delete(args: argparse.Namespace) -> int:
-    print(_call(args, "DELETE", f"/api/v2/groups/{args.groupname}")["message"])
+    answer = _call(args, "DELETE", f"/api/v2/groups/{args.groupname}")
+    if not emit(args, answer, names=lambda _: [args.groupname]):
+        print(answer["message"])
     return 0
 
 
@@ -185,13 +194,17 @@ def cmd_tokens_add(args: argparse.Namespace) -> int:
     if args.expiration:
         body["expiration"] = args.expiration
     made = _call(args, "POST", "/api/v2/tokens", body)
+    if emit(args, made, names=lambda m: [m["id"]]):  # -o json has the token itself
+        return 0
     console.print(f"token {made['id']} (shown once):")
     print(made["token"])
     return 0
 
 
 def cmd_tokens_revoke(args: argparse.Namespace) -> int:
-    print(_call(args, "DELETE", f"/api/v2/tokens/{args.id}")["message"])
+    answer = _call(args, "DELETE", f"/api/v2/tokens/{args.id}")
+    if not emit(args, answer, names=lambda _: [args.id]):
+        print(answer["message"])
     return 0
 
 
@@ -203,6 +216,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     ls.set_defaults(func=cmd_users_list)
     show = u.add_parser("show")
     show.add_argument("username")
+    add_output(show)
     show.set_defaults(func=cmd_users_show)
     add = u.add_parser("add", help="create a user; prints their first token")
     add.add_argument("username")
@@ -210,6 +224,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add.add_argument("--email")
     add.add_argument("--groups", help="comma-separated groups (default: default)")
     add.add_argument("--set-password", action="store_true", help="ask for a password to sign in with")
+    add_output(add)
     add.set_defaults(func=cmd_users_add)
     change = u.add_parser("set", help="change a user's email, admin rights, groups or password")
     change.add_argument("username")
@@ -217,9 +232,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     change.add_argument("--admin", choices=["yes", "no"])
     change.add_argument("--groups", help="comma-separated: the user's whole group list")
     change.add_argument("--set-password", action="store_true")
+    add_output(change)
     change.set_defaults(func=cmd_users_set)
     delete = u.add_parser("delete", help="delete a user; their tokens stop working")
     delete.add_argument("username")
+    add_output(delete)
     delete.set_defaults(func=cmd_users_delete)
 
     groups = subparsers.add_parser("groups", help="groups and the VCs they open (admins change them)")
@@ -229,6 +246,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     gls.set_defaults(func=cmd_groups_list)
     gshow = g.add_parser("show", help="a group and its members")
     gshow.add_argument("groupname")
+    add_output(gshow)
     gshow.set_defaults(func=cmd_groups_show)
     for name, func, help_text in (("add", cmd_groups_add, "create a group"),
                                   ("set", cmd_groups_set, "change a group's VCs, admin flag, description")):
@@ -242,9 +260,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--storages", help="comma-separated storages its members may mount (docs/storage.md); "
                                           "`set` without it keeps the group's")
         p.add_argument("--description")
+        add_output(p)
         p.set_defaults(func=func)
     gdel = g.add_parser("delete", help="delete a group with no members")
     gdel.add_argument("groupname")
+    add_output(gdel)
     gdel.set_defaults(func=cmd_groups_delete)
 
     tokens = subparsers.add_parser("tokens", help="your tokens: list, add (for scripts), revoke")
@@ -255,9 +275,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     tadd = t.add_parser("add", help="a token for a script; printed once")
     tadd.add_argument("--expiration", type=int, help="seconds it lives (default: the server's, 90 days)")
     tadd.add_argument("--description")
+    add_output(tadd)
     tadd.set_defaults(func=cmd_tokens_add)
     trev = t.add_parser("revoke")
     trev.add_argument("id", help="the token's id from `pai tokens list` (or the token itself)")
+    add_output(trev)
     trev.set_defaults(func=cmd_tokens_revoke)
 
     passwd = subparsers.add_parser("passwd", help="change your password")
