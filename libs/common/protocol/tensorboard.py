@@ -131,9 +131,15 @@ def server_script(logdirs: dict[str, str]) -> str:
         'is not on its PATH ($PATH) and the platform gives none here; install it in the image '
         '(pip install tensorboard)" >&2; exit 1; fi',
         "mkdir -p " + " ".join(q(d) for d in logdirs.values()),
-        f'PYTHONPATH=$__pai_tbpath $__pai_tb {where} --host "${{PAI_CONTAINER_HOST_IP:-127.0.0.1}}" '
-        '--port "${PAI_CONTAINER_HOST_tensorboard_PORT_LIST:?the task has no tensorboard port}" '
-        f'> "${{PAI_WORK_DIR:-.}}/{LOG_FILE}" 2>&1 < /dev/null &',
+        f'__pai_tblog="${{PAI_WORK_DIR:-.}}/{LOG_FILE}"; '
+        '__pai_tbport=${PAI_CONTAINER_HOST_tensorboard_PORT_LIST:?the task has no tensorboard port}',
+        # Run under a subshell that waits for it (no polling): a TensorBoard that ends while the
+        # task runs (its port taken, a bad directory) says so in the task's log, with its last lines.
+        # (In an `if`: the task's shell runs with errexit, which would end the subshell at once.)
+        f'( if PYTHONPATH=$__pai_tbpath $__pai_tb {where} --host "${{PAI_CONTAINER_HOST_IP:-127.0.0.1}}" '
+        '--port "$__pai_tbport" > "$__pai_tblog" 2>&1 < /dev/null; then __pai_rc=0; else __pai_rc=$?; fi; '
+        'echo "[PAI] tensorboard plugin: TensorBoard ended (exit code $__pai_rc); its last lines:" >&2; '
+        'tail -n 20 "$__pai_tblog" >&2 ) &',
         f'echo "[PAI] tensorboard plugin: TensorBoard ($__pai_tb) started over {shown} on port '
         f'$PAI_CONTAINER_HOST_tensorboard_PORT_LIST; its output: {LOG_FILE} in the working directory"',
     ])

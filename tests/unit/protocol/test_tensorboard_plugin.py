@@ -134,3 +134,14 @@ def test_failure_policy_ignore_runs_the_job_without_it(tmp_path: Path):
     done = run(step, tmp_path, "/usr/bin:/bin")
     assert done.returncode == 0 and "main ran" in done.stdout
     assert "no TensorBoard in this task" in done.stderr
+
+
+def test_a_tensorboard_that_ends_says_so_in_the_tasks_log(tmp_path: Path):
+    where = tmp_path / "bin"
+    where.mkdir()
+    (where / "tensorboard").write_text('#!/bin/sh\necho "TensorBoard could not bind to port 16006" >&2\nexit 1\n')
+    (where / "tensorboard").chmod(0o755)
+    done = run(step_of("{logdir: tb}"), tmp_path, f"{where}:/usr/bin:/bin")
+    assert done.returncode == 0 and "main ran" in done.stdout  # the task goes on without it
+    assert "TensorBoard ended (exit code 1)" in done.stderr
+    assert "could not bind to port 16006" in done.stderr  # its own last lines, in the task's log
