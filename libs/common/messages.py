@@ -182,13 +182,19 @@ class JobStateChanged(Event, kw_only=True, frozen=True, tag=Kind.JOB_STATE.value
     sinceSubmit: float | None = None
 
 
+class ReleasedTask(msgspec.Struct, frozen=True, kw_only=True):
+    role: str
+    index: int
+
+
 class JobReleased(Event, kw_only=True, frozen=True, tag=Kind.JOB_RELEASED.value):
-    """The launcher no longer uses the cells of this attempt."""
+    """The launcher no longer uses the cells of this attempt; with `tasks`, of these tasks alone (gangReleaseEnable: false)."""
 
     vc: VcName
     attempt: int
     # Queue the job again as attempt `attempt + 1` (retry or preemption).
     requeue: bool = False
+    tasks: list[ReleasedTask] = []
 
 
 class TaskStarted(Event, kw_only=True, frozen=True, tag=Kind.TASK_STARTED.value):

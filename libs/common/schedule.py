@@ -31,6 +31,9 @@ class ScheduleEntry(msgspec.Struct, frozen=True, kw_only=True):
     # A guaranteed job's attempt placed outside its VC's quota as opportunistic work (the core's shape
     # fallback): a restarted scheduler restores it as such, not bound into the quota.
     borrowed: bool = False
+    # Tasks whose cells went back while the attempt goes on (a role with gangReleaseEnable: false):
+    # a restarted scheduler neither holds their cells nor places them again.
+    releasedTasks: list[tuple[str, int]] = []
 
 
 class ClusterView(msgspec.Struct, frozen=True, kw_only=True):

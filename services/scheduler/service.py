@@ -167,7 +167,7 @@ class SchedulerShell:
             vcs[(entry.job, entry.attempt)] = entry.vc
             if entry.placed:
                 placed.append(Restore(job=entry.job, attempt=entry.attempt, spec=entry.spec, tasks=entry.tasks,
-                                      borrowed=entry.borrowed))
+                                      borrowed=entry.borrowed, released=list(entry.releasedTasks)))
             else:
                 queued.append(Submit(job=entry.job, attempt=entry.attempt, spec=entry.spec, at=entry.queuedAt))
         queued.sort(key=lambda submit: (submit.at or 0.0, submit.job))
@@ -202,8 +202,9 @@ class SchedulerShell:
             match event:
                 case JobSubmitted(spec=spec):
                     inputs.append(Submit(job=event.job, attempt=1, spec=spec, at=event.at))
-                case JobReleased(attempt=attempt, requeue=requeue):
-                    inputs.append(Release(job=event.job, attempt=attempt, requeue=requeue))
+                case JobReleased(attempt=attempt, requeue=requeue, tasks=tasks):
+                    inputs.append(Release(job=event.job, attempt=attempt, requeue=requeue,
+                                          tasks=[(task.role, task.index) for task in tasks]))
                 case StopRequested():
                     inputs.append(Cancel(job=event.job))
                 case JobDeleted() | JobArchived():  # archived: the history holds it, its live records go

@@ -64,6 +64,10 @@ class TaskRole(msgspec.Struct, frozen=True, kw_only=True):
     # hivedScheduler.taskRoles.<role>.pinnedCellId, else the job's hivedScheduler.pinnedCellId:
     # the VC's pinned cell the role's tasks run in (roles may be pinned to different cells).
     pinnedCellId: str | None = None
+    # hivedScheduler.taskRoles.<role>.gangReleaseEnable, else the job's: true (PAI's default)
+    # releases the role's cells with its attempt's; false releases each task's cells as soon
+    # as the task has ended for good in its attempt (HiveD's release per pod).
+    gangReleaseEnable: bool = True
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -43,7 +43,8 @@ def build_job_spec(data: RawMapping, *, user: str, ignored_fields: list[str]) ->
         skuType=hived.get("skuType"),
         pinnedCellId=hived.get("pinnedCellId"),  # every role's pin unless it names its own
         taskRoles=[
-            _task_role(data, name, role, hived_roles.get(name) or {}, job_pin=hived.get("pinnedCellId"))
+            _task_role(data, name, role, hived_roles.get(name) or {}, job_pin=hived.get("pinnedCellId"),
+                       job_gang_release=hived.get("gangReleaseEnable", True))
             for name, role in data["taskRoles"].items()
         ],
         notifyOnStateChange=_wants_notification(extras.get("jobStatusChangeNotification", False)),
@@ -55,7 +56,8 @@ def build_job_spec(data: RawMapping, *, user: str, ignored_fields: list[str]) ->
     )
 
 
-def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping, *, job_pin: str | None) -> TaskRole:
+def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping, *, job_pin: str | None,
+               job_gang_release: bool) -> TaskRole:
     image = role.get("dockerImage")
     completion = role.get("completion", {})
     resources = role.get("resourcePerInstance", {})
@@ -83,6 +85,7 @@ def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping,
         affinityGroupName=hived.get("affinityGroupName"),
         skuNumber=hived.get("skuNumber"),
         pinnedCellId=hived.get("pinnedCellId") or job_pin,
+        gangReleaseEnable=job_gang_release if hived.get("gangReleaseEnable") is None else hived["gangReleaseEnable"],
     )
 
 

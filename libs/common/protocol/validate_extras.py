@@ -13,9 +13,10 @@ turns them into each pod's scheduling spec:
   cells, some pinned and some not. As in OpenPAI, a role names a skuType or a pin,
   not both, and the roles of one affinity group ask for the same sku and pin; a pin
   the VC does not have is refused by rest at submit (services/rest/capacity.py);
-- `gangReleaseEnable` (also job-level): true is what PAI does (a job's cells are
-  released together when its attempt ends); false, HiveD's release of each task's
-  cells as it ends, is kept and reported as not acted on.
+- `gangReleaseEnable` (also job-level, the roles' default): true, PAI's default, releases
+  a role's cells with its attempt's; false releases each task's cells as soon as the
+  task has ended for good in its attempt (HiveD's release per pod; the launcher sends a
+  `job.released` naming the task, services/launcher/core/lifecycle.py).
 
 Accepted for notification (OpenPAI writes both forms):
 
@@ -48,8 +49,6 @@ from libs.common.storages import StorageRequest, mount_path_problem
 HIVED_KEYS = frozenset({"jobPriorityClass", "skuType", "pinnedCellId", "lazyPreemptionEnable", "taskRoles",
                         "gangReleaseEnable"})
 HIVED_ROLE_KEYS = frozenset({"skuType", "affinityGroupName", "pinnedCellId", "skuNumber", "gangReleaseEnable"})
-GANG_RELEASE_NOT_ACTED_ON = ("PAI releases a job's cells together when its attempt ends (gangReleaseEnable: "
-                             "true); releasing each task's cells as it ends is not done")
 NOTIFY_STATES = frozenset({"waiting", "running", "succeeded", "failed", "stopped", "stopping", "retried"})
 EMAIL_PATTERN = re.compile(r"^[^@\s]+@[^@\s]+$")
 
@@ -103,8 +102,7 @@ def _check_hived(check: Checker, hived: object, path: DocPath, data: RawMapping)
             case "lazyPreemptionEnable":
                 check.boolean(value, where)
             case "gangReleaseEnable":
-                if check.boolean(value, where) and not value:
-                    check.ignore(where, GANG_RELEASE_NOT_ACTED_ON)
+                check.boolean(value, where)
             case "taskRoles":
                 _check_hived_roles(check, value, where, data)
                 _check_pins(check, hived, path, data)
@@ -134,8 +132,7 @@ def _check_hived_roles(check: Checker, roles: object, path: DocPath, data: RawMa
                 check.integer(value, (*where, key), minimum=1, maximum=MAX_SKU_NUMBER,
                               limit="PAI's limit of leaf cells per task")
             elif key == "gangReleaseEnable":
-                if check.boolean(value, (*where, key)) and not value:
-                    check.ignore((*where, key), GANG_RELEASE_NOT_ACTED_ON)
+                check.boolean(value, (*where, key))
             else:
                 check.string(value, (*where, key), non_empty=True)
 

@@ -26,6 +26,10 @@ def released_id(job: str, attempt: int) -> EventId:
     return EventId(f"{job}/{attempt}/released")
 
 
+def task_released_id(job: str, attempt: int, role: str, index: int) -> EventId:
+    return EventId(f"{released_id(job, attempt)}/task/{role}/{index}")
+
+
 def late_released_id(job: str, attempt: int, placement_id: str) -> EventId:
     return EventId(f"{released_id(job, attempt)}/late/{placement_id}")
 
@@ -58,6 +62,15 @@ def released(
 ) -> messages.JobReleased:
     return messages.JobReleased(
         id=event_id, job=record.job, cause=cause, at=at, vc=record.vc, attempt=attempt, requeue=requeue
+    )
+
+
+def task_released(record: JobRecord, *, attempt: int, role: str, index: int, at: float,
+                  cause: EventId) -> messages.JobReleased:
+    """One task's cells, free while its attempt goes on (its role's gangReleaseEnable is false)."""
+    return messages.JobReleased(
+        id=task_released_id(record.job, attempt, role, index), job=record.job, cause=cause, at=at, vc=record.vc,
+        attempt=attempt, tasks=[messages.ReleasedTask(role=role, index=index)],
     )
 
 

@@ -722,6 +722,11 @@ class LauncherCore:
         attempt = record.current
         if record.state not in ACTIVE_STATES or attempt.ending is not None or attempt.ended:
             return record
+        if not record.spec.role(task.role).gangReleaseEnable:
+            # HiveD's release per pod: this task has ended for good (no retry in this attempt) and
+            # its process is gone, so its cells go back now; the rest go with the attempt's release.
+            self._publish(announcements.task_released(record, attempt=attempt.attempt, role=task.role,
+                                                      index=task.index, at=self._now(), cause=cause))
         result = attempt_completion(record.spec, attempt.tasks, task)
         if result is None:
             return record

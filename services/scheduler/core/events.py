@@ -19,11 +19,14 @@ class Submit(msgspec.Struct, frozen=True, kw_only=True, tag="submit"):
 
 
 class Release(msgspec.Struct, frozen=True, kw_only=True, tag="release"):
-    """The launcher freed every cell of this attempt; with `requeue` the job waits again as attempt+1."""
+    """The launcher freed every cell of this attempt; with `requeue` the job waits again as attempt+1.
+    With `tasks` ((role, index) pairs), only those tasks' cells: they ended for good while the attempt
+    goes on (their role's gangReleaseEnable is false, HiveD's release per pod)."""
 
     job: str
     attempt: int
     requeue: bool = False
+    tasks: list[tuple[str, int]] = []
 
 
 class Cancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):
@@ -46,6 +49,7 @@ class Restore(msgspec.Struct, frozen=True, kw_only=True, tag="restore"):
     spec: JobSpec
     tasks: list[TaskPlacement]
     borrowed: bool = False  # the entry says it ran as opportunistic work outside its VC's quota
+    released: list[tuple[str, int]] = []  # tasks whose cells went back early (never placed again)
 
 
 class Tick(msgspec.Struct, frozen=True, kw_only=True, tag="tick"):

@@ -68,7 +68,8 @@ def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], queues: Qu
         # Gang: a group placed together is there entirely or not at all (restored attempts excepted).
         if job.spec.gangAllocation and not job.restored:
             for group in job.groups:
-                placed = sum((t.role, t.index) in job.placed for t in group.tasks)
+                placed = sum((t.role, t.index) in job.placed or (t.role, t.index) in job.released_tasks
+                             for t in group.tasks)
                 _require(placed in (0, len(group.tasks)),
                          f"gang {group.name} of {job.id} has {placed} of {len(group.tasks)} tasks placed")
 

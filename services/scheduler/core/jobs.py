@@ -69,6 +69,7 @@ class JobRecord:
         "id", "attempt", "spec", "vc", "priority", "opportunistic", "lazy", "seq", "queued_at", "submitted_at",
         "groups", "pending_groups", "placed", "reserved", "victims", "state", "history", "restored", "borrowed",
         "preemptions", "placed_at", "never", "skus", "skus_set", "held_skus", "shape", "queue", "told",
+        "released_tasks",
     )
 
     def __init__(self, job: str, attempt: int, spec: JobSpec, *, seq: int, now: float,
@@ -88,6 +89,9 @@ class JobRecord:
         self.groups: list[GroupDemand] = affinity_groups(spec)
         self.pending_groups: list[GroupDemand] = list(self.groups)
         self.placed: dict[tuple[str, int], list[Cell]] = {}  # (role, index) -> leaves
+        # Tasks that ended for good and gave their cells back while the attempt goes on
+        # (gangReleaseEnable: false): placed once, never again in this attempt.
+        self.released_tasks: set[tuple[str, int]] = set()
         self.reserved: list[tuple[GroupDemand, list[TaskDemand], list[list[Cell]]]] = []
         self.victims: set[str] = set()  # attempts preempted for this one, not yet released
         self.state = AttemptState.QUEUED

@@ -21,11 +21,14 @@ from services.scheduler.core.state import ClusterState, Quota, VcRecord
 
 
 def restore_attempt(state: ClusterState, record: JobRecord, tasks: list[TaskPlacement], *,
-                    borrowed: bool = False) -> list[str]:
+                    borrowed: bool = False, released: list[tuple[str, int]] | None = None) -> list[str]:
     """`borrowed`: a guaranteed job's attempt that ran outside its VC's quota (shape fallback); it
-    stays opportunistic work, as before the restart, rather than be bound into the quota now."""
+    stays opportunistic work, as before the restart, rather than be bound into the quota now.
+    `released`: tasks whose cells went back early (gangReleaseEnable: false): not placed again."""
     warnings: list[str] = []
     known_tasks = {(task.role, task.index) for group in record.groups for task in group.tasks}
+    record.released_tasks = {(str(role), int(index)) for role, index in released or ()} & known_tasks
+    tasks = [task for task in tasks if (task.role, task.index) not in record.released_tasks]
     placed: dict[tuple[str, int], list[Cell]] = {}
     for task in tasks:
         key = (task.role, task.index)
@@ -61,7 +64,8 @@ def restore_attempt(state: ClusterState, record: JobRecord, tasks: list[TaskPlac
         record.placed[key] = leaves
     # Groups the launcher only partly restored get their missing tasks placed later.
     record.pending_groups = [group for group in record.groups
-                             if not all((t.role, t.index) in record.placed for t in group.tasks)]
+                             if not all((t.role, t.index) in record.placed or (t.role, t.index) in record.released_tasks
+                                        for t in group.tasks)]
     for unit in dict.fromkeys(leaf.unit for leaf in all_leaves if leaf.unit is not None):
         state.unbind_if_idle(unit)
     return warnings

@@ -164,6 +164,7 @@ class SchedulerCore:
             spec=record.spec,
             queuedAt=record.submitted_at,
             borrowed=record.borrowed,
+            releasedTasks=sorted(record.released_tasks),
         )
 
     def knows(self, job: str) -> bool:
@@ -257,6 +258,9 @@ class SchedulerCore:
         record = self._jobs.get(event.job)
         if record is None or record.attempt != event.attempt:
             return
+        if event.tasks and not event.requeue:
+            self._release_tasks(record, event.tasks)
+            return
         cancelled = record.cancelled
         preempted = record.preempting
         self._drop(record, "released, requeued" if event.requeue and not cancelled else "released")
@@ -275,6 +279,31 @@ class SchedulerCore:
                 self._next_seq += 1
             self._jobs[record.id] = again
             self._enqueue(again)
+
+    def _release_tasks(self, record: JobRecord, tasks: list[tuple[str, int]]) -> None:
+        """Some tasks ended for good while the attempt goes on (gangReleaseEnable: false): their cells
+        are free now and they are never placed again in this attempt. The last cells an attempt holds
+        go with its own Release (an attempt placed holds cells until then; lifecycle.py)."""
+        state = self._state
+        units = []
+        for role, index in tasks:
+            task = (role, index)
+            leaves = record.placed.get(task)
+            if leaves is None or record.preempting or (len(record.placed) == 1 and not record.pending_groups):
+                continue  # not held (a redelivery), on its way to a preemptor, or the attempt's last cells
+            for leaf in leaves:
+                state.set_leaf(leaf, job=None, reserved_for=leaf.reserved_for)
+                units.append(leaf.unit)
+            del record.placed[task]
+            record.told.sent.pop(task, None)
+            record.released_tasks.add(task)
+        if not units:
+            return
+        record.held_skus = frozenset(leaves[0].sku for leaves in record.placed.values() if leaves)
+        if self._fair is not None:
+            self._fair.holding(record)  # its user's share shrank
+        for unit in dict.fromkeys(units):
+            state.unbind_if_idle(unit)
 
     def _cancel(self, event: Cancel) -> None:
         record = self._jobs.get(event.job)
@@ -372,7 +401,8 @@ class SchedulerCore:
         record.restored = True
         record.placed_at = float("-inf")
         self._jobs[event.job] = record
-        self.restore_warnings.extend(restore_attempt(self._state, record, event.tasks, borrowed=event.borrowed))
+        self.restore_warnings.extend(restore_attempt(self._state, record, event.tasks, borrowed=event.borrowed,
+                                                     released=event.released))
         record.told.sent = {(t.role, t.index): t for t in event.tasks if (t.role, t.index) in record.placed}
         if record.placed:
             self._note_holding(record)
@@ -408,7 +438,8 @@ class SchedulerCore:
         vc = self._state.vcs[record.vc]
         for group in list(record.pending_groups):
             skus = candidate_skus(self._state, record, vc, group)
-            pending = [task for task in group.tasks if (task.role, task.index) not in record.placed]
+            pending = [task for task in group.tasks
+                       if (task.role, task.index) not in record.placed and (task.role, task.index) not in record.released_tasks]
             chunks = [pending] if record.spec.gangAllocation else [[task] for task in pending]
             failed = None
             for tasks in chunks:
@@ -419,7 +450,8 @@ class SchedulerCore:
                 if isinstance(outcome, Reserved):
                     break
                 placements.extend(outcome.tasks)
-            if all((task.role, task.index) in record.placed for task in group.tasks):
+            if all((task.role, task.index) in record.placed or (task.role, task.index) in record.released_tasks
+                   for task in group.tasks):
                 record.pending_groups.remove(group)
             if record.victims:
                 self._waits.set_reason(record, reasons.for_victims(record), decisions)

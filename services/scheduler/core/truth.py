@@ -30,7 +30,7 @@ from enum import StrEnum
 
 import msgspec
 
-from libs.common.messages import TaskPlacement
+from libs.common.messages import TaskPlacement, TaskState
 from libs.common.protocol.model import JobSpec
 from libs.common.records import JobRecord as LauncherRecord
 from services.scheduler.core.events import Restore, Submit
@@ -42,6 +42,7 @@ class AttemptTruth(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int
     released: bool  # its JobReleased is published (or is in the launcher's outbox)
     holding: list[TaskPlacement] = []  # placed tasks of an attempt not released
+    released_tasks: list[tuple[str, int]] = []  # cells given back early (gangReleaseEnable: false)
 
 
 class LauncherTruth(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,14 +87,19 @@ class RestoreCheck(msgspec.Struct, frozen=True, kw_only=True):
 def truth_from_record(record: LauncherRecord) -> LauncherTruth:
     """The part of a launcher job document the check needs."""
     attempts = []
+    per_task = {role.name for role in record.spec.taskRoles if not role.gangReleaseEnable}
     for attempt in record.attempts:
+        # A task of such a role that ended for good had its own JobReleased (launcher, _settle).
+        released = [(t.role, t.index) for t in attempt.tasks if t.role in per_task and not t.verdictPending
+                    and t.state in (TaskState.SUCCEEDED, TaskState.FAILED)]
         holding = [] if attempt.released else [
             TaskPlacement(role=t.role, index=t.index, node=t.node, hostIp=t.hostIp or "127.0.0.1",
                           gpus=list(t.gpus), leafCells=list(t.leafCells), skuType=t.skuType)
             for t in attempt.tasks
-            if t.node is not None
+            if t.node is not None and (t.role, t.index) not in released
         ]
-        attempts.append(AttemptTruth(attempt=attempt.attempt, released=attempt.released, holding=holding))
+        attempts.append(AttemptTruth(attempt=attempt.attempt, released=attempt.released, holding=holding,
+                                     released_tasks=released))
     return LauncherTruth(job=record.job, spec=record.spec, finished=record.state.is_final,
                          current=record.attempt, submittedAt=record.createdTime or None, attempts=attempts)
 
@@ -158,7 +164,8 @@ def _follow_up(known: LauncherTruth, *, after: int, restores: list[Restore], sub
     if current is None or current.released:
         return []
     if current.holding:
-        restores.append(Restore(job=known.job, attempt=current.attempt, spec=known.spec, tasks=list(current.holding)))
+        restores.append(Restore(job=known.job, attempt=current.attempt, spec=known.spec, tasks=list(current.holding),
+                                released=list(current.released_tasks)))
         return [RestoreNote(job=known.job, attempt=current.attempt, outcome=Outcome.ADOPTED,
                             why=f"the launcher runs it on {len(current.holding)} placed task(s)")]
     submits.append(Submit(job=known.job, attempt=current.attempt, spec=known.spec, at=known.submittedAt))

@@ -1,14 +1,17 @@
 """HiveD's per-role fields (`extras.hivedScheduler.taskRoles.<role>`) honoured as HiveD
-does, from the job file through the protocol into the scheduler core: pinnedCellId,
-skuNumber, affinityGroupName, and gangReleaseEnable (true: what PAI does)."""
+does, from the job file through the protocol into the scheduler core: pinnedCellId (roles
+pinned to different cells), skuNumber, affinityGroupName, and gangReleaseEnable (false: each
+task's cells go back as it ends for good)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import yaml
 
 from libs.common.protocol import ProtocolError
 from libs.common.protocol.parse import parse_job
+from services.scheduler.core import Release, Restore
 from services.scheduler.core.demand import affinity_groups
 
 from .builders import Harness, Place, only
@@ -167,19 +170,61 @@ def test_affinity_groups_are_placed_each_all_or_nothing():
     assert [t.role for t in place.tasks] == ["ps"] and place.partial
 
 
-@pytest.mark.parametrize(("where", "value", "ignored"), [
-    ("role", True, False),
-    ("job", True, False),
-    ("role", False, True),  # HiveD's per-task release: kept, said not done
-    ("job", False, True),
+@pytest.mark.parametrize(("hived_roles", "job_level", "expected"), [
+    ({}, None, {"ps": True, "worker": True}),  # PAI's default: released with the attempt
+    ({"worker": {"gangReleaseEnable": False}}, None, {"ps": True, "worker": False}),
+    ({}, False, {"ps": False, "worker": False}),  # OpenPAI's job-level field: every role's default
+    ({"ps": {"gangReleaseEnable": True}}, False, {"ps": True, "worker": False}),
 ])
-def test_gang_release(where, value, ignored):
-    hived_roles = {"worker": {"gangReleaseEnable": value}} if where == "role" else {"worker": {}}
-    extra = {"gangReleaseEnable": value} if where == "job" else {}
-    parsed_job = parsed(job({"worker": {}}, hived_roles, **extra))
-    path = ("extras.hivedScheduler.taskRoles.worker.gangReleaseEnable" if where == "role"
-            else "extras.hivedScheduler.gangReleaseEnable")
-    assert (path in parsed_job.spec.ignoredFields) is ignored
+def test_gang_release_is_read_per_role_and_never_reported_as_ignored(hived_roles, job_level, expected):
+    extra = {"gangReleaseEnable": job_level} if job_level is not None else {}
+    parsed_job = parsed(job({"ps": {}, "worker": {}}, hived_roles, **extra))
+    assert {r.name: r.gangReleaseEnable for r in parsed_job.spec.taskRoles} == expected
+    assert parsed_job.spec.ignoredFields == [] and parsed_job.warnings == []
+
+
+# VC team of eight-gpu-node has 8 GPUs: two 4-GPU tasks fill it, and a second job of one 4-GPU task waits.
+# Tasks of the first end for good, one release each (the launcher's job.released naming the task):
+@pytest.mark.parametrize(("gang_release", "released", "second_placed"), [
+    (True, [], False),  # the default: nothing frees until the attempt's own release
+    (False, [("worker", 0)], True),  # HiveD's per-pod release: its cells go to the waiting job now
+    (False, [("worker", 0), ("worker", 0)], True),  # a redelivered release changes nothing more
+    (False, [("worker", 0), ("worker", 1)], True),  # the attempt's last cells stay until its own release
+], ids=["gang-release", "per-task", "redelivered", "last-task-kept"])
+def test_a_task_released_alone_frees_its_cells_while_the_attempt_goes_on(gang_release, released, second_placed):
+    h = Harness("eight-gpu-node")
+    first = parsed(job({"worker": {"gpu": 4, "instances": 2}}, {"worker": {"gangReleaseEnable": gang_release}},
+                       vc="team")).spec
+    assert only(h.submit_spec(first), Place)
+    second = msgspec.structs.replace(parsed(job({"worker": {"gpu": 4}}, {}, vc="team")).spec, name="second")
+    assert only(h.submit_spec(second), Place) == []
+    decisions = []
+    for task in released:
+        decisions += h.handle(Release(job="alice~hived", attempt=0, tasks=[task]))
+    assert bool(only(decisions, Place)) is second_placed
+    entry = h.core.entry("alice~hived")
+    assert entry is not None and entry.placed
+    kept = [(t.role, t.index) for t in entry.tasks]
+    assert kept == ([("worker", 1)] if gang_release is False else [("worker", 0), ("worker", 1)])
+    assert entry.releasedTasks == ([("worker", 0)] if gang_release is False else [])
+    h.release("hived")  # the attempt's own release frees the rest
+    assert h.core.entry("alice~hived") is None
+
+
+def test_a_task_released_alone_is_never_placed_again_nor_held_after_a_restart():
+    h = Harness("eight-gpu-node")
+    spec = parsed(job({"worker": {"gpu": 2, "instances": 3}}, {"worker": {"gangReleaseEnable": False}}, vc="team",
+                      )).spec
+    spec = msgspec.structs.replace(spec, gangAllocation=False)
+    h.submit_spec(spec)
+    h.handle(Release(job="alice~hived", attempt=0, tasks=[("worker", 2)]))
+    entry = h.core.entry("alice~hived")
+    assert entry is not None and entry.releasedTasks == [("worker", 2)]
+    fresh = Harness("eight-gpu-node")
+    decisions = fresh.handle(Restore(job=entry.job, attempt=entry.attempt, spec=entry.spec, tasks=entry.tasks,
+                                     released=list(entry.releasedTasks)))
+    assert only(decisions, Place) == [] and not fresh.core.waiting_reason("alice~hived")
+    assert fresh.core.vc_status()[0].skus[0].used == 4  # two tasks of 2 GPUs held, the released one not
 
 
 def test_the_fields_are_no_longer_reported_as_not_acted_on():

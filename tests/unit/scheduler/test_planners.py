@@ -18,7 +18,7 @@ from services.scheduler.cluster import load_cluster_config
 from services.scheduler.core import SchedulingPolicy
 from services.scheduler.core.eligibility import candidate_skus
 from services.scheduler.core.placing import PLANNERS, PlacementMode, candidates, modes_for
-from tests.unit.scheduler.builders import Harness, spec
+from tests.unit.scheduler.builders import Harness, role, spec
 
 M = PlacementMode
 HOURS = 3600.0
@@ -70,10 +70,10 @@ def both(*setups: Setup) -> Setup:
 
 
 def probe(setup: Setup, mode: PlacementMode, *, preemptions: int = 0, policy: dict | None = None,
-          **job) -> tuple[list[str], list[str]] | None:
+          config: str | None = None, **job) -> tuple[list[str], list[str]] | None:
     """Where the mode's planner would put a job submitted now: (nodes of its tasks, jobs it would
-    preempt), or None. Nothing is committed."""
-    h = Harness(_config(), **(policy or {}))
+    preempt), or None. Nothing is committed. `config`: a fixture cluster instead of the racks."""
+    h = Harness(config or _config(), **(policy or {}))
     setup(h)
     core = h.core
     record = core._new_record("alice~probe", 0, spec("probe", **job))
@@ -176,6 +176,38 @@ def test_planner(mode, setup, job, expected):
     job.setdefault("vc", "b" if mode is M.IDLE else "a")
     job.setdefault("priority", "oppo" if mode is M.IDLE else "prod")
     assert probe(setup, mode, **job) == expected
+
+
+def team_runs(*jobs: tuple[int, str | None, str]) -> Setup:
+    """VC team's guaranteed jobs run: (gpus, pinned cell or None, priority), named g0, g1, ..."""
+    def setup(h: Harness) -> None:
+        for n, (gpus, pin, priority) in enumerate(jobs):
+            h.submit(f"g{n}", vc="team", gpus=gpus, pinned=pin, priority=priority)
+    return setup
+
+
+# A group's pinned cell (its role's pinnedCellId) bounds where each planner looks: the cluster
+# tests/fixtures/clusters/pinned-cells.yaml, VC team: pin-a = node p1, pin-b = node p2, and one
+# virtual node (n1 or n2).
+PINNED = [
+    (M.FREE, "pinned: its pinned cell", nothing, {"gpus": 4, "pinned": "pin-a"}, (["p1"], [])),
+    (M.FREE, "the other pin", nothing, {"gpus": 4, "pinned": "pin-b"}, (["p2"], [])),
+    (M.FREE, "not pinned: never a pinned cell", nothing, {"gpus": 4}, (["n1"], [])),
+    (M.FREE, "the role's pin, not the job's", nothing, {"pinned": "pin-a", "roles": [role("w", gpus=4, pinned="pin-b")]},
+     (["p2"], [])),
+    (M.FREE, "its pin is full: no room, though the VC's other cells are free", team_runs((4, "pin-a", "prod")),
+     {"gpus": 1, "pinned": "pin-a"}, None),
+    (M.FREE_BOUND, "a pinned cell binds nothing: its free leaves", team_runs((1, "pin-b", "prod")),
+     {"gpus": 2, "pinned": "pin-b"}, (["p2"], [])),
+    (M.VICTIMS, "a lower-priority job in its pin gives way", team_runs((4, "pin-a", "test"), (4, "pin-b", "test")),
+     {"gpus": 4, "pinned": "pin-b"}, (["p2"], ["g1"])),
+]
+
+
+@pytest.mark.parametrize("mode, setup, job, expected",
+                         [pytest.param(m, s, j, e, id=f"{m.value}: {w}") for m, w, s, j, e in PINNED])
+def test_planner_in_a_pinned_cell(mode, setup, job, expected):
+    assert probe(setup, mode, config="pinned-cells", vc="team", priority="prod", **job) == expected
 
 
 def test_every_mode_has_a_planner_and_a_table():
