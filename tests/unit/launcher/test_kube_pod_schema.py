@@ -73,3 +73,30 @@ def test_the_schema_check_catches_a_broken_pod() -> None:
     pod["spec"]["volumes"][1]["hostPth"] = pod["spec"]["volumes"][1].pop("hostPath")
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, VERSION, strict=True)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_pod_runs_least_privileged_on_the_pod_network_by_default(case: str) -> None:
+    # Kubernetes' "restricted" Pod Security profile: non-root, no escalation, no
+    # capabilities, the runtime's seccomp profile; the Pod network unless asked.
+    pod = build_pod(CASES[case], namespace="pai-jobs", run_as=(1234, 5678))
+    spec = pod["spec"]
+    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1234, "runAsGroup": 5678,
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    (container,) = spec["containers"]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert spec["hostNetwork"] is False and "dnsPolicy" not in spec
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_an_admin_may_put_a_pod_on_the_node_network_and_it_stays_valid() -> None:
+    pod = build_pod(CASES["plain"], namespace="pai-jobs", host_network=True)
+    assert pod["spec"]["hostNetwork"] is True and pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    kubernetes_validate.validate(pod, VERSION, strict=True)
+
+
+def test_the_backend_refuses_to_run_tasks_as_root() -> None:
+    from services.launcher.backends.kubernetes import KubernetesBackend
+
+    with pytest.raises(ValueError, match="kube_task_uid"):
+        KubernetesBackend(None, namespace="pai-jobs", connect=lambda: None, run_as=(0, 0))  # type: ignore[arg-type,return-value]
