@@ -121,7 +121,8 @@ PATHS: dict[str, Any] = {
         "put": _edit("Set a user's groups (admins)", _USERS, [_USER], {"grouplist": _STRS}, ["grouplist"]),
     },
     "/api/v2/users/{user}/extension": {
-        "put": _edit("Merge into a user's extension (self or admins)", _USERS, [_USER], {"extension": _OBJECT},
+        "put": _edit("Merge into a user's extension (self or admins); its jobStatusChangeNotification (true, or states to "
+                     "booleans) is the status mail of the user's jobs that do not say", _USERS, [_USER], {"extension": _OBJECT},
                      ["extension"]),
     },
     "/api/v2/users/{user}/virtualcluster": {
