@@ -401,3 +401,13 @@ async def test_a_browser_terminal_in_a_container_task_runs_through_the_engines_e
     finally:
         await engine.remove(name)
         await engine.close()
+
+
+async def test_tensorboard_plugin_in_an_image_without_tensorboard_fails_saying_so(cplatform: Api):
+    plugin = "extras:\n  com.microsoft.pai.runtimeplugin:\n    - plugin: tensorboard\n      parameters: {logdir: tb}\n"
+    detail = await run_to_end(cplatform, image_job("img-notb", ["echo never-ran"], extra=plugin), "admin~img-notb")
+    log = await cplatform.logs("admin~img-notb")
+    assert detail["jobStatus"]["state"] == "FAILED", log
+    assert task_of(detail)["containerExitSpec"]["phrase"] == "RuntimePluginFailed"
+    assert "no TensorBoard in this task" in log and "pip install tensorboard" in log
+    assert "never-ran" not in log  # before its commands, not a hang
