@@ -369,3 +369,9 @@ def test_the_schema_refuses_an_unknown_key_at_every_level_of_the_values() -> Non
         target["typoKey"] = 1
         errors = list(validator.iter_errors(changed))
         assert [e.message for e in errors] == ["Additional properties are not allowed ('typoKey' was unexpected)"], path
+
+
+def test_every_chart_version_has_an_upgrade_note() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    notes = (CHART / "UPGRADING.md").read_text()
+    assert f"\n## {chart['version']} " in notes or f"\n## {chart['version']}\n" in notes
