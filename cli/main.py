@@ -353,14 +353,15 @@ def _has_subcommands(parser: argparse.ArgumentParser) -> bool:
     return any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
 
 
-def _complete(parser: argparse.ArgumentParser) -> None:
+def _complete(parser: argparse.ArgumentParser, **how: Any) -> None:
     """Answer the shell's completion request (`pai completion SHELL` prints the hook
-    that asks) and exit; a no-op on any other run."""
+    that asks) and exit; a no-op on any other run. `how`: argcomplete's own
+    arguments (the tests give an output stream and an exit of their own)."""
     if "_ARGCOMPLETE" not in os.environ:
         return
     import argcomplete
 
-    argcomplete.autocomplete(parser, always_complete_options=False)  # options once a "-" is typed
+    argcomplete.autocomplete(parser, always_complete_options=False, **how)  # options once a "-" is typed
 
 
 def main(argv: list[str] | None = None) -> int:

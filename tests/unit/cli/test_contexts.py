@@ -4,6 +4,7 @@ of the test's own (an aiohttp server in a thread) that checks each request's tok
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import stat
@@ -12,11 +13,13 @@ import sys
 import threading
 from pathlib import Path
 
+import argcomplete.finders
+import argcomplete.io
 import pytest
 import yaml
 from aiohttp import web
 
-from cli.main import main
+from cli.main import _complete as _complete_with, build_parser, main
 
 REPO = Path(__file__).resolve().parents[3]
 PASSWORD = "correct horse"
@@ -204,23 +207,39 @@ def test_data_dir_login_keeps_its_connection_file(servers, home, capsys, tmp_pat
     assert pai(capsys, "--data-dir", str(data), "list", "-o", "name")[1] == "fay~on-a\n"
 
 
-def _complete(line: str, env: dict[str, str], answer: Path) -> list[str]:
-    """What argcomplete answers the shell for `line` (its protocol, with the answer
-    written to a file rather than to the shell's fd 8)."""
-    proc_env = {**env, "_ARGCOMPLETE": "1", "_ARGCOMPLETE_SHELL": "bash", "COMP_LINE": line, "COMP_POINT": str(len(line)),
-                "_ARGCOMPLETE_IFS": "\n", "_ARGCOMPLETE_STDOUT_FILENAME": str(answer)}
-    proc = subprocess.run([sys.executable, "-m", "cli.main"], cwd=REPO, env=proc_env, capture_output=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return [w.strip() for w in answer.read_text().split("\n") if w.strip()]
+class _Answered(Exception):
+    pass
 
 
-def test_completion_of_commands_options_and_context_names(servers, home, capsys, tmp_path):
+def _complete(line: str, monkeypatch) -> list[str]:
+    """What `pai` answers the shell for `line`, through argcomplete's protocol (the
+    environment bash's hook sets), in this process: each answer a fresh parser."""
+    for name, value in {"_ARGCOMPLETE": "1", "_ARGCOMPLETE_SHELL": "bash", "COMP_LINE": line,
+                        "COMP_POINT": str(len(line)), "_ARGCOMPLETE_IFS": "\n"}.items():
+        monkeypatch.setenv(name, value)
+    answer = io.StringIO()
+    # argcomplete writes its debug stream to fd 9, one of pytest's own here.
+    monkeypatch.setattr(argcomplete.finders.CompletionFinder, "_init_debug_stream",
+                        lambda self: setattr(argcomplete.io, "debug_stream", io.StringIO()))
+
+    def answered(code: int = 0) -> None:
+        raise _Answered(code)
+
+    with pytest.raises(_Answered) as done:
+        _complete_with(build_parser(), output_stream=answer, exit_method=answered)
+    assert done.value.args == (0,)
+    for name in ("_ARGCOMPLETE", "COMP_LINE", "COMP_POINT"):
+        monkeypatch.delenv(name)
+    return [w.strip() for w in answer.getvalue().split("\n") if w.strip()]
+
+
+def test_completion_of_commands_options_and_context_names(servers, home, capsys, monkeypatch):
     pai(capsys, "--url", servers["a"], "login", "--context", "staging", "-u", "gus", "--password-from-env")
     pai(capsys, "--url", servers["b"], "login", "--context", "prod", "-u", "gus", "--password-from-env")
-    env, answer = dict(os.environ), tmp_path / "answer"
-    assert _complete("pai cont", env, answer) == ["context"] and _complete("pai comp", env, answer) == ["completion"]
-    assert set(_complete("pai context use ", env, answer)) == {"staging", "prod"}, "context names from the user's config"
-    assert set(_complete("pai list -o ", env, answer)) == {"json", "yaml", "name"}
+    assert _complete("pai cont", monkeypatch) == ["context"] and _complete("pai comp", monkeypatch) == ["completion"]
+    assert set(_complete("pai context use ", monkeypatch)) == {"staging", "prod"}, "context names from the user's config"
+    assert set(_complete("pai list -o ", monkeypatch)) == {"json", "yaml", "name"}
+    assert "--output" in _complete("pai list --o", monkeypatch) and "--context" in _complete("pai list --con", monkeypatch)
 
 
 def test_completion_scripts_for_each_shell_and_bash_runs_its_own(servers, home, capsys, tmp_path):
