@@ -136,8 +136,15 @@ def server_script(logdirs: dict[str, str]) -> str:
         # Run under a subshell that waits for it (no polling): a TensorBoard that ends while the
         # task runs (its port taken, a bad directory) says so in the task's log, with its last lines.
         # (In an `if`: the task's shell runs with errexit, which would end the subshell at once.)
-        f'( if PYTHONPATH=$__pai_tbpath $__pai_tb {where} --host "${{PAI_CONTAINER_HOST_IP:-127.0.0.1}}" '
-        '--port "$__pai_tbport" > "$__pai_tblog" 2>&1 < /dev/null; then __pai_rc=0; else __pai_rc=$?; fi; '
+        f'__pai_tbrun() {{ if PYTHONPATH=$__pai_tbpath $__pai_tb {where} --host "$1" --port "$__pai_tbport" '
+        '> "$__pai_tblog" 2>&1 < /dev/null; then __pai_rc=0; else __pai_rc=$?; fi; }',
+        # The task's host address, where the launcher reaches it (the node's network: processes,
+        # local containers, Pods on the host network); a Pod on its own network has no such
+        # address, and its port is the node's through hostPort: there, all the Pod's addresses.
+        '( __pai_tbrun "${PAI_CONTAINER_HOST_IP:-127.0.0.1}"; '
+        'if grep -q "could not bind to unavailable address" "$__pai_tblog"; then '
+        'echo "[PAI] tensorboard plugin: the task has a network of its own: TensorBoard listens on all its '
+        'addresses" >&2; __pai_tbrun 0.0.0.0; fi; '
         'echo "[PAI] tensorboard plugin: TensorBoard ended (exit code $__pai_rc); its last lines:" >&2; '
         'tail -n 20 "$__pai_tblog" >&2 ) &',
         f'echo "[PAI] tensorboard plugin: TensorBoard ($__pai_tb) started over {shown} on port '

@@ -145,3 +145,18 @@ def test_a_tensorboard_that_ends_says_so_in_the_tasks_log(tmp_path: Path):
     assert done.returncode == 0 and "main ran" in done.stdout  # the task goes on without it
     assert "TensorBoard ended (exit code 1)" in done.stderr
     assert "could not bind to port 16006" in done.stderr  # its own last lines, in the task's log
+
+
+def test_in_a_network_of_its_own_it_listens_on_all_the_tasks_addresses(tmp_path: Path):
+    """A Pod on the Pod network: the node's address is not one of its own (TensorBoard says
+    so); its port reaches it through hostPort on any of the Pod's addresses."""
+    where = tmp_path / "bin"
+    where.mkdir()
+    (where / "tensorboard").write_text(
+        '#!/bin/sh\ncase "$*" in *"--host 0.0.0.0"*) echo "$@" > "$PAI_WORK_DIR/args";; *)\n'
+        'echo "TensorBoard could not bind to unavailable address 10.0.0.9" >&2; exit 1;; esac\n')
+    (where / "tensorboard").chmod(0o755)
+    done = run(step_of("{logdir: tb}"), tmp_path, f"{where}:/usr/bin:/bin", PAI_CONTAINER_HOST_IP="10.0.0.9")
+    assert done.returncode == 0, done.stderr
+    assert args_of(tmp_path)[2:6] == ["--host", "0.0.0.0", "--port", "16006"]
+    assert "a network of its own" in done.stderr
