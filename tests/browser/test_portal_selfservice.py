@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -130,6 +131,42 @@ def test_the_form_builds_a_two_role_job_that_runs(tab, rest: Rest, users):
     tab.get_by_role("button", name="Form", exact=True).click()
     tab.wait_for_selector("#mode-note:has-text('taskRoles is not a mapping')")
     assert tab.locator("#job-text").is_visible() and tab.locator("#job-form").is_hidden()
+
+
+JOB_FILES = sorted((Path(__file__).parents[1] / "fixtures" / "jobs" / "openpai_shapes").glob("*.yaml"))
+ROUND_TRIP = """async ([text, role]) => {
+  const m = await import('/portal/js/jobform.js');
+  const doc = m.parseJob(text);
+  const untouched = m.writeForm(doc, m.readForm(doc));
+  const form = m.readForm(doc);
+  const first = form.roles.find((r) => r.key === role);
+  first.name = 'renamed'; first.instances = '3';
+  const changed = m.writeForm(doc, form);
+  return { doc, untouched, changed, unshown: m.unshown(doc), unshownAfter: m.unshown(changed) };
+}"""
+
+
+def test_the_form_keeps_what_it_does_not_change_in_openpai_shaped_files(tab, rest: Rest):
+    """The form's model over job files in the shapes of OpenPAI's examples and marketplace: read
+    and written back untouched, each file is the same document; with one role renamed and its
+    instances changed, only that changes, and what the form does not show stays."""
+    tab.goto(rest.url + "/")
+    assert len(JOB_FILES) >= 7
+    for path in JOB_FILES:
+        text = path.read_text()
+        first = next(iter(yaml.safe_load(text)["taskRoles"]))
+        got = tab.evaluate(ROUND_TRIP, [text, first])
+        assert got["doc"] == yaml.safe_load(text), path.name  # js-yaml reads it as PyYAML does
+        assert got["untouched"] == got["doc"], path.name
+        expected = yaml.safe_load(text)
+        roles = expected["taskRoles"]
+        expected["taskRoles"] = {("renamed" if k == first else k): v for k, v in roles.items()}
+        expected["taskRoles"]["renamed"]["instances"] = 3
+        hived = expected.get("extras", {}).get("hivedScheduler", {}).get("taskRoles", {})
+        if first in hived:
+            expected["extras"]["hivedScheduler"]["taskRoles"] = {("renamed" if k == first else k): v for k, v in hived.items()}
+        assert got["changed"] == expected, path.name
+        assert [p.replace(f"taskRoles.{first}.", "taskRoles.renamed.") for p in got["unshown"]] == got["unshownAfter"], path.name
 
 
 def test_a_user_adds_an_ssh_key_and_creates_a_token_that_works(tab, rest: Rest, users):

@@ -85,83 +85,119 @@ function setOrDelete(obj, key, value, keep) {
   if (keep(value)) obj[key] = value; else delete obj[key];
 }
 
-function setPlugin(doc, name, on, params) {
-  const list = plugins(doc).filter((p) => !(isMap(p) && p.plugin === name));
-  const had = plugin(doc, name);
-  if (on) list.push(had ? { ...had, parameters: { ...(isMap(had.parameters) ? had.parameters : {}), ...params } } : { plugin: name, parameters: params });
-  doc.extras = doc.extras || {};
+// The job's plugin list with `name`'s entry made by `make(entry)` (null: removed), in its place.
+function setPlugin(doc, name, make) {
+  doc.extras = isMap(doc.extras) ? doc.extras : {};
+  const list = [...plugins(doc)];
+  const at = list.findIndex((p) => isMap(p) && p.plugin === name);
+  const made = make(at >= 0 ? list[at] : null);
+  if (at >= 0 && made) list[at] = made; else if (at >= 0) list.splice(at, 1); else if (made) list.push(made);
   if (list.length) doc.extras[PLUGINS] = list; else delete doc.extras[PLUGINS];
 }
 
 const number = (v, fallback) => { const n = Number(v); return Number.isFinite(n) && String(v).trim() !== "" ? n : fallback; };
+const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+const sameNumber = (a, b) => String(a).trim() === String(b).trim();
 
-// A copy of `doc` with the form's values in it; the fields the form does not show stay.
+// A copy of `doc` with the form's values in it. Only what the form changed is written:
+// a field it shows but nobody touched stays exactly as the document had it (absent,
+// null, a default), and whatever it does not show is kept.
 export function writeForm(original, form) {
   const doc = clone(original) || {};
-  const out = { protocolVersion: doc.protocolVersion ?? 2, name: form.name, type: doc.type ?? "job" };
-  for (const [k, v] of Object.entries(doc)) if (!(k in out)) out[k] = v;
-  setOrDelete(out, "description", form.description, (v) => Boolean(v));
-  out.jobRetryCount = number(form.jobRetryCount, 0);
+  const read = readForm(doc);
+  // The form started from nothing: OpenPAI's first fields first.
+  const out = !doc.name && !doc.taskRoles
+    ? { protocolVersion: doc.protocolVersion ?? 2, name: doc.name ?? form.name, type: doc.type ?? "job", ...doc } : doc;
+  if (form.name !== read.name) out.name = form.name;
+  if (form.description !== read.description) setOrDelete(out, "description", form.description, (v) => Boolean(v));
+  if (!sameNumber(form.jobRetryCount, read.jobRetryCount)) out.jobRetryCount = number(form.jobRetryCount, 0);
+  if (form.virtualCluster !== read.virtualCluster) {
+    out.defaults = { ...(isMap(out.defaults) ? out.defaults : {}) };
+    setOrDelete(out.defaults, "virtualCluster", form.virtualCluster, (v) => Boolean(v));
+    if (!Object.keys(out.defaults).length) delete out.defaults;
+  }
 
-  // Images: one dockerimage prerequisite per image used, found by its URI (or made).
-  const others = (out.prerequisites || []).filter((p) => !(isMap(p) && p.type === "dockerimage"));
-  const kept = [];
+  // Images: a role's image is a dockerimage prerequisite, found by its URI or made.
+  const made = [];
   const imageName = (uri, roleName) => {
-    let p = images(doc).find((x) => String(x.uri) === uri) || kept.find((x) => x.uri === uri);
-    if (!p) {
-      const taken = new Set([...images(doc), ...kept].map((x) => x.name));
-      let name = taken.has("image") ? `image-${roleName}` : "image";
-      for (let i = 2; taken.has(name); i++) name = `image-${roleName}-${i}`;
-      p = { name, type: "dockerimage", uri };
-    }
-    if (!kept.includes(p)) kept.push(p);
-    return p.name;
+    const found = [...images(doc), ...made].find((x) => String(x.uri) === uri);
+    if (found) return found.name;
+    const taken = new Set([...images(doc), ...made].map((x) => x.name));
+    let name = taken.has("image") ? `image-${roleName}` : "image";
+    for (let i = 2; taken.has(name); i++) name = `image-${roleName}-${i}`;
+    made.push({ name, type: "dockerimage", uri });
+    return name;
   };
 
   const hived = isMap(out.extras && out.extras.hivedScheduler) ? { ...out.extras.hivedScheduler } : {};
   const hivedRoles = isMap(hived.taskRoles) ? hived.taskRoles : {};
   const newHivedRoles = {};
   const roles = {};
+  let imagesChanged = false;
   for (const role of form.roles) {
-    const before = isMap(doc.taskRoles && doc.taskRoles[role.key]) ? doc.taskRoles[role.key] : {};
-    const r = { ...before };
-    r.instances = number(role.instances, 1);
-    const res = { ...(isMap(before.resourcePerInstance) ? before.resourcePerInstance : {}) };
-    res.cpu = number(role.cpu, 1); res.memoryMB = number(role.memoryMB, 1024); res.gpu = number(role.gpu, 0);
-    const ports = Object.fromEntries(role.ports.filter((p) => p.label.trim()).map((p) => [p.label.trim(), number(p.count, 1)]));
-    setOrDelete(res, "ports", ports, (v) => Object.keys(v).length > 0);
-    r.resourcePerInstance = res;
-    if (role.image.trim()) r.dockerImage = imageName(role.image.trim(), role.name); else delete r.dockerImage;
-    r.commands = role.command.split("\n").filter((l) => l.trim());
-    setOrDelete(r, "taskRetryCount", number(role.taskRetryCount, 0), (v) => v !== 0 || "taskRetryCount" in before);
+    const before = isMap(doc.taskRoles && doc.taskRoles[role.key]) ? doc.taskRoles[role.key] : null;
+    // A new role: every field is written but those left at nothing.
+    const was = read.roles.find((x) => x.key === role.key && before) || { image: "", sku: "", ports: [], taskRetryCount: 0 };
+    const r = { ...(before || {}) };
+    if (!sameNumber(role.instances, was.instances)) r.instances = number(role.instances, 1);
+    const res = { ...(isMap(r.resourcePerInstance) ? r.resourcePerInstance : {}) };
+    if (!sameNumber(role.cpu, was.cpu)) res.cpu = number(role.cpu, 1);
+    if (!sameNumber(role.memoryMB, was.memoryMB)) res.memoryMB = number(role.memoryMB, 1024);
+    if (!sameNumber(role.gpu, was.gpu)) res.gpu = number(role.gpu, 0);
+    if (!same(role.ports, was.ports)) {
+      const ports = Object.fromEntries(role.ports.filter((p) => String(p.label).trim()).map((p) => [String(p.label).trim(), number(p.count, 1)]));
+      setOrDelete(res, "ports", ports, (v) => Object.keys(v).length > 0);
+    }
+    if (Object.keys(res).length || before === null || "resourcePerInstance" in r) r.resourcePerInstance = res;
+    if (role.image.trim() !== (was.image ?? "")) {
+      imagesChanged = true;
+      if (role.image.trim()) r.dockerImage = imageName(role.image.trim(), role.name); else delete r.dockerImage;
+    }
+    if (role.command !== was.command) r.commands = role.command.split("\n").filter((l) => l.trim());
+    if (!sameNumber(role.taskRetryCount, was.taskRetryCount)) r.taskRetryCount = number(role.taskRetryCount, 0);
     roles[role.name] = r;
-    const hr = { ...(isMap(hivedRoles[role.key]) ? hivedRoles[role.key] : {}) };
-    setOrDelete(hr, "skuType", role.sku, (v) => Boolean(v));
-    if (Object.keys(hr).length) newHivedRoles[role.name] = hr;
+    const hr = isMap(hivedRoles[role.key]) && before ? { ...hivedRoles[role.key] } : {};
+    if (role.sku !== (was.sku ?? "")) setOrDelete(hr, "skuType", role.sku, (v) => Boolean(v));
+    const hadEmpty = before && isMap(hivedRoles[role.key]) && !Object.keys(hivedRoles[role.key]).length;
+    if (Object.keys(hr).length || hadEmpty) newHivedRoles[role.name] = hr;
   }
   out.taskRoles = roles;
-  const prereqs = [...others, ...kept];
-  setOrDelete(out, "prerequisites", prereqs, (v) => v.length > 0);
-
-  out.defaults = { ...(isMap(out.defaults) ? out.defaults : {}) };
-  setOrDelete(out.defaults, "virtualCluster", form.virtualCluster, (v) => Boolean(v));
-  if (!Object.keys(out.defaults).length) delete out.defaults;
-
-  out.extras = { ...(isMap(out.extras) ? out.extras : {}) };
-  setOrDelete(hived, "jobPriorityClass", form.priorityClass, (v) => Boolean(v));
-  setOrDelete(hived, "taskRoles", newHivedRoles, (v) => Object.keys(v).length > 0);
-  setOrDelete(out.extras, "hivedScheduler", hived, (v) => Object.keys(v).length > 0);
-  setPlugin(out, "ssh", form.ssh, { jobssh: true });
-  setPlugin(out, "tensorboard", form.tensorboard, form.tensorboardLogdir ? { logdir: { path: form.tensorboardLogdir } } : {});
-  if (Array.isArray(out.extras.storages)) {
-    // OpenPAI's web portal's form of storages: each entry's mountPath and options stay.
-    const had = new Map(out.extras.storages.map((s) => [isMap(s) ? s.name : s, s]));
-    out.extras.storages = form.storages.map((n) => had.get(n) || { name: n });
-    if (!out.extras.storages.length) delete out.extras.storages;
-  } else {
-    setPlugin(out, "teamwise_storage", form.storages.length > 0, { storageConfigNames: [...form.storages] });
+  if (imagesChanged || made.length) {
+    // A dockerimage prerequisite that a role used and none uses now goes; the others stay in place.
+    const usedBefore = new Set(Object.values(original.taskRoles || {}).map((r) => isMap(r) && r.dockerImage));
+    const usedNow = new Set(Object.values(roles).map((r) => r.dockerImage));
+    const prereqs = (out.prerequisites || []).filter((p) => !(isMap(p) && p.type === "dockerimage" && usedBefore.has(p.name) && !usedNow.has(p.name)));
+    setOrDelete(out, "prerequisites", [...prereqs, ...made], (v) => v.length > 0);
   }
-  if (!Object.keys(out.extras).length) delete out.extras;
+
+  const extrasHad = isMap(out.extras);
+  out.extras = { ...(extrasHad ? out.extras : {}) };
+  if (form.priorityClass !== read.priorityClass) setOrDelete(hived, "jobPriorityClass", form.priorityClass, (v) => Boolean(v));
+  setOrDelete(hived, "taskRoles", newHivedRoles, (v) => Object.keys(v).length > 0 || (isMap(hived.taskRoles) && Object.keys(hived.taskRoles).length === 0));
+  const hivedWasEmpty = extrasHad && isMap(out.extras.hivedScheduler) && !Object.keys(out.extras.hivedScheduler).length;
+  if (Object.keys(hived).length || hivedWasEmpty) out.extras.hivedScheduler = hived; else delete out.extras.hivedScheduler;
+  if (form.ssh !== read.ssh) setPlugin(out, "ssh", () => (form.ssh ? { plugin: "ssh", parameters: { jobssh: true } } : null));
+  if (form.tensorboard !== read.tensorboard || (form.tensorboard && form.tensorboardLogdir !== read.tensorboardLogdir)) {
+    setPlugin(out, "tensorboard", (had) => {
+      if (!form.tensorboard) return null;
+      const params = { ...(had && isMap(had.parameters) ? had.parameters : {}) };
+      if (form.tensorboardLogdir) params.logdir = { path: form.tensorboardLogdir };
+      return { ...(had || { plugin: "tensorboard" }), parameters: params };
+    });
+  }
+  if (!same(form.storages, read.storages)) {
+    if (Array.isArray(out.extras.storages)) {
+      // OpenPAI's web portal's form of storages: each entry's mountPath and options stay.
+      const had = new Map(out.extras.storages.map((s) => [isMap(s) ? s.name : s, s]));
+      out.extras.storages = form.storages.map((n) => had.get(n) || { name: n });
+      if (!out.extras.storages.length) delete out.extras.storages;
+    } else {
+      setPlugin(out, "teamwise_storage", (had) => (form.storages.length
+        ? { ...(had || { plugin: "teamwise_storage" }), parameters: { ...(had && isMap(had.parameters) ? had.parameters : {}), storageConfigNames: [...form.storages] } }
+        : null));
+    }
+  }
+  if (!Object.keys(out.extras).length && !extrasHad) delete out.extras;
   return out;
 }
 
