@@ -107,6 +107,12 @@ async def test_the_owner_reads_the_jobs_tensorboard_through_rest(platform: Api, 
             assert status == 403 and b"may open the TensorBoard" in answer
         log = await platform.logs(job)
         assert "tensorboard plugin: TensorBoard" in log and "started over tb" in log
+
+        # Stopped: its TensorBoard went with it, and the answer says why.
+        await owner.request("PUT", f"/api/v2/jobs/{job}/executionType", json_body={"value": "STOP"})
+        await platform.wait_state(job, "STOPPED", timeout=60)
+        status, _, answer = await fetch(f"{base}/data/runs", token)
+        assert status == 409 and b"not running" in answer
     finally:
         await owner.request("PUT", f"/api/v2/jobs/{job}/executionType", json_body={"value": "STOP"})
 
