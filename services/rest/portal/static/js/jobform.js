@@ -222,5 +222,12 @@ export function unshown(doc) {
     for (const k of Object.keys(isMap(hr) ? hr : {})) if (k !== "skuType") paths.push(`extras.hivedScheduler.taskRoles.${name}.${k}`);
   }
   plugins(doc).forEach((p, i) => { if (!isMap(p) || !SHOWN_PLUGINS.has(p.plugin)) paths.push(`extras.${PLUGINS}[${i}]${isMap(p) && p.plugin ? ` (${p.plugin})` : ""}`); });
+  plugins(doc).forEach((p, i) => {
+    // TensorBoard's log directories as a name -> path mapping or a list: the form shows one path.
+    const logdir = isMap(p) && p.plugin === "tensorboard" && isMap(p.parameters) ? p.parameters.logdir : undefined;
+    if (logdir !== undefined && typeof logdir !== "string" && !(isMap(logdir) && typeof logdir.path === "string" && Object.keys(logdir).length === 1)) {
+      paths.push(`extras.${PLUGINS}[${i}].parameters.logdir`);
+    }
+  });
   return paths;
 }
