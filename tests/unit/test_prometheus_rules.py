@@ -62,7 +62,7 @@ def rule_file(tools, tmp_path_factory) -> Path:
 def test_promtool_checks_the_rendered_rules(rule_file):
     done = subprocess.run([PROMTOOL, "check", "rules", str(rule_file)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 8 rules found" in done.stdout
+    assert "SUCCESS: 10 rules found" in done.stdout
     names = {r["alert"] for r in yaml.safe_load(rule_file.read_text())["groups"][0]["rules"]}
     assert {"ServiceDown", "NodeFilesystemUsage", "NvidiaSmiDoubleEccError", "LowGpuUtilization"} <= names
     assert not names & {"PaiJobPending", "JobFailed"}, "per-job state is in no series: the monitor keeps those"
@@ -91,7 +91,21 @@ def test_the_rules_fire_on_series_as_pai_exports_them(rule_file, tmp_path):
                 {"series": f'up{{namespace="{NAMESPACE}", service="{FULLNAME}-runtime", pod="a"}}', "values": "1x10"},
                 {"series": f'up{{namespace="{NAMESPACE}", service="{FULLNAME}-monitor", pod="a"}}', "values": "1x10"},
                 # Another release's rest is down: not this release's alert.
-                {"series": f'up{{namespace="other", service="{FULLNAME}-rest", pod="a"}}', "values": "0x10"},
+                {"series": f'up{{namespace="other", service="{FULLNAME}-rest", pod="a"}}', "values": "0x20"},
+                # The event stream fills up; a bucket stays low.
+                {"series": f'pai_jetstream_stream_bytes{{namespace="{NAMESPACE}", stream="PAI_EVENTS", bucket=""}}',
+                 "values": "950x20"},
+                {"series": f'pai_jetstream_stream_max_bytes{{namespace="{NAMESPACE}", stream="PAI_EVENTS", bucket=""}}',
+                 "values": "1000x20"},
+                {"series": f'pai_jetstream_stream_bytes{{namespace="{NAMESPACE}", stream="KV_pai_jobs", '
+                           'bucket="pai_jobs"}', "values": "10x20"},
+                {"series": f'pai_jetstream_stream_max_bytes{{namespace="{NAMESPACE}", stream="KV_pai_jobs", '
+                           'bucket="pai_jobs"}', "values": "1000x20"},
+                # The launcher's leader goes, its standby does not take over; the scheduler's does.
+                {"series": f'pai_leader{{namespace="{NAMESPACE}", service="launcher", pod="l1"}}', "values": "1 1 0x18"},
+                {"series": f'pai_leader{{namespace="{NAMESPACE}", service="launcher", pod="l2"}}', "values": "0x20"},
+                {"series": f'pai_leader{{namespace="{NAMESPACE}", service="scheduler", pod="s1"}}', "values": "1 1 0x18"},
+                {"series": f'pai_leader{{namespace="{NAMESPACE}", service="scheduler", pod="s2"}}', "values": "0 0 1x18"},
             ],
             "alert_rule_test": [
                 {"eval_time": "6m", "alertname": "NodeFilesystemUsage", "exp_alerts": [{
@@ -111,6 +125,17 @@ def test_the_rules_fire_on_series_as_pai_exports_them(rule_file, tmp_path):
                                                     "its Service answers Prometheus' scrape"}}
                     for service in ("rest", "launcher")
                 ]},
+                {"eval_time": "12m", "alertname": "PaiStoreNearlyFull", "exp_alerts": [{
+                    "exp_labels": {"severity": "warning", "pai_source": "prometheus", "namespace": NAMESPACE,
+                                   "stream": "PAI_EVENTS"},  # an empty label is no label
+                    "exp_annotations": {"summary": "JetStream stream PAI_EVENTS is 95% of its byte limit: full, it "
+                                                   "refuses writes (raise the nats_* limit or let retention catch up)"},
+                }]},
+                {"eval_time": "5m", "alertname": "PaiLeaderMissing", "exp_alerts": [{
+                    "exp_labels": {"severity": "critical", "pai_source": "prometheus", "namespace": NAMESPACE,
+                                   "service": "launcher"},
+                    "exp_annotations": {"summary": "0 replicas of PAI's launcher hold its leader lease (one should)"},
+                }]},
             ],
         }],
     }

@@ -21,6 +21,10 @@ Conditions and their PromQL:
 | job_low_gpu_utilization | the job's tasks' `task_gpu_percent` averaged over the window `< T` |
 | service_not_ready | the release's Services scraped with `up == 0` on every target, or none at all |
 
+Two rules exist here alone, about the platform itself: PaiStoreNearlyFull (a stream or
+bucket over 90 % of its byte limit: at 100 % it refuses writes, discard-new) and
+PaiLeaderMissing (a single-active service with no replica leading, or more than one).
+
 `job_waiting` and `job_failed` read the launcher's and scheduler's per-job state,
 which no series carries: they stay the monitor's (sent to Alertmanager through
 `alertmanager_urls`). Each alert carries `pai_source: prometheus`, so a receiver
@@ -116,10 +120,26 @@ def alerting_rule(rule: AlertRule) -> dict[str, Any] | None:
     return out
 
 
+# The platform's own health, from series only Prometheus sees side by side.
+PLATFORM_RULES: list[dict[str, Any]] = [
+    {"alert": "PaiStoreNearlyFull",
+     "expr": f'pai_jetstream_stream_bytes{{namespace="{NAMESPACE}"}} / pai_jetstream_stream_max_bytes > 0.9',
+     "for": "600s", "labels": {"severity": "warning", "pai_source": "prometheus"},
+     "annotations": {"summary": "JetStream stream {{ $labels.stream }} is {{ $value | humanizePercentage }} of its "
+                                "byte limit: full, it refuses writes (raise the nats_* limit or let retention "
+                                "catch up)"}},
+    {"alert": "PaiLeaderMissing",
+     "expr": f'sum by (namespace, service) (pai_leader{{namespace="{NAMESPACE}"}}) != 1',
+     "for": "120s", "labels": {"severity": "critical", "pai_source": "prometheus"},
+     "annotations": {"summary": "{{ $value }} replicas of PAI's {{ $labels.service }} hold its leader lease "
+                                "(one should)"}},
+]
+
+
 def prometheus_rules(rules: RuleSet) -> dict[str, Any]:
     """The `spec` of a PrometheusRule (also a rule file promtool checks as is)."""
     translated = [r for r in (alerting_rule(rule) for rule in rules.rules) if r is not None]
-    return {"groups": [{"name": GROUP, "rules": translated}]}
+    return {"groups": [{"name": GROUP, "rules": translated + PLATFORM_RULES}]}
 
 
 def render(rules: RuleSet) -> str:
