@@ -8,7 +8,9 @@ tab, and sees the first go RUNNING then SUCCEEDED without the page reloading.
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 
 import pytest
 
@@ -590,6 +592,42 @@ def test_a_terminal_opens_in_a_running_task_and_answers_what_is_typed(browser, u
             tab.wait_for_timeout(250)
             deadline -= 0.25
         assert {"TerminalOpened", "TerminalClosed"} <= reasons
+    finally:
+        rest.call("PUT", f"/api/v2/jobs/{job}/executionType", {"value": "STOP"}, token=users["alice"])
+        ctx.close()
+
+
+def test_the_job_page_opens_its_owners_tensorboard_through_rest(browser, url, rest, users):
+    from services.launcher.backends import local
+    from tests.integration.test_tensorboard import PLUGIN, WRITE, _quoted
+
+    given = local._platform_tensorboard()
+    if not given:
+        pytest.skip("needs TensorBoard from PyPI beside the platform, runnable by task users (the test extra)")
+    python = given["PAI_TENSORBOARD"].split()[0] if "PAI_TENSORBOARD_PYTHONPATH" in given else sys.executable
+    packages = given.get("PAI_TENSORBOARD_PYTHONPATH", "")
+    body = ("protocolVersion: 2\nname: tboard\ntype: job\ntaskRoles:\n  main:\n    instances: 1\n"
+            "    resourcePerInstance: {cpu: 1, memoryMB: 1024, gpu: 0}\n    commands:\n"
+            f"      - {json.dumps(f'PYTHONPATH={packages} {python} -c {_quoted(WRITE)} tb')}\n"
+            "      - sleep 300\n" + PLUGIN)
+    job = rest.submit(body, token=users["alice"])
+    ctx = own_context(browser)
+    tab = ctx.new_page()
+    watch_errors(tab)
+    try:
+        sign_in(tab, url, "alice")
+        rest.wait_state(job, {"RUNNING"})
+        tab.goto(f"{url}/#/jobs/{job}")
+        button = tab.locator("#tensorboard")
+        button.wait_for()
+        with ctx.expect_page() as opened:
+            button.click()
+        board = opened.value
+        # TensorBoard's own page, through rest (the owner's token as the tab's cookie): its chart of the job's scalar.
+        board.wait_for_selector("text=loss", timeout=TIMEOUT_MS)
+        assert board.url.endswith(f"/api/v2/jobs/{job}/tensorboard/") or "/tensorboard/#" in board.url
+        shot(board, "23-job-tensorboard")
+        assert rest.status(f"/api/v2/jobs/{job}/tensorboard/data/runs", token=users["bob"]) == 403
     finally:
         rest.call("PUT", f"/api/v2/jobs/{job}/executionType", {"value": "STOP"}, token=users["alice"])
         ctx.close()
