@@ -11,6 +11,7 @@ job's uid has no passwd entry in the image; the plugin's passwd file gives it on
 tells it the wrapper's path as its argv[0]: sshd re-executes itself for every
 connection by that path, so each session goes through the wrapper again. Nothing of
 the bundle reaches the image's own programs: no LD_PRELOAD or library path is exported.
+The node's loader must know --argv0 and --preload (glibc 2.33 or later: Debian 12 has 2.36).
 
 Made in a directory named after what it holds (the programs' sizes and times), written
 to a temporary directory and renamed into place, so a launcher killed while making it
