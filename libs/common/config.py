@@ -85,6 +85,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Task Pods on the node's network (OpenPAI's way) rather than the Pod network:
     # an admin's choice for every job (services/launcher/backends/kube_pods.py).
     kube_host_network: bool = False
+    # Whether a job may ask for its node's network itself (extraContainerOptions.hostNetwork).
+    kube_job_host_network: bool = True
     # The uid and gid task containers run as (never root: the Pod's securityContext
     # is Kubernetes' "restricted" one).
     kube_task_uid: int = 1000

@@ -51,6 +51,9 @@ class TaskRole(msgspec.Struct, frozen=True, kw_only=True):
     # references kept for the launcher to fill in.
     dockerImageAuth: dict[str, str] | None = None
     shmMB: int | None = None  # extraContainerOptions.shmMB
+    # extraContainerOptions.hostNetwork: the job asks for its node's network (Kubernetes
+    # backend; granted where the admin lets jobs ask, kube_job_host_network).
+    hostNetwork: bool = False
     resources: Resources = Resources()
     # Rendered shell lines, pre-commands and post-commands of the active
     # deployment included; run in order by one shell, stopping at the first failure.

@@ -74,6 +74,7 @@ def _task_role(data: RawMapping, name: str, role: RawMapping, hived: RawMapping,
         dockerImageUri=prerequisites_by_name(data)[image]["uri"] if image is not None else None,
         dockerImageAuth=_image_auth(data, image),
         shmMB=role.get("extraContainerOptions", {}).get("shmMB"),
+        hostNetwork=role.get("extraContainerOptions", {}).get("hostNetwork", False),
         resources=Resources(
             cpu=resources.get("cpu", model_defaults.cpu),
             memoryMB=resources.get("memoryMB", model_defaults.memoryMB),

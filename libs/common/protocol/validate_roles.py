@@ -155,6 +155,8 @@ def _check_container_options(check: Checker, options: object, path: DocPath) -> 
                       limit="PAI's limit of shared memory")
     if "infiniband" in options:
         check.boolean(options["infiniband"], (*path, "infiniband"))
+    if "hostNetwork" in options:  # PAI's: the task's Pod on its node's network (Kubernetes backend)
+        check.boolean(options["hostNetwork"], (*path, "hostNetwork"))
     check.ignore(path, "container options (shared memory size, InfiniBand) are not applied by PAI")
 
 

@@ -25,7 +25,8 @@ What a Pod looks like:
   while the physical indices the scheduler chose are in the HiveD annotation;
 - no service account token and no Service environment variables in the Pod;
 - least privilege: the Pod network, unless the admin asks for the node's
-  (`kube_host_network`, as OpenPAI runs its jobs); either way every port PAI
+  (`kube_host_network`, as OpenPAI runs its jobs) or the job does
+  (`extraContainerOptions.hostNetwork`, where `kube_job_host_network` lets it); either way every port PAI
   gave the task is declared as a container port with the same host port, so
   PAI_HOST_IP_* and those ports reach the task on the node's address; and
   Kubernetes' "restricted" securityContext: a non-root uid and gid
@@ -113,6 +114,7 @@ def build_pod(
 ) -> dict:
     """The Pod manifest (as the JSON the API takes) for one task instance."""
     uid, gid = run_as
+    host_network = host_network or launch.hostNetwork  # the admin's choice, or the job's where allowed
     key, placement = launch.key, launch.placement
     record = PodRecord(key=key, user=launch.user, vc=launch.vc, placement=placement)
     bind_info = BindInfo(node=placement.node, leafCellIsolation=list(placement.gpus), cellChain=placement.skuType)

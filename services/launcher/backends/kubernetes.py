@@ -43,6 +43,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import aiohttp
+import msgspec
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
@@ -140,6 +141,7 @@ class KubernetesBackend:
         api_retry_seconds: float = 30.0,
         default_image: str = DEFAULT_IMAGE,
         host_network: bool = False,
+        job_host_network: bool = True,
         run_as: tuple[int, int] = DEFAULT_RUN_AS,
         clock: Callable[[], float] = time.time,
         connect: Callable[[], Awaitable[ApiClient]] | None = None,
@@ -156,6 +158,7 @@ class KubernetesBackend:
         self.api_retry_seconds = api_retry_seconds
         self.default_image = default_image
         self.host_network = host_network
+        self.job_host_network = job_host_network  # a job may ask for its node's network
         if min(run_as) <= 0:
             raise ValueError(f"task Pods run as a non-root uid and gid, not {run_as} (kube_task_uid, kube_task_gid)")
         self.run_as = run_as
@@ -218,6 +221,8 @@ class KubernetesBackend:
         if name in self._tasks or name in self._forgotten:
             return  # started before: never twice
         self._ensure_watching()
+        if launch.hostNetwork and not self.job_host_network:
+            launch = msgspec.structs.replace(launch, hostNetwork=False)  # the admin does not let jobs ask
         manifest = build_pod(
             launch, namespace=self.namespace, default_image=self.default_image, host_network=self.host_network,
             run_as=self.run_as,

@@ -65,5 +65,6 @@ def build_launch(
         dockerImageUri=role.dockerImageUri,
         dockerImageAuth=role.dockerImageAuth,
         shmMB=role.shmMB,
+        hostNetwork=role.hostNetwork,
         storages=list(record.spec.storages),
     )

@@ -45,6 +45,7 @@ class TaskLaunch(msgspec.Struct, frozen=True, kw_only=True):
     # the password may hold secret references, filled in by the shell at start.
     dockerImageAuth: dict[str, str] | None = None
     shmMB: int | None = None  # extraContainerOptions.shmMB; None: the backend's default
+    hostNetwork: bool = False  # extraContainerOptions.hostNetwork: the job asks for its node's network
     # The job's storages (teamwise_storage), as declared when it was accepted;
     # core/mounts.py's bind_mounts turns them into a task's binds.
     storages: list[Storage] = []

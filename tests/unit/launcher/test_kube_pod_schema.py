@@ -100,3 +100,21 @@ def test_the_backend_refuses_to_run_tasks_as_root() -> None:
 
     with pytest.raises(ValueError, match="kube_task_uid"):
         KubernetesBackend(None, namespace="pai-jobs", connect=lambda: None, run_as=(0, 0))  # type: ignore[arg-type,return-value]
+
+
+def test_a_job_may_ask_for_its_nodes_network() -> None:
+    pod = build_pod(launch(hostNetwork=True), namespace="pai-jobs")
+    assert pod["spec"]["hostNetwork"] is True
+    kubernetes_validate.validate(pod, VERSION, strict=True)
+
+
+def test_the_job_protocol_carries_the_host_network_request_to_the_launch() -> None:
+    from libs.common.protocol import parse_job
+
+    text = ("protocolVersion: 2\nname: net\ntype: job\nprerequisites:\n- {name: img, type: dockerimage, uri: 'busybox:1'}\n"
+            "taskRoles:\n  main:\n    instances: 1\n    dockerImage: img\n"
+            "    extraContainerOptions: {hostNetwork: true}\n    commands: [echo hi]\n")
+    parsed = parse_job(text, user="alice")
+    (role,) = parsed.spec.taskRoles
+    assert role.hostNetwork is True
+    assert not [w for w in parsed.warnings if "hostNetwork" in w]
