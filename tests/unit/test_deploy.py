@@ -272,7 +272,8 @@ def test_other_services_get_no_api_token(manifests: list[dict], service: str) ->
 def api_calls_in(*modules: str) -> set[tuple[str, str]]:
     """(verb, resource) of every Kubernetes API call the modules' code makes, read from
     its source: `api.<verb>_namespaced_<kind>[_<subresource>](...)` of kubernetes-asyncio's
-    CoreV1Api, a `watch=True` list being a watch."""
+    CoreV1Api, a `watch=True` list being a watch; `connect_get_namespaced_pod_exec` (a
+    WebSocket) needs get and, on Kubernetes 1.30 and later, create of `pods/exec`."""
     import ast
 
     verbs = {"create": "create", "read": "get", "list": "list", "patch": "patch", "delete": "delete",
@@ -283,6 +284,9 @@ def api_calls_in(*modules: str) -> set[tuple[str, str]]:
         tree = ast.parse((REPO / module).read_text())
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if connect := re.fullmatch(r"connect_(?:get|post)_namespaced_pod_(\w+)", node.func.attr):
+                calls |= {("get", f"pods/{connect[1]}"), ("create", f"pods/{connect[1]}")}
                 continue
             match = re.fullmatch(r"(create|read|list|patch|delete|replace)_namespaced_(\w+)", node.func.attr)
             if match is None:
@@ -296,7 +300,8 @@ def role_grants(role: dict) -> set[tuple[str, str]]:
     return {(verb, resource) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
 
 
-LAUNCHER_MODULES = [str(p.relative_to(REPO)) for p in sorted((REPO / "services/launcher/backends").glob("kube*.py"))]
+# Every backend module: the Kubernetes backend's kube*.py, and its terminals (exec).
+LAUNCHER_MODULES = [str(p.relative_to(REPO)) for p in sorted((REPO / "services/launcher/backends").glob("*.py"))]
 
 
 def test_launcher_role_grants_exactly_what_the_kubernetes_backend_calls(manifests: list[dict]) -> None:
