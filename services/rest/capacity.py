@@ -66,7 +66,8 @@ def never_fits(spec: JobSpec, view: ClusterView) -> FitProblem | None:
         name = role.affinityGroupName or ("" if not named else f"{role.name}/")
         groups.setdefault((name, role.skuType or spec.skuType, spec.pin_of(role)), []).append(role)
     for (name, sku_name, pin), roles in groups.items():
-        gang = spec.gangAllocation and not name.endswith("/")
+        # A named group is placed all at once whatever gangAllocation says (HiveD's affinity group).
+        gang = (spec.gangAllocation or named) and not name.endswith("/")
         if pin is not None:
             problem = _pinned_never_fits(spec, roles, pin, vc, view.skuTypes, gang=gang)  # the cell's sku
         else:

@@ -108,9 +108,10 @@ ROLE_PIN = "extras.hivedScheduler.taskRoles.{}.pinnedCellId"
     # With a named group, a role without one is placed task by task: 9 one-GPU tasks, no gang of 9.
     (job(pinned_role("ps", group="g"), pinned_role(instances=9)), None, None),
     (job(pinned_role("ps"), pinned_role(instances=12)), "taskRoles.ps", "needs 13 gpu cells at once (gang)"),
+    (job(pinned_role(instances=13, group="g"), gang=False), "taskRoles.worker", "needs 13 gpu cells at once (gang)"),
 ], ids=["two-roles-two-pins", "unknown-pin", "one-pinned-role", "unknown-job-pin", "gang-bigger-than-the-pin",
         "no-gang-fits", "task-bigger-than-the-pins-nodes", "sku-number-counted", "pin-of-another-sku",
-        "unnamed-role-beside-a-group-is-no-gang", "without-names-one-gang"])
+        "unnamed-role-beside-a-group-is-no-gang", "without-names-one-gang", "a-named-group-is-a-gang-anyway"])
 def test_pins_checked_at_submit_name_the_field(spec, path, fragment):
     problem = never_fits(spec, pinned_view())
     if fragment is None:

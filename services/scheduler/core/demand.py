@@ -45,6 +45,9 @@ class GroupDemand(msgspec.Struct, frozen=True, kw_only=True):
     sku: str | None
     tasks: list[TaskDemand]
     pin: str | None = None  # every task's pinned cell (one per group)
+    # Placed all or nothing: a named affinity group always (HiveD places a group at once), the
+    # job's default group as extras.gangAllocation says; else task by task.
+    gang: bool = True
 
 
 def leaf_cells_for(task: TaskDemand, sku: SkuType) -> int:
@@ -66,10 +69,11 @@ def affinity_groups(spec: JobSpec) -> list[GroupDemand]:
     """The job's groups in role order.
 
     No role names an affinity group: the roles form one group together (the whole job).
-    Some do: each name is a group, and every task of a role without one is a group of its
-    own. Tasks of one group asking for different skus or pinned cells (only in the default
-    group: named ones are refused at submit) are split into one group per sku and pin,
-    since a gang lives on one sku, in one pinned cell.
+    Some do: each name is a group, placed all or nothing whatever extras.gangAllocation says,
+    and every task of a role without one is a group of its own. Tasks of one group asking for
+    different skus or pinned cells (only in the default group: named ones are refused at
+    submit) are split into one group per sku and pin, since a gang lives on one sku, in one
+    pinned cell.
     """
     named = any(role.affinityGroupName for role in spec.taskRoles)
     groups: dict[tuple[str, str | None, str | None], list[TaskDemand]] = {}
@@ -87,7 +91,7 @@ def affinity_groups(spec: JobSpec) -> list[GroupDemand]:
     names = [name for name, _, _ in groups]
     return [
         GroupDemand(name=name if names.count(name) == 1 else f"{name}/{sku}" + (f"/{pin}" if pin else ""),
-                    sku=sku, tasks=tasks, pin=pin)
+                    sku=sku, tasks=tasks, pin=pin, gang=named or spec.gangAllocation)
         for (name, sku, pin), tasks in groups.items()
         if tasks
     ]

@@ -87,7 +87,7 @@ def _sku_never_fits(config: ClusterConfig, state: ClusterState, record: JobRecor
             return (f"task {task.role}[{task.index}] needs {size} {sku} cells on one node but the largest "
                     f"{sku} node has {largest_node}")
         sizes.append(size)
-    needed = sum(sizes) if record.spec.gangAllocation else max(sizes)
+    needed = sum(sizes) if group.gang else max(sizes)
     pinned_id = group.pin
     if record.opportunistic:
         capacity, where = tree.sku_leaves.get(sku, 0), "the cluster has"

@@ -66,8 +66,8 @@ def check_invariants(state: ClusterState, jobs: dict[str, JobRecord], queues: Qu
                     _require(leaf.unit.pinned_id == pin and leaf.unit.quota_key is None,
                              f"job {job.id} runs on {leaf.address} outside pinned cell {pin}")
         # Gang: a group placed together is there entirely or not at all (restored attempts excepted).
-        if job.spec.gangAllocation and not job.restored:
-            for group in job.groups:
+        if not job.restored:
+            for group in (g for g in job.groups if g.gang):
                 placed = sum((t.role, t.index) in job.placed or (t.role, t.index) in job.released_tasks
                              for t in group.tasks)
                 _require(placed in (0, len(group.tasks)),

@@ -318,7 +318,7 @@ class SchedulingPass:
         cells = cache.get((pair, bucket_key))
         if cells is None:
             cells = 0
-            if head.shape is not None and head.spec.gangAllocation and pair[1] is not None:
+            if head.shape is not None and head.groups[0].gang and pair[1] is not None:
                 cells = self.core._cells_for(head.pending_groups[0].tasks, pair[1])
             elif head.shape is not None and pair[1] is not None:
                 cells = self.core._cells_for(head.pending_groups[0].tasks[:1], pair[1])

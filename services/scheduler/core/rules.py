@@ -57,7 +57,7 @@ def fallback_kind(policy: SchedulingPolicy, record: JobRecord) -> ShapeFallback 
     allows goes only to cells no VC holds."""
     if policy.shape_fallback is None or record.opportunistic or record.restored or record.spec.pinned:
         return None
-    if len(record.groups) != 1 or not (record.spec.gangAllocation or len(record.groups[0].tasks) == 1):
+    if len(record.groups) != 1 or not (record.groups[0].gang or len(record.groups[0].tasks) == 1):
         return None
     if record.preemptions >= policy.opportunistic_preemption_budget:
         return ShapeFallback.UNHELD
@@ -91,7 +91,7 @@ def shape_of(record: JobRecord) -> Shape | None:
         return None
     if any(t.cells is not None for t in tasks):
         return None  # a skuNumber: its size is not the resources' (no shape to compare by)
-    at_once = len(tasks) if record.spec.gangAllocation else 1
+    at_once = len(tasks) if record.groups[0].gang else 1
     return (first.gpu, first.cpu, first.memoryMB, at_once, record.groups[0].pin)
 
 

@@ -206,7 +206,7 @@ class SchedulerCore:
             record.skus = list(dict.fromkeys(
                 sku for group in record.groups for sku in candidate_skus(self._state, record, vc, group)))
             record.skus_set = frozenset(record.skus)
-        if record.spec.gangAllocation and any(len(group.tasks) > 1 for group in record.groups):
+        if any(group.gang and len(group.tasks) > 1 for group in record.groups):
             record.queue.gang_deadline = record.queued_at + self.policy.gang_priority_after_s
         record.shape = shape_of(record)
         self._waits.queued(record)
@@ -440,7 +440,7 @@ class SchedulerCore:
             skus = candidate_skus(self._state, record, vc, group)
             pending = [task for task in group.tasks
                        if (task.role, task.index) not in record.placed and (task.role, task.index) not in record.released_tasks]
-            chunks = [pending] if record.spec.gangAllocation else [[task] for task in pending]
+            chunks = [pending] if group.gang else [[task] for task in pending]
             failed = None
             for tasks in chunks:
                 outcome = self._place_tasks(record, vc, tasks, skus, decisions, falling_back=falling_back)

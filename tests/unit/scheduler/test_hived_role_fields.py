@@ -162,6 +162,19 @@ def test_affinity_group_names_make_the_gangs(groups, expected):
     assert [(g.name, [t.role for t in g.tasks]) for g in affinity_groups(spec)] == expected
 
 
+@pytest.mark.parametrize(("group", "placed"), [
+    (None, 2),  # gangAllocation: false, no group named: task by task, two of the three fit
+    ("g", 0),  # a named group is HiveD's affinity group: all at once or not at all, whatever gangAllocation says
+])
+def test_a_named_group_is_a_gang_even_without_gang_allocation(group, placed):
+    h = Harness("eight-gpu-node")  # VC team: 8 GPUs; three tasks of 4 cannot all fit
+    settings = {"affinityGroupName": group} if group else {}
+    doc = job({"worker": {"gpu": 4, "instances": 3}}, {"worker": settings}, vc="team")
+    doc["extras"]["gangAllocation"] = False
+    places = only(h.submit_spec(parsed(doc).spec), Place)
+    assert sum(len(p.tasks) for p in places) == placed
+
+
 def test_affinity_groups_are_placed_each_all_or_nothing():
     h = Harness("eight-gpu-node")  # 8 GPUs: group a (4) fits, group b (8) does not beside it
     spec = parsed(job({"ps": {"gpu": 4}, "worker": {"gpu": 8}},
