@@ -38,7 +38,8 @@ async def test_the_page_is_served_at_the_root_with_its_security_headers(client):
     assert resp.headers["X-Frame-Options"] == "DENY"
 
 
-@pytest.mark.parametrize("path", ["/portal/js/main.js", "/portal/js/pages/submit.js", "/portal/theme.js"])
+@pytest.mark.parametrize("path", ["/portal/js/main.js", "/portal/js/pages/submit.js", "/portal/theme.js",
+                                  "/portal/vendor/js-yaml/js-yaml.js"])
 async def test_modules_are_served_as_javascript(client, path):
     resp = await client.get(path)
     assert resp.status == 200

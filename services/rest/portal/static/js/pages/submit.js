@@ -7,7 +7,6 @@ import { announce, clear, h, pageTitle } from "../dom.js";
 import { EXAMPLES } from "../examples.js";
 import { marketPrefill } from "./market_submit.js";
 import { exportYaml, saveAsTemplate } from "../jobfile.js";
-import { jobForm } from "./submit_form.js";
 
 // The line of a field path in block-style YAML, for errors the server could not
 // place (e.g. "defaults.virtualCluster" refused after parsing). Best effort: null if not found.
@@ -169,6 +168,8 @@ export async function render(main, { params, go }) {
 
   // --- the form, beside the YAML it makes (js/pages/submit_form.js) -----------------------
   let formMode = false;
+  // Loaded with this page, not with the portal: the form brings js-yaml (about 100 KB).
+  const { jobForm } = await import("./submit_form.js");
   const form = jobForm({ onYaml: (text) => { editor.value = text; marks = new Map(); drawGutter(); syncFields(); } });
   const editorWrap = h("div", { class: "editor-wrap" }, h("label", { for: "job-text", class: "sr-only" }, "Job config (YAML or JSON)"), gutter, editor);
   const formWrap = h("div", { id: "form-wrap", hidden: true }, form.element);
