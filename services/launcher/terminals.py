@@ -91,6 +91,7 @@ class TerminalSessions:
 
     async def serve(self) -> None:
         await self.bus.nc.subscribe(TERMINAL_OPEN_SUBJECT, queue="launcher", cb=self._on_open)
+        await self.bus.nc.flush()  # the server has it before the launcher says it is ready
 
     async def close(self) -> None:
         for session in self._sessions.values():
@@ -143,6 +144,7 @@ class TerminalSessions:
                 await self._on_input(session, msg)
 
             session.sub = await self.bus.nc.subscribe(terminal_input_subject(req.session), cb=on_input)
+            await self.bus.nc.flush()  # subscribed at the server before rest hears "ok" and sends keys
         except BaseException:
             await channel.close()
             raise

@@ -45,6 +45,7 @@ PROTOCOL = "pai.terminal.v1"
 # A typed line or a paste is small; a frame past this is cut off with a close (1009).
 MAX_INPUT_FRAME = 64 * 1024
 OPEN_TIMEOUT_SECONDS = 20.0
+NO_LAUNCHER_RETRY_SECONDS = (0.1, 0.3, 1.0)
 _encode = msgspec.json.Encoder().encode
 _output_decoder = msgspec.json.Decoder(TerminalOutput)
 _reply_decoder = msgspec.json.Decoder(TerminalOpenReply)
@@ -89,10 +90,7 @@ async def open_terminal(request: web.Request) -> web.WebSocketResponse:
     try:
         ask = TerminalOpen(session=session, job=sub.job, role=role, index=index, by=request[USER].username,
                            cols=cols, rows=rows)
-        try:
-            msg = await nc.request(TERMINAL_OPEN_SUBJECT, _encode(ask), timeout=OPEN_TIMEOUT_SECONDS)
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            raise Transient("the launcher did not answer the terminal request; is it running?") from exc
+        msg = await _ask_launcher(nc, _encode(ask))
         reply = _reply_decoder.decode(msg.data)
         if not reply.ok:
             raise {404: NotFound, 409: Conflict, 400: BadInput}.get(reply.status, Transient)(reply.error)
@@ -107,6 +105,21 @@ async def open_terminal(request: web.Request) -> web.WebSocketResponse:
                 await nc.publish(terminal_input_subject(session), _encode(TerminalInput(close=True)))
         with contextlib.suppress(Exception):
             await output.unsubscribe()
+
+
+async def _ask_launcher(nc, request: bytes):
+    """The launcher's answer to an open; asked again a few times while no launcher listens
+    (a standby taking over, or a subscription the server has not yet)."""
+    for wait in (*NO_LAUNCHER_RETRY_SECONDS, None):
+        try:
+            return await nc.request(TERMINAL_OPEN_SUBJECT, request, timeout=OPEN_TIMEOUT_SECONDS)
+        except nats.errors.NoRespondersError as exc:
+            if wait is None:
+                raise Transient("no launcher answers terminal requests; is it running?") from exc
+            await asyncio.sleep(wait)
+        except nats.errors.TimeoutError as exc:
+            raise Transient("the launcher did not answer the terminal request in time") from exc
+    raise AssertionError("unreachable")
 
 
 async def _relay(ws: web.WebSocketResponse, nc, output, session: str) -> None:
