@@ -41,7 +41,7 @@ def _why_not() -> str | None:
         return "playwright is not installed: `make test` installs the test extra (pip install -e '.[test]')"
     if not CHROMIUM.exists():
         return ("/usr/bin/chromium is absent and could not be installed (`make test` runs "
-                "tests/browser/install-chromium.sh: apt-get install chromium, as root or with sudo)")
+                "tests/system-deps.sh browser: apt-get install chromium, as root or with sudo)")
     return None
 
 
