@@ -25,6 +25,12 @@ ARG SERVICE
 ARG PAI_BUILD_COMMIT=unknown
 RUN case "$SERVICE" in rest|scheduler|launcher|runtime|monitor) ;; \
       *) echo "--build-arg SERVICE= must name one of rest scheduler launcher runtime monitor" >&2; exit 1 ;; esac
+# The launcher's image holds OpenSSH and libnss_wrapper too: on Kubernetes, a task Pod of the
+# ssh plugin gets its sshd bundle from them through an init container running this image
+# (kube_ssh_image; services/launcher/backends/ssh_bundle.py), whatever the task's image.
+RUN if [ "$SERVICE" = launcher ]; then apt-get update \
+ && apt-get install -y --no-install-recommends openssh-server openssh-client libnss-wrapper \
+ && rm -rf /var/lib/apt/lists/*; fi
 # The service's HTTP port is its PAI setting (PAI_<SERVICE>_PORT, default 9186 ... 9190),
 # so the health check asks PAI's own config rather than repeating the number here.
 ENV PYTHONDONTWRITEBYTECODE=1 \

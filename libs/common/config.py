@@ -91,6 +91,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # is Kubernetes' "restricted" one).
     kube_task_uid: int = 1000
     kube_task_gid: int = 1000
+    # PAI's launcher image (it holds OpenSSH): a task Pod of the ssh plugin gets the sshd
+    # bundle from it through an init container, so the task's image need not have sshd.
+    # Empty: no bundle; the plugin uses the image's own sshd where it has one.
+    kube_ssh_image: str = ""
     log_level: str = "INFO"
     # Which replica this process is, for the single-active services' lease: a
     # process restarted as the same replica takes its own lease back at once, a

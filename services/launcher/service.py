@@ -140,7 +140,8 @@ def make_backend(config: Config) -> Backend:
         return KubernetesBackend.from_config_sync(config.kube_api_url or None, config.kube_namespace,
                                                   host_network=config.kube_host_network,
                                                   job_host_network=config.kube_job_host_network,
-                                                  run_as=(config.kube_task_uid, config.kube_task_gid))
+                                                  run_as=(config.kube_task_uid, config.kube_task_gid),
+                                                  ssh_image=config.kube_ssh_image)
     from services.launcher.backends.local import LocalBackend
 
     return LocalBackend(

@@ -36,6 +36,14 @@ What a Pod looks like:
   when unset, its size charged to the Pod's memory), and each of the job's
   storages (libs/common/storages.py) at its mount path: hostPath, nfs or
   persistentVolumeClaim, read-only where declared so;
+- the ssh plugin (a task given an `ssh` port, libs/common/protocol/ssh.py): an init
+  container running PAI's own launcher image (`kube_ssh_image`) writes the sshd bundle
+  (services/launcher/backends/ssh_bundle.py: sshd, ssh, their libraries and loader)
+  into an emptyDir that the task sees read-only at /pai/ssh, so any image runs the
+  server; the task gets a writable emptyDir at /pai/work as PAI_WORK_DIR, where the
+  step keeps its config, host key and passwd file (the image's own directories are not
+  the job's uid's to write). The job's key reaches the step as every job secret does (the
+  task's script Secret); the authorised public keys are in its script;
 - `imagePullSecrets`: the job's registry credentials (its image prerequisite's
   `auth`), as a Secret of type dockerconfigjson per job and registry login
   (`registry_secret`, made before the Pod, deleted with the job's last Pod);
@@ -55,7 +63,7 @@ import msgspec
 
 from libs.common.messages import TaskPlacement
 from libs.common.storages import Storage, claim_name, mount_path
-from services.launcher.backends import kube_names
+from services.launcher.backends import kube_names, ssh_bundle
 from services.launcher.core.mounts import shm_mb
 from services.launcher.core.tasks import TaskKey, TaskLaunch
 
@@ -69,6 +77,12 @@ BIND_INFO_ANNOTATION = "hivedscheduler.microsoft.com/pod-bind-info"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHELL = "/bin/bash"
 SHM_VOLUME = "dshm"
+SSH_VOLUME = "pai-ssh"  # the sshd bundle, written by the init container
+SSH_INIT_CONTAINER = "pai-ssh-bundle"
+# The bundle is ~15 MiB (sshd, ssh, libc, libcrypto, ...); the bound keeps a wrong image from filling the node.
+SSH_VOLUME_LIMIT = "128Mi"
+WORK_VOLUME = "pai-work"
+WORK_DIR = "/pai/work"  # as in a local container task (local_containers.CONTAINER_WORK_DIR)
 # Where an image prerequisite without `registryuri` is pulled from (OpenPAI's default).
 DEFAULT_REGISTRY = "https://index.docker.io/v1/"
 KIND_LABEL = "pai/kind"
@@ -111,8 +125,10 @@ def build_pod(
     default_image: str = DEFAULT_IMAGE,
     host_network: bool = False,
     run_as: tuple[int, int] = DEFAULT_RUN_AS,
+    ssh_image: str = "",
 ) -> dict:
-    """The Pod manifest (as the JSON the API takes) for one task instance."""
+    """The Pod manifest (as the JSON the API takes) for one task instance; `ssh_image`:
+    PAI's image the ssh plugin's bundle is made from (empty: none, the image's own sshd)."""
     uid, gid = run_as
     host_network = host_network or launch.hostNetwork  # the admin's choice, or the job's where allowed
     key, placement = launch.key, launch.placement
@@ -140,6 +156,7 @@ def build_pod(
         volume, mount = storage_volume(storage)
         volumes.append(volume)
         container["volumeMounts"].append(mount)
+    init_containers = _ssh_plugin(launch, container, volumes, ssh_image) if ssh_bundle.wants_ssh(launch.env) else []
     ports = sorted({port for label_ports in launch.ports.values() for port in label_ports})
     if ports:
         container["ports"] = [{"containerPort": port, "hostPort": port, "protocol": "TCP"} for port in ports]
@@ -160,6 +177,8 @@ def build_pod(
         "containers": [container],
         "volumes": volumes,
     }
+    if init_containers:
+        spec["initContainers"] = init_containers
     if host_network:
         # Keep cluster DNS names resolvable from a Pod on the host's network.
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
@@ -181,6 +200,32 @@ def build_pod(
         },
         "spec": spec,
     }
+
+
+def _ssh_plugin(launch: TaskLaunch, container: dict, volumes: list[dict], ssh_image: str) -> list[dict]:
+    """Give the ssh plugin's task (`container`, changed in place) its working directory
+    and, with `ssh_image`, the bundle; the init containers that make it."""
+    volumes.append({"name": WORK_VOLUME, "emptyDir": {}})
+    container["volumeMounts"].append({"name": WORK_VOLUME, "mountPath": WORK_DIR})
+    if "PAI_WORK_DIR" not in launch.env:
+        container["env"] = sorted([*container["env"], {"name": "PAI_WORK_DIR", "value": WORK_DIR}],
+                                  key=lambda e: e["name"])
+    if not ssh_image:
+        return []
+    volumes.append({"name": SSH_VOLUME, "emptyDir": {"sizeLimit": SSH_VOLUME_LIMIT}})
+    container["volumeMounts"].append({"name": SSH_VOLUME, "mountPath": ssh_bundle.MOUNT_POINT, "readOnly": True})
+    # Requests = limits as the task's (without GPUs): the Pod keeps its QoS class and what it
+    # asks of the node (the larger of an init container's and the task's).
+    resources = {part: {k: v for k, v in amounts.items() if k != GPU_RESOURCE}
+                 for part, amounts in container["resources"].items()}
+    return [{
+        "name": SSH_INIT_CONTAINER,
+        "image": ssh_image,
+        "command": ["python", "-m", "services.launcher.backends.ssh_bundle", ssh_bundle.MOUNT_POINT],
+        "resources": resources,
+        "volumeMounts": [{"name": SSH_VOLUME, "mountPath": ssh_bundle.MOUNT_POINT}],
+        "securityContext": dict(container["securityContext"]),
+    }]
 
 
 def storage_volume(storage: Storage) -> tuple[dict, dict]:

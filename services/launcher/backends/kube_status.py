@@ -101,7 +101,7 @@ def judge(
     state = container.get("state") or {}
     terminated = state.get("terminated")
     running = state.get("running")
-    waiting = state.get("waiting") or {}
+    waiting = _waiting(status)
     phase = status.get("phase") or "Pending"
     pod_reason = status.get("reason") or ""
     pod_message = status.get("message") or ""
@@ -165,9 +165,7 @@ def judge(
 
 def image_pull_failing(pod: dict) -> bool:
     """Whether the Pod waits on an image pull that failed (the clock for rule 5)."""
-    container = _container_status(pod.get("status") or {})
-    waiting = (container.get("state") or {}).get("waiting") or {}
-    return (waiting.get("reason") or "") in PULL_RETRYING
+    return (_waiting(pod.get("status") or {}).get("reason") or "") in PULL_RETRYING
 
 
 def _pull_failed(waiting: dict) -> Exited:
@@ -221,6 +219,16 @@ def _container_status(status: dict) -> dict:
     # One container per Pod: the task's.
     statuses = status.get("containerStatuses") or []
     return statuses[0] if statuses else {}
+
+
+def _waiting(status: dict) -> dict:
+    # An init container's failing pull (the ssh plugin's, of PAI's own image) holds the
+    # task container in PodInitializing: judged as the task's own image would be.
+    for init in status.get("initContainerStatuses") or []:
+        waiting = (init.get("state") or {}).get("waiting") or {}
+        if (waiting.get("reason") or "") in PULL_RETRYING | PULL_HOPELESS:
+            return waiting
+    return (_container_status(status).get("state") or {}).get("waiting") or {}
 
 
 def _timestamp(value: str | None) -> float | None:

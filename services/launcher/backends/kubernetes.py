@@ -143,6 +143,7 @@ class KubernetesBackend:
         host_network: bool = False,
         job_host_network: bool = True,
         run_as: tuple[int, int] = DEFAULT_RUN_AS,
+        ssh_image: str = "",
         clock: Callable[[], float] = time.time,
         connect: Callable[[], Awaitable[ApiClient]] | None = None,
     ):
@@ -162,6 +163,7 @@ class KubernetesBackend:
         if min(run_as) <= 0:
             raise ValueError(f"task Pods run as a non-root uid and gid, not {run_as} (kube_task_uid, kube_task_gid)")
         self.run_as = run_as
+        self.ssh_image = ssh_image  # PAI's image the ssh plugin's init container runs (kube_pods)
         self._clock = clock
         self._client = api_client
         self._connect = connect
@@ -225,7 +227,7 @@ class KubernetesBackend:
             launch = msgspec.structs.replace(launch, hostNetwork=False)  # the admin does not let jobs ask
         manifest = build_pod(
             launch, namespace=self.namespace, default_image=self.default_image, host_network=self.host_network,
-            run_as=self.run_as,
+            run_as=self.run_as, ssh_image=self.ssh_image,
         )
         task = self._track(launch.key, name, manifest["spec"]["containers"][0]["name"])
         registry = registry_secret(launch, self.namespace)

@@ -68,41 +68,64 @@ def _wrapper(loader: str, real: str, shown: str) -> str:
             f'--argv0 {shown} {MOUNT_POINT}/libexec/{Path(real).name} "$@"\n')
 
 
-def prepare(under: Path) -> Path | None:
-    """The bundle's directory under `under` (made when missing), or None where this node
-    has no OpenSSH server, client or libnss_wrapper to make it from (said in the log)."""
+class Unavailable(Exception):
+    """What this node lacks to make the bundle from."""
+
+
+def _sources() -> list[str]:
+    """sshd, ssh and libnss_wrapper of this node, or Unavailable naming what is missing."""
     nss = _nss_wrapper()
     missing = [p for p in (protocol_ssh.SSHD, SSH_CLIENT) if not os.access(p, os.X_OK)] + ([] if nss else [NSS_WRAPPER_GLOB])
     if missing or shutil.which("ldd") is None:
-        log.warning("the ssh plugin cannot run in container tasks: %s missing on this node (Debian: "
-                    "openssh-server, openssh-client, libnss-wrapper, libc-bin)", ", ".join(missing) or "ldd")
-        return None
+        raise Unavailable(f"{', '.join(missing) or 'ldd'} missing on this node (Debian: openssh-server, "
+                          "openssh-client, libnss-wrapper, libc-bin)")
     assert nss is not None
-    sources = [protocol_ssh.SSHD, SSH_CLIENT, nss]
-    target = under / f"ssh-bundle-{_identity(sources)}"
-    if (target / "sbin" / "sshd").exists():
-        return target
+    return [protocol_ssh.SSHD, SSH_CLIENT, nss]
+
+
+def fill(work: Path, sources: list[str]) -> int:
+    """Write the bundle into the empty directory `work` (to be seen at MOUNT_POINT by the
+    task); the number of libraries it holds."""
     libraries: dict[str, str] = {}
     for binary in sources:
         for path in _needed(binary):
             libraries.setdefault(Path(path).name, os.path.realpath(path))
     loader = next((name for name in libraries if name.startswith("ld-linux")), None)
     if loader is None:
-        log.warning("the ssh plugin cannot run in container tasks: no dynamic loader found for %s", protocol_ssh.SSHD)
+        raise Unavailable(f"no dynamic loader found for {protocol_ssh.SSHD}")
+    libraries[protocol_ssh.NSS_WRAPPER] = sources[-1]
+    for sub in ("lib", "libexec", "sbin", "bin"):
+        (work / sub).mkdir()
+    for name, path in libraries.items():
+        shutil.copy2(path, work / "lib" / name)
+    for shown, real in PROGRAMS.items():
+        shutil.copy2(real, work / "libexec" / Path(real).name)
+        (work / shown).write_text(_wrapper(loader, real, f"{MOUNT_POINT}/{shown}"))
+    for made in work.rglob("*"):  # every part readable and runnable by the job's uid
+        made.chmod(0o755)
+    return len(libraries)
+
+
+def prepare(under: Path) -> Path | None:
+    """The bundle's directory under `under` (made when missing), or None where this node
+    has no OpenSSH server, client or libnss_wrapper to make it from (said in the log)."""
+    try:
+        sources = _sources()
+    except Unavailable as exc:
+        log.warning("the ssh plugin cannot run in container tasks: %s", exc)
         return None
-    libraries[protocol_ssh.NSS_WRAPPER] = nss
+    target = under / f"ssh-bundle-{_identity(sources)}"
+    if (target / "sbin" / "sshd").exists():
+        return target
     under.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".ssh-bundle-", dir=under))
     try:
-        for sub in ("lib", "libexec", "sbin", "bin"):
-            (work / sub).mkdir()
-        for name, path in libraries.items():
-            shutil.copy2(path, work / "lib" / name)
-        for shown, real in PROGRAMS.items():
-            shutil.copy2(real, work / "libexec" / Path(real).name)
-            (work / shown).write_text(_wrapper(loader, real, f"{MOUNT_POINT}/{shown}"))
-        for made in work.rglob("*"):  # every part readable and runnable by the job's uid
-            made.chmod(0o755)
+        try:
+            count = fill(work, sources)
+        except Unavailable as exc:
+            log.warning("the ssh plugin cannot run in container tasks: %s", exc)
+            shutil.rmtree(work, ignore_errors=True)
+            return None
         work.chmod(0o755)
         try:
             work.rename(target)
@@ -111,7 +134,7 @@ def prepare(under: Path) -> Path | None:
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    log.info("made the ssh plugin's bundle for container tasks: %s (%d libraries)", target, len(libraries))
+    log.info("made the ssh plugin's bundle for container tasks: %s (%d libraries)", target, count)
     return target
 
 
@@ -138,3 +161,30 @@ class Bundles:
             except (OSError, subprocess.SubprocessError) as exc:
                 log.error("the ssh plugin's bundle for container tasks could not be made: %s", exc)
         return [f"{self._made}:{MOUNT_POINT}:ro"] if self._made is not None else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m services.launcher.backends.ssh_bundle DIR`: the bundle written into the
+    empty directory DIR, from this image's OpenSSH. A Kubernetes task Pod's init container
+    runs it in PAI's launcher image, DIR the emptyDir its task sees read-only at
+    MOUNT_POINT (services/launcher/backends/kube_pods.py). Where it cannot be made, it
+    says why and exits 0: the task runs without the server, its ssh step saying so, as in
+    a local container task."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m services.launcher.backends.ssh_bundle DIR (an empty directory)", file=sys.stderr)
+        return 2
+    work = Path(args[0])
+    try:
+        count = fill(work, _sources())
+    except (Unavailable, OSError, subprocess.SubprocessError) as exc:
+        print(f"[PAI] ssh plugin: no server bundle for this task: {exc}", file=sys.stderr)
+        return 0
+    print(f"[PAI] ssh plugin: server bundle made in {work} ({count} libraries)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
