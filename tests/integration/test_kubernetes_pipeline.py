@@ -110,3 +110,41 @@ async def test_stopping_a_job_deletes_its_pods(kube_platform):
     await kubelet.exit(name_, 143, log=b"terminated\n")
     await api.wait_state(jid, "STOPPED", timeout=30)
     await wait_until(lambda: not job_pods(emulator, jid), timeout=20, what="the pod deleted")
+
+
+async def test_a_browser_terminal_reaches_a_pod_through_rest_and_kubernetes_exec(kube_platform):
+    """GET /api/v2/jobs/{id}/terminal on a job of Pods: rest relays to the launcher, which
+    opens Kubernetes' exec on the API server (the emulator plays the kubelet, running the
+    shell in the container's environment); the session is recorded as a Pod's."""
+    import aiohttp
+
+    api, emulator, kubelet = kube_platform
+    name = f"term-{uuid.uuid4().hex[:6]}"
+    jid = f"admin~{name}"
+    await api.submit(job_yaml(name, ["sleep 600"]))
+    (pod,) = await wait_pods(emulator, jid, 1)
+    await kubelet.run(pod["metadata"]["name"])
+    await api.wait_state(jid, "RUNNING")
+    url = f"{api.conn.url}/api/v2/jobs/{jid}/terminal?taskRole=main&taskIndex=0"
+    async with aiohttp.ClientSession() as http, \
+            http.ws_connect(url, headers={"Authorization": f"Bearer {api.conn.token}"}) as ws:
+        await ws.send_bytes(b"echo in-$PAI_CURRENT_TASK_ROLE_NAME-$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX-$((6*7))\n")
+        seen = b""
+        while b"in-main-0-42" not in seen:
+            msg = await asyncio.wait_for(ws.receive(), 20)
+            assert msg.type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT), (msg, seen)
+            seen += msg.data if msg.type == aiohttp.WSMsgType.BINARY else b""
+    assert len(emulator.exec_sessions) >= 1
+    for _ in range(100):
+        events = (await api.client.request("GET", f"/api/v2/jobs/{jid}/events"))["data"]
+        reasons = {e["reason"]: e["message"] for e in events}
+        if "TerminalClosed" in reasons:
+            break
+        await asyncio.sleep(0.2)
+    assert reasons.get("TerminalOpened") == "admin opened a terminal in task main[0] (pod)"
+    assert "TerminalClosed" in reasons
+    await api.stop(jid)
+    await wait_until(lambda: (emulator.pod(pod["metadata"]["name"], NAMESPACE) or {}).get("metadata", {})
+                     .get("deletionTimestamp"), timeout=20, what="the pod's deletion")
+    await kubelet.exit(pod["metadata"]["name"], 143)
+    await api.wait_state(jid, "STOPPED", timeout=30)
