@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from libs.common.messages import JobPlaced, JobState, TaskPlacement
+from libs.common.ids import EventId, JobId, VcName
+from libs.common.messages import JobPlaced, JobState, TaskPlacement, TerminalClosed, TerminalOpened
 from services.rest.history.projection import Delete, Upsert, project, project_batch
 from tests.fixtures import history_events as ev
 
@@ -116,3 +117,23 @@ def test_a_batch_keeps_stream_order():
     ops = project_batch([(1, ev.submitted(JOB)), (2, ev.state(JOB, JobState.RUNNING))])
     assert [(op.table, isinstance(op, Upsert)) for op in ops][:2] == [("jobs", True), ("events", True)]
     assert ops[2].values["state"] == "RUNNING"
+
+
+@pytest.mark.parametrize(
+    ("event", "reason", "message"),
+    [
+        pytest.param(TerminalOpened(id=EventId(f"{JOB}/terminal/s1/opened"), job=JobId(JOB), at=ev.T0, vc=VcName("vc1"),
+                                    attempt=2, role="worker", index=1, by="bob", session="s1", mode="container"),
+                     "TerminalOpened", "bob opened a terminal in task worker[1] (container)", id="opened-says-who-and-how"),
+        pytest.param(TerminalClosed(id=EventId(f"{JOB}/terminal/s1/closed"), job=JobId(JOB), at=ev.T0 + 75, vc=VcName("vc1"),
+                                    attempt=2, role="worker", index=1, by="bob", session="s1", openedAt=ev.T0,
+                                    seconds=75.2, reason="the shell exited"),
+                     "TerminalClosed", "the terminal bob opened in task worker[1] closed after 1m 15s: the shell exited",
+                     id="closed-says-how-long-and-why"),
+    ],
+)
+def test_a_terminal_session_is_one_event_row_each_for_its_open_and_close(event, reason, message):
+    (row,) = project(9, event)
+    assert row.table == "events" and row.key == {"id": event.id}
+    assert row.on_insert["reason"] == reason and row.on_insert["message"] == message
+    assert (row.on_insert["type"], row.on_insert["attempt"], row.on_insert["subject"]) == ("Normal", 2, f"{JOB}/worker/1")
