@@ -9,9 +9,11 @@ API, as a node agent would.
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 
 import kmock
+import kubernetes_validate
 import pytest
 
 from cli.up import Platform
@@ -19,6 +21,7 @@ from tests.component.kube_emulator import NAMESPACE, Kubelet, PodApiEmulator, wa
 from tests.integration.conftest import Api, job_yaml, platform_config
 
 pytestmark = pytest.mark.integration
+SSH_IMAGE = "registry.example/pai-launcher:0.2.0"  # the chart sets the launcher's own image
 
 
 # One platform and emulator for the module (a platform start is most of each test's
@@ -29,7 +32,7 @@ async def kube_platform(tmp_path_factory):
     async with emulator, kmock.Server(emulator) as server:
         config = platform_config(
             tmp_path_factory.mktemp("kube") / "pai", backend="kubernetes", kube_api_url=str(server.url).rstrip("/"),
-            kube_namespace=NAMESPACE,
+            kube_namespace=NAMESPACE, kube_ssh_image=SSH_IMAGE,
         )
         plat = Platform(config, print_fn=lambda *_: None)
         try:
@@ -148,3 +151,53 @@ async def test_a_browser_terminal_reaches_a_pod_through_rest_and_kubernetes_exec
                      .get("deletionTimestamp"), timeout=20, what="the pod's deletion")
     await kubelet.exit(pod["metadata"]["name"], 143)
     await api.wait_state(jid, "STOPPED", timeout=30)
+
+
+def stored_secret(emulator: PodApiEmulator, name: str) -> dict | None:
+    for (resource, namespace, secret_name), obj in list(emulator.objects.items()):
+        if resource.plural == "secrets" and namespace == NAMESPACE and secret_name == name and not obj.deleted:
+            return obj.raw
+    return None
+
+
+async def test_an_ssh_job_gets_pais_sshd_its_port_and_its_key_in_every_pod(kube_platform):
+    """The ssh plugin whatever the image: each Pod of the job has the init container of
+    PAI's image filling the emptyDir its task sees at /pai/ssh, the plugin's port from
+    the job's range as a host port, the job's private key in the task's script Secret
+    only; GET /ssh names those ports; the job runs to its end and its Secrets go."""
+    api, emulator, kubelet = kube_platform
+    name = f"kssh-{uuid.uuid4().hex[:6]}"
+    jid = f"admin~{name}"
+    extra = "extras:\n  com.microsoft.pai.runtimeplugin:\n    - plugin: ssh\n      parameters: {jobssh: true}\n"
+    await api.submit(job_yaml(name, ["python train.py"], roles={"worker": 2}, extra=extra))
+    pods = await wait_pods(emulator, jid, 2)
+    ports, secrets = [], []
+    for pod in pods:
+        spec = pod["spec"]
+        kubernetes_validate.validate({k: pod[k] for k in ("apiVersion", "kind", "metadata", "spec")}, "1.30.0",
+                                     strict=True)
+        (init,), (task,) = spec["initContainers"], spec["containers"]
+        assert init["image"] == SSH_IMAGE and init["command"][-1] == "/pai/ssh"
+        bundle = {m["mountPath"]: m for m in task["volumeMounts"]}["/pai/ssh"]
+        assert bundle["readOnly"] is True and init["volumeMounts"] == [{"name": bundle["name"], "mountPath": "/pai/ssh"}]
+        assert "emptyDir" in {v["name"]: v for v in spec["volumes"]}[bundle["name"]]
+        env = {e["name"]: e for e in task["env"]}
+        port = int(env["PAI_CONTAINER_SSH_PORT"]["value"])
+        assert {"containerPort": port, "hostPort": port, "protocol": "TCP"} in task["ports"]
+        assert env["PAI_WORK_DIR"]["value"] == "/pai/work"
+        secret = stored_secret(emulator, env["PAI_TASK_SCRIPT"]["valueFrom"]["secretKeyRef"]["name"])
+        assert secret is not None
+        script = base64.b64decode(secret["data"]["script"]).decode()
+        assert "BEGIN OPENSSH PRIVATE KEY" in script and "BEGIN OPENSSH" not in str(pod)
+        ports.append(port)
+        secrets.append(secret["metadata"]["name"])
+        await kubelet.run(pod["metadata"]["name"])
+    await api.wait_state(jid, "RUNNING")
+    info = await api.client.request("GET", f"/api/v2/jobs/{jid}/ssh")
+    assert sorted(int(t["sshPort"]) for t in info["containers"]) == sorted(ports)
+    assert info["keyPair"]["privateKey"].strip().splitlines()[1] in script
+    for pod in pods:
+        await kubelet.exit(pod["metadata"]["name"], 0, log=b"[PAI] ssh plugin: sshd listening\n")
+    await api.wait_state(jid, "SUCCEEDED")
+    await wait_until(lambda: not job_pods(emulator, jid) and not any(stored_secret(emulator, s) for s in secrets),
+                     timeout=20, what="the job's pods and secrets deleted")
