@@ -37,7 +37,13 @@ The platform runs with a small bound so that archiving happens during the run:
     python benchmarks/service_rss.py [--totals 5000,10000,20000] [--warmup 1000] [--clients 16]
                                      [--live-max 500] [--live-seconds 10] [--sweep-seconds 1]
                                      [--retention-seconds 10] [--restart-each] [--timeout 1800]
-                                     [--data-dir DIR]
+                                     [--data-dir DIR] [--history-db COPY.sqlite]
+
+`--history-db` runs the platform on an existing history database (a copy: it is
+written), so the restarts are timed with that much history, e.g. the 1M-job database of
+`benchmarks/history_scale.py --jobs 1000000 --db` with its jobs marked archived (a
+platform that ran them would have archived them): `sqlite3 COPY "UPDATE jobs SET
+archived_at = completed_at"`.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,7 +72,7 @@ from cli.up import SERVICES, Platform  # noqa: E402
 from libs.common.bus import Bus, all_keys  # noqa: E402
 from libs.common.config import load_config  # noqa: E402
 from libs.common.natsserver import free_port  # noqa: E402
-from libs.common.subjects import Bucket  # noqa: E402
+from libs.common.subjects import STREAM, Bucket  # noqa: E402
 
 POLL_SECONDS = 1.0
 SETTLE_SECONDS = 3.0  # after the bound is reached: JobArchived consumed, retention swept
@@ -111,28 +118,68 @@ def slope_per_1000(points: list[tuple[int, float | None]]) -> float | None:
     return round(1000 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var, 3)
 
 
+def load() -> list[float]:
+    """The machine's load average (1, 5, 15 min): beside each figure, as the machine is shared."""
+    return [round(x, 1) for x in os.getloadavg()]
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a process has used: what its start cost, whatever the load."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+
+def history_file(platform: Platform) -> Path | None:
+    dsn = platform.config.history_dsn
+    if dsn.startswith("sqlite"):
+        return Path(dsn.split(":///", 1)[1])
+    found = list(platform.data.rglob("history.sqlite"))
+    return found[0] if found else None
+
+
 def live_finished(platform: Platform) -> int | None:
     """Finished jobs the history holds whose live records are not archived yet."""
-    found = list(platform.data.rglob("history.sqlite"))
-    if not found:
+    found = history_file(platform)
+    if found is None:
         return None
-    with sqlite3.connect(f"file:{found[0]}?mode=ro", uri=True, timeout=10) as db:
+    with sqlite3.connect(f"file:{found}?mode=ro", uri=True, timeout=10) as db:
         return db.execute("SELECT count(*) FROM jobs WHERE archived_at IS NULL AND completed_at IS NOT NULL"
                           ).fetchone()[0]
 
 
+def history_jobs(path: str | None) -> int | None:
+    if path is None:
+        return None
+    with sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, timeout=10) as db:
+        return db.execute("SELECT count(*) FROM jobs").fetchone()[0]
+
+
+async def stream_state(bus: Bus, stream: str) -> dict[str, Any]:
+    """What nats-server holds of a stream in memory as well as on disk: its messages,
+    their subjects (an entry each in the server's subject index) and its interior
+    deletes (numbers). JetStream's own API, as nats-py's StreamState has no subjects."""
+    reply = await bus.nc.request(f"$JS.API.STREAM.INFO.{stream}", b"{}", timeout=10)
+    state = json.loads(reply.data)["state"]
+    return {"messages": state.get("messages", 0), "subjects": state.get("num_subjects", 0),
+            "interior_deletes": state.get("num_deleted", 0), "bytes": state.get("bytes", 0)}
+
+
 async def buckets(bus: Bus) -> dict[str, dict[str, int]]:
-    """Per live bucket: its keys with a value, and the messages its stream holds (values
-    and the markers of deleted or purged keys that have not expired)."""
-    out = {}
+    """Per live bucket: its keys with a value, and what its stream holds (values and the
+    markers of deleted or purged keys that have not expired); and the event stream."""
+    out: dict[str, dict[str, Any]] = {}
     for bucket in LIVE_BUCKETS:
-        info = await bus.js.stream_info(f"KV_{bucket.value}")
-        out[bucket.value] = {"live_keys": len(await all_keys(await bus.kv(bucket))), "messages": info.state.messages}
+        out[bucket.value] = {"live_keys": len(await all_keys(await bus.kv(bucket))),
+                             **await stream_state(bus, f"KV_{bucket.value}")}
+    out[STREAM] = await stream_state(bus, STREAM)
     return out
 
 
 async def burst(api: Api, url: str, token: str, prefix: str, start: int, count: int, clients: int,
-                deadline: float) -> None:
+                deadline: float, before: int = 0) -> None:
     """Submit jobs prefix-start .. prefix-(start+count-1) with `clients` connections; wait
     until every job of the prefix SUCCEEDED."""
     names = iter(range(start, start + count))
@@ -151,7 +198,8 @@ async def burst(api: Api, url: str, token: str, prefix: str, start: int, count: 
     await asyncio.gather(*(worker() for _ in range(clients)))
     if failures:
         raise RuntimeError(f"{len(failures)} submissions refused, e.g. {failures[0]}")
-    while await api.count("SUCCEEDED") < start + count:  # every job here is the admin's, each one of the prefix's
+    # every job here is the admin's, each one of the prefix's (`before`: the admin's in a given history)
+    while await api.count("SUCCEEDED") < before + start + count:
         if time.monotonic() > deadline:
             raise TimeoutError(f"not every job of {prefix} SUCCEEDED in time")
         await asyncio.sleep(POLL_SECONDS)
@@ -174,19 +222,35 @@ async def caught_up(platform: Platform, bus: Bus, bound: int, timeout: float) ->
         await asyncio.sleep(POLL_SECONDS)
 
 
-def restart_all(platform: Platform) -> dict[str, float]:
-    """Each service, then nats-server: stopped (SIGTERM) and started again; seconds to ready."""
-    took = {}
+def restart_all(platform: Platform, profile_dir: Path | None = None) -> dict[str, float | None]:
+    """Each service, then nats-server: stopped (SIGTERM) and started again; seconds to
+    ready, the CPU seconds the new process had used by then (`<name>_cpu_s`: its start's
+    work, which the machine's load does not stretch) and the 1-minute load (`<name>_load`)."""
+    took: dict[str, float | None] = {}
     for name in SERVICES:
         platform.kill_service(name, signal.SIGTERM)
         started = time.monotonic()
-        platform.start_service(name)
+        platform._spawn(name)
+        spy = None
+        if profile_dir is not None:  # its start as py-spy samples it (collapsed stacks), until ready
+            spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid",
+                                    str(platform.procs[name].pid), "--format", "raw", "--rate", "50", "--nonblocking",
+                                    "--output", str(profile_dir / f"{name}.txt")],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        platform._wait_ready(name)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=30)
         took[name] = round(time.monotonic() - started, 2)
+        took[f"{name}_cpu_s"] = cpu_seconds(platform.procs[name].pid)
+        took[f"{name}_load"] = load()[0]
     assert platform.nats is not None
     platform.nats.stop()
     started = time.monotonic()
     platform.nats.start()
     took["nats-server"] = round(time.monotonic() - started, 2)
+    took["nats-server_cpu_s"] = cpu_seconds(platform.nats.pid) if platform.nats.pid else None
+    took["nats-server_load"] = load()[0]
     for name in SERVICES:  # every service back on the restarted bus
         platform._wait_ready(name)
     return took
@@ -199,20 +263,22 @@ async def measure(platform: Platform, conn, args, result: dict) -> dict:
     timeout = ClientTimeout(total=120)
     async with ClientSession(connector=TCPConnector(limit=args.clients + 4), timeout=timeout) as session:
         api = Api(session, conn.url, conn.token)
-        prefix = "rss"
+        # A history database given again (--history-db) holds the last run's jobs: new names, counted from there.
+        prefix = f"rss{int(time.time()) % 1_000_000}"
+        before = await api.count("SUCCEEDED")
         done = 0
         if args.warmup:
-            await burst(api, conn.url, conn.token, prefix, 0, args.warmup, args.clients, deadline)
+            await burst(api, conn.url, conn.token, prefix, 0, args.warmup, args.clients, deadline, before)
             done = args.warmup
         reached = await caught_up(platform, bus, args.live_max, args.catch_up_timeout)
         points: list[dict[str, Any]] = [{"finished_jobs": done, "rss_mib": snapshot(platform),
                                          "rss_anon_mib": snapshot(platform, "RssAnon"), **reached,
-                                         "buckets": await buckets(bus)}]
+                                         "buckets": await buckets(bus), "load": load()}]
         restarted: list[dict[str, Any]] = []
         for total in args.totals:
             if total > done:
                 started = time.monotonic()
-                await burst(api, conn.url, conn.token, prefix, done, total - done, args.clients, deadline)
+                await burst(api, conn.url, conn.token, prefix, done, total - done, args.clients, deadline, before)
                 burst_s = time.monotonic() - started
                 done = total
             else:
@@ -221,15 +287,15 @@ async def measure(platform: Platform, conn, args, result: dict) -> dict:
             points.append({"finished_jobs": done, "burst_jobs_per_s": round((total - points[-1]["finished_jobs"])
                                                                             / burst_s, 1) if burst_s else None,
                            "rss_mib": snapshot(platform), "rss_anon_mib": snapshot(platform, "RssAnon"),
-                           **reached, "buckets": await buckets(bus)})
+                           **reached, "buckets": await buckets(bus), "load": load()})
             print(json.dumps(points[-1]), file=sys.stderr, flush=True)
             if args.restart_each or total == args.totals[-1]:
                 await bus.close()
-                took = restart_all(platform)
+                took = restart_all(platform, Path(args.profile_restart) if args.profile_restart else None)
                 await asyncio.sleep(RESTARTED_SECONDS)
                 bus = await Bus.connect(platform.nats.url, name="bench-rss", **platform.nats.login("platform"))
                 restarted.append({"finished_jobs": done, "restart_to_ready_s": took, "rss_mib": snapshot(platform),
-                                  "rss_anon_mib": snapshot(platform, "RssAnon")})
+                                  "rss_anon_mib": snapshot(platform, "RssAnon"), "load": load()})
                 print(json.dumps(restarted[-1]), file=sys.stderr, flush=True)
     await bus.close()
     base = points[0]
@@ -241,7 +307,9 @@ async def measure(platform: Platform, conn, args, result: dict) -> dict:
         running = [(p["finished_jobs"], p["rss_mib"].get(name)) for p in since]
         after = [(base["finished_jobs"], base["rss_mib"].get(name))] + [
             (r["finished_jobs"], r["rss_mib"].get(name)) for r in restarted]
+        last_20k = [(x, y) for x, y in running if x >= running[-1][0] - 20_000]
         slopes[name] = {"running": slope_per_1000(running), "running_last_burst": slope_per_1000(running[-2:]),
+                        "running_last_20k": slope_per_1000(last_20k),
                         "after_restart": slope_per_1000(after),
                         "running_anon": slope_per_1000([(p["finished_jobs"], p["rss_anon_mib"].get(name))
                                                         for p in since])}
@@ -267,6 +335,12 @@ def main() -> None:
                         help="seconds to wait after a burst for the live finished jobs to be back within the bound")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--profile-restart", metavar="DIR",
+                        help="py-spy samples each service's restart until ready: DIR/<service>.txt, collapsed stacks")
+    parser.add_argument("--history-db", default=None, metavar="PATH",
+                        help="the history database, a SQLite file (e.g. a copy of one benchmarks/history_scale.py "
+                             "seeded, its jobs marked archived): restarts with that much history. Used and changed "
+                             "in place: pass a copy")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a config field for the platform (libs/common/config.py), e.g. history_projection=inline")
     args = parser.parse_args()
@@ -277,6 +351,8 @@ def main() -> None:
         data = Path(tmp) / "pai"
         data.mkdir()
         ports = {f"{s}_port": free_port() for s in SERVICES}
+        if args.history_db:
+            args.set.append(f"history_dsn=sqlite+aiosqlite:///{Path(args.history_db).resolve()}")
         config = load_config(
             env={}, data_dir=str(data), nats_url=f"nats://127.0.0.1:{free_port()}",
             cluster_file=str(slots64_cluster_file(Path(tmp) / "cluster-slots64.yaml")),
@@ -291,7 +367,8 @@ def main() -> None:
             "settings": {"live_finished_job_max": args.live_max, "live_finished_job_seconds": args.live_seconds,
                          "history_sweep_seconds": args.sweep_seconds,
                          "retention_finished_seconds": args.retention_seconds, "warmup_jobs": args.warmup,
-                         "totals": args.totals, "clients": args.clients, "cells": 64, "set": args.set}}
+                         "totals": args.totals, "clients": args.clients, "cells": 64, "set": args.set,
+                         "history_jobs_at_start": history_jobs(args.history_db)}}
         platform = Platform(config, print_fn=lambda *_: None)
         try:
             conn = platform.start()
