@@ -248,6 +248,9 @@ def test_launcher_uses_kubernetes_backend_with_its_own_service_account(manifests
     # Job Pods in their own namespace, on the Pod network, as a non-root user.
     assert config.kube_namespace == JOBS_NAMESPACE and env["PAI_KUBE_NAMESPACE"] == JOBS_NAMESPACE
     assert config.kube_host_network is False and (config.kube_task_uid, config.kube_task_gid) == (1000, 1000)
+    # The ssh plugin's init container makes the task's sshd bundle from the launcher's own image.
+    (launcher_container,) = doc["spec"]["template"]["spec"]["containers"]
+    assert config.kube_ssh_image == launcher_container["image"]
     (namespace,) = find(manifests, "Namespace")
     assert namespace["metadata"]["name"] == JOBS_NAMESPACE
     pod = doc["spec"]["template"]["spec"]
