@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from cli.up import Platform
+from libs.common.messages import JobState
 from tests.integration.conftest import platform_config
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -114,7 +115,11 @@ class Rest:
         raise AssertionError(f"{job} did not reach {states} in {timeout:.0f}s; it is {state}")
 
 
-@pytest.fixture(scope="module")
+# One platform serves every module of the tier that does not start its own (the OIDC
+# module does): a start costs about 10 s on two cores. Modules run one after another
+# (the local-task group), each leaving no live job behind (stop_live_jobs) and making
+# its own users where it changes them.
+@pytest.fixture(scope="session")
 def platform():
     why = _why_not()
     if why:
@@ -140,12 +145,29 @@ def platform():
 
 @pytest.fixture(scope="module")
 def rest(platform) -> Rest:
-    return platform[1]
+    rest = platform[1]
+    yield rest
+    stop_live_jobs(rest)
 
 
-@pytest.fixture(scope="module")
-def users(rest: Rest) -> dict[str, str]:
+FINAL_STATES = {state.value for state in JobState if state.is_final}
+
+
+def stop_live_jobs(rest: Rest, timeout: float = 60.0) -> None:
+    """Stop every job a module left waiting or running, and wait for them to end, so
+    the next module's jobs find the cluster free."""
+    live = [f"{job['username']}~{job['name']}" for job in rest.call("GET", "/api/v2/jobs?limit=1000")
+            if job["state"] not in FINAL_STATES]
+    for job in live:
+        rest.call("PUT", f"/api/v2/jobs/{job}/executionType", {"value": "STOP"})
+    for job in live:
+        rest.wait_state(job, FINAL_STATES, timeout)
+
+
+@pytest.fixture(scope="session")
+def users(platform) -> dict[str, str]:
     """Two researchers with passwords (alice, bob); the admin signs in with the platform token."""
+    rest = platform[1]
     for name in ("alice", "bob"):
         rest.call("POST", "/api/v2/users", {"username": name, "password": PASSWORD})
     return {name: rest.call("POST", "/api/v2/authn/basic/login", {"username": name, "password": PASSWORD})["token"]
