@@ -43,11 +43,13 @@ RULE = {"code": 137, "phrase": "killed", "reaction": "NEVER_RETRY", "pattern": {
 CALLERS = ("anonymous", "other", "owner", "admin")  # the owner's stop comes after the other's try
 
 ANYONE, SIGNED_IN, OWNER_OR_ADMIN, ADMIN_ONLY = "anyone", "signed in", "owner or admin", "admin only"
+OWNER_ONLY = "owner only"
 ALLOWED = {
     ANYONE: {"anonymous", "other", "owner", "admin"},
     SIGNED_IN: {"other", "owner", "admin"},
     OWNER_OR_ADMIN: {"owner", "admin"},
     ADMIN_ONLY: {"admin"},
+    OWNER_ONLY: {"owner"},
 }
 
 SECRET_JOB = f"""protocolVersion: 2
@@ -259,6 +261,13 @@ MATRIX: dict[tuple[str, str], tuple[str, Request, int | set[int]]] = {
     ("GET", "/api/v2/jobs/{job}/metrics"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/metrics"), 200),
     # a shell in a running task (services/rest/terminal.py): this job runs no task
     ("GET", "/api/v2/jobs/{job}/terminal"): (OWNER_OR_ADMIN, fixed(f"/api/v2/jobs/{JOB}/terminal"), 409),
+    # the job's TensorBoard (services/rest/job_tensorboard.py): its pages run on PAI's own address, so
+    # only the owner's browser opens them (an admin's too would run the job's scripts signed in as admin);
+    # this job asks for no TensorBoard
+    ("GET", "/api/v2/jobs/{job}/tensorboard"): (OWNER_ONLY, fixed(f"/api/v2/jobs/{JOB}/tensorboard"), 404),
+    ("GET", "/api/v2/jobs/{job}/tensorboard/{tail}"): (OWNER_ONLY, fixed(f"/api/v2/jobs/{JOB}/tensorboard/"), 404),
+    ("POST", "/api/v2/jobs/{job}/tensorboard/{tail}"): (OWNER_ONLY, fixed(f"/api/v2/jobs/{JOB}/tensorboard/data",
+                                                                          {"q": 1}), 404),
     # cluster
     ("GET", "/api/v2/virtual-clusters"): (SIGNED_IN, fixed("/api/v2/virtual-clusters"), 200),
     ("GET", "/api/v2/virtual-clusters/{vc}"): (SIGNED_IN, fixed("/api/v2/virtual-clusters/default"), {200, 404}),

@@ -308,6 +308,19 @@ PATHS: dict[str, Any] = {
                                  query_param("rows", "rows (default 24)", {"type": "integer"})],
                          ok={"101": {"description": "switched to the WebSocket protocol pai.terminal.v1"}}),
     },
+    "/api/v2/jobs/{job}/tensorboard": {
+        "get": operation("The job's TensorBoard (its owner alone): redirects to the same path with a slash, under "
+                         "which TensorBoard's pages are served", tags=_JOBS, fails=(403, 404),
+                         params=[_JOB], ok={"302": {"description": "to .../tensorboard/"}}),
+    },
+    "/api/v2/jobs/{job}/tensorboard/{tail}": {
+        method: operation("TensorBoard's own pages and data API of the job (its owner alone; a browser tab sends "
+                          "the pai_tensorboard cookie the portal sets on this path), relayed by the launcher from "
+                          "the task that runs it", tags=_JOBS, fails=(403, 404, 409, 413, 503),
+                          params=[_JOB, path_param("tail", "TensorBoard's own path")],
+                          ok={"200": {"description": "what TensorBoard answered, as it answered it"}})
+        for method in ("get", "post")
+    },
     "/api/v2/virtual-clusters": {
         "get": operation("Every virtual cluster: capacity, cells per sku (guaranteed, used, total), queue",
                          tags=_CLUSTER,
