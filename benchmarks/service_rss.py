@@ -37,7 +37,12 @@ The platform runs with a small bound so that archiving happens during the run:
     python benchmarks/service_rss.py [--totals 5000,10000,20000] [--warmup 1000] [--clients 16]
                                      [--live-max 500] [--live-seconds 10] [--sweep-seconds 1]
                                      [--retention-seconds 10] [--restart-each] [--timeout 1800]
-                                     [--data-dir DIR] [--history-db COPY.sqlite]
+                                     [--data-dir DIR] [--history-db COPY.sqlite] [--no-restart]
+                                     [--profile-restart DIR]
+
+A service that exits during the run (e.g. a leader that could not renew its lease in
+time on an overloaded machine, which stops by design) is started again as `pai up`
+would, and listed in `exited_and_started_again`.
 
 `--history-db` runs the platform on an existing history database (a copy: it is
 written), so the restarts are timed with that much history, e.g. the 1M-job database of
@@ -178,8 +183,19 @@ async def buckets(bus: Bus) -> dict[str, dict[str, int]]:
     return out
 
 
-async def burst(api: Api, url: str, token: str, prefix: str, start: int, count: int, clients: int,
-                deadline: float, before: int = 0) -> None:
+def supervise(platform: Platform) -> None:
+    """Start again what died, as `pai up` does (a leader that could not renew its lease in
+    time stops by design), and say so: a point after it is not the same process's RSS."""
+    for name in platform.restart_what_died():
+        CRASHES.append({"process": name, "at": time.strftime("%H:%M:%S", time.gmtime()), "load": load()})
+        print(json.dumps({"restarted_after_exit": CRASHES[-1]}), file=sys.stderr, flush=True)
+
+
+CRASHES: list[dict[str, Any]] = []
+
+
+async def burst(platform: Platform, api: Api, url: str, token: str, prefix: str, start: int, count: int,
+                clients: int, deadline: float, before: int = 0) -> None:
     """Submit jobs prefix-start .. prefix-(start+count-1) with `clients` connections; wait
     until every job of the prefix SUCCEEDED."""
     names = iter(range(start, start + count))
@@ -202,6 +218,7 @@ async def burst(api: Api, url: str, token: str, prefix: str, start: int, count: 
     while await api.count("SUCCEEDED") < before + start + count:
         if time.monotonic() > deadline:
             raise TimeoutError(f"not every job of {prefix} SUCCEEDED in time")
+        supervise(platform)
         await asyncio.sleep(POLL_SECONDS)
 
 
@@ -219,6 +236,7 @@ async def caught_up(platform: Platform, bus: Bus, bound: int, timeout: float) ->
             await asyncio.sleep(SETTLE_SECONDS)
             return {"live_finished": live_finished(platform), "pai_jobs_keys": keys,
                     "caught_up": keys <= bound, "caught_up_in_s": round(waited, 1)}
+        supervise(platform)
         await asyncio.sleep(POLL_SECONDS)
 
 
@@ -268,17 +286,18 @@ async def measure(platform: Platform, conn, args, result: dict) -> dict:
         before = await api.count("SUCCEEDED")
         done = 0
         if args.warmup:
-            await burst(api, conn.url, conn.token, prefix, 0, args.warmup, args.clients, deadline, before)
+            await burst(platform, api, conn.url, conn.token, prefix, 0, args.warmup, args.clients, deadline, before)
             done = args.warmup
         reached = await caught_up(platform, bus, args.live_max, args.catch_up_timeout)
         points: list[dict[str, Any]] = [{"finished_jobs": done, "rss_mib": snapshot(platform),
                                          "rss_anon_mib": snapshot(platform, "RssAnon"), **reached,
                                          "buckets": await buckets(bus), "load": load()}]
+        print(json.dumps(points[-1]), file=sys.stderr, flush=True)
         restarted: list[dict[str, Any]] = []
         for total in args.totals:
             if total > done:
                 started = time.monotonic()
-                await burst(api, conn.url, conn.token, prefix, done, total - done, args.clients, deadline, before)
+                await burst(platform, api, conn.url, conn.token, prefix, done, total - done, args.clients, deadline, before)
                 burst_s = time.monotonic() - started
                 done = total
             else:
@@ -289,7 +308,7 @@ async def measure(platform: Platform, conn, args, result: dict) -> dict:
                            "rss_mib": snapshot(platform), "rss_anon_mib": snapshot(platform, "RssAnon"),
                            **reached, "buckets": await buckets(bus), "load": load()})
             print(json.dumps(points[-1]), file=sys.stderr, flush=True)
-            if args.restart_each or total == args.totals[-1]:
+            if args.restart_each or (total == args.totals[-1] and not args.no_restart):
                 await bus.close()
                 took = restart_all(platform, Path(args.profile_restart) if args.profile_restart else None)
                 await asyncio.sleep(RESTARTED_SECONDS)
@@ -314,6 +333,7 @@ async def measure(platform: Platform, conn, args, result: dict) -> dict:
                         "running_anon": slope_per_1000([(p["finished_jobs"], p["rss_anon_mib"].get(name))
                                                         for p in since])}
     return result | {"base_finished_jobs": base["finished_jobs"], "points": points, "restarted": restarted,
+                     "exited_and_started_again": CRASHES,
                      "mib_per_1000_finished_jobs": slopes,
                      "target_mib_per_1000": 1.0,
                      "restart_to_ready_s_at_end": restarted[-1]["restart_to_ready_s"] if restarted else None}
@@ -331,6 +351,7 @@ def main() -> None:
     parser.add_argument("--retention-seconds", type=float, default=10.0)
     parser.add_argument("--restart-each", action="store_true",
                         help="restart every process after each burst (by default only after the last)")
+    parser.add_argument("--no-restart", action="store_true", help="RSS only: no restarts after the last burst")
     parser.add_argument("--catch-up-timeout", type=float, default=300.0,
                         help="seconds to wait after a burst for the live finished jobs to be back within the bound")
     parser.add_argument("--timeout", type=float, default=1800.0)
