@@ -340,15 +340,21 @@ def render_markdown(text: str) -> str:
     return _markdown.render(text)
 
 
-def parameters_of(protocol: str) -> dict[str, str]:
-    """A template's `parameters` (each a default the user may change when using it)."""
+def _template_document(protocol: str) -> dict[str, Any]:
+    """A template's job document, or {} where there is none or it does not read (an
+    item's own view then shows no parameters or data slots rather than failing)."""
     if not protocol:
         return {}
     try:
         data = load_document(protocol, "text/yaml").data
     except ProtocolError:
         return {}
-    params = data.get("parameters") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def parameters_of(protocol: str) -> dict[str, str]:
+    """A template's `parameters` (each a default the user may change when using it)."""
+    params = _template_document(protocol).get("parameters")
     if not isinstance(params, dict):
         return {}
     return {str(k): "" if v is None else str(v) for k, v in params.items()}
@@ -374,14 +380,8 @@ def detail_of(item: MarketItem, *, stars: int, starred: bool, caller: Caller, re
 
 def data_slots(protocol: str) -> dict[str, list[str]]:
     """A template's prerequisites of type data (name -> its uris): where a data item goes."""
-    if not protocol:
-        return {}
-    try:
-        data = load_document(protocol, "text/yaml").data
-    except ProtocolError:
-        return {}
     slots: dict[str, list[str]] = {}
-    for p in data.get("prerequisites") or [] if isinstance(data, dict) else []:
+    for p in _template_document(protocol).get("prerequisites") or []:
         if isinstance(p, dict) and p.get("type") == "data" and isinstance(p.get("name"), str):
             uri = p.get("uri")
             slots[p["name"]] = [str(u) for u in uri] if isinstance(uri, list) else [str(uri)] if uri else []
