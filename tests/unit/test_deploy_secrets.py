@@ -31,5 +31,5 @@ def test_rest_mounts_the_public_key_and_the_launcher_the_private_key(manifests: 
 
 
 def test_the_key_secret_can_be_named(tools) -> None:
-    docs = render(tools, *set_args(**{"jobSecrets.keySecret": "my-keys"}))
+    docs = render(tools, *set_args(**{"jobSecrets.existingSecret": "my-keys"}))
     assert key_volume(deployment(docs, "launcher"))["secret"]["secretName"] == "my-keys"
