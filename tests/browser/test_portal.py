@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 
 import pytest
 
@@ -597,6 +598,31 @@ def test_a_terminal_opens_in_a_running_task_and_answers_what_is_typed(browser, u
         ctx.close()
 
 
+def wait_for_tensorboard_run(rest: Rest, job: str, token: str, timeout: float = 120.0) -> None:
+    """Until the job's TensorBoard answers through rest and has read the task's event
+    file: its page drawn before then shows no run until its own next refresh (30 s),
+    longer than a loaded machine leaves the test."""
+    import gzip
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{rest.url}/api/v2/jobs/{job}/tensorboard/data/runs",
+                                     headers={"Authorization": f"Bearer {token}", "Accept-Encoding": "gzip"})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                body = answer.read()
+                if answer.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+            if json.loads(body):
+                return
+        except urllib.error.HTTPError:  # 503 while TensorBoard starts
+            pass
+        assert time.monotonic() < deadline, f"{job}'s TensorBoard read no run in {timeout:.0f} s"
+        time.sleep(1)
+
+
 def test_the_job_page_opens_its_owners_tensorboard_through_rest(browser, url, rest, users):
     from services.launcher.backends import local
     from tests.integration.test_tensorboard import PLUGIN, WRITE, _quoted
@@ -617,6 +643,7 @@ def test_the_job_page_opens_its_owners_tensorboard_through_rest(browser, url, re
     try:
         sign_in(tab, url, "alice")
         rest.wait_state(job, {"RUNNING"})
+        wait_for_tensorboard_run(rest, job, users["alice"])
         tab.goto(f"{url}/#/jobs/{job}")
         button = tab.locator("#tensorboard")
         button.wait_for()
