@@ -1,5 +1,5 @@
 """The portal in headless Chromium (Debian's `chromium`, driven by Playwright; no
-browser download): one whole platform per module, as tests/integration runs it.
+browser download): one whole platform for the tier, supervised as `pai up` does.
 
 `make test` installs chromium (apt) and playwright (the test extra). Screenshots of
 every page go to artifacts/screenshots/ (or $PAI_ARTIFACTS/screenshots) and are
@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +29,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(os.environ.get("PAI_ARTIFACTS", ROOT / "artifacts")) / "screenshots"
 PASSWORD = "portal-test-password"
+# What the tier's platform said while supervised (services it started again), for
+# failure messages: a test that waited in vain says whether a service had died.
+SUPERVISION: list[str] = []
 SAVED: list[Path] = []
 _STARTED = time.time()
 
@@ -125,11 +129,18 @@ def platform():
     if why:
         pytest.skip(why)
     data = Path(tempfile.mkdtemp(prefix="pai-browser-"))
-    plat = Platform(platform_config(data), print_fn=lambda *_: None)
+    plat = Platform(platform_config(data), print_fn=SUPERVISION.append)
+    supervisor = threading.Thread(target=plat.supervise, name="browser-platform-supervisor", daemon=True)
     try:
         conn = plat.start()
+        # As `pai up` does: a service that exits (a lease lost on a loaded machine) is
+        # started again, rather than leaving the modules after it a platform without it.
+        supervisor.start()
         yield plat, Rest(conn.url, conn.token)
     finally:
+        plat.request_stop()
+        if supervisor.is_alive():
+            supervisor.join(timeout=5)
         try:
             from tests.chaos.harness import _stop_quickly  # services idle in NATS drain are killed, not awaited
             _stop_quickly(plat)

@@ -16,10 +16,11 @@ import time
 import pytest
 
 from libs.common.protocol import ssh
-from tests.browser.conftest import PASSWORD, Rest, shot
+from tests.browser.conftest import PASSWORD, SUPERVISION, Rest, shot
 
-expect = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: `make test` installs the "
-                             "test extra (pip install -e '.[test]')").expect
+_playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: `make test` installs "
+                                  "the test extra (pip install -e '.[test]')")
+expect, PlaywrightTimeout = _playwright.expect, _playwright.TimeoutError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -470,7 +471,7 @@ def test_every_page_renders(page, url, rest, browser, platform):
         ctx.close()
 
 
-def test_a_running_jobs_utilisation_charts_fill(browser, url, rest, users):
+def test_a_running_jobs_utilisation_charts_fill(browser, url, rest, users, platform):
     """The job page draws the monitor's samples (GET /api/v2/jobs/{id}/metrics) as they
     come: the whole job's chart and its task's gain points while it runs. CPU and memory
     only: this machine gives no GPU readings, so no GPU series is drawn."""
@@ -484,7 +485,15 @@ def test_a_running_jobs_utilisation_charts_fill(browser, url, rest, users):
         rest.wait_state(job, {"RUNNING"})
         tab.goto(f"{url}/#/jobs/{job}")
         tab.wait_for_selector("#utilisation-title")
-        tab.wait_for_function("() => Number(document.querySelector('#chart-job')?.dataset.points) >= 2", timeout=60_000)
+        try:
+            tab.wait_for_function("() => Number(document.querySelector('#chart-job')?.dataset.points) >= 2",
+                                  timeout=60_000)
+        except PlaywrightTimeout:
+            answer = rest.call("GET", f"/api/v2/jobs/{job}/metrics", token=users["alice"])
+            raise AssertionError(
+                f"no chart after 60 s; the page says {tab.locator('#metrics-status').inner_text()!r}; "
+                f"the API {str(answer)[:600]}; the platform restarted: {SUPERVISION or 'nothing'}; "
+                f"the monitor's {platform[0]._log_tail('monitor')}") from None
         first = int(tab.locator("#chart-job").get_attribute("data-points"))
         # Still filling, without a reload: more points a few samples later.
         tab.wait_for_function(f"() => Number(document.querySelector('#chart-job').dataset.points) > {first}", timeout=60_000)

@@ -17,7 +17,8 @@ from tests.browser.conftest import PASSWORD, Rest, shot
 from tests.browser.test_portal import TIMEOUT_MS, assert_labelled, own_context, sign_in
 
 pytestmark = pytest.mark.timeout(300)
-pytest.importorskip("playwright.sync_api", reason="playwright is not installed: `make test` installs the test extra")
+expect = pytest.importorskip("playwright.sync_api",
+                            reason="playwright is not installed: `make test` installs the test extra").expect
 
 GROUP = "vision"
 TEMPLATE = """protocolVersion: 2
@@ -120,8 +121,10 @@ def test_publish_share_find_star_use_and_run(browser, url, rest, people):
         dave.wait_for_selector(".market-card")
         dave.get_by_label("Tag", exact=True).select_option("greeting")
         card = dave.locator(f".market-card[data-item='{item['id']}']")
+        # The list is fetched again for the tag: until it comes, the unfiltered cards
+        # (hers among them) are still on the page.
+        expect(dave.locator(".market-card")).to_have_count(1)
         card.wait_for()
-        assert dave.locator(".market-card").count() == 1
         star = card.locator("button.star")
         star.focus()
         dave.keyboard.press("Enter")
