@@ -117,6 +117,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 # budget sees which worker the run waited on (the local-task group runs on one).
 _BUSY_BY_WORKER: dict[str, float] = {}
 _BUSY_BY_GROUP: dict[str, float] = {}
+_BUSY_BY_MODULE: dict[str, float] = {}
+_MODULES_SHOWN = 25
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -128,6 +130,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     group = xdist_group(report.nodeid.split("::", 1)[0], _GROUP_OF_PATH)
     group = group if group == ONE_AT_A_TIME else "others"
     _BUSY_BY_GROUP[group] = _BUSY_BY_GROUP.get(group, 0.0) + report.duration
+    module = report.nodeid.split("::", 1)[0]
+    _BUSY_BY_MODULE[module] = _BUSY_BY_MODULE.get(module, 0.0) + report.duration
 
 
 _GROUP_OF_PATH: dict[str, str] = {}
@@ -139,6 +143,11 @@ def pytest_terminal_summary(terminalreporter) -> None:
     workers = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(_BUSY_BY_WORKER.items()))
     groups = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(_BUSY_BY_GROUP.items()))
     terminalreporter.write_line(f"busy time by worker: {workers}; by group: {groups}")
+    busiest = sorted(_BUSY_BY_MODULE.items(), key=lambda item: -item[1])[:_MODULES_SHOWN]
+    terminalreporter.write_line(f"the {len(busiest)} busiest modules (setup, call and teardown together):")
+    for module, seconds in busiest:
+        group = "local-tasks" if xdist_group(module, _GROUP_OF_PATH) == ONE_AT_A_TIME else "others"
+        terminalreporter.write_line(f"  {seconds:6.1f} s  {group:11}  {module}")
 
 
 def shared_path(*parts: str) -> Path:
