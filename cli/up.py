@@ -47,6 +47,9 @@ class Platform:
         self.nats_credentials: BusCredentials | None = None
         self.print = print_fn
         self._stopping = False
+        # What kill_service/kill_nats took down on purpose: supervision leaves it down
+        # until start_service/start_nats (a test that kills a service starts it itself).
+        self._held: set[str] = set()
 
     @property
     def api_url(self) -> str:
@@ -138,20 +141,24 @@ class Platform:
     def kill_service(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to one service (chaos tests); `start_service` brings it back."""
         proc = self.procs[name]
+        self._held.add(name)
         proc.send_signal(sig)
         proc.wait()
 
     def start_service(self, name: str) -> None:
         self._spawn(name)
+        self._held.discard(name)
         self._wait_ready(name)
 
     def kill_nats(self) -> None:
         assert self.nats is not None
+        self._held.add("nats")
         self.nats.stop(kill=True)
 
     def start_nats(self) -> None:
         assert self.nats is not None
         self.nats.start()
+        self._held.discard("nats")
 
     def supervise(self) -> None:
         """Block until asked to stop, starting again NATS or any service that died."""
@@ -163,18 +170,23 @@ class Platform:
         """One round of supervision: NATS first (every service needs it), then the
         services; returns what was started again."""
         restarted = []
-        if self.nats is not None and self.nats.proc is not None and self.nats.proc.poll() is not None and not self._stopping:
-            self.print(f"[yellow]nats-server exited with code {self.nats.proc.returncode}; starting it again[/]")
-            self.nats.start()  # same store and port: JetStream recovers its streams
+        nats = self.nats
+        if nats is not None and nats.proc is not None and nats.proc.poll() is not None and self._restarts("nats"):
+            self.print(f"[yellow]nats-server exited with code {nats.proc.returncode}; starting it again[/]")
+            nats.start()  # same store and port: JetStream recovers its streams
             self.data.chmod(0o711)  # as at start: writing the server config made it 0700
             restarted.append("nats")
         for name, proc in list(self.procs.items()):
-            if proc.poll() is not None and not self._stopping:
+            if proc.poll() is not None and self._restarts(name):
                 self.print(f"[yellow]{name} exited with code {proc.returncode}; starting it again[/]")
                 time.sleep(RESTART_BACKOFF_SECONDS)
-                self._spawn(name)
-                restarted.append(name)
+                if self._restarts(name):  # still wanted after the backoff
+                    self._spawn(name)
+                    restarted.append(name)
         return restarted
+
+    def _restarts(self, name: str) -> bool:
+        return not self._stopping and name not in self._held
 
     def request_stop(self, *_: object) -> None:
         self._stopping = True

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +22,7 @@ import pytest
 
 from cli.up import Platform
 from libs.common.messages import JobState
-from tests.integration.conftest import platform_config
+from tests.integration.conftest import platform_config, supervised
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,17 +129,11 @@ def platform():
         pytest.skip(why)
     data = Path(tempfile.mkdtemp(prefix="pai-browser-"))
     plat = Platform(platform_config(data), print_fn=SUPERVISION.append)
-    supervisor = threading.Thread(target=plat.supervise, name="browser-platform-supervisor", daemon=True)
     try:
         conn = plat.start()
-        # As `pai up` does: a service that exits (a lease lost on a loaded machine) is
-        # started again, rather than leaving the modules after it a platform without it.
-        supervisor.start()
-        yield plat, Rest(conn.url, conn.token)
+        with supervised(plat):
+            yield plat, Rest(conn.url, conn.token)
     finally:
-        plat.request_stop()
-        if supervisor.is_alive():
-            supervisor.join(timeout=5)
         try:
             from tests.chaos.harness import _stop_quickly  # services idle in NATS drain are killed, not awaited
             _stop_quickly(plat)

@@ -29,11 +29,9 @@ Job shapes, each with the final state a user expects whatever was killed:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import signal
-import threading
 import time
 import urllib.request
 from collections import Counter
@@ -51,7 +49,7 @@ from tests.chaos.harness import (
     read_starts,
     wait_all_final,
 )
-from tests.integration.conftest import Api
+from tests.integration.conftest import Api, supervised
 
 DEFAULT_SEED = 20240611
 DEFAULT_JOBS = 100
@@ -268,19 +266,6 @@ async def kill_parts(api: Api, order: list[str], rng: random.Random, report: Soa
             report.recovery_s.setdefault(part, []).append(took)
 
 
-@contextlib.contextmanager
-def supervised(api: Api):
-    """`pai up`'s supervisor, in a thread, for the length of the soak."""
-    thread = threading.Thread(target=api.platform.supervise, name="supervisor", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        api.platform.request_stop()
-        thread.join(timeout=10)
-        api.platform._stopping = False  # the fixture still stops the platform itself
-
-
 async def job_attempts(api: Api, job: str) -> list[dict]:
     return await api.client.request("GET", f"/api/v2/jobs/{job}/job-attempts")
 
@@ -328,7 +313,7 @@ async def run_soak(api: Api, starts_dir: Path, *, jobs: int = DEFAULT_JOBS, kill
     report = SoakReport(jobs=len(planned), shapes=dict(Counter(job.shape for job in planned)))
     order = _kill_order(random.Random(rng.random()), kills, nats_kills)
     spread_s = kills * sum(KILL_GAP_SECONDS) / 2 + 5
-    with supervised(api):
+    with supervised(api.platform):
         accepted, _ = await asyncio.gather(
             submit_all(api, planned, starts_dir, spread_s, random.Random(rng.random())),
             kill_parts(api, order, random.Random(rng.random()), report),

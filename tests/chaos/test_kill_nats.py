@@ -69,7 +69,8 @@ async def test_while_nats_is_away_the_api_answers_503_at_once_and_the_supervisor
 
     from tests.chaos.harness import wait_all_final
 
-    await asyncio.to_thread(platform.platform.kill_nats)
+    # A crash, not kill_nats: that one tells supervision to leave NATS down for the test to start.
+    await asyncio.to_thread(platform.platform.nats.stop, kill=True)
     headers = {"Authorization": f"Bearer {platform.conn.token}"}
     async with aiohttp.ClientSession() as http:
         for path in ("/api/v2/jobs", "/api/v2/users/me"):

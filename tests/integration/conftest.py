@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,12 +106,29 @@ def tmp_path_open_to_tasks(request: pytest.FixtureRequest) -> None:
         parent.chmod(parent.stat().st_mode | 0o011)
 
 
+@contextlib.contextmanager
+def supervised(plat: Platform) -> Iterator[None]:
+    """Supervise a started platform as `pai up` does: a service that exits (a lease
+    lost on a loaded machine ends its holder by design) is started again, rather than
+    leaving every test after it a platform without it. What a test kills on purpose
+    (Platform.kill_service) stays down until it starts it."""
+    thread = threading.Thread(target=plat.supervise, name="test-platform-supervisor", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        plat.request_stop()
+        thread.join(timeout=10)
+        plat._stopping = False  # supervised no more; whoever started it still stops it
+
+
 @pytest.fixture(scope="session")
 def platform(tmp_path_factory: pytest.TempPathFactory):
     plat = Platform(platform_config(tmp_path_factory.mktemp("pai")), print_fn=lambda *_: None)
     try:
         conn = plat.start()
-        yield Api(plat, conn)
+        with supervised(plat):
+            yield Api(plat, conn)
     finally:
         # Services idle in NATS drain on SIGTERM are killed after a moment instead of
         # awaited for up to 15 s (see _stop_quickly); tasks and NATS still stop as usual.
