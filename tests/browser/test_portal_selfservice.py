@@ -52,6 +52,7 @@ def test_the_form_builds_a_two_role_job_that_runs(tab, rest: Rest, users):
 
     tab.locator("#form-name").fill("formed")
     tab.locator("#form-vc").select_option("default")
+    tab.locator("#job-form:not([aria-busy])").wait_for()  # the VC's skus drawn: the form is drawn again
     tab.locator("#role-0-name").fill("server")
     tab.locator("#role-0-command").fill('echo "server $PAI_TASK_ROLE_TASK_COUNT_worker workers"')
     tab.get_by_role("button", name="Add a port to role 1").click()

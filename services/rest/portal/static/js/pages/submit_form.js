@@ -99,7 +99,12 @@ export function jobForm({ onYaml }) {
   function draw() {
     const vcs = [...new Set([...(session.me.virtualCluster || []), ...(form.virtualCluster ? [form.virtualCluster] : [])])];
     const vcSelect = h("select", { id: "form-vc" }, h("option", { value: "" }, "— choose —"), vcs.map((v) => h("option", { value: v, selected: v === form.virtualCluster }, v)));
-    vcSelect.addEventListener("change", async () => { form.virtualCluster = vcSelect.value; await loadSkus(form.virtualCluster); draw(); emit(); });
+    // The VC's skus come from the API; the form is busy (aria-busy) until they are drawn.
+    vcSelect.addEventListener("change", async () => {
+      form.virtualCluster = vcSelect.value;
+      box.setAttribute("aria-busy", "true");
+      try { await loadSkus(form.virtualCluster); draw(); emit(); } finally { box.removeAttribute("aria-busy"); }
+    });
     const priority = h("select", { id: "form-priority" }, h("option", { value: "" }, "the VC's default"),
       PRIORITY_CLASSES.map((p) => h("option", { value: p, selected: p === form.priorityClass }, p)));
     priority.addEventListener("change", () => { form.priorityClass = priority.value; emit(); });
@@ -117,6 +122,10 @@ export function jobForm({ onYaml }) {
     const tb = h("input", { type: "checkbox", id: "form-tensorboard", checked: form.tensorboard });
     const logdir = input("form-tb-logdir", form.tensorboardLogdir, (v) => { form.tensorboardLogdir = v; }, { placeholder: "/mnt/logs", size: "24" });
     tb.addEventListener("change", () => { form.tensorboard = tb.checked; emit(); });
+    // Drawn again while someone types (the skus of a VC just chosen arrive): the field
+    // they were in keeps the focus and the caret, so no keystroke goes astray.
+    const focused = document.activeElement && box.contains(document.activeElement) && document.activeElement.id
+      ? { id: document.activeElement.id, start: document.activeElement.selectionStart, end: document.activeElement.selectionEnd } : null;
     clear(box,
       h("fieldset", {}, h("legend", {}, "Job"),
         h("div", { class: "filters" },
@@ -135,6 +144,13 @@ export function jobForm({ onYaml }) {
         h("div", { class: "stack" },
           h("label", { class: "inline", for: "form-ssh" }, ssh, "SSH into the tasks (with your profile's SSH keys and the job's own key)"),
           h("div", { class: "filters" }, h("label", { class: "inline", for: "form-tensorboard" }, tb, "TensorBoard"), field("Log directory", logdir)))));
+    const again = focused && document.getElementById(focused.id);
+    if (again) {
+      again.focus();
+      if (typeof again.setSelectionRange === "function" && focused.start != null) {
+        try { again.setSelectionRange(focused.start, focused.end); } catch { /* a number input has no caret to set */ }
+      }
+    }
   }
 
   async function show(text) {
