@@ -35,7 +35,8 @@ from tests.chaos.harness import (
     wait_all_final,
 )
 
-pytestmark = pytest.mark.chaos
+# A long scenario: `make test-slow` runs it, `make test` (CI) does not.
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 NODES = 3
 

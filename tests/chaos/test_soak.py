@@ -15,7 +15,8 @@ import pytest
 from cli.up import SERVICES
 from tests.chaos.soak import NATS, run_soak
 
-pytestmark = pytest.mark.chaos
+# A long scenario: `make test-slow` runs it, `make test` (CI) does not.
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
 @pytest.mark.timeout(600)

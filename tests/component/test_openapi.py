@@ -38,10 +38,10 @@ METHODS = {"get", "put", "post", "delete", "patch"}
 # Operations schemathesis drives: those of the jobs fragment (the others talk to the
 # runtime, the monitor or stream forever, and have their own tests).
 FUZZED_TAGS = ("jobs", "cluster", "docs")
-# Bounded so the whole run stays well under 90 s on two busy cores (schemathesis keeps
+# Bounded so the whole run stays under 40 s on two busy cores (schemathesis keeps
 # generating until the time budget when the examples per operation allow more).
 MAX_EXAMPLES = 20
-MAX_SECONDS = 40
+MAX_SECONDS = 25
 
 
 @pytest.fixture(scope="module")

@@ -58,8 +58,10 @@ async def password_matches(password_hash: str, password: str) -> bool:
 
 
 # A hash to verify against when the user does not exist, so a wrong name takes as
-# long as a wrong password and the answer does not tell which was wrong.
-_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+# long as a wrong password and the answer does not tell which was wrong. Made at the
+# first such check, at the configured cost (at import it cost every process a quarter
+# of a second, rest's start included, to make a hash configure_hashing then replaced).
+_DUMMY_HASH: str | None = None
 
 
 def configure_hashing(time_cost: int, memory_kib: int) -> None:
@@ -74,10 +76,13 @@ def configure_hashing(time_cost: int, memory_kib: int) -> None:
         raise BadInput(f"configuration: password_hash_time_cost must be at least 1 (is {time_cost}) and "
                        f"password_hash_memory_kib at least {floor} (is {memory_kib})")
     _hasher = argon2.PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=_hasher.parallelism)
-    _DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+    _DUMMY_HASH = None
 
 
 async def spend_password_check(password: str) -> None:
+    global _DUMMY_HASH
+    if _DUMMY_HASH is None:
+        _DUMMY_HASH = await hash_password(secrets.token_urlsafe(16))
     await password_matches(_DUMMY_HASH, password)
 
 
