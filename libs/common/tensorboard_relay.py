@@ -9,6 +9,13 @@ that matter and the body. A body longer than one NATS message comes in chunks, e
 request, cut from what the launcher fetched once and keeps a few seconds under the
 request's `fetch` id (services/launcher/tensorboard_relay.py), so the chunks are one
 answer.
+
+Content codings are negotiated as HTTP has them: rest passes on the client's
+Accept-Encoding (`acceptEncoding`), the launcher asks TensorBoard with it (or for
+`identity` when the client named none), and an answer encoded in a way the client did
+not accept (a server that gzips regardless) is decoded before it is relayed, so a plain
+client (urllib, curl without --compressed) gets the plain body and a browser still gets
+TensorBoard's gzip as it was.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class RelayRequest(msgspec.Struct, frozen=True, kw_only=True):
     contentType: str = ""
     body: bytes = b""
     offset: int = 0  # > 0: a later chunk of the answer fetched under `fetch`
+    acceptEncoding: str = ""  # the client's Accept-Encoding; "" when it sent none: the plain body alone
 
 
 class RelayReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +60,37 @@ class RelayReply(msgspec.Struct, frozen=True, kw_only=True):
     data: bytes = b""
     size: int = 0  # the whole body's length
     error: str = ""
+
+
+def accepts(accept_encoding: str, coding: str) -> bool:
+    """Whether a client's Accept-Encoding (RFC 9110 12.5.3) takes `coding` (e.g. "gzip").
+
+    A coding it names with a weight above 0, or `*` above 0 when it does not name the
+    coding itself; `x-gzip` is gzip. No header, or an empty one, takes none: a client
+    that did not ask for an encoded body gets the plain one (as servers answer in practice).
+    """
+    coding = _ALIASES.get(coding.strip().lower(), coding.strip().lower())
+    star: bool | None = None
+    for item in accept_encoding.split(","):
+        name, _, params = item.partition(";")
+        name = name.strip().lower()
+        name = _ALIASES.get(name, name)
+        weight = 1.0
+        for param in params.split(";"):
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    weight = float(value.strip())
+                except ValueError:
+                    weight = 0.0  # a weight that is no number accepts nothing
+        if name == coding:
+            return weight > 0
+        if name == "*":
+            star = weight > 0
+    return bool(star)
+
+
+_ALIASES = {"x-gzip": "gzip"}
 
 
 async def ask(bus, req: RelayRequest, *, timeout: float = 40.0) -> RelayReply:

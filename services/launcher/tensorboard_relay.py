@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections import OrderedDict
 
 import aiohttp
@@ -31,6 +32,7 @@ from libs.common.tensorboard_relay import (
     TENSORBOARD_SUBJECT,
     RelayReply,
     RelayRequest,
+    accepts,
 )
 from services.launcher.core.lifecycle import LauncherCore
 
@@ -81,19 +83,32 @@ class Relay:
         host, port = found
         url = f"http://{host}:{port}{req.path}" + (f"?{req.query}" if req.query else "")
         headers = {"Content-Type": req.contentType} if req.contentType else {}
+        # The client's own codings (aiohttp would ask for gzip whatever the client said).
+        headers["Accept-Encoding"] = req.acceptEncoding or "identity"
         try:
             http = self._session()
             async with http.request(req.method, url, data=req.body or None, headers=headers,
                                     allow_redirects=False) as resp:
+                passed = {h: resp.headers[h] for h in PASSED_HEADERS if h in resp.headers}
+                if passed.get("Content-Encoding", "").strip().lower() == "identity":  # TensorBoard's page says so
+                    del passed["Content-Encoding"]  # no coding, and HTTP has no header for it
+                decoding = Decoding.of(passed.get("Content-Encoding", ""), req.acceptEncoding)
+                if isinstance(decoding, str):
+                    return RelayReply(status=502, error=decoding)
                 parts, size = [], 0
                 async for part in resp.content.iter_any():
+                    part = decoding.decode(part, MAX_ANSWER_BYTES - size) if decoding else part
                     parts.append(part)
                     size += len(part)
                     if size > MAX_ANSWER_BYTES:
                         return RelayReply(status=502, error=f"TensorBoard's answer is over {MAX_ANSWER_BYTES} bytes")
+                if decoding:
+                    decoding.finish()
+                    passed = decoding.headers(passed)
                 body = b"".join(parts)
-                passed = {h: resp.headers[h] for h in PASSED_HEADERS if h in resp.headers}
                 head = RelayReply(status=resp.status, headers=passed, size=len(body))
+        except zlib.error as exc:
+            return RelayReply(status=502, error=f"TensorBoard's encoded answer could not be decoded: {exc}")
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             return RelayReply(status=502, error=(
                 f"TensorBoard of {req.job} ({req.role}[0], port {port}) did not answer: {exc or type(exc).__name__}; "
@@ -108,7 +123,8 @@ class Relay:
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
             # No proxy from the environment: the task's address is the node's own. Compressed
-            # answers stay so (a third of the bytes on the bus), their Content-Encoding passed on.
+            # answers the client accepts stay so (a third of the bytes on the bus), their
+            # Content-Encoding passed on; the others are decoded here (Decoding).
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FETCH_SECONDS),
                                                auto_decompress=False, trust_env=False)
         return self._http
@@ -116,6 +132,52 @@ class Relay:
     async def close(self) -> None:
         if self._http is not None:
             await self._http.close()
+
+
+class Decoding:
+    """An answer's gzip or deflate body decoded as it arrives, for a client that did not
+    accept that coding. Its output is bounded as the answer's bytes are: each part
+    inflates to at most the room left under MAX_ANSWER_BYTES (plus one byte, to see it
+    overflow), so a small body that inflates hugely costs no more than the limit."""
+
+    CODINGS = ("gzip", "x-gzip", "deflate")
+
+    def __init__(self, coding: str):
+        self.coding = coding
+        # 32 + MAX_WBITS: a zlib or gzip header, told apart by zlib (HTTP's deflate is zlib's).
+        self._zlib = zlib.decompressobj(32 + zlib.MAX_WBITS)
+        self._fed = False
+
+    @classmethod
+    def of(cls, content_encoding: str, accept_encoding: str) -> Decoding | str | None:
+        """None: passed on as it is; a Decoding; or why it cannot be relayed to this client."""
+        codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
+        codings = [c for c in codings if c != "identity"]
+        if all(accepts(accept_encoding, c) for c in codings):
+            return None
+        if len(codings) == 1 and codings[0] in cls.CODINGS:
+            return cls(codings[0])
+        return (f"TensorBoard answered with Content-Encoding {content_encoding!r}, which the client does not accept "
+                f"(Accept-Encoding {accept_encoding or 'none'!r}) and the launcher cannot decode")
+
+    def decode(self, data: bytes, room: int) -> bytes:
+        self._fed = self._fed or bool(data)
+        # At most one byte past the room (max_length 0 would mean no bound): over it, the
+        # caller refuses the answer, and what the rest would inflate to is never made.
+        return self._zlib.decompress(data, max(room, 0) + 1)
+
+    def finish(self) -> None:
+        if self._fed and not self._zlib.eof:
+            raise zlib.error("it ends before its end")
+
+    @staticmethod
+    def headers(passed: dict[str, str]) -> dict[str, str]:
+        """The decoded answer's headers: no Content-Encoding, and an ETag no longer the
+        encoded bytes' own (weak: the same content, not the same bytes)."""
+        headers = {h: v for h, v in passed.items() if h != "Content-Encoding"}
+        if "ETag" in headers and not headers["ETag"].startswith("W/"):
+            headers["ETag"] = "W/" + headers["ETag"]
+        return headers
 
 
 async def serve(bus, core: LauncherCore) -> Relay:

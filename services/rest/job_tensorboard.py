@@ -30,8 +30,10 @@ from libs.common.tensorboard_relay import MAX_REQUEST_BODY_BYTES, RelayRequest
 from services.rest import jobs_api
 from services.rest.request import USER, ctx_of
 
-# Headers added to every relayed answer: no sniffing, no framing, nothing of the path leaks elsewhere.
-ANSWER_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY"}
+# Headers added to every relayed answer: no sniffing, no framing, nothing of the path leaks elsewhere;
+# its coding follows the request's Accept-Encoding (libs/common/tensorboard_relay.py).
+ANSWER_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY",
+                  "Vary": "Accept-Encoding"}
 
 
 async def get_tensorboard(request: web.Request) -> web.StreamResponse:
@@ -54,7 +56,8 @@ async def get_tensorboard(request: web.Request) -> web.StreamResponse:
         raise TooLarge(f"a request to TensorBoard carries at most {MAX_REQUEST_BODY_BYTES} bytes")
     relayed = RelayRequest(job=jid, role=role, fetch=uuid.uuid4().hex, method=request.method,
                            path="/" + request.match_info["tail"], query=request.query_string,
-                           contentType=request.headers.get("Content-Type", ""), body=body)
+                           contentType=request.headers.get("Content-Type", ""), body=body,
+                           acceptEncoding=request.headers.get("Accept-Encoding", ""))
     bus = ctx_of(request).bus
     first = await tensorboard_relay.ask(bus, relayed)
     if first.error:

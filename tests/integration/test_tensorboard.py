@@ -6,6 +6,7 @@ and its data API through rest, relayed by the launcher; anyone else gets 403."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import sys
 import uuid
@@ -44,10 +45,16 @@ async def owner(platform: Api) -> Client:
 
 
 async def fetch(url: str, token: str | None = None, *, cookie: str | None = None,
-                method: str = "GET") -> tuple[int, dict, bytes]:
+                method: str = "GET", accept_encoding: str | None = None) -> tuple[int, dict, bytes]:
+    """aiohttp's answer, decoded as a browser's; with `accept_encoding` ("" for none, as
+    urllib and curl without --compressed send), the bytes as they came."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     cookies = {"pai_tensorboard": cookie} if cookie else None
-    async with aiohttp.ClientSession(cookies=cookies) as http, \
+    raw = accept_encoding is not None
+    if accept_encoding:
+        headers["Accept-Encoding"] = accept_encoding
+    async with aiohttp.ClientSession(cookies=cookies, auto_decompress=not raw,
+                                     skip_auto_headers=("Accept-Encoding",) if raw else ()) as http, \
             http.request(method, url, headers=headers, allow_redirects=False) as resp:
         return resp.status, dict(resp.headers), await resp.read()
 
@@ -84,6 +91,16 @@ async def test_the_owner_reads_the_jobs_tensorboard_through_rest(platform: Api, 
         status, headers, page = await fetch(f"{base}/", token)
         assert status == 200 and headers["Content-Type"].startswith("text/html")
         assert b"tb-relative-root" in page  # TensorBoard's own page, its addresses relative to it
+        # Its coding follows the client's Accept-Encoding: a plain client (urllib, curl without
+        # --compressed) gets the plain data, one that accepts gzip TensorBoard's gzip, each with
+        # its own length. (TensorBoard gzips its data API's JSON for a client that accepts it.)
+        data = f"{base}/data/plugin/scalars/scalars?run=.&tag=loss"
+        status, headers, plain = await fetch(data, token, accept_encoding="")
+        assert status == 200 and "Content-Encoding" not in headers and plain == scalars
+        assert int(headers["Content-Length"]) == len(plain)
+        status, headers, packed = await fetch(data, token, accept_encoding="gzip")
+        assert status == 200 and headers["Content-Encoding"] == "gzip" and gzip.decompress(packed) == scalars
+        assert int(headers["Content-Length"]) == len(packed) and headers["Vary"] == "Accept-Encoding"
         status, headers, _ = await fetch(base, token)  # under the slash, where the relative addresses work
         assert status == 302 and headers["Location"].endswith(f"/api/v2/jobs/{job}/tensorboard/")
 

@@ -318,7 +318,8 @@ PATHS: dict[str, Any] = {
                           "the pai_tensorboard cookie the portal sets on this path), relayed by the launcher from "
                           "the task that runs it", tags=_JOBS, fails=(403, 404, 409, 413, 503),
                           params=[_JOB, path_param("tail", "TensorBoard's own path")],
-                          ok={"200": {"description": "what TensorBoard answered, as it answered it"}})
+                          ok={"200": {"description": "what TensorBoard answered, in a content coding the "
+                                                       "request's Accept-Encoding takes (none without one)"}})
         for method in ("get", "post")
     },
     "/api/v2/virtual-clusters": {
