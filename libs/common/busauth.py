@@ -121,11 +121,12 @@ ACCESS: dict[str, Access] = {
         publishes=(Kind.TASK_STARTED, Kind.TASK_EXITED, Kind.JOB_STATE, Kind.JOB_RELEASED,
                    Kind.TERMINAL_OPENED, Kind.TERMINAL_CLOSED),  # terminals: services/launcher/terminals.py
         durable=Durable.LAUNCHER,
-        writes=(Bucket.JOB_STATUS,),
+        # TERMINALS: the terminal sessions it holds open (services/launcher/core/terminals.py).
+        writes=(Bucket.JOB_STATUS, Bucket.TERMINALS),
         # NODE_HEALTH: at restore, tasks still live on a node the monitor holds
         # lost are ended (the NodeStatus that said so may have been acked just
         # before a crash).
-        reads=(Bucket.JOB_STATUS, Bucket.SECRETS, Bucket.NODE_HEALTH),
+        reads=(Bucket.JOB_STATUS, Bucket.SECRETS, Bucket.NODE_HEALTH, Bucket.TERMINALS),
         lease=True,
         serves=(LOG_SUBJECT, TENSORBOARD_SUBJECT, TERMINAL_OPEN_SUBJECT),
         sends=(TERMINAL_OUTPUT_SUBJECTS,),

@@ -96,6 +96,8 @@ BUCKETS: dict[Bucket, StoreLimits] = {
     Bucket.JOB_METRICS: StoreLimits(max_bytes=1 * GIB),
     # Marketplace items: at most MAX_MARKET_ITEMS of MAX_MARKET_ITEM_BYTES (typically a few KiB), and stars.
     Bucket.MARKET: StoreLimits(max_bytes=512 * MIB),
+    # The open browser terminals: terminal_sessions_max records of under 1 KiB.
+    Bucket.TERMINALS: StoreLimits(max_bytes=8 * MIB),
 }
 # A bucket added to `Bucket` without a line above: small state (per node or per
 # service), as most buckets are. Give a bucket that grows with jobs its own line.

@@ -236,30 +236,33 @@ class TaskVerdict(Event, kw_only=True, frozen=True, tag=Kind.TASK_VERDICT.value)
     diagnostics: list[str] = []  # the log lines that matched
 
 
-class TerminalOpened(Event, kw_only=True, frozen=True, tag=Kind.TERMINAL_OPENED.value):
+class _TerminalEvent(Event, kw_only=True, frozen=True):
+    """What both ends of a browser terminal session say: the session `session` that `by`
+    opened in task `role`[`index`] of the job's attempt `attempt`. (Not an event of its
+    own: its fields come first in each, as they would written out in both.)"""
+
+    vc: VcName
+    attempt: int
+    role: str
+    index: int
+    by: str
+    session: str
+
+
+class TerminalOpened(_TerminalEvent, kw_only=True, frozen=True, tag=Kind.TERMINAL_OPENED.value):
     """`by` opened a browser terminal in a running task (`mode`: "process", "container"
     or "pod", how the shell was entered). The id is `<job>/terminal/<session>/opened`."""
 
-    vc: VcName
-    attempt: int
-    role: str
-    index: int
-    by: str
-    session: str
     mode: str = ""
 
 
-class TerminalClosed(Event, kw_only=True, frozen=True, tag=Kind.TERMINAL_CLOSED.value):
+class TerminalClosed(_TerminalEvent, kw_only=True, frozen=True, tag=Kind.TERMINAL_CLOSED.value):
     """The terminal session `session` ended after `seconds`; `reason` says how (the shell
-    exited, the browser closed it, idle past `terminal_idle_seconds`, the task ended).
-    The id is `<job>/terminal/<session>/closed`."""
+    exited, the browser closed it, idle past `terminal_idle_seconds`, the task ended, or
+    "the launcher restarted: ..." for a session cut by the launcher's death, closed by the
+    next launcher and measured to the last moment it was known to hold the session open).
+    The id is `<job>/terminal/<session>/closed`, one close per session."""
 
-    vc: VcName
-    attempt: int
-    role: str
-    index: int
-    by: str
-    session: str
     openedAt: float
     seconds: float
     reason: str = ""

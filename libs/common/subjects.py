@@ -136,6 +136,9 @@ class Bucket(StrEnum):
     # rest: marketplace items (`item.<id>`) and who starred them (`star.<id>.<user>`)
     # (services/rest/market).
     MARKET = "pai_market"
+    # launcher: each browser terminal session it holds open (key: the session id), so
+    # a restarted launcher records the end of those a crash cut (services/launcher/core/terminals.py).
+    TERMINALS = "pai_terminals"
 
 
 # Durable consumer names, one per consuming service.

@@ -7,9 +7,10 @@ this module finds the task running, has the backend open a shell in it
 subject, keys and resizes come in on its input subject. The session ends, recorded by
 `terminal.closed` with its length, when the shell exits, rest says the browser closed,
 nothing was typed for `terminal_idle_seconds`, rest has not been heard from for
-TERMINAL_LINK_SECONDS (its process died), or the task ended. Nothing of a session is
-kept across a launcher restart: its shells are its children on ptys (or streams) it
-holds, which end with it; a session cut so has its `terminal.opened` but no close.
+TERMINAL_LINK_SECONDS (its process died), or the task ended. A session's shell is the
+launcher's child on a pty (or stream) it holds, which ends with it; each open session is
+kept in the `pai_terminals` bucket, so a launcher killed -9 records the end of those it
+held when it starts again (core/terminals.py).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
+from libs.common.bus import load_all
 from libs.common.errors import NotFound, PaiError
 from libs.common.ids import EventId, JobId, VcName
 from libs.common.messages import (
-    TerminalClosed,
     TerminalInput,
     TerminalOpen,
     TerminalOpened,
@@ -38,11 +39,13 @@ from libs.common.subjects import (
     TERMINAL_LINK_SECONDS,
     TERMINAL_OPEN_SUBJECT,
     TERMINAL_PING_SECONDS,
+    Bucket,
     terminal_input_subject,
     terminal_output_subject,
 )
 from services.launcher.backends.terminals import TerminalChannel
 from services.launcher.core.tasks import TaskKey
+from services.launcher.core.terminals import TERMINAL_ALIVE_SECONDS, HeldTerminal, closed_by_restart, closed_event
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,8 @@ SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 _encode = msgspec.json.Encoder().encode
 _open_decoder = msgspec.json.Decoder(TerminalOpen)
 _input_decoder = msgspec.json.Decoder(TerminalInput)
+# A record's delete marker in pai_terminals need not outlive a moment (a session id is never reused).
+_MARKER_SECONDS = 60.0
 
 
 class Located(msgspec.Struct, frozen=True):
@@ -64,12 +69,13 @@ Opener = Callable[..., Awaitable[TerminalChannel]]
 
 
 class _Session:
-    def __init__(self, req: TerminalOpen, where: Located, channel: TerminalChannel, opened_at: float):
+    def __init__(self, req: TerminalOpen, where: Located, channel: TerminalChannel, opened: TerminalOpened):
         self.req = req
         self.where = where
         self.channel = channel
-        self.opened_at = opened_at
+        self.opened = opened
         now = time.monotonic()
+        self.kept_at = now  # its record's aliveAt last written
         self.typed_at = now  # keys or a resize
         self.heard_at = now  # any word from rest, a ping included
         self.close_reason = ""
@@ -90,8 +96,27 @@ class TerminalSessions:
         self._runs: set[asyncio.Task] = set()
 
     async def serve(self) -> None:
+        await self.close_left_over()
         await self.bus.nc.subscribe(TERMINAL_OPEN_SUBJECT, queue="launcher", cb=self._on_open)
         await self.bus.nc.flush()  # the server has it before the launcher says it is ready
+
+    async def close_left_over(self) -> None:
+        """Record the end of every session a previous launcher left open (killed -9, or
+        its NATS gone as it stopped): at start-up this one holds none. Each opening is
+        published again first (the same event: stored once), in case the crash came
+        between its record and its publication; then its close, then the record goes."""
+        held: dict[str, HeldTerminal] = await load_all(await self.bus.kv(Bucket.TERMINALS), HeldTerminal,
+                                                       skip_undecodable=True)
+        for key, record in held.items():
+            await self.bus.publish(record.opened)
+            await self.bus.publish(closed_by_restart(record))
+            await self.bus.kv_write_many(Bucket.TERMINALS, {key: None}, gone_after=_MARKER_SECONDS)
+            log.warning("terminal %s of %s in %s was cut by a launcher restart; its end is recorded",
+                        key, record.opened.by, record.opened.job)
+
+    async def _keep(self, session: _Session, alive_at: float) -> None:
+        await self.bus.kv_write_many(Bucket.TERMINALS, {
+            session.req.session: _encode(HeldTerminal(opened=session.opened, aliveAt=alive_at))})
 
     async def close(self) -> None:
         for session in self._sessions.values():
@@ -132,13 +157,15 @@ class TerminalSessions:
         except (PaiError, OSError) as exc:
             return TerminalOpenReply(ok=False, status=503, error=f"the shell could not be started: {exc}")
         opened_at = self._clock()
-        session = _Session(req, where, channel, opened_at)
+        session = _Session(req, where, channel, TerminalOpened(
+            id=terminal_event_id(req.job, req.session, "opened"), job=JobId(req.job), cause=EventId(""),
+            at=opened_at, vc=VcName(where.vc), attempt=where.key.attempt, role=req.role, index=req.index,
+            by=req.by, session=req.session, mode=channel.mode))
         try:
-            # Recorded before it is used: every session is in the job's events.
-            await self.bus.publish(TerminalOpened(
-                id=terminal_event_id(req.job, req.session, "opened"), job=JobId(req.job), cause=EventId(""),
-                at=opened_at, vc=VcName(where.vc), attempt=where.key.attempt, role=req.role, index=req.index,
-                by=req.by, session=req.session, mode=channel.mode))
+            # Kept, then recorded, before it is used: every session is in the job's
+            # events, and a crash from here on still gets it its close (close_left_over).
+            await self._keep(session, opened_at)
+            await self.bus.publish(session.opened)
 
             async def on_input(msg) -> None:
                 await self._on_input(session, msg)
@@ -147,6 +174,8 @@ class TerminalSessions:
             await self.bus.nc.flush()  # subscribed at the server before rest hears "ok" and sends keys
         except BaseException:
             await channel.close()
+            with contextlib.suppress(Exception):  # never opened: no close to record for it
+                await self.bus.kv_write_many(Bucket.TERMINALS, {req.session: None}, gone_after=_MARKER_SECONDS)
             raise
         self._sessions[req.session] = session
         run = asyncio.ensure_future(self._run(session))
@@ -208,12 +237,21 @@ class TerminalSessions:
                     reason = "the task ended"
                 else:
                     await self.bus.nc.publish(subject, _encode(TerminalOutput()))  # a ping
+                    if now - session.kept_at >= TERMINAL_ALIVE_SECONDS:
+                        session.kept_at = now
+                        await self._keep_alive(session)
         except Exception as exc:  # noqa: BLE001 - the session ends, recorded; the launcher goes on
             log.exception("terminal %s", session.req.session)
             reason = f"the relay failed: {exc}"
         finally:
             pump.cancel()
             await self._end(session, reason or "the launcher stopped")
+
+    async def _keep_alive(self, session: _Session) -> None:
+        try:
+            await self._keep(session, self._clock())
+        except Exception:  # noqa: BLE001 - the session goes on; cut by a crash, it would count shorter
+            log.warning("terminal %s: its record's aliveAt could not be written", session.req.session, exc_info=True)
 
     async def _end(self, session: _Session, reason: str) -> None:
         req = session.req
@@ -226,13 +264,14 @@ class TerminalSessions:
         with contextlib.suppress(Exception):
             await self.bus.nc.publish(terminal_output_subject(req.session),
                                       _encode(TerminalOutput(closed=True, reason=reason)))
-        closed_at = self._clock()
         try:
-            await self.bus.publish(TerminalClosed(
-                id=terminal_event_id(req.job, req.session, "closed"), job=JobId(req.job), cause=EventId(""),
-                at=closed_at, vc=VcName(session.where.vc), attempt=session.where.key.attempt, role=req.role,
-                index=req.index, by=req.by, session=req.session, openedAt=session.opened_at,
-                seconds=round(max(0.0, closed_at - session.opened_at), 3), reason=reason))
-        except Exception:  # noqa: BLE001 - the opening is recorded; its end could not be
+            await self.bus.publish(closed_event(session.opened, self._clock(), reason))
+        except Exception:  # noqa: BLE001 - the opening is recorded; its end is, by the next launcher
             log.exception("recording the end of terminal %s", req.session)
+        else:
+            # Only once its end is stored: a crash before leaves the record for the next launcher.
+            try:
+                await self.bus.kv_write_many(Bucket.TERMINALS, {req.session: None}, gone_after=_MARKER_SECONDS)
+            except Exception:  # noqa: BLE001 - the next launcher publishes the same close (stored once)
+                log.exception("removing the record of terminal %s", req.session)
         log.info("terminal %s of %s closed: %s", req.session, req.by, reason)

@@ -4,7 +4,9 @@ request/reply and talks on the session's subjects; the launcher (as `launcher`) 
 to a shell, here a stand-in that answers each line in capitals. Every session is
 recorded (terminal.opened, terminal.closed with its length and why it ended); it ends
 when rest says so, when nothing is typed for the idle limit, when the task ends; a
-refusal comes back with the status rest answers with."""
+refusal comes back with the status rest answers with. A session a launcher could not
+close (its NATS gone as it died) is closed by the next launcher, once however often it
+restarts."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import secrets
 import msgspec
 import pytest
 
-from libs.common.bus import Bus
+from libs.common.bus import Bus, get_json
 from libs.common.messages import (
     TerminalClosed,
     TerminalInput,
@@ -24,8 +26,9 @@ from libs.common.messages import (
     TerminalOutput,
     decode,
 )
-from libs.common.subjects import terminal_input_subject, terminal_output_subject
+from libs.common.subjects import STREAM, Bucket, Kind, job_subject, terminal_input_subject, terminal_output_subject
 from services.launcher.core.tasks import TaskKey
+from services.launcher.core.terminals import RESTARTED, HeldTerminal
 from services.launcher.terminals import Located, TerminalSessions
 from services.rest.terminal import _ask_launcher
 
@@ -179,3 +182,55 @@ async def test_refusals_come_back_with_their_status(world: World):
     assert (await world.open())[1].status == 409
     assert not [e for e in world.events if isinstance(e, TerminalOpened) and e.session != kept]  # refusals record nothing
     await sessions.close()
+
+
+async def closes_stored(platform: Bus) -> int:
+    """How many terminal.closed events of JOB the event stream holds (what JetStream
+    stored, after its deduplication by event id)."""
+    subject = job_subject(Kind.TERMINAL_CLOSED, "default", JOB)
+    info = await platform.js.stream_info(STREAM, subjects_filter=subject)
+    return int((info.state.subjects or {}).get(subject, 0))
+
+
+async def test_a_session_cut_by_a_dying_launcher_is_closed_once_by_the_next(world: World, nats_server):
+    platform = await Bus.connect(nats_server.url, name="terminal-restarts", **nats_server.login("platform"))
+    dying = await Bus.connect(nats_server.url, name="launcher", **nats_server.login("launcher"))
+    try:
+        first = TerminalSessions(dying, world.opener, world.locate, idle_seconds=60, most=4)
+        await first.serve()
+        session, reply, got = await world.open()
+        assert reply.ok
+        kept, _ = await get_json(await platform.kv(Bucket.TERMINALS), session, HeldTerminal)
+        assert kept.opened.session == session and kept.aliveAt == kept.opened.at
+        before = await closes_stored(platform)
+        # Its connection gone before it could record the end (as a launcher killed -9):
+        # the session's opening stands alone in the events.
+        await dying.close()
+        await first.close()
+        await asyncio.sleep(0.3)
+        assert not [e for e in world.events if isinstance(e, TerminalClosed) and e.session == session]
+
+        restarted = TerminalSessions(world.launcher, world.opener, world.locate, idle_seconds=60, most=4)
+        await restarted.serve()
+        closed = await world.closed_event(session)
+        opened = next(e for e in world.events if isinstance(e, TerminalOpened) and e.session == session)
+        assert (closed.reason, closed.openedAt, closed.by) == (RESTARTED, opened.at, "alice")
+        assert closed.at == kept.aliveAt and closed.seconds == 0  # measured to the last moment known alive
+        assert await get_json(await platform.kv(Bucket.TERMINALS), session, HeldTerminal) is None
+        assert await closes_stored(platform) == before + 1
+
+        # Killed again after publishing the close but before removing the record: the
+        # next launcher publishes the same close, stored once.
+        await platform.kv_write_many(Bucket.TERMINALS, {session: msgspec.json.encode(kept)})
+        again = TerminalSessions(world.launcher, world.opener, world.locate, idle_seconds=60, most=4)
+        await again.serve()
+        for _ in range(100):
+            if await get_json(await platform.kv(Bucket.TERMINALS), session, HeldTerminal) is None:
+                break
+            await asyncio.sleep(0.05)
+        assert await closes_stored(platform) == before + 1
+        assert [e for e in world.events if isinstance(e, TerminalClosed) and e.session == session][-1] == closed
+        for sessions in (restarted, again):
+            await sessions.close()
+    finally:
+        await platform.close()

@@ -2,7 +2,8 @@
 opens GET /api/v2/jobs/{id}/terminal as a WebSocket on rest, types, and reads the shell's
 answers from inside the task (its user, working directory, environment); another user
 is refused 403, a task that does not run 409; each session lands in the job's events
-with who opened it and how long it lasted."""
+with who opened it and how long it lasted, a session cut by the launcher's death too
+(closed once, by the launcher that starts next)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import base64
 import json
 import re
+import signal
 import uuid
 
 import aiohttp
@@ -136,3 +138,48 @@ async def test_the_owner_types_in_a_running_task_and_the_session_is_recorded(pla
             await http.ws_connect(terminal_url(platform, job, "worker", 0),
                                   headers={"Authorization": f"Bearer {owner.conn.token}"})
         assert not_running.value.status == 409
+
+
+async def test_a_session_cut_by_a_launcher_killed_9_is_closed_once_after_its_restart(platform: Api):
+    name = f"cut{RUN}"
+    owner = await user(platform, name)
+    answer = await owner.request("POST", "/api/v2/jobs", data=job_yaml(f"cut{RUN}", TASK).encode(),
+                                 content_type="text/yaml")
+    job = answer["job"]
+    try:
+        await platform.wait_state(job, "RUNNING", timeout=60)
+        await task_says(platform, job, "main", 0)
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(terminal_url(platform, job, "main", 0),
+                                       protocols=browser_protocols(owner.conn.token)) as ws:
+                await ws.send_bytes(b"echo alive-$((6*7))\n")
+                await read_until(ws, re.compile(r"alive-42"), bytearray())
+                await asyncio.to_thread(platform.platform.kill_service, "launcher", signal.SIGKILL)
+            await events_of(owner, job, {"TerminalOpened"})
+            await asyncio.to_thread(platform.platform.start_service, "launcher")
+            closed = [e for e in await events_of(owner, job, {"TerminalClosed"}) if e["reason"] == "TerminalClosed"]
+            assert len(closed) == 1 and closed[0]["message"].startswith(
+                f"the terminal {name} opened in task main[0] closed after "), closed
+            assert ": the launcher restarted: the session was cut when it stopped; its length is measured to the " \
+                   "last moment the launcher was known to hold it open" in closed[0]["message"], closed
+
+            # Killed and started again: no second close. A session opened afterwards works
+            # and is recorded; once its close is in the events, the first one's would be too.
+            await asyncio.to_thread(platform.platform.kill_service, "launcher", signal.SIGKILL)
+            await asyncio.to_thread(platform.platform.start_service, "launcher")
+            async with http.ws_connect(terminal_url(platform, job, "main", 0),
+                                       protocols=browser_protocols(owner.conn.token)) as ws:
+                await ws.send_bytes(b"exit\n")
+                closing = await asyncio.wait_for(ws.receive(), 20)
+                while closing.type == aiohttp.WSMsgType.BINARY:
+                    closing = await asyncio.wait_for(ws.receive(), 20)
+        for _ in range(100):
+            events = (await owner.request("GET", f"/api/v2/jobs/{job}/events"))["data"]
+            closes = [e["message"] for e in events if e["reason"] == "TerminalClosed"]
+            if any(m.endswith("the shell exited") for m in closes):
+                break
+            await asyncio.sleep(0.2)
+        assert len(closes) == 2 and sum("the launcher restarted" in m for m in closes) == 1, closes
+        assert sum(e["reason"] == "TerminalOpened" for e in events) == 2, events
+    finally:
+        await owner.request("PUT", f"/api/v2/jobs/{job}/executionType", json_body={"value": "STOP"})
