@@ -14,9 +14,9 @@ $(BIN)/python:
 
 # setup.py builds the one C extension (optional: without a compiler the install still
 # succeeds); a change to it or to its source rebuilds it.
+# --no-compile: byte-compiling every installed package took over a minute of the two
+# cores; Python compiles (and caches) the modules a run imports as it imports them.
 $(STAMP): pyproject.toml setup.py services/launcher/backends/_spawn_as.c | $(BIN)/python
-	# --no-compile: byte-compiling every installed package took over a minute of the
-	# two cores; Python compiles (and caches) the modules a run imports as it imports them.
 	$(BIN)/pip install -q --no-compile -e ".[test,sim]"
 	touch $(STAMP)
 
@@ -61,10 +61,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-## Install everything the tests need, lint, then run every test tier.
+## Install everything the tests need, lint (as soon as the virtualenv is there, beside
+## apt's and npm's downloads), then run every test tier but the long scenarios.
 test:
-	$(MAKE) --no-print-directory -j3 --output-sync=target test-deps
-	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory -j3 --output-sync=target test-deps lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
 		--durations=30 -m "not slow"
 
