@@ -180,7 +180,8 @@ class Platform:
             if proc.poll() is not None and self._restarts(name):
                 self.print(f"[yellow]{name} exited with code {proc.returncode}; starting it again[/]")
                 time.sleep(RESTART_BACKOFF_SECONDS)
-                if self._restarts(name):  # still wanted after the backoff
+                # Still wanted after the backoff, and not started meanwhile by start_service.
+                if self._restarts(name) and self.procs.get(name) is proc:
                     self._spawn(name)
                     restarted.append(name)
         return restarted

@@ -28,8 +28,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(os.environ.get("PAI_ARTIFACTS", ROOT / "artifacts")) / "screenshots"
 PASSWORD = "portal-test-password"
-# What the tier's platform said while supervised (services it started again), for
-# failure messages: a test that waited in vain says whether a service had died.
+# What the tier's platform said (the services its supervisor started again among it),
+# for failure messages: a test that waited in vain says whether a service had died.
 SUPERVISION: list[str] = []
 SAVED: list[Path] = []
 _STARTED = time.time()

@@ -492,7 +492,7 @@ def test_a_running_jobs_utilisation_charts_fill(browser, url, rest, users, platf
             answer = rest.call("GET", f"/api/v2/jobs/{job}/metrics", token=users["alice"])
             raise AssertionError(
                 f"no chart after 60 s; the page says {tab.locator('#metrics-status').inner_text()!r}; "
-                f"the API {str(answer)[:600]}; the platform restarted: {SUPERVISION or 'nothing'}; "
+                f"the API {str(answer)[:600]}; the platform said (restarts included): {SUPERVISION or 'nothing'}; "
                 f"the monitor's {platform[0]._log_tail('monitor')}") from None
         first = int(tab.locator("#chart-job").get_attribute("data-points"))
         # Still filling, without a reload: more points a few samples later.
