@@ -354,7 +354,11 @@ def _template_document(protocol: str) -> dict[str, Any]:
 
 def parameters_of(protocol: str) -> dict[str, str]:
     """A template's `parameters` (each a default the user may change when using it)."""
-    params = _template_document(protocol).get("parameters")
+    return _parameters(_template_document(protocol))
+
+
+def _parameters(document: dict[str, Any]) -> dict[str, str]:
+    params = document.get("parameters")
     if not isinstance(params, dict):
         return {}
     return {str(k): "" if v is None else str(v) for k, v in params.items()}
@@ -368,9 +372,10 @@ def summary_of(item: MarketItem, *, stars: int, starred: bool) -> dict[str, Any]
 
 
 def detail_of(item: MarketItem, *, stars: int, starred: bool, caller: Caller, revision: int) -> dict[str, Any]:
+    document = _template_document(item.protocol)
     return {**summary_of(item, stars=stars, starred=starred), "description": item.description,
             "descriptionHtml": render_markdown(item.description), "protocol": item.protocol, "uri": item.uri,
-            "parameters": parameters_of(item.protocol), "data": data_slots(item.protocol),
+            "parameters": _parameters(document), "data": _data_slots(document),
             "reviewedBy": item.reviewedBy,
             "reviewNote": item.reviewNote, "mayChange": may_change(caller, item), "revision": revision}
 
@@ -380,8 +385,12 @@ def detail_of(item: MarketItem, *, stars: int, starred: bool, caller: Caller, re
 
 def data_slots(protocol: str) -> dict[str, list[str]]:
     """A template's prerequisites of type data (name -> its uris): where a data item goes."""
+    return _data_slots(_template_document(protocol))
+
+
+def _data_slots(document: dict[str, Any]) -> dict[str, list[str]]:
     slots: dict[str, list[str]] = {}
-    for p in _template_document(protocol).get("prerequisites") or []:
+    for p in document.get("prerequisites") or []:
         if isinstance(p, dict) and p.get("type") == "data" and isinstance(p.get("name"), str):
             uri = p.get("uri")
             slots[p["name"]] = [str(u) for u in uri] if isinstance(uri, list) else [str(uri)] if uri else []
@@ -398,7 +407,7 @@ def job_documents(item: MarketItem, *, parameters: dict[str, str], sweep: dict[s
         raise BadInput(f"item {item.id} is a data item: refer to its uri ({item.uri}) from a template's "
                        "prerequisites (type: data); only templates make jobs")
     data = load_document(item.protocol, "text/yaml").data
-    slots = data_slots(item.protocol)
+    slots = _data_slots(data)
     for slot, given in (data_items or {}).items():
         if slot not in slots:
             raise bad(f"data.{slot}", "unknown_prerequisite",
@@ -410,7 +419,7 @@ def job_documents(item: MarketItem, *, parameters: dict[str, str], sweep: dict[s
             {**p, "uri": [data_items[p["name"]].uri]}
             if isinstance(p, dict) and p.get("type") == "data" and p.get("name") in data_items else p
             for p in data.get("prerequisites") or []]
-    known = parameters_of(item.protocol)
+    known = _parameters(data)  # prerequisites alone changed above
     for key in [*parameters, *sweep]:
         if key not in known:
             raise bad(f"parameters.{key}", "unknown_parameter",
