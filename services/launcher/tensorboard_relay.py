@@ -142,8 +142,7 @@ class Decoding:
 
     CODINGS = ("gzip", "x-gzip", "deflate")
 
-    def __init__(self, coding: str):
-        self.coding = coding
+    def __init__(self) -> None:
         # 32 + MAX_WBITS: a zlib or gzip header, told apart by zlib (HTTP's deflate is zlib's).
         self._zlib = zlib.decompressobj(32 + zlib.MAX_WBITS)
         self._fed = False
@@ -156,7 +155,7 @@ class Decoding:
         if all(accepts(accept_encoding, c) for c in codings):
             return None
         if len(codings) == 1 and codings[0] in cls.CODINGS:
-            return cls(codings[0])
+            return cls()
         return (f"TensorBoard answered with Content-Encoding {content_encoding!r}, which the client does not accept "
                 f"(Accept-Encoding {accept_encoding or 'none'!r}) and the launcher cannot decode")
 

@@ -110,13 +110,16 @@ class TerminalSessions:
         for key, record in held.items():
             await self.bus.publish(record.opened)
             await self.bus.publish(closed_by_restart(record))
-            await self.bus.kv_write_many(Bucket.TERMINALS, {key: None}, gone_after=_MARKER_SECONDS)
+            await self._forget(key)
             log.warning("terminal %s of %s in %s was cut by a launcher restart; its end is recorded",
                         key, record.opened.by, record.opened.job)
 
     async def _keep(self, session: _Session, alive_at: float) -> None:
         await self.bus.kv_write_many(Bucket.TERMINALS, {
             session.req.session: _encode(HeldTerminal(opened=session.opened, aliveAt=alive_at))})
+
+    async def _forget(self, session_id: str) -> None:
+        await self.bus.kv_write_many(Bucket.TERMINALS, {session_id: None}, gone_after=_MARKER_SECONDS)
 
     async def close(self) -> None:
         for session in self._sessions.values():
@@ -175,7 +178,7 @@ class TerminalSessions:
         except BaseException:
             await channel.close()
             with contextlib.suppress(Exception):  # never opened: no close to record for it
-                await self.bus.kv_write_many(Bucket.TERMINALS, {req.session: None}, gone_after=_MARKER_SECONDS)
+                await self._forget(req.session)
             raise
         self._sessions[req.session] = session
         run = asyncio.ensure_future(self._run(session))
@@ -271,7 +274,7 @@ class TerminalSessions:
         else:
             # Only once its end is stored: a crash before leaves the record for the next launcher.
             try:
-                await self.bus.kv_write_many(Bucket.TERMINALS, {req.session: None}, gone_after=_MARKER_SECONDS)
+                await self._forget(req.session)
             except Exception:  # noqa: BLE001 - the next launcher publishes the same close (stored once)
                 log.exception("removing the record of terminal %s", req.session)
         log.info("terminal %s of %s closed: %s", req.session, req.by, reason)
