@@ -48,7 +48,8 @@ class Platform:
         self.print = print_fn
         self._stopping = False
         # What kill_service/kill_nats took down on purpose: supervision leaves it down
-        # until start_service/start_nats (a test that kills a service starts it itself).
+        # until it is started again (start_service, start_nats, or a benchmark's own
+        # _spawn): a test that kills a service starts it itself.
         self._held: set[str] = set()
 
     @property
@@ -102,8 +103,12 @@ class Platform:
         return env
 
     def _spawn(self, name: str) -> None:
+        self.procs[name] = self._start_process(name)
+        self._held.discard(name)  # started, whoever started it: supervised again
+
+    def _start_process(self, name: str) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", f"services.{name}"],
             env=self._env(name),
             stdout=log,
@@ -147,7 +152,6 @@ class Platform:
 
     def start_service(self, name: str) -> None:
         self._spawn(name)
-        self._held.discard(name)
         self._wait_ready(name)
 
     def kill_nats(self) -> None:

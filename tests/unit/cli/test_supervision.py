@@ -20,15 +20,15 @@ def platform(tmp_path, monkeypatch):
     plat = Platform(load_config(env={}, data_dir=str(tmp_path)), print_fn=lambda *_: None)
     started: list[str] = []
 
-    def spawn(name: str) -> None:
+    def start_process(name: str) -> subprocess.Popen:
         started.append(name)
-        plat.procs[name] = subprocess.Popen(["sleep", "60"])
+        return subprocess.Popen(["sleep", "60"])
 
-    monkeypatch.setattr(plat, "_spawn", spawn)
+    monkeypatch.setattr(plat, "_start_process", start_process)
     monkeypatch.setattr(plat, "_wait_ready", lambda name: None)
     monkeypatch.setattr(up, "RESTART_BACKOFF_SECONDS", 0.0)
     for name in ("scheduler", "launcher"):
-        spawn(name)
+        plat._spawn(name)
     started.clear()
     yield plat, started
     for proc in plat.procs.values():
@@ -53,6 +53,9 @@ def test_a_service_killed_on_purpose_stays_down_until_started_and_runs_once(plat
     plat.start_service("launcher")
     assert plat.restart_what_died() == []
     assert started == ["launcher"]  # by start_service alone
+    plat.procs["launcher"].kill()  # started again, it is supervised again
+    plat.procs["launcher"].wait()
+    assert plat.restart_what_died() == ["launcher"]
 
 
 def test_nothing_is_started_once_the_platform_is_stopping(platform):
