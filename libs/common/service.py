@@ -26,7 +26,7 @@ import nats.js.errors
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from libs.common import busauth, http_server, shell_metrics, telemetry
+from libs.common import busauth, heap, http_server, shell_metrics, telemetry
 from libs.common.bus import Bus
 from libs.common.config import Config
 from libs.common.subjects import Bucket
@@ -249,6 +249,7 @@ async def _main(name, config, body, single_active, app_factory) -> None:
     runner, _ = await http_server.serve(app, config.host, config.port_of(name), http_server.Limits.of(config))
     log.info("%s serving on %s:%s", name, config.host, config.port_of(name))
     ctx.spawn(exit_when_bus_closed(ctx), "bus-watch")
+    ctx.spawn(heap.trim_periodically(ctx.stopping), "heap-trim")  # RSS follows live work, not the largest burst
     try:
         await bus.bootstrap()
         if single_active:

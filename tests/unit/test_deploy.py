@@ -471,6 +471,17 @@ def test_nats_keeps_jetstream_files_on_a_persistent_volume(manifests: list[dict]
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["client"] == 4222
 
 
+def test_nats_collects_harder_before_its_memory_limit(manifests: list[dict], tools: KubeTools) -> None:
+    """Go lets nats-server's heap grow to twice what is live: GOMEMLIMIT under the
+    container's limit makes it collect near the limit instead of being OOM-killed."""
+    env = {e["name"]: e.get("value") for e in container(one(manifests, "StatefulSet", f"{RELEASE}-nats"), "nats")["env"]}
+    assert env["GOMEMLIMIT"] == "920MiB"  # ~90% of the default 1Gi limit
+    docs = render(tools, *set_args(**{"nats.goMemLimit": ""}))
+    names = [e["name"] for e in container(one(docs, "StatefulSet", f"{RELEASE}-nats"), "nats")["env"]]
+    assert "GOMEMLIMIT" not in names
+    assert "/nats/goMemLimit" in render_fails(tools, *set_args(**{"nats.goMemLimit": "a lot"}))
+
+
 def test_rendered_nats_config_is_accepted_by_nats_server(manifests: list[dict], tmp_path: Path) -> None:
     conf = tmp_path / "nats.conf"
     conf.write_text(nats_conf_as_the_pod_makes_it(manifests, tmp_path / "pod"))
