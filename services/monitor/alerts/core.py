@@ -52,6 +52,14 @@ from services.monitor.alerts.rules import Action, AlertRule, Condition, RuleSet,
 DEFAULT_NOTIFY_STATES = ("running", "succeeded", "failed", "stopped", "retried")
 # GPU utilisation history kept for the low-utilisation rule, at most.
 MAX_HISTORY_SECONDS = 24 * 3600.0
+# A failed job's view is kept as long as a JobFailed rule may look back.
+FAILED_VIEW_SECONDS = 7 * 86400.0
+# A job that succeeded or was stopped is in no rule: its view stays only while an event
+# of it may still come again (the bus redelivers an unacked event within minutes:
+# MAX_DELIVER tries ACK_WAIT_SECONDS apart), so a late one finds it final and changes
+# nothing rather than making it anew. Kept a week, such views were the monitor's
+# memory growing with the jobs run: 1.0-1.2 MiB per 1,000 (benchmarks/service_rss.py).
+ENDED_VIEW_SECONDS = 3600.0
 
 
 # --- inputs ----------------------------------------------------------------------------
@@ -89,6 +97,7 @@ class JobView(msgspec.Struct, kw_only=True):
     waitingReason: str = ""
     runningSince: float | None = None
     failedAt: float | None = None
+    endedAt: float | None = None  # when it reached a final state (dates its forgetting)
     exitSpec: ExitSpec | None = None
     exitCode: int | None = None
     # (node, gpu index) of every placed task of the current attempt.
@@ -324,6 +333,7 @@ class AlertCore:
             view.failedAt = event.at
             view.exitSpec, view.exitCode = event.exitSpec, event.exitCode
         if event.state.is_final:
+            view.endedAt = event.at
             self._forget_due = min(self._forget_due, _job_forget_at(view))
         word = "retried" if event.state is JobState.WAITING and event.attempt > 1 else event.state.value.lower()
         if not view.notify or word not in (view.notifyStates or DEFAULT_NOTIFY_STATES):
@@ -623,8 +633,11 @@ _PERCENT_FIELD = {
 
 
 def _job_forget_at(view: JobView) -> float:
-    """A final job's view is kept a week (its rules look back at most that far)."""
-    return (view.failedAt or view.waitingSince) + 7 * 86400
+    """When a final job's view goes: a failed one's after FAILED_VIEW_SECONDS (JobFailed
+    looks back at most that far), any other's ENDED_VIEW_SECONDS after it ended."""
+    if view.state is JobState.FAILED:
+        return (view.failedAt or view.waitingSince) + FAILED_VIEW_SECONDS
+    return (view.endedAt or view.waitingSince) + ENDED_VIEW_SECONDS
 
 
 def _render_source(rule: AlertRule, candidate: _Candidate) -> tuple:

@@ -161,7 +161,7 @@ def job_view_of(record: JobRecord) -> JobView:
         return JobView(
             job=record.job, user=sys.intern(record.user), vc=sys.intern(record.vc), state=record.state,
             attempt=record.attempt, waitingSince=waiting_since, runningSince=record.launchedTime,
-            failedAt=record.completedTime if failed else None,
+            failedAt=record.completedTime if failed else None, endedAt=record.completedTime,
             exitSpec=record.appExitSpec if failed else None, exitCode=record.appExitCode if failed else None,
             nodes=list(dict.fromkeys(sys.intern(t.node) for t in tasks if t.node)) if failed else [],
         )

@@ -23,6 +23,7 @@ from services.monitor.alerts.core import (
     AlertCore,
     AlertEnded,
     AlertFired,
+    JobView,
     NodeReading,
     Notification,
     ServiceReading,
@@ -418,7 +419,7 @@ def test_an_alert_firing_during_quiet_rounds_is_inhibited_by_a_node_lost_later()
     core.validate_state()
 
 
-def test_resolved_alerts_are_forgotten_after_a_day_and_final_jobs_after_a_week():
+def test_resolved_alerts_are_forgotten_after_a_day_and_failed_jobs_after_a_week():
     core = core_with(JOB_RULES)
     core.handle(submitted("bob~t", T0))
     core.handle(state("bob~t", JobState.FAILED, T0, code=1))
@@ -430,9 +431,35 @@ def test_resolved_alerts_are_forgotten_after_a_day_and_final_jobs_after_a_week()
     core.evaluate(T0 + 3602 + 86400)
     assert "JobFailed/bob~t/1" not in core.alerts
     core.handle(submitted("bob~later", T0 + 86400))
-    core.handle(state("bob~later", JobState.SUCCEEDED, T0 + 86400 + 5))
+    core.handle(state("bob~later", JobState.FAILED, T0 + 86400 + 5, code=1))
     core.evaluate(T0 + 7 * 86400 + 1)
     assert set(core.jobs) == {"bob~later"}, "the first job is a week old, the second is not"
-    core.evaluate(T0 + 8 * 86400 + 1)
+    core.evaluate(T0 + 8 * 86400 + 6)
     assert not core.jobs
     core.validate_state()
+
+
+@pytest.mark.parametrize("final", [JobState.SUCCEEDED, JobState.STOPPED])
+def test_a_job_that_did_not_fail_is_forgotten_an_hour_after_it_ended(final: JobState):
+    """No rule reads such a job again: kept only while the bus may still redeliver one of
+    its events, which then finds it final (not a job RUNNING again)."""
+    core = core_with(JOB_RULES)
+    core.handle(submitted("bob~done", T0))
+    core.handle(state("bob~done", JobState.RUNNING, T0 + 1))
+    core.handle(state("bob~done", final, T0 + 10))
+    core.handle(state("bob~done", JobState.RUNNING, T0 + 1))  # redelivered, late
+    core.evaluate(T0 + 10 + 3599)
+    assert core.jobs["bob~done"].state is final
+    core.evaluate(T0 + 10 + 3601)
+    assert not core.jobs
+    core.validate_state()
+
+
+def test_a_restored_job_that_succeeded_is_forgotten_an_hour_after_it_ended():
+    core = core_with(JOB_RULES)
+    core.restore_job(JobView(job="bob~old", user="bob", vc="vc1", state=JobState.SUCCEEDED, waitingSince=T0,
+                             endedAt=T0 + 100))
+    core.evaluate(T0 + 100 + 3599)
+    assert "bob~old" in core.jobs
+    core.evaluate(T0 + 100 + 3601)
+    assert not core.jobs
