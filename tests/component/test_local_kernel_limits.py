@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from services.launcher.backends import local_namespaces
+from services.launcher.backends import local, local_namespaces
 from services.launcher.backends.local_layout import OUTPUT_LOG, TaskFiles, read_task_exit
 from services.runtime.core import RuleEngine, default_rules
 from tests.component.test_local_backend import Harness, launch, open_harness, read_pid, task_file
@@ -216,3 +216,48 @@ async def test_a_data_dir_on_dev_shm_is_still_the_tasks_working_directory():
     finally:
         await harness.close()
         shutil.rmtree(data, ignore_errors=True)
+
+
+async def test_the_platforms_tensorboard_under_tmp_is_there_read_only_for_a_task_that_runs_it(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # PAI cloned under /tmp (`git clone ... /tmp/x && make test`), its data dir there too:
+    # the TensorBoard the launcher gives process tasks lies where a task's own /tmp would
+    # hide it. Its directory is writable by anyone here: only the task's read-only bind
+    # keeps the task from writing into the platform's virtualenv.
+    clone = Path(tempfile.mkdtemp(prefix="pai-clone-", dir="/tmp"))
+    clone.chmod(0o711)
+    venv = clone / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    venv.chmod(0o777)
+    program = venv / "bin" / "tensorboard"
+    program.write_text("#!/bin/sh\necho platform-tensorboard\n")
+    program.chmod(0o755)
+    monkeypatch.setattr(local, "_platform_tensorboard", lambda: {"PAI_TENSORBOARD": str(program)})
+    (clone / "data").mkdir(mode=0o711)
+    harness = await open_harness(clone / "data" / "launcher", grace_seconds=1.0, task_user="")
+    try:
+        assert str(harness.backend.work_root).startswith(f"{clone}/data/")
+        # The tensorboard plugin gives its task a `tensorboard` port.
+        task = launch("tb-under-tmp", '"$PAI_TENSORBOARD"', f"touch {venv}/written 2>&1 || true",
+                      f"grep ' {venv} ' /proc/self/mountinfo", "echo kept > here",
+                      ports={"tensorboard": [47123]})
+        await harness.backend.start(task)
+        running = await harness.events.running(task.key)
+        finished = await harness.events.finished(task.key)
+        log = output(harness, task.key)
+        assert finished.exitCode == 0, log
+        ran, refused, mount = log.splitlines()
+        assert ran == "platform-tensorboard"
+        assert "Read-only file system" in refused and not (venv / "written").exists()
+        assert {"ro", "nosuid", "nodev"} <= set(mount.split()[5].split(","))  # the mount's own options
+        assert f"the platform's {venv} (read-only)" in running.detail
+        assert (harness.work_dir(task.key) / "here").read_text() == "kept\n"  # its working directory still its own
+
+        # A task that runs no TensorBoard keeps a /tmp wholly its own (and _spawn_as's vfork).
+        other = launch("no-tb", f"test -e {venv} && echo SE''EN || echo hidden")
+        done = await harness.run(other)
+        assert done.exitCode == 0 and output(harness, other.key).strip() == "hidden"
+    finally:
+        await harness.close()
+        shutil.rmtree(clone, ignore_errors=True)

@@ -89,6 +89,7 @@ from pathlib import Path
 import msgspec
 
 from libs.common.errors import NotFound
+from libs.common.protocol.tensorboard import PORT_LABEL as TENSORBOARD_PORT
 from services.launcher import metrics
 from services.launcher.backends import (
     engine as engine_api,
@@ -315,6 +316,8 @@ class LocalBackend:
         self._reported = asyncio.Event()
         self._reports_end = False
         self._base_env = _inherited_env()
+        # What a task running the platform's TensorBoard must see of the platform.
+        self._platform_dirs = _platform_dirs(self._base_env)
         self._bell: socket.socket | None = None
         # Whom the doorbell believes: shims are forks of our fork server and keep
         # our real uid (what SCM_CREDENTIALS carries when a sender claims none).
@@ -392,6 +395,9 @@ class LocalBackend:
             pidsMax=self.pids_max,
             privateMounts=self.private_mounts,
             storages=launch.storages,
+            # Only a task the tensorboard plugin gave its port runs the platform's
+            # TensorBoard: the others keep _spawn_as's vfork where PAI lies under /tmp.
+            platformDirs=list(self._platform_dirs) if TENSORBOARD_PORT in launch.ports else [],
             workDirMB=self.work_dir_mb,
             graceSeconds=self.grace_seconds,
             logCapBytes=self.log_cap_bytes,
@@ -999,6 +1005,22 @@ def _platform_tensorboard() -> dict[str, str]:
     if python is None or packages is None or not _others_may_run(python) or " " in packages:
         return {}
     return {"PAI_TENSORBOARD": f"{python} -m tensorboard.main", "PAI_TENSORBOARD_PYTHONPATH": packages}
+
+
+def _platform_dirs(given: dict[str, str]) -> tuple[str, ...]:
+    """The platform's directories a task reads when it runs the platform's TensorBoard
+    (`given`: _platform_tensorboard's, as the task's environment has it): the installation
+    its program lies in (a virtualenv: <venv>/bin/tensorboard) and the launcher's
+    interpreter's (its standard library), or the packages on its PYTHONPATH and the
+    system Python's installation. A task's private /tmp and /dev/shm would hide those
+    there (PAI cloned under /tmp): local_namespaces binds them back read-only."""
+    if "PAI_TENSORBOARD" not in given:
+        return ()
+    program = Path(given["PAI_TENSORBOARD"].split()[0])
+    packages = given.get("PAI_TENSORBOARD_PYTHONPATH")
+    if packages is not None:  # `<system python> -m tensorboard.main` over the platform's packages
+        return (packages, str(Path(os.path.realpath(program)).parent.parent))
+    return (str(program.parent.parent), sys.base_prefix)
 
 
 def _others_may_run(path: str) -> bool:

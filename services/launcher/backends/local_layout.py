@@ -172,6 +172,10 @@ class ShimSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # The job's storages (libs/common/storages.py): the shim binds each into the
     # task's mount namespace at its mount path (core/mounts.py, local_namespaces).
     storages: list[Storage] = []
+    # The platform's directories the task runs from (its TensorBoard:
+    # local._platform_dirs); those its private /tmp or /dev/shm would hide are
+    # bound back read-only (local_namespaces.plan).
+    platformDirs: list[str] = []
     workDirMB: int = 0  # the bound on its working directory's size; 0: none
     graceSeconds: float = 10.0
     logCapBytes: int = 64 * 1024 * 1024

@@ -20,7 +20,12 @@ to the task's uid and execs: _spawn_as, or `enter` where that is not built):
 
 A working directory under /tmp (a data dir under /tmp, or the work root
 local_layout.choose_work_root puts under the temp dir) would be covered by
-the task's /tmp: it is bound back at its own path there.
+the task's /tmp: it is bound back at its own path there. So are the
+platform's own directories a task runs from (its TensorBoard: the launcher
+names them, local._platform_dirs) where they lie under /tmp or /dev/shm (PAI
+installed under /tmp), but read-only, nosuid and nodev: a task reads and runs
+the platform's virtualenv, never writes it. Like the storages, only `enter`
+binds them: such a task is forked by subprocess rather than _spawn_as.
 
 `probe` tells, once per process, whether this machine allows it (root, a
 kernel with mount namespaces and a proc that takes hidepid); the backend says
@@ -64,6 +69,14 @@ class MountPlan(NamedTuple):
     keep_dirs: list[str]  # its parents, made first in the task's /tmp
     # The job's storages (core/mounts.py), bound after the tmpfs mounts: in Python only.
     binds: tuple[BindMount, ...] = ()
+    # The platform's directories under /tmp or /dev/shm that the task must see
+    # (`hidden_platform_dirs`), bound back read-only at their own path: in Python only.
+    platform: tuple[str, ...] = ()
+
+    @property
+    def in_python(self) -> bool:
+        """Whether only `enter` makes this plan: _spawn_as.c makes its first five fields."""
+        return bool(self.binds or self.platform)
 
 
 class StorageUnavailable(OSError):
@@ -89,17 +102,42 @@ def storage_binds(storages: list[Storage], task_gid: int | None) -> tuple[BindMo
     return binds
 
 
-def plan(work_dir: str, uid: int, gid: int, memory_mb: int, binds: tuple[BindMount, ...] = ()) -> MountPlan:
+def _covered(path: str) -> str | None:
+    """TMP or SHM when the task's own tmpfs there would hide `path`, else None."""
+    return next((covered for covered in (TMP, SHM) if path.startswith(covered + "/")), None)
+
+
+def _way_to(path: str, covered: str) -> list[str]:
+    """The directories to make in the task's tmpfs at `covered` to reach `path`, outermost first."""
+    parts = path[len(covered) + 1 :].split("/")
+    return [f"{covered}/{'/'.join(parts[: i + 1])}" for i in range(len(parts))]
+
+
+def hidden_platform_dirs(dirs: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Of the platform's directories a task needs (absolute paths), those its own /tmp
+    or /dev/shm would hide, outermost only (one inside another comes with it). Never
+    /tmp or /dev/shm themselves: the machine's would show again whole."""
+    wanted = sorted({os.path.normpath(d) for d in dirs if os.path.isabs(d) and _covered(os.path.normpath(d))})
+    kept: list[str] = []
+    for path in wanted:  # sorted: a directory comes before what lies inside it
+        if not any(path.startswith(outer + "/") for outer in kept):
+            kept.append(path)
+    return tuple(kept)
+
+
+def plan(work_dir: str, uid: int, gid: int, memory_mb: int, binds: tuple[BindMount, ...] = (),
+         platform_dirs: tuple[str, ...] | list[str] = ()) -> MountPlan:
+    """`platform_dirs`: the platform's directories the task runs from (the launcher's
+    word: local._platform_dirs); those under /tmp or /dev/shm are bound back read-only."""
     size = memory_mb if memory_mb > 0 else DEFAULT_TMPFS_MB
     tmpfs = f"size={size}m,mode=1777,uid={uid},gid={gid}"
     keep = None
     keep_dirs: list[str] = []
-    for covered in (TMP, SHM):  # a data dir there (a tmpfs for speed) would be hidden
-        if work_dir.startswith(covered + "/"):
-            keep = work_dir
-            parts = work_dir[len(covered) + 1 :].split("/")
-            keep_dirs = [f"{covered}/{'/'.join(parts[: i + 1])}" for i in range(len(parts))]
-    return MountPlan(PROC_OPTIONS, tmpfs, tmpfs, keep, keep_dirs, binds)
+    covered = _covered(work_dir)  # a data dir there (a tmpfs for speed) would be hidden
+    if covered is not None:
+        keep = work_dir
+        keep_dirs = _way_to(work_dir, covered)
+    return MountPlan(PROC_OPTIONS, tmpfs, tmpfs, keep, keep_dirs, binds, hidden_platform_dirs(platform_dirs))
 
 
 def describe(private: bool, why_not: str | None) -> str:
@@ -138,17 +176,25 @@ def enter(mounts: MountPlan) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None, "make mounts private")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, mounts.proc_options, "mount /proc")
     keep = os.open(mounts.keep, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if mounts.keep else -1
-    # Storages' directories, opened before /tmp and /dev/shm are covered (one may be there).
+    # Storages' and the platform's directories, opened before /tmp and /dev/shm are
+    # covered (they may be there).
     sources = [os.open(b.host_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for b in mounts.binds]
+    platform = [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in mounts.platform]
+    # A read-only bind keeps what the machine's mount forbids (noexec), adds nosuid and nodev.
+    platform_flags = [MS_NOEXEC if os.statvfs(path).f_flag & os.ST_NOEXEC else 0 for path in mounts.platform]
     _mount("tmpfs", SHM, "tmpfs", MS_NOSUID | MS_NODEV, mounts.shm_options, "mount /dev/shm")
     _mount("tmpfs", TMP, "tmpfs", MS_NOSUID | MS_NODEV, mounts.tmp_options, "mount /tmp")
+    # The platform's first: a working directory inside one (however unlikely) stays writable.
+    for path, source, flags in zip(mounts.platform, platform, platform_flags, strict=True):
+        covered = _covered(path)
+        assert covered is not None, "plan() keeps only the platform's directories under /tmp or /dev/shm"
+        _make_dirs(_way_to(path, covered))
+        _mount(f"/proc/self/fd/{source}", path, None, MS_BIND, None, f"bind the platform's {path}")
+        os.close(source)
+        _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | flags, None,
+               f"make the platform's {path} read-only")
     if keep >= 0:
-        for path in mounts.keep_dirs:
-            try:
-                os.mkdir(path, 0o711)
-            except FileExistsError:
-                pass
-            os.chmod(path, 0o711)  # whatever the umask: the task passes through by the absolute path
+        _make_dirs(mounts.keep_dirs)
         _mount(f"/proc/self/fd/{keep}", mounts.keep, None, MS_BIND, None, "bind the working directory")
         os.close(keep)
     for bind, source in zip(mounts.binds, sources, strict=True):
@@ -161,6 +207,18 @@ def enter(mounts: MountPlan) -> None:
                    f"make storage at {bind.container_path} read-only")
     if mounts.keep:
         os.chdir(mounts.keep)
+
+
+def _make_dirs(paths: list[str]) -> None:
+    """Make each directory missing in the task's tmpfs, 0711 whatever the umask: the
+    task passes through by the absolute path. One there already (a platform
+    directory's way) is left as it is: it may lie in a read-only bind."""
+    for path in paths:
+        try:
+            os.mkdir(path, 0o711)
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o711)
 
 
 _PROBE = """

@@ -193,7 +193,7 @@ class _Limits:
         # changes user (one that runs as the shim's user, root, could undo it).
         self.mounts = (
             local_namespaces.plan(spec.work_dir, spec.uid, spec.gid if spec.gid is not None else spec.uid, spec.memoryMB,
-                                  binds)
+                                  binds, spec.platformDirs)
             if spec.privateMounts and spec.uid is not None
             else None
         )
@@ -202,6 +202,8 @@ class _Limits:
             if binds:
                 self.detail += "; storages: " + ", ".join(f"{b.container_path}{' (read-only)' if b.read_only else ''}"
                                                           for b in binds)
+            if self.mounts.platform:
+                self.detail += "; the platform's " + ", ".join(self.mounts.platform) + " (read-only)"
         else:
             why_not = "it runs as the launcher's own user" if spec.uid is None else "none on this machine"
             self.detail += "; " + local_namespaces.describe(False, why_not)
@@ -910,11 +912,12 @@ def _fork_exec_as(request: SpawnRequest) -> int:
     (the task's LaunchFailed, or bash's turn for a program exec'd directly),
     as posix_spawn would; the failed child has been reaped."""
     assert request.uid is not None and request.gid is not None, "a task as the shim's user: _posix_spawn"
-    # _spawn_as takes the mount plan without storage binds (its five first fields):
-    # a task that binds storages is started by subprocess's fork, whose child binds
-    # them in Python (local_namespaces.enter).
+    # _spawn_as takes the mount plan without binds (its five first fields): a task
+    # that binds storages, or the platform's directories under /tmp (PAI installed
+    # there), is started by subprocess's fork, whose child binds them in Python
+    # (local_namespaces.enter). The common case keeps the vfork.
     mounts = request.mounts
-    if _spawn_as is not None and not (mounts is not None and mounts.binds):
+    if _spawn_as is not None and not (mounts is not None and mounts.in_python):
         return _spawn_as.spawn_as(
             request.program, request.argv, [f"{name}={value}" for name, value in request.env.items()],
             request.work_dir, _dev_null(), request.out_w, request.err_w,
