@@ -28,6 +28,15 @@ Reported per process, in MiB per 1,000 finished jobs (the target: at most 1):
 process's restart-to-ready seconds; per point, the live finished jobs the history
 counts (not archived), and per live bucket its keys with a value and the messages its
 stream holds (the markers of deleted or purged keys count until they expire).
+For nats-server also `live_heap`: the slope of its Go heap still live after each
+collection (`nats_live_heap_mib` per point, from the gctrace lines GODEBUG=gctrace=1
+puts in its log), which its RSS follows at up to twice that.
+
+Every service's and nats-server's memory of finished jobs is bounded by time windows,
+not by the history (docs/deploy.md, "Sizing the services"): a burst run in minutes
+puts every job inside all of them. `--set nats_events_max_age_seconds=120 --set
+nats_events_duplicate_window_seconds=60` shortens nats-server's so that the run
+passes them, as months of history pass the week the event stream keeps.
 
 The platform runs with a small bound so that archiving happens during the run:
 `--live-max` (default 500) finished jobs, `--live-seconds` (default 10),
@@ -57,6 +66,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -108,6 +118,22 @@ def pids(platform: Platform) -> dict[str, int]:
 
 def snapshot(platform: Platform, field: str = "VmRSS") -> dict[str, float | None]:
     return {name: rss_mib(pid, field) for name, pid in pids(platform).items()}
+
+
+# nats-server runs with GODEBUG=gctrace=1 (set in main): each collection logs a line
+# "gc N @Ts P%: ... A->B->C MB, D MB goal, ...", C the heap still live after it.
+GC_LINE = re.compile(r"^gc \d+ @[\d.]+s .*?(\d+)->(\d+)->(\d+) MB, (\d+) MB goal", re.M)
+
+
+def nats_live_heap_mib(platform: Platform) -> int | None:
+    """nats-server's live heap after its last collection: what it holds, as against its
+    RSS, which Go lets reach twice that (GOGC=100) and returns to the machine slowly."""
+    try:
+        text = (platform.logs / "nats.log").read_text(errors="replace")
+    except OSError:
+        return None
+    found = GC_LINE.findall(text[-200_000:])
+    return int(found[-1][2]) if found else None
 
 
 def slope_per_1000(points: list[tuple[int, float | None]]) -> float | None:
@@ -306,7 +332,8 @@ async def measure(platform: Platform, conn, args, result: dict) -> dict:
             points.append({"finished_jobs": done, "burst_jobs_per_s": round((total - points[-1]["finished_jobs"])
                                                                             / burst_s, 1) if burst_s else None,
                            "rss_mib": snapshot(platform), "rss_anon_mib": snapshot(platform, "RssAnon"),
-                           **reached, "buckets": await buckets(bus), "load": load()})
+                           "nats_live_heap_mib": nats_live_heap_mib(platform), **reached,
+                           "buckets": await buckets(bus), "load": load()})
             print(json.dumps(points[-1]), file=sys.stderr, flush=True)
             if args.restart_each or (total == args.totals[-1] and not args.no_restart):
                 await bus.close()
@@ -332,6 +359,10 @@ async def measure(platform: Platform, conn, args, result: dict) -> dict:
                         "after_restart": slope_per_1000(after),
                         "running_anon": slope_per_1000([(p["finished_jobs"], p["rss_anon_mib"].get(name))
                                                         for p in since])}
+    live_heap = [(p["finished_jobs"], p.get("nats_live_heap_mib")) for p in points]
+    slopes["nats-server"]["live_heap"] = slope_per_1000(live_heap)
+    slopes["nats-server"]["live_heap_last_20k"] = slope_per_1000(
+        [(x, y) for x, y in live_heap if x >= live_heap[-1][0] - 20_000])
     return result | {"base_finished_jobs": base["finished_jobs"], "points": points, "restarted": restarted,
                      "exited_and_started_again": CRASHES,
                      "mib_per_1000_finished_jobs": slopes,
@@ -367,6 +398,7 @@ def main() -> None:
     args = parser.parse_args()
     args.totals = sorted(int(t) for t in args.totals.split(","))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    os.environ["GODEBUG"] = "gctrace=1"  # nats-server's live heap in its log (nats_live_heap_mib); Go reads it only
     with tempfile.TemporaryDirectory(prefix="pai-rss-", dir=args.data_dir) as tmp:
         os.chmod(tmp, 0o711)  # passable by the tasks' users (benchmarks/e2e_throughput.py)
         data = Path(tmp) / "pai"
