@@ -195,6 +195,9 @@ async def serve(bus, core: LauncherCore) -> Relay:
         task.add_done_callback(relay.pending.discard)
 
     await bus.nc.subscribe(TENSORBOARD_SUBJECT, queue="launcher", cb=on_request)
+    # The server has the subscription before the launcher says it is ready: a request
+    # sent after that must not meet "no responders" (a race a loaded machine lost).
+    await bus.nc.flush()
     return relay
 
 
