@@ -197,7 +197,7 @@ async def serve(bus, core: LauncherCore) -> Relay:
     await bus.nc.subscribe(TENSORBOARD_SUBJECT, queue="launcher", cb=on_request)
     # The server has the subscription before the launcher says it is ready: a request
     # sent after that must not meet "no responders" (a race a loaded machine lost).
-    await bus.nc.flush()
+    await bus.round_trip()
     return relay
 
 

@@ -98,7 +98,7 @@ class TerminalSessions:
     async def serve(self) -> None:
         await self.close_left_over()
         await self.bus.nc.subscribe(TERMINAL_OPEN_SUBJECT, queue="launcher", cb=self._on_open)
-        await self.bus.nc.flush()  # the server has it before the launcher says it is ready
+        await self.bus.round_trip()  # the server has it before the launcher says it is ready
 
     async def close_left_over(self) -> None:
         """Record the end of every session a previous launcher left open (killed -9, or
@@ -174,7 +174,7 @@ class TerminalSessions:
                 await self._on_input(session, msg)
 
             session.sub = await self.bus.nc.subscribe(terminal_input_subject(req.session), cb=on_input)
-            await self.bus.nc.flush()  # subscribed at the server before rest hears "ok" and sends keys
+            await self.bus.round_trip()  # subscribed at the server before rest hears "ok" and sends keys
         except BaseException:
             await channel.close()
             with contextlib.suppress(Exception):  # never opened: no close to record for it
