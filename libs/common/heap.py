@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import logging
 from collections.abc import Callable
 
@@ -34,11 +33,10 @@ TRIM_SECONDS = 30.0
 
 
 def _find_malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    # The C library the interpreter runs on (its symbols, as local_namespaces reads
+    # mount and unshare): no search for a file, which slim images may not allow.
     try:
-        trim = ctypes.CDLL(name).malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc
         return None
     trim.argtypes = (ctypes.c_size_t,)
