@@ -122,7 +122,7 @@ def snapshot(platform: Platform, field: str = "VmRSS") -> dict[str, float | None
 
 # nats-server runs with GODEBUG=gctrace=1 (set in main): each collection logs a line
 # "gc N @Ts P%: ... A->B->C MB, D MB goal, ...", C the heap still live after it.
-GC_LINE = re.compile(r"^gc \d+ @[\d.]+s .*?(\d+)->(\d+)->(\d+) MB, (\d+) MB goal", re.M)
+GC_LINE = re.compile(r"^gc \d+ @[\d.]+s .*?\d+->\d+->(\d+) MB, \d+ MB goal", re.M)
 
 
 def nats_live_heap_mib(platform: Platform) -> int | None:
@@ -133,7 +133,7 @@ def nats_live_heap_mib(platform: Platform) -> int | None:
     except OSError:
         return None
     found = GC_LINE.findall(text[-200_000:])
-    return int(found[-1][2]) if found else None
+    return int(found[-1]) if found else None
 
 
 def slope_per_1000(points: list[tuple[int, float | None]]) -> float | None:
