@@ -62,9 +62,9 @@ from libs.common.subjects import Bucket, Durable, Kind, kind_filter
 LAUNCHER_KINDS = (Kind.JOB_STATE, Kind.TASK_STARTED, Kind.TASK_EXITED, Kind.JOB_RELEASED)
 
 
-def job_events(i: int, run: str, now: float) -> list[Event]:
-    """What rest and the scheduler publish for one trivial one-task job."""
-    user = f"u{i % 50}"
+def job_events(i: int, run: str, now: float, users: int = 50) -> list[Event]:
+    """What rest and the scheduler publish for one trivial one-task job (the jobs of `users` users, in turn)."""
+    user = f"u{i % users}"
     name = f"bench{run}-{i}"
     job = f"{user}~{name}"
     role = TaskRole(name="main", instances=1, commands=["true"], resources=Resources(cpu=1, memoryMB=256))

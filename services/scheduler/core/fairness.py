@@ -20,6 +20,14 @@ its tag counted. Those users are marked, and their jobs re-tagged (`Queues.reord
 walks the queue and after it: a pass never sees a stale tag, and position and reasons read between
 passes are current.
 
+Only users who share a priority of a VC's lane with another user compete, so only their tags are
+kept: a (VC, priority) where one user alone has queued jobs has every tag 0, and its queue order is
+arrival order, the order their shares would give (a user's tags never fall along their own queue).
+That keeps one user's backlog cheap: a release of theirs, which moves every tag of theirs, costs
+nothing while nobody else waits beside them (it cost a re-tag of the whole backlog, per release).
+A user whose every queued job is alone is left stale (`_stale`): their running share is not kept
+and is counted again, from their jobs, when a priority of theirs gains a second user.
+
 HiveD's guarantees stay: only the order within one priority of a VC's lane changes. Priority
 comes first, and preemption is by priority only (never for fairness); cells, quotas, VC
 safety and gangs are untouched; a job that does not fit still lets the jobs after it try (no
@@ -40,6 +48,7 @@ from libs.common.protocol.model import OPPORTUNISTIC_PRIORITY
 from services.scheduler.core.jobs import JobRecord
 
 UserKey = tuple[str, str]  # (VC, user)
+GroupKey = tuple[str, int]  # (VC, priority): the jobs whose order tags decide between users
 Cells = dict[str, int]  # sku -> leaf cells
 
 
@@ -53,13 +62,15 @@ def held_cells(record: JobRecord) -> Cells:
 
 
 class _User:
-    __slots__ = ("queued", "holders", "tail", "last")
+    __slots__ = ("queued", "holders", "tail", "last", "priorities", "tagged")
 
     def __init__(self) -> None:
         self.queued: dict[JobRecord, None] = {}  # their queued guaranteed attempts in the VC's lane
         self.holders: dict[JobRecord, None] = {}  # their guaranteed attempts holding cells of the VC
         self.tail: Cells = {}  # held + every queued job's demand: the share of a job joining at the back
         self.last: tuple[int, int] | None = None  # the (priority, arrival) order of their last queued job
+        self.priorities: dict[int, int] = {}  # priority -> how many of their queued jobs have it
+        self.tagged = False  # some queued job of theirs may have a tag other than 0
 
 
 class FairShare:
@@ -80,6 +91,9 @@ class FairShare:
         self._reorder = reorder
         self._users: dict[UserKey, _User] = {}
         self._dirty: dict[UserKey, None] = {}  # users whose tags may be stale (a dict: deterministic order)
+        # Users alone in every (VC, priority) where they queue: tags all 0, `tail` and `last` not kept.
+        self._stale: dict[UserKey, None] = {}
+        self._groups: dict[GroupKey, dict[str, None]] = {}  # (VC, priority) -> the users with jobs queued there
         self._where: dict[JobRecord, UserKey] = {}  # queued attempt -> its user, as registered
         self._seen: dict[JobRecord, Cells] = {}  # holding attempt -> the cells counted as its user's
 
@@ -104,6 +118,36 @@ class FairShare:
             user = self._users[key] = _User()
         return user
 
+    def _contended(self, key: UserKey, user: _User) -> bool:
+        """Some queued job of the user shares its (VC, priority) with another user's."""
+        vc = key[0]
+        return any(len(self._groups[(vc, priority)]) > 1 for priority in user.priorities)
+
+    def _join_group(self, key: UserKey, user: _User, priority: int) -> bool:
+        """Count a queued job of the user at `priority`; whether that (VC, priority) is contended now."""
+        vc, name = key
+        members = self._groups.setdefault((vc, priority), {})
+        if name not in members:
+            if len(members) == 1:  # its lone user competes from now on: their tags are wanted
+                self._dirty[(vc, next(iter(members)))] = None
+            members[name] = None
+        user.priorities[priority] = user.priorities.get(priority, 0) + 1
+        return len(members) > 1
+
+    def _leave_group(self, key: UserKey, user: _User, priority: int) -> None:
+        vc, name = key
+        left = user.priorities[priority] - 1
+        if left:
+            user.priorities[priority] = left
+            return
+        del user.priorities[priority]
+        members = self._groups[(vc, priority)]
+        del members[name]
+        if len(members) == 1:  # its last other user is alone there now: their tags there go to 0
+            self._dirty[(vc, next(iter(members)))] = None
+        elif not members:
+            del self._groups[(vc, priority)]
+
     @staticmethod
     def _order(record: JobRecord) -> tuple[int, int]:
         return (-record.priority, record.queue.order)
@@ -119,11 +163,13 @@ class FairShare:
         user = self._user(key)
         user.queued[record] = None
         self._where[record] = key
+        contended = self._join_group(key, user, record.priority)
         order = self._order(record)
-        if key not in self._dirty and (user.last is None or order > user.last):
+        if key not in self._dirty and key not in self._stale and (user.last is None or order > user.last):
             # Joins behind every job of theirs (the usual case): the tags ahead stand.
             demand = record.queue.fair_demand = self._demand(record)
-            record.queue.fair = self.share(record.vc, user.tail)
+            record.queue.fair = self.share(record.vc, user.tail) if contended else 0
+            user.tagged = user.tagged or contended
             _add(user.tail, demand)
             user.last = order
         else:
@@ -137,12 +183,15 @@ class FairShare:
             return
         user = self._users[key]
         user.queued.pop(record, None)
+        self._leave_group(key, user, record.priority)
         if record.pending_groups or not record.placed or record.borrowed:
             self._dirty[key] = None  # cells it asked for are no longer asked for, nor held
         self._forget_if_idle(key, user)
 
     def holding(self, record: JobRecord) -> None:
-        """The attempt got (more) cells."""
+        """The attempt's cells changed (more of them, or some given back)."""
+        counted = record.queue.fair_demand
+        record.queue.fair_demand = None  # what it still asks for changed with its cells
         if not self.counts(record):
             return
         key = (record.vc, record.spec.user)
@@ -156,8 +205,9 @@ class FairShare:
         # Its user's later tags counted all it asked for, on the sku where that weighed least: placed in
         # part, or on another sku, or never counted (restored), their share moved; and placed before
         # their jobs ahead of it (it fitted, they did not), its cells count for those now.
-        if got != record.queue.fair_demand or record not in self._where or any(
-                self._order(other) < self._order(record) for other in user.queued):
+        # (Alone, it is cheaper to mark them than to look: their refresh costs nothing.)
+        if key in self._stale or not self._contended(key, user) or got != counted or (
+                record not in self._where) or any(self._order(other) < self._order(record) for other in user.queued):
             self._dirty[key] = None
 
     def released(self, record: JobRecord) -> None:
@@ -175,48 +225,68 @@ class FairShare:
         if not user.queued and not user.holders:
             del self._users[key]
             self._dirty.pop(key, None)
+            self._stale.pop(key, None)
 
     # --- tags ------------------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Re-tag the jobs of every user marked since the last refresh (cost: their queued jobs)."""
+        """Re-tag the jobs of every user marked since the last refresh (cost: the queued jobs of those
+        who compete with another user; nothing for a user alone, once their tags are 0)."""
         dirty, self._dirty = self._dirty, {}
         for key in dirty:
             user = self._users.get(key)
-            if user is not None:
+            if user is None:
+                continue
+            if self._contended(key, user):
+                self._stale.pop(key, None)
                 self._retag(key, user)
+            else:
+                self._stale[key] = None
+                if user.tagged:
+                    for record in user.queued:
+                        if record.queue.fair:
+                            self._reorder(record, 0)
+                    user.tagged = False
 
     def _retag(self, key: UserKey, user: _User) -> None:
         vc = key[0]
+        groups = self._groups
         tail: Cells = {}
         for holder in user.holders:
             _add(tail, held_cells(holder))
         records = sorted(user.queued, key=self._order)
         for record in records:
-            tag = self.share(vc, tail)
-            demand = self._demand(record)
-            record.queue.fair_demand = demand
+            tag = self.share(vc, tail) if len(groups[(vc, record.priority)]) > 1 else 0
+            demand = record.queue.fair_demand
+            if demand is None:
+                demand = record.queue.fair_demand = self._demand(record)
             _add(tail, demand)
             if tag != record.queue.fair:
                 self._reorder(record, tag)
         user.tail = tail
         user.last = self._order(records[-1]) if records else None
+        user.tagged = True
 
-    def expected_tags(self, queued: Iterable[JobRecord], holders: Iterable[JobRecord]) -> dict[JobRecord, int]:
-        """The tags computed from scratch (validate_state compares them with the queue's)."""
+    def expected_tags(self, queued: Iterable[JobRecord], holders: Iterable[JobRecord], *,
+                      alone_too: bool = False) -> dict[JobRecord, int]:
+        """The tags computed from scratch (validate_state compares them with the queue's); with
+        `alone_too`, the shares of users alone in their (VC, priority) too, which the queue leaves 0."""
         by_user: dict[UserKey, list[JobRecord]] = {}
         tails: dict[UserKey, Cells] = {}
+        users_of: dict[GroupKey, set[str]] = {}
         for holder in holders:
             if self.counts(holder) and holder.placed:
                 _add(tails.setdefault((holder.vc, holder.spec.user), {}), held_cells(holder))
         for record in queued:
             if self.tracks(record):
                 by_user.setdefault((record.vc, record.spec.user), []).append(record)
+                users_of.setdefault((record.vc, record.priority), set()).add(record.spec.user)
         tags: dict[JobRecord, int] = {}
         for key, records in by_user.items():
             tail = dict(tails.get(key, {}))
             for record in sorted(records, key=self._order):
-                tags[record] = self.share(key[0], tail)
+                alone = len(users_of[(record.vc, record.priority)]) == 1
+                tags[record] = 0 if alone and not alone_too else self.share(key[0], tail)
                 _add(tail, self._demand(record))
         return tags
 

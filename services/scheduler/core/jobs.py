@@ -19,17 +19,24 @@ class QueueNotes:
     learnt about it (queues.py, passes.py, fairness.py, waits.py). None of it is the job's: a new
     attempt starts with fresh notes."""
 
-    __slots__ = ("order", "fair", "fair_demand", "bucket", "gang_deadline", "seen_epoch", "failed_epoch", "behind",
-                 "fresh", "due", "blocking", "reason_key", "reason_text")
+    __slots__ = ("_priority", "_order", "_fair", "key", "fair_demand", "bucket", "gang_deadline", "seen_epoch",
+                 "failed_epoch", "behind", "fresh", "due", "blocking", "reason_key", "reason_text")
 
-    def __init__(self, order: int):
+    def __init__(self, order: int, priority: int):
+        self._priority = priority
         # Place in the queue among jobs of equal priority: arrival (seq), unless the core queues a preempted
         # opportunistic job again at the back (SchedulingPolicy.requeue_at_back).
-        self.order = order
+        self._order = order
         # Fair share among the users of its VC (fairness.py): its user's dominant share of the VC once
-        # their jobs ahead of it are placed, set by the core while it is queued (0: opportunistic, or off).
-        self.fair = 0
-        self.fair_demand: dict[str, int] = {}  # the leaf cells per sku its tag's successors counted for it
+        # their jobs ahead of it are placed, set by the core while it is queued (0: opportunistic, alone
+        # in its priority, or off).
+        self._fair = 0
+        # Queue order (`JobRecord.key`), kept as a tuple: the queue's lists bisect by it, thousands of
+        # comparisons per re-tag, each an attribute read in C rather than a call.
+        self.key = (-priority, 0, order)
+        # The leaf cells per sku its tag's successors counted for it (None: not counted since it was queued
+        # or since its cells last changed, which is all that changes it).
+        self.fair_demand: dict[str, int] | None = None
         self.bucket: tuple[object, ...] = ()  # which bucket of its queue lists it is in (Queues), set when queued
         self.gang_deadline = float("inf")  # when, still waiting, it starts to stop backfill behind it
         self.seen_epoch = -1  # the last scheduling pass that looked at it
@@ -41,6 +48,24 @@ class QueueNotes:
         self.reason_key: tuple[object, ...] | None = None  # what its reason is about (changes give a Wait)
         # Builds the reason text for a given number of jobs ahead in the queue (counts are read when called).
         self.reason_text: Callable[[int], str] | None = None
+
+    @property
+    def order(self) -> int:
+        return self._order
+
+    @order.setter
+    def order(self, order: int) -> None:
+        self._order = order
+        self.key = (-self._priority, self._fair, order)
+
+    @property
+    def fair(self) -> int:
+        return self._fair
+
+    @fair.setter
+    def fair(self, fair: int) -> None:
+        self._fair = fair
+        self.key = (-self._priority, fair, self._order)
 
 
 class Told:
@@ -111,14 +136,13 @@ class JobRecord:
         # (gpu, cpu, memoryMB, tasks needed at once, pinnedCellId) when the job is one group of equal
         # tasks, else None: a job whose shape is at least as large fails wherever this one failed.
         self.shape: tuple[int, int, int, int, str | None] | None = None
-        self.queue = QueueNotes(seq)
+        self.queue = QueueNotes(seq, self.priority)
         self.told = Told()
 
     @property
     def key(self) -> tuple[int, int, int]:
         """Queue order: higher priority first, then the smaller fair share (`fair`), then arrival (`order`)."""
-        queue = self.queue
-        return (-self.priority, queue.fair, queue.order)
+        return self.queue.key
 
     @property
     def preempting(self) -> bool:

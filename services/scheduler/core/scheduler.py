@@ -191,6 +191,12 @@ class SchedulerCore:
                 if record.queue.fair != expected.get(record, 0):
                     raise AssertionError(f"{record} has fair tag {record.queue.fair}, its user's share says "
                                          f"{expected.get(record, 0)}")
+            # Tags left 0 for users alone in their priority order the queue as their shares would.
+            shares = self._fair.expected_tags(queued, self._jobs.values(), alone_too=True)
+            for lane, queue in self._queues.lanes.items():
+                by_share = sorted(queue, key=lambda record: (-record.priority, shares.get(record, 0), record.queue.order))
+                if by_share != queue:
+                    raise AssertionError(f"lane {lane!r} is in the order {queue}, its users' shares say {by_share}")
 
     # --- events ------------------------------------------------------------------------------
 

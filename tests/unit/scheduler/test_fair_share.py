@@ -92,6 +92,35 @@ def test_a_gang_still_waits_for_all_its_cells_and_lets_smaller_jobs_by():
     assert [(d.job, len(d.tasks)) for d in placed] == [("B~bgang", 4)]
 
 
+def test_a_users_backlog_moves_in_the_queue_only_while_another_user_waits_beside_it():
+    """A release moves every tag of its user. Alone in their priority, their tags are all 0 and
+    nothing moves; once another user queues there, their jobs take their shares' places; when that
+    user's job is placed, they are alone again. validate_state() checks after every event that the
+    queue is in the order the users' shares say."""
+    h = Harness("two-racks")
+    moved: list[str] = []
+    fair = h.core._fair
+    reorder = fair._reorder
+    fair._reorder = lambda record, tag: (moved.append(record.id), reorder(record, tag))
+    for i in range(30):
+        h.submit_spec(spec(f"a{i}", vc="vision", gpus=1, priority="test", user="A"))
+    for i in range(4):  # A holds all 8 cells and 22 jobs wait: each release places the next of A's
+        assert [d.job for d in h.release(f"A~a{i}") if isinstance(d, Place)] == [f"A~a{8 + i}"]
+    assert moved == []
+    h.submit_spec(spec("b0", vc="vision", gpus=1, priority="test", user="B"))
+    assert len(moved) == 18  # A's waiting jobs, tagged behind their 8 cells
+    lane = h.core._queues.lanes["vision"]
+    assert [record.id for record in lane[:2]] == ["B~b0", "A~a12"]
+    moved.clear()
+    assert [d.job for d in h.release("A~a4") if isinstance(d, Place)] == ["B~b0"]
+    # The release re-tags A's 18 while B waits (their share shrank); B's placement leaves A alone: 0 again.
+    assert moved == [f"A~a{i}" for i in range(12, 30)] * 2
+    moved.clear()
+    for i in range(5, 9):
+        assert [d.job for d in h.release(f"A~a{i}") if isinstance(d, Place)] == [f"A~a{7 + i}"]
+    assert moved == []
+
+
 # --- invariants under random multi-user workloads --------------------------------------------------------
 
 USERS = ["alice", "bob", "carol"]
