@@ -16,7 +16,7 @@ first queued job changes none of their tags. Tags change when a user's held cell
 release), when a later job of theirs is placed first (its cells now count ahead), when a queued job
 leaves without running (cancelled, preempted, fallen back) or joins ahead of the user's other jobs
 (a higher priority, an old place kept across attempts), or when a job is placed on another sku than
-its tag counted. Those users are marked, and their jobs re-tagged (`Queues.reorder`) before a pass
+its tag counted. Those users are marked, and their jobs re-tagged (`Queues.retag`) before a pass
 walks the queue and after it: a pass never sees a stale tag, and position and reasons read between
 passes are current.
 
@@ -42,6 +42,7 @@ VC's cells of that sku, so equal shares compare equal.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable
 
 from libs.common.protocol.model import OPPORTUNISTIC_PRIORITY
@@ -62,10 +63,11 @@ def held_cells(record: JobRecord) -> Cells:
 
 
 class _User:
-    __slots__ = ("queued", "holders", "tail", "last", "priorities", "tagged")
+    __slots__ = ("queued", "orders", "holders", "tail", "last", "priorities", "tagged")
 
     def __init__(self) -> None:
         self.queued: dict[JobRecord, None] = {}  # their queued guaranteed attempts in the VC's lane
+        self.orders: list[tuple[int, int]] = []  # the (priority, arrival) orders of those, sorted
         self.holders: dict[JobRecord, None] = {}  # their guaranteed attempts holding cells of the VC
         self.tail: Cells = {}  # held + every queued job's demand: the share of a job joining at the back
         self.last: tuple[int, int] | None = None  # the (priority, arrival) order of their last queued job
@@ -77,18 +79,19 @@ class FairShare:
     """Per VC and user: what they hold and queue, and their jobs' fair tags (see the module's docstring).
 
     `demand(record)`: the leaf cells per sku the attempt's unplaced tasks ask for (the core estimates
-    it: the sku where they weigh least). `reorder(record, tag)`: the queue moves the attempt to its new tag.
+    it: the sku where they weigh least). `retag([(record, tag), ...])`: the queue moves the attempts to
+    their new tags.
     """
 
     def __init__(self, vc_cells: dict[str, Cells], demand: Callable[[JobRecord], Cells],
-                 reorder: Callable[[JobRecord, int], None]):
+                 retag: Callable[[list[tuple[JobRecord, int]]], None]):
         self._weights: dict[str, Cells] = {}
         for vc, cells in vc_cells.items():
             cells = {sku: n for sku, n in cells.items() if n > 0}
             scale = math.lcm(*cells.values()) if cells else 1
             self._weights[vc] = {sku: scale // n for sku, n in cells.items()}
         self._demand = demand
-        self._reorder = reorder
+        self._move = retag
         self._users: dict[UserKey, _User] = {}
         self._dirty: dict[UserKey, None] = {}  # users whose tags may be stale (a dict: deterministic order)
         # Users alone in every (VC, priority) where they queue: tags all 0, `tail` and `last` not kept.
@@ -110,7 +113,12 @@ class FairShare:
 
     def share(self, vc: str, cells: Cells) -> int:
         weights = self._weights.get(vc, {})
-        return max((count * weights.get(sku, 0) for sku, count in cells.items()), default=0)
+        largest = 0  # (a loop: a re-tag asks this once per queued job of the user)
+        for sku, count in cells.items():
+            weighed = count * weights.get(sku, 0)
+            if weighed > largest:
+                largest = weighed
+        return largest
 
     def _user(self, key: UserKey) -> _User:
         user = self._users.get(key)
@@ -165,6 +173,7 @@ class FairShare:
         self._where[record] = key
         contended = self._join_group(key, user, record.priority)
         order = self._order(record)
+        insort(user.orders, order)
         if key not in self._dirty and key not in self._stale and (user.last is None or order > user.last):
             # Joins behind every job of theirs (the usual case): the tags ahead stand.
             demand = record.queue.fair_demand = self._demand(record)
@@ -183,6 +192,7 @@ class FairShare:
             return
         user = self._users[key]
         user.queued.pop(record, None)
+        del user.orders[bisect_left(user.orders, self._order(record))]
         self._leave_group(key, user, record.priority)
         if record.pending_groups or not record.placed or record.borrowed:
             self._dirty[key] = None  # cells it asked for are no longer asked for, nor held
@@ -207,7 +217,7 @@ class FairShare:
         # their jobs ahead of it (it fitted, they did not), its cells count for those now.
         # (Alone, it is cheaper to mark them than to look: their refresh costs nothing.)
         if key in self._stale or not self._contended(key, user) or got != counted or (
-                record not in self._where) or any(self._order(other) < self._order(record) for other in user.queued):
+                record not in self._where) or (user.orders and user.orders[0] < self._order(record)):
             self._dirty[key] = None
 
     def released(self, record: JobRecord) -> None:
@@ -243,9 +253,7 @@ class FairShare:
             else:
                 self._stale[key] = None
                 if user.tagged:
-                    for record in user.queued:
-                        if record.queue.fair:
-                            self._reorder(record, 0)
+                    self._move([(record, 0) for record in user.queued if record.queue.fair])
                     user.tagged = False
 
     def _retag(self, key: UserKey, user: _User) -> None:
@@ -255,6 +263,7 @@ class FairShare:
         for holder in user.holders:
             _add(tail, held_cells(holder))
         records = sorted(user.queued, key=self._order)
+        changes = []
         for record in records:
             tag = self.share(vc, tail) if len(groups[(vc, record.priority)]) > 1 else 0
             demand = record.queue.fair_demand
@@ -262,7 +271,8 @@ class FairShare:
                 demand = record.queue.fair_demand = self._demand(record)
             _add(tail, demand)
             if tag != record.queue.fair:
-                self._reorder(record, tag)
+                changes.append((record, tag))
+        self._move(changes)
         user.tail = tail
         user.last = self._order(records[-1]) if records else None
         user.tagged = True

@@ -79,7 +79,7 @@ class SchedulerCore:
         # Within a priority of a VC's lane, the user holding the smallest share of the VC first (fairness.py);
         # None: arrival order.
         self._fair = FairShare({name: dict(vc.sku_guaranteed) for name, vc in self._state.vcs.items()},
-                               self._fair_demand, self._queues.reorder) if policy.fair_share else None
+                               self._fair_demand, self._queues.retag) if policy.fair_share else None
         self._sku_lanes: dict[str, list[str]] = {}  # sku -> VCs that have cells of it
         for name, vc in self._state.vcs.items():
             for sku in vc.skus:

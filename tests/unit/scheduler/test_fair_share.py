@@ -12,9 +12,18 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from libs.common.protocol.model import PRIORITY_CLASSES, JobSpec, Resources, TaskRole
 from services.scheduler.core import Cancel, NodeHealth, Place, Submit, Tick
+from services.scheduler.core.queues import Queues
 
 from .builders import Harness, spec
 from .test_bucket_equivalence import SHAPES, VCS, Twins
+
+
+@pytest.fixture(autouse=True, params=[2.0, 0.0], ids=["moved-one-by-one", "lists-sorted-again"])
+def resort_share(request, monkeypatch):
+    """Every test twice: the queue moving each re-tagged job, and sorting its lists again (as it does
+    when the re-tags are a large share of the lane, `RESORT_SHARE`)."""
+    monkeypatch.setattr(Queues, "RESORT_SHARE", request.param)
+    return request.param
 
 
 def run(submissions: list[tuple[str, int, str]], releases: int, **options) -> str:
@@ -100,8 +109,8 @@ def test_a_users_backlog_moves_in_the_queue_only_while_another_user_waits_beside
     h = Harness("two-racks")
     moved: list[str] = []
     fair = h.core._fair
-    reorder = fair._reorder
-    fair._reorder = lambda record, tag: (moved.append(record.id), reorder(record, tag))
+    retag = fair._move
+    fair._move = lambda changes: (moved.extend(record.id for record, _ in changes), retag(changes))
     for i in range(30):
         h.submit_spec(spec(f"a{i}", vc="vision", gpus=1, priority="test", user="A"))
     for i in range(4):  # A holds all 8 cells and 22 jobs wait: each release places the next of A's
