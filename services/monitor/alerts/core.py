@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import sys
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 
@@ -60,6 +62,10 @@ FAILED_VIEW_SECONDS = 7 * 86400.0
 # nothing rather than making it anew. Kept a week, such views were the monitor's
 # memory growing with the jobs run: 1.0-1.2 MiB per 1,000 (benchmarks/service_rss.py).
 ENDED_VIEW_SECONDS = 3600.0
+# The one empty list every view with no GPUs, nodes or notify settings shares (most of them;
+# an empty list each was a tenth of a view's memory). A view's lists are replaced, never
+# changed in place.
+_NONE: list[Any] = []
 
 
 # --- inputs ----------------------------------------------------------------------------
@@ -279,9 +285,11 @@ class AlertCore:
             case JobSubmitted(spec=spec):
                 if event.job not in self.jobs:
                     view = self.jobs[event.job] = JobView(
-                        job=event.job, user=spec.user, vc=spec.virtualCluster, waitingSince=event.at,
-                        notify=spec.notifyOnStateChange, notifyStates=list(spec.notifyStates),
-                        notifyEmails=list(spec.notifyEmails),
+                        # (users' and VCs' names interned: each decoded event has its own copy)
+                        job=event.job, user=sys.intern(spec.user), vc=sys.intern(spec.virtualCluster),
+                        waitingSince=event.at,
+                        notify=spec.notifyOnStateChange, notifyStates=list(spec.notifyStates) or _NONE,
+                        notifyEmails=list(spec.notifyEmails) or _NONE, gpus=_NONE, nodes=_NONE,
                     )
                     self._jobs_in[view.state][view.job] = view
             case JobWaiting(attempt=attempt, reason=reason):
@@ -313,7 +321,9 @@ class AlertCore:
     def _state_changed(self, event: JobStateChanged) -> list[Notification]:
         view = self.jobs.get(event.job)
         if view is None:
-            view = self.jobs[event.job] = JobView(job=event.job, user=event.user, vc=event.vc, waitingSince=event.at)
+            view = self.jobs[event.job] = JobView(job=event.job, user=sys.intern(event.user), vc=sys.intern(event.vc),
+                                                  waitingSince=event.at,
+                                                  gpus=_NONE, nodes=_NONE, notifyStates=_NONE, notifyEmails=_NONE)
             self._jobs_in[view.state][view.job] = view
         if (event.attempt, _RANK[event.state]) < (view.attempt, _RANK[view.state]):
             return []  # older than what we know
@@ -322,7 +332,7 @@ class AlertCore:
         if event.attempt > view.attempt or event.state is JobState.WAITING and view.state is not JobState.WAITING:
             view.waitingSince = event.at
             view.waitingReason = ""
-            view.gpus, view.nodes = [], []
+            view.gpus, view.nodes = _NONE, _NONE
         if event.state is not view.state:
             del self._jobs_in[view.state][view.job]
             self._jobs_in[event.state][view.job] = view
@@ -334,6 +344,8 @@ class AlertCore:
             view.exitSpec, view.exitCode = event.exitSpec, event.exitCode
         if event.state.is_final:
             view.endedAt = event.at
+            if event.state is not JobState.FAILED:  # no rule reads where a job that did not fail ran
+                view.gpus, view.nodes = _NONE, _NONE
             self._forget_due = min(self._forget_due, _job_forget_at(view))
         word = "retried" if event.state is JobState.WAITING and event.attempt > 1 else event.state.value.lower()
         if not view.notify or word not in (view.notifyStates or DEFAULT_NOTIFY_STATES):
