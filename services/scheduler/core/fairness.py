@@ -66,8 +66,10 @@ class _User:
     __slots__ = ("queued", "orders", "holders", "tail", "last", "priorities", "tagged")
 
     def __init__(self) -> None:
-        self.queued: dict[JobRecord, None] = {}  # their queued guaranteed attempts in the VC's lane
-        self.orders: list[tuple[int, int]] = []  # the (priority, arrival) orders of those, sorted
+        # Their queued guaranteed attempts in the VC's lane, by (priority, arrival) order (`_order`),
+        # and those orders sorted: a re-tag walks them in order without sorting them again.
+        self.queued: dict[tuple[int, int], JobRecord] = {}
+        self.orders: list[tuple[int, int]] = []
         self.holders: dict[JobRecord, None] = {}  # their guaranteed attempts holding cells of the VC
         self.tail: Cells = {}  # held + every queued job's demand: the share of a job joining at the back
         self.last: tuple[int, int] | None = None  # the (priority, arrival) order of their last queued job
@@ -169,10 +171,10 @@ class FairShare:
             return
         key = (record.vc, record.spec.user)
         user = self._user(key)
-        user.queued[record] = None
         self._where[record] = key
         contended = self._join_group(key, user, record.priority)
         order = self._order(record)
+        user.queued[order] = record
         insort(user.orders, order)
         if key not in self._dirty and key not in self._stale and (user.last is None or order > user.last):
             # Joins behind every job of theirs (the usual case): the tags ahead stand.
@@ -191,8 +193,9 @@ class FairShare:
         if key is None:
             return
         user = self._users[key]
-        user.queued.pop(record, None)
-        del user.orders[bisect_left(user.orders, self._order(record))]
+        order = self._order(record)
+        del user.queued[order]
+        del user.orders[bisect_left(user.orders, order)]
         self._leave_group(key, user, record.priority)
         if record.pending_groups or not record.placed or record.borrowed:
             self._dirty[key] = None  # cells it asked for are no longer asked for, nor held
@@ -253,7 +256,7 @@ class FairShare:
             else:
                 self._stale[key] = None
                 if user.tagged:
-                    self._move([(record, 0) for record in user.queued if record.queue.fair])
+                    self._move([(record, 0) for record in user.queued.values() if record.queue.fair])
                     user.tagged = False
 
     def _retag(self, key: UserKey, user: _User) -> None:
@@ -262,7 +265,8 @@ class FairShare:
         tail: Cells = {}
         for holder in user.holders:
             _add(tail, held_cells(holder))
-        records = sorted(user.queued, key=self._order)
+        queued = user.queued
+        records = [queued[order] for order in user.orders]
         changes = []
         for record in records:
             tag = self.share(vc, tail) if len(groups[(vc, record.priority)]) > 1 else 0
