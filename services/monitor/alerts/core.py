@@ -62,10 +62,6 @@ FAILED_VIEW_SECONDS = 7 * 86400.0
 # nothing rather than making it anew. Kept a week, such views were the monitor's
 # memory growing with the jobs run: 1.0-1.2 MiB per 1,000 (benchmarks/service_rss.py).
 ENDED_VIEW_SECONDS = 3600.0
-# The one empty list every view with no GPUs, nodes or notify settings shares (most of them;
-# an empty list each was a tenth of a view's memory). A view's lists are replaced, never
-# changed in place.
-_NONE: list[Any] = []
 
 
 # --- inputs ----------------------------------------------------------------------------
@@ -106,12 +102,21 @@ class JobView(msgspec.Struct, kw_only=True):
     endedAt: float | None = None  # when it reached a final state (dates its forgetting)
     exitSpec: ExitSpec | None = None
     exitCode: int | None = None
+    # Tuples: a view's are replaced, never changed in place, and every view without GPUs,
+    # nodes or mail settings (most) shares the one empty tuple (an empty list each was a
+    # tenth of a view's memory).
     # (node, gpu index) of every placed task of the current attempt.
-    gpus: list[tuple[str, int]] = []
-    nodes: list[str] = []
+    gpus: tuple[tuple[str, int], ...] = ()
+    nodes: tuple[str, ...] = ()
     notify: bool = False
-    notifyStates: list[str] = []  # empty: DEFAULT_NOTIFY_STATES
-    notifyEmails: list[str] = []
+    notifyStates: tuple[str, ...] = ()  # empty: DEFAULT_NOTIFY_STATES
+    notifyEmails: tuple[str, ...] = ()
+
+    @classmethod
+    def new(cls, job: str, user: str, vc: str, **fields: Any) -> JobView:
+        """A view, its user's and VC's names interned (each decoded event or record has
+        its own copy of them; views of one user's jobs then share one)."""
+        return cls(job=job, user=sys.intern(user), vc=sys.intern(vc), **fields)
 
 
 # --- outputs ---------------------------------------------------------------------------
@@ -284,12 +289,10 @@ class AlertCore:
         match event:
             case JobSubmitted(spec=spec):
                 if event.job not in self.jobs:
-                    view = self.jobs[event.job] = JobView(
-                        # (users' and VCs' names interned: each decoded event has its own copy)
-                        job=event.job, user=sys.intern(spec.user), vc=sys.intern(spec.virtualCluster),
-                        waitingSince=event.at,
-                        notify=spec.notifyOnStateChange, notifyStates=list(spec.notifyStates) or _NONE,
-                        notifyEmails=list(spec.notifyEmails) or _NONE, gpus=_NONE, nodes=_NONE,
+                    view = self.jobs[event.job] = JobView.new(
+                        event.job, spec.user, spec.virtualCluster, waitingSince=event.at,
+                        notify=spec.notifyOnStateChange, notifyStates=tuple(spec.notifyStates),
+                        notifyEmails=tuple(spec.notifyEmails),
                     )
                     self._jobs_in[view.state][view.job] = view
             case JobWaiting(attempt=attempt, reason=reason):
@@ -299,17 +302,17 @@ class AlertCore:
             case JobPlaced(attempt=attempt, tasks=tasks, partial=partial):
                 view = self.jobs.get(event.job)
                 if view is not None and attempt >= view.attempt:
-                    placed: list[tuple[str, int]] = [(t.node, gpu) for t in tasks for gpu in t.gpus]
-                    nodes: list[str] = [t.node for t in tasks]
+                    placed: tuple[tuple[str, int], ...] = tuple((t.node, gpu) for t in tasks for gpu in t.gpus)
+                    nodes: tuple[str, ...] = tuple(t.node for t in tasks)
                     if partial and attempt == view.attempt:
-                        placed = view.gpus + [p for p in placed if p not in view.gpus]
+                        placed = view.gpus + tuple(p for p in placed if p not in view.gpus)
                         nodes = view.nodes + nodes
                     view.gpus = placed
-                    view.nodes = list(dict.fromkeys(nodes))
+                    view.nodes = tuple(dict.fromkeys(nodes))
             case TaskStarted(attempt=attempt, node=node):
                 view = self.jobs.get(event.job)
                 if view is not None and attempt == view.attempt and node and node not in view.nodes:
-                    view.nodes = [*view.nodes, node]
+                    view.nodes = (*view.nodes, node)
             case JobStateChanged():
                 return self._state_changed(event)
             case NodeStatus(node=node, healthy=healthy, reason=reason, conditions=conditions):
@@ -321,9 +324,7 @@ class AlertCore:
     def _state_changed(self, event: JobStateChanged) -> list[Notification]:
         view = self.jobs.get(event.job)
         if view is None:
-            view = self.jobs[event.job] = JobView(job=event.job, user=sys.intern(event.user), vc=sys.intern(event.vc),
-                                                  waitingSince=event.at,
-                                                  gpus=_NONE, nodes=_NONE, notifyStates=_NONE, notifyEmails=_NONE)
+            view = self.jobs[event.job] = JobView.new(event.job, event.user, event.vc, waitingSince=event.at)
             self._jobs_in[view.state][view.job] = view
         if (event.attempt, _RANK[event.state]) < (view.attempt, _RANK[view.state]):
             return []  # older than what we know
@@ -332,7 +333,7 @@ class AlertCore:
         if event.attempt > view.attempt or event.state is JobState.WAITING and view.state is not JobState.WAITING:
             view.waitingSince = event.at
             view.waitingReason = ""
-            view.gpus, view.nodes = _NONE, _NONE
+            view.gpus, view.nodes = (), ()
         if event.state is not view.state:
             del self._jobs_in[view.state][view.job]
             self._jobs_in[event.state][view.job] = view
@@ -345,7 +346,7 @@ class AlertCore:
         if event.state.is_final:
             view.endedAt = event.at
             if event.state is not JobState.FAILED:  # no rule reads where a job that did not fail ran
-                view.gpus, view.nodes = _NONE, _NONE
+                view.gpus, view.nodes = (), ()
             self._forget_due = min(self._forget_due, _job_forget_at(view))
         word = "retried" if event.state is JobState.WAITING and event.attempt > 1 else event.state.value.lower()
         if not view.notify or word not in (view.notifyStates or DEFAULT_NOTIFY_STATES):

@@ -156,25 +156,20 @@ def job_view_of(record: JobRecord) -> JobView:
     current = record.attempts[-1] if record.attempts else None
     tasks = current.tasks if current else []
     waiting_since = (current.createdTime if current else record.createdTime) or record.createdTime
-    if record.state.is_final:
-        failed = record.state is JobState.FAILED
-        return JobView(
-            job=record.job, user=sys.intern(record.user), vc=sys.intern(record.vc), state=record.state,
-            attempt=record.attempt, waitingSince=waiting_since, runningSince=record.launchedTime,
-            failedAt=record.completedTime if failed else None, endedAt=record.completedTime,
-            exitSpec=record.appExitSpec if failed else None, exitCode=record.appExitCode if failed else None,
-            nodes=list(dict.fromkeys(sys.intern(t.node) for t in tasks if t.node)) if failed else [],
-        )
     failed = record.state is JobState.FAILED
-    return JobView(
-        job=record.job, user=record.user, vc=record.vc, state=record.state, attempt=record.attempt,
-        waitingSince=waiting_since, runningSince=record.launchedTime,
-        failedAt=record.completedTime if failed else None,
-        exitSpec=record.appExitSpec if failed else None, exitCode=record.appExitCode if failed else None,
-        gpus=[(t.node, g) for t in tasks if t.node for g in t.gpus],
-        nodes=list(dict.fromkeys(t.node for t in tasks if t.node)),
-        notify=record.spec.notifyOnStateChange, notifyStates=list(record.spec.notifyStates),
-        notifyEmails=list(record.spec.notifyEmails),
+    nodes = tuple(dict.fromkeys(sys.intern(t.node) for t in tasks if t.node))
+    common = dict(state=record.state, attempt=record.attempt, waitingSince=waiting_since,
+                  runningSince=record.launchedTime, failedAt=record.completedTime if failed else None,
+                  exitSpec=record.appExitSpec if failed else None,
+                  exitCode=record.appExitCode if failed else None)
+    if record.state.is_final:
+        return JobView.new(record.job, record.user, record.vc, endedAt=record.completedTime,
+                           nodes=nodes if failed else (), **common)
+    return JobView.new(
+        record.job, record.user, record.vc, **common,
+        gpus=tuple((t.node, g) for t in tasks if t.node for g in t.gpus), nodes=nodes,
+        notify=record.spec.notifyOnStateChange, notifyStates=tuple(record.spec.notifyStates),
+        notifyEmails=tuple(record.spec.notifyEmails),
     )
 
 

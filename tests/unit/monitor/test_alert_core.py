@@ -457,7 +457,7 @@ def test_a_job_that_did_not_fail_is_forgotten_an_hour_after_it_ended(final: JobS
 
 def test_a_job_that_did_not_fail_keeps_no_placement_in_its_hour_and_a_failed_one_keeps_its_nodes():
     """An ended job's GPUs and nodes are read by no rule but JobFailed's (it names the nodes); the
-    views of jobs that did not fail share one empty list, and a later job's placement is its own."""
+    views of jobs that did not fail share one empty tuple, and a later job's placement is its own."""
     core = core_with(JOB_RULES)
     for job in ("bob~ok", "bob~bad", "bob~next"):
         core.handle(submitted(job, T0))
@@ -467,9 +467,9 @@ def test_a_job_that_did_not_fail_keeps_no_placement_in_its_hour_and_a_failed_one
     core.handle(state("bob~bad", JobState.FAILED, T0 + 10, spec=ExitSpec(code=1, phrase="UserError")))
     core.handle(placed("bob~next", "node-2", [3], T0 + 11))
     ok, bad, following = core.jobs["bob~ok"], core.jobs["bob~bad"], core.jobs["bob~next"]
-    assert (ok.gpus, ok.nodes) == ([], [])
-    assert bad.nodes == ["node-1"] and bad.gpus == [("node-1", 0), ("node-1", 1)]
-    assert following.gpus == [("node-2", 3)] and following.nodes == ["node-2"]
+    assert (ok.gpus, ok.nodes) == ((), ())
+    assert bad.nodes == ("node-1",) and bad.gpus == (("node-1", 0), ("node-1", 1))
+    assert following.gpus == (("node-2", 3),) and following.nodes == ("node-2",)
     core.validate_state()
 
 

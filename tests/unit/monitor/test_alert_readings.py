@@ -58,8 +58,8 @@ def test_a_running_job_record_becomes_the_view_a_restarted_monitor_starts_from()
     view = job_view_of(_record(JobState.RUNNING))
     assert (view.state, view.attempt, view.waitingSince, view.runningSince) == (JobState.RUNNING, 2, 40.0, 50.0)
     assert view.failedAt is None and view.exitSpec is None
-    assert view.gpus == [("n1", 0), ("n1", 1), ("n2", 3)] and view.nodes == ["n1", "n2"]
-    assert view.notify and view.notifyStates == ["failed"] and view.notifyEmails == ["team@example.com"]
+    assert view.gpus == (("n1", 0), ("n1", 1), ("n2", 3)) and view.nodes == ("n1", "n2")
+    assert view.notify and view.notifyStates == ("failed",) and view.notifyEmails == ("team@example.com",)
 
 
 def test_a_failed_job_record_keeps_what_its_rules_read_and_not_its_gpus_or_mail_settings():
@@ -68,11 +68,11 @@ def test_a_failed_job_record_keeps_what_its_rules_read_and_not_its_gpus_or_mail_
     # Times as the live view has them: the last attempt waited from 40.
     assert (view.state, view.attempt, view.waitingSince, view.runningSince) == (JobState.FAILED, 2, 40.0, 50.0)
     assert view.failedAt == 90.0 and view.exitSpec == oom and view.exitCode == 137
-    assert view.nodes == ["n1", "n2"], "JobFailed names them, and a lost one inhibits it"
+    assert view.nodes == ("n1", "n2"), "JobFailed names them, and a lost one inhibits it"
     # A finished job never runs or changes state again: no GPUs, no status mail.
-    assert view.gpus == [] and not view.notify and view.notifyEmails == []
+    assert view.gpus == () and not view.notify and view.notifyEmails == ()
     succeeded = job_view_of(_record(JobState.SUCCEEDED, completedTime=90.0))
-    assert (succeeded.waitingSince, succeeded.failedAt, succeeded.nodes, succeeded.gpus) == (40.0, None, [], [])
+    assert (succeeded.waitingSince, succeeded.failedAt, succeeded.nodes, succeeded.gpus) == (40.0, None, (), ())
 
 
 def test_a_job_failed_on_a_lost_node_before_a_restart_mails_only_the_node_alert():
