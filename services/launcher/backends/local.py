@@ -513,11 +513,14 @@ class LocalBackend:
             env=spec.env, mounts=spec.privateMounts, cols=cols, rows=rows)
 
     async def forget(self, key: TaskKey) -> None:
-        if self.containers is not None and self.containers.owns(key.slug):
-            await self.containers.forget(key)
-            return
         slug = key.slug
         task = self._tasks.get(slug)
+        # A task this backend runs as a process is never a container's (start sends each
+        # to one or the other): only an unknown one is looked for among the containers'
+        # records, a file lookup per task otherwise.
+        if task is None and self.containers is not None and self.containers.owns(slug):
+            await self.containers.forget(key)
+            return
         files = task.files if task is not None else self._files_on_disk(slug)
         if files is not None:
             mark_reported(files)
