@@ -54,8 +54,6 @@ from services.monitor.alerts.rules import Action, AlertRule, Condition, RuleSet,
 DEFAULT_NOTIFY_STATES = ("running", "succeeded", "failed", "stopped", "retried")
 # GPU utilisation history kept for the low-utilisation rule, at most.
 MAX_HISTORY_SECONDS = 24 * 3600.0
-# A failed job's view is kept as long as a JobFailed rule may look back.
-FAILED_VIEW_SECONDS = 7 * 86400.0
 # A job that succeeded or was stopped is in no rule: its view stays only while an event
 # of it may still come again (the bus redelivers an unacked event within minutes:
 # MAX_DELIVER tries ACK_WAIT_SECONDS apart), so a late one finds it final and changes
@@ -218,6 +216,7 @@ def fingerprint_key(fingerprint: str) -> str:
 class AlertCore:
     def __init__(self, rules: RuleSet):
         self.rules = rules
+        self._failed_view_seconds = _failed_view_seconds(rules)
         self.nodes: dict[str, NodeReading] = {}
         self.unhealthy: dict[str, str] = {}  # node -> reason, from NodeStatus
         self.services: dict[str, ServiceReading] = {}
@@ -244,6 +243,8 @@ class AlertCore:
     def set_rules(self, rules: RuleSet) -> None:
         """New rules apply from the next evaluation; alerts of removed rules resolve then."""
         self.rules = rules
+        self._failed_view_seconds = _failed_view_seconds(rules)
+        self._forget_due = 0.0  # a failed job's view may go sooner, or later, than it was due
         self._rendered_from.clear()
         self._everything_changed = True
 
@@ -347,7 +348,7 @@ class AlertCore:
             view.endedAt = event.at
             if event.state is not JobState.FAILED:  # no rule reads where a job that did not fail ran
                 view.gpus, view.nodes = (), ()
-            self._forget_due = min(self._forget_due, _job_forget_at(view))
+            self._forget_due = min(self._forget_due, self._forget_at(view))
         word = "retried" if event.state is JobState.WAITING and event.attempt > 1 else event.state.value.lower()
         if not view.notify or word not in (view.notifyStates or DEFAULT_NOTIFY_STATES):
             return []
@@ -614,12 +615,24 @@ class AlertCore:
         for state in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED):
             views = self._jobs_in[state]
             for job, view in list(views.items()):
-                if now > _job_forget_at(view):
+                if now > self._forget_at(view):
                     del self.jobs[job]
                     del views[job]
                 else:
-                    due = min(due, _job_forget_at(view))
+                    due = min(due, self._forget_at(view))
         self._forget_due = due
+
+    @property
+    def final_view_seconds(self) -> float:
+        """The longest a final job's view is kept (a failed one's: the rules decide)."""
+        return self._failed_view_seconds
+
+    def _forget_at(self, view: JobView) -> float:
+        """When a final job's view goes: a failed one's once the longest JobFailed window
+        has passed (`_failed_view_seconds`), any other's ENDED_VIEW_SECONDS after it ended."""
+        if view.state is JobState.FAILED:
+            return (view.failedAt or view.waitingSince) + self._failed_view_seconds
+        return (view.endedAt or view.waitingSince) + ENDED_VIEW_SECONDS
 
     def validate_state(self) -> None:
         for fingerprint, alert in self.alerts.items():
@@ -645,12 +658,15 @@ _PERCENT_FIELD = {
 }
 
 
-def _job_forget_at(view: JobView) -> float:
-    """When a final job's view goes: a failed one's after FAILED_VIEW_SECONDS (JobFailed
-    looks back at most that far), any other's ENDED_VIEW_SECONDS after it ended."""
-    if view.state is JobState.FAILED:
-        return (view.failedAt or view.waitingSince) + FAILED_VIEW_SECONDS
-    return (view.endedAt or view.waitingSince) + ENDED_VIEW_SECONDS
+def _failed_view_seconds(rules: RuleSet) -> float:
+    """How long a failed job's view is kept: as long as the longest JobFailed window
+    (`job_failed` lists a job that long after its failure, and no other rule reads a
+    failed job), and never less than any ended job's ENDED_VIEW_SECONDS.
+
+    It was a week whatever the rules said: a tenant whose jobs fail fast grew the
+    monitor's memory, and each evaluation's walk over the failed jobs, for a week."""
+    windows = [rule.window or 0.0 for rule in rules.rules if rule.when is Condition.JOB_FAILED]
+    return max([ENDED_VIEW_SECONDS, *windows])
 
 
 def _render_source(rule: AlertRule, candidate: _Candidate) -> tuple:

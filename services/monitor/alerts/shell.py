@@ -103,9 +103,6 @@ NATS_TROUBLE = (nats.errors.Error, asyncio.TimeoutError, OSError, Transient)
 
 _sample_decoder = msgspec.json.Decoder(NodeSample)
 _record_decoder = msgspec.json.Decoder(JobRecord)
-# A final job's view is kept this long (the alert core's own `_job_forget_at`):
-# a restore leaves out the records of those finished longer ago.
-FINAL_JOB_KEPT_SECONDS = 7 * 86400
 
 
 class _RecordTimes(msgspec.Struct):
@@ -210,7 +207,8 @@ class AlertShell:
         self.core.restore(alerts, groups)
         self.written = {a.fingerprint: a for a in alerts}
         reasons = await self._waiting_reasons()
-        async for records in self._job_records(since=self.clock() - FINAL_JOB_KEPT_SECONDS):
+        # Jobs that finished longer ago than the core keeps a final job's view are left out.
+        async for records in self._job_records(since=self.clock() - self.core.final_view_seconds):
             for record in records:
                 view = job_view_of(record)
                 if view.state is JobState.WAITING:
