@@ -65,6 +65,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # Base URL people open PAI at, for the links in mail; empty: http://<host>:<rest_port>.
     portal_url: str = ""
     alert_evaluate_seconds: float = 15.0  # how often the cluster monitor evaluates the rules
+    # A job rule fires for at most this many of one user's jobs at once (0: no bound):
+    # a tenant whose jobs all fail raises that many JobFailed alerts, mails and tags,
+    # not one per job (docs/alerts.md, "One user's many jobs").
+    alert_max_job_alerts_per_user: int = 100
     # The /readyz the ServiceDown rule probes, "name=url,..."; empty: each
     # service's port on `host`; "-": probe none.
     alert_probe_urls: str = ""

@@ -28,7 +28,8 @@ from __future__ import annotations
 import bisect
 import hashlib
 import sys
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import msgspec
@@ -214,9 +215,14 @@ def fingerprint_key(fingerprint: str) -> str:
 
 
 class AlertCore:
-    def __init__(self, rules: RuleSet):
+    def __init__(self, rules: RuleSet, *, max_job_alerts_per_user: int = 0):
         self.rules = rules
         self._failed_view_seconds = _failed_view_seconds(rules)
+        # At most this many of one user's jobs have an alert of one job rule at once (0: no bound).
+        self.max_job_alerts_per_user = max_job_alerts_per_user
+        # (rule, user) -> how many of the user's jobs met the rule in the last evaluation
+        # but got no alert of their own: the user was at the bound.
+        self.held_back: dict[tuple[str, str], int] = {}
         self.nodes: dict[str, NodeReading] = {}
         self.unhealthy: dict[str, str] = {}  # node -> reason, from NodeStatus
         self.services: dict[str, ServiceReading] = {}
@@ -364,10 +370,11 @@ class AlertCore:
         outputs: list[Output] = []
         holding: dict[str, tuple[AlertRule, _Candidate]] = {}
         window_means: dict[float, dict[tuple[str, int], float]] = {}
+        self.held_back = {}
         for rule in self.rules.rules:
             if not rule.enabled:
                 continue
-            for candidate in self._candidates(rule, now, window_means):
+            for candidate in self._per_user_bound(rule, self._candidates(rule, now, window_means)):
                 holding[candidate.fingerprint] = (rule, candidate)
         # Conditions that stopped holding: drop pending, resolve firing.
         for fingerprint in list(self.pending):
@@ -427,6 +434,35 @@ class AlertCore:
         outputs += self._notifications(now, ended_now)
         self._forget_old(now)
         return outputs
+
+    def _per_user_bound(self, rule: AlertRule, candidates: Iterable[_Candidate]) -> Iterator[_Candidate]:
+        """The rule's candidates with at most `max_job_alerts_per_user` of one user's jobs:
+        those already pending or firing first (an alert never resolves to make room), then
+        the others in the order the rule found them (for JobFailed: the earliest failures).
+        One tenant's thousands of failing jobs would otherwise be thousands of alerts, mails
+        and tags, each kept a day once resolved. The rest are counted in `held_back`; they
+        get their alert as the user's alerts resolve, while the condition still holds."""
+        bound = self.max_job_alerts_per_user
+        if bound <= 0:
+            yield from candidates
+            return
+        counted: Counter[str] = Counter()
+        later: list[_Candidate] = []
+        for candidate in candidates:
+            if candidate.job is None:
+                yield candidate
+            elif candidate.fingerprint in self.pending:
+                counted[candidate.job.user] += 1
+                yield candidate
+            else:
+                later.append(candidate)
+        for candidate in later:
+            user = candidate.job.user if candidate.job is not None else ""
+            if counted[user] < bound:
+                counted[user] += 1
+                yield candidate
+            else:
+                self.held_back[(rule.name, user)] = self.held_back.get((rule.name, user), 0) + 1
 
     def _candidates(self, rule: AlertRule, now: float, window_means: dict) -> Iterable[_Candidate]:
         threshold = rule.threshold if rule.threshold is not None else 0.0

@@ -178,7 +178,8 @@ class AlertShell:
         self.settings = MailSettings.from_config(ctx.config)
         self.mailer = mailer or Mailer(self.settings)
         self.baseline_yaml, self.baseline_source = baseline(ctx.config)
-        self.core = AlertCore(load_rules_text(self.baseline_yaml))
+        self.core = AlertCore(load_rules_text(self.baseline_yaml),
+                              max_job_alerts_per_user=ctx.config.alert_max_job_alerts_per_user)
         self.document = Snapshot(value=None, revision=0)
         self.outbox: asyncio.Queue[Notification] = asyncio.Queue()
         self.tags: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()  # (job, tag, by)
@@ -414,6 +415,9 @@ class AlertShell:
         async with self._lock:
             with metrics.alert_evaluation_seconds.time():
                 outputs = self.core.evaluate(self.clock())
+        for (rule, user), count in self.core.held_back.items():
+            log.warning("alerts: %s holds for %d more of %s's jobs than get an alert of their own "
+                        "(alert_max_job_alerts_per_user %d)", rule, count, user, self.core.max_job_alerts_per_user)
         metrics.record_alerts_firing(dict(Counter(
             (a.rule, a.severity) for a in self.core.alerts.values() if a.state is AlertState.FIRING)))
         await self._write_alerts()

@@ -419,6 +419,28 @@ def test_an_alert_firing_during_quiet_rounds_is_inhibited_by_a_node_lost_later()
     core.validate_state()
 
 
+def test_a_job_rule_alerts_for_at_most_the_bound_of_one_users_jobs_and_the_next_as_those_resolve():
+    """A tenant whose jobs all fail raises JobFailed for `max_job_alerts_per_user` of them
+    at once, not one per job (each a mail, a tag, and a record kept a day); another user's
+    failure still fires. As the earliest failures leave the window, later ones get theirs."""
+    core = AlertCore(load_rules_text(JOB_RULES), max_job_alerts_per_user=3)
+    for i in range(5):
+        core.handle(submitted(f"evil~j{i}", T0 + i))
+        core.handle(state(f"evil~j{i}", JobState.FAILED, T0 + i, code=1))
+    core.handle(submitted("bob~t", T0 + 5))
+    core.handle(state("bob~t", JobState.FAILED, T0 + 5, code=1))
+    out = core.evaluate(T0 + 10)
+    fired = {f.alert.fingerprint for f in of(out, AlertFired)}
+    assert fired == {"JobFailed/evil~j0/1", "JobFailed/evil~j1/1", "JobFailed/evil~j2/1", "JobFailed/bob~t/1"}
+    assert core.held_back == {("JobFailed", "evil"): 2}
+    assert {a.alert.job for a in of(out, ActionDue)} == {"evil~j0", "evil~j1", "evil~j2", "bob~t"}, "tags too"
+    out = core.evaluate(T0 + 3600.5)  # evil~j0 has left JobFailed's hour
+    assert {e.alert.fingerprint for e in of(out, AlertEnded)} == {"JobFailed/evil~j0/1"}
+    assert {f.alert.fingerprint for f in of(out, AlertFired)} == {"JobFailed/evil~j3/1"}
+    assert core.held_back == {("JobFailed", "evil"): 1}
+    core.validate_state()
+
+
 def test_resolved_alerts_are_forgotten_after_a_day():
     core = core_with(JOB_RULES)
     core.handle(submitted("bob~t", T0))
