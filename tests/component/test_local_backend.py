@@ -249,6 +249,7 @@ async def test_a_malformed_finished_bell_neither_ends_a_task_early_nor_stops_the
     forger = Doorbell(local.backend._doorbell)
     for forged in (b'\n{"exitCode": 0, "finishedAt"', b"", b"\n\xff\xfe"):
         forger.ring(FINISHED_BELL + slug + forged)
+        forger.flush()
     await asyncio.sleep(0.1)
     assert not [event for event in local.events.of(task.key) if isinstance(event, TaskFinished)]
 

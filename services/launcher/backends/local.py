@@ -104,6 +104,7 @@ from services.launcher.backends import (
     terminals,
 )
 from services.launcher.backends.local_doorbell import (
+    BELL_SEPARATOR,
     CREDENTIALS_SPACE,
     FINISHED_BELL,
     RUNNING_BELL,
@@ -676,16 +677,17 @@ class LocalBackend:
             if sender is None or sender[1] != shim_uid:
                 self._drop_forged(message, sender)
                 continue
-            kind, body = message[:1], message[1:]
-            slug, _, detail = body.partition(b"\n")
-            task = self._tasks.get(slug.decode(errors="replace"))
-            if task is None:
-                continue  # forgotten, or not yet recovered: recover() will see it
-            if kind == RUNNING_BELL:
-                task.spec_line = None
-                self._report_running(task, detail.decode(errors="replace"))
-            elif kind == FINISHED_BELL:
-                self._report_finished(task, told=detail)
+            for part in message.split(BELL_SEPARATOR):  # a shim sends what it rang together
+                kind, body = part[:1], part[1:]
+                slug, _, detail = body.partition(b"\n")
+                task = self._tasks.get(slug.decode(errors="replace"))
+                if task is None:
+                    continue  # forgotten, or not yet recovered: recover() will see it
+                if kind == RUNNING_BELL:
+                    task.spec_line = None
+                    self._report_running(task, detail.decode(errors="replace"))
+                elif kind == FINISHED_BELL:
+                    self._report_finished(task, told=detail)
 
     def _drop_forged(self, message: bytes, sender: tuple[int, int] | None) -> None:
         """A datagram no shim sent (a task's, or one without credentials): counted,

@@ -464,6 +464,7 @@ class Shim:
             if not self.runs and self.feed is None:
                 break
             timeout = max(0.0, min(deadlines) - now) if deadlines else -1
+            self.doorbell.flush()  # what this turn rang, in one datagram, before we wait
             for fd, _ in self.poller.poll(timeout):
                 if fd in self.pipes:
                     self._read_output(fd)
@@ -471,6 +472,7 @@ class Shim:
                     _drain(fd)
                 elif fd == self.feed:
                     self._read_feed()
+        self.doorbell.flush()
         self._end_strays()
         for _ in range(20):  # what the kernel kept a moment longer (_finish)
             self.cgroups_left = [cgroup for cgroup in self.cgroups_left if not cgroup.release()]
