@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 
-from libs.common import busauth, telemetry
+from libs.common import busauth, service, telemetry
 from libs.common.bus import Bus
 from libs.common.config import Config, load_config
 from libs.common.service import ServiceContext, exit_when_bus_closed
@@ -148,6 +148,7 @@ def main(argv: list[str]) -> None:
     parent = int(argv[1])
     _die_with(parent)
     config = load_config()
+    service.collect_young_less_often()  # every event a job makes is decoded and turned into rows here
     telemetry.setup("rest-history", level=config.log_level, otlp_endpoint=config.otlp_endpoint)
     try:
         asyncio.run(_run(config, parent))
