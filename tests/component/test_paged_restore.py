@@ -106,12 +106,13 @@ async def test_launcher_restores_in_pages_keeping_live_jobs_whole_and_its_lease(
     try:
         await clear(admin)
         now = time.time()
-        finished = copies(finished_record(finished_at=now - 86400), 2_000, "alice-old")
+        finished = copies(finished_record(finished_at=now - 86400), 10_000, "alice-old")
         live = {ids.job_key(j): encode_job_record(live_record(j, at=now)) for j in (f"bob~live{n}" for n in range(LIVE_JOBS))}
         await seed(admin, finished | live)
 
-        # A renewal every 0.05 s: restoring 2,000 records takes several such turns
-        # even on a fast machine, and a restore that held the event loop gets none.
+        # A renewal every 0.05 s: restoring 10,000 records takes several such turns
+        # even on a fast machine (2,000 took 0.05 s on one), and a restore that held
+        # the event loop gets none.
         monkeypatch.setattr(service, "LEASE_SECONDS", 0.15)
         shell = launcher_shell(bus, tmp_path / "launcher")
         await service.hold_leadership(shell.ctx)
