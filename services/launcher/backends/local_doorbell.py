@@ -38,6 +38,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 RUNNING_BELL = b"R"
@@ -96,7 +97,7 @@ class Doorbell:
     """A shim's side of the doorbell: `ring` gathers, `flush` sends (see the top).
     Sending is best effort (the backend may be down, and catches up when it recovers)."""
 
-    def __init__(self, name: str, *, timeout: float = 0.5, clock=time.monotonic):
+    def __init__(self, name: str, *, timeout: float = 0.5, clock: Callable[[], float] = time.monotonic):
         self.address = doorbell_address(name)
         self.timeout = timeout
         self._clock = clock
