@@ -370,8 +370,11 @@ async def test_a_browser_terminal_in_a_container_task_runs_through_the_engines_e
     engine = engine_api.Engine(engine_socket.upstream)  # podman's own: the recording proxy relays no upgrade
     name = f"pai-terminal-test-{os.getpid()}"
     try:
+        # The host's network, as the launcher gives its containers: a bridge needs
+        # iptables or nftables, which a machine need not have.
         await engine.create(name, {"Image": IMAGE, "Entrypoint": ["/bin/sh", "-c", "sleep 300"], "Cmd": [],
-                                   "Env": ["PAI_TASK_INDEX=3"], "WorkingDir": "/tmp", "User": "4242:4242"})
+                                   "Env": ["PAI_TASK_INDEX=3"], "WorkingDir": "/tmp", "User": "4242:4242",
+                                   "HostConfig": {"NetworkMode": "host"}})
         await engine.start(name)
         channel = await terminals.EngineExecTerminal.open(engine, name, cols=90, rows=20)
         assert channel.mode == "container"
