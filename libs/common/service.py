@@ -208,8 +208,9 @@ YOUNG_COLLECTION_ALLOCATIONS = 20_000
 
 
 def collect_young_less_often() -> None:
-    """For a service that handles many jobs a second: young collections every
-    YOUNG_COLLECTION_ALLOCATIONS allocations; the older generations' thresholds stay."""
+    """For a process that handles many jobs a second (every service: `run` calls it):
+    young collections every YOUNG_COLLECTION_ALLOCATIONS allocations; the older
+    generations' thresholds stay."""
     gc.set_threshold(YOUNG_COLLECTION_ALLOCATIONS, *gc.get_threshold()[1:])
 
 
@@ -222,6 +223,7 @@ def run(
     app_factory: Callable[[ServiceContext], Awaitable[web.Application]] | None = None,
 ) -> None:
     """Entry point of `python -m services.<name>`."""
+    collect_young_less_often()  # every service handles every job, or every event of one
     telemetry.setup(name, level=config.log_level, otlp_endpoint=config.otlp_endpoint)
     http_server.limit_log_rates()  # what a flood of bad clients makes asyncio and aiohttp log
     try:

@@ -891,5 +891,4 @@ async def body(ctx: ServiceContext) -> None:
 
 
 def main() -> None:
-    service.collect_young_less_often()
     service.run("launcher", load_config(), body, single_active=True)

@@ -19,7 +19,6 @@ def main(argv: list[str] | None = None) -> None:
     mode.add_argument("--cluster", action="store_const", const="cluster", dest="mode", help="node health, metrics, alerts")
     args = parser.parse_args(argv)
     config = load_config(**({"monitor_mode": args.mode} if args.mode else {}))
-    service.collect_young_less_often()  # every event of every job passes through here
     service.run("monitor", config, body)
 
 

@@ -15,5 +15,4 @@ async def body(ctx: ServiceContext) -> None:
 
 
 def main() -> None:
-    service.collect_young_less_often()
     service.run("rest", load_config(), body, app_factory=create_app)

@@ -164,5 +164,4 @@ async def body(ctx: ServiceContext) -> None:
 
 
 def main() -> None:
-    service.collect_young_less_often()
     service.run("runtime", load_config(), body)

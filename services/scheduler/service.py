@@ -378,5 +378,4 @@ async def body(ctx: ServiceContext) -> None:
 
 
 def main() -> None:
-    service.collect_young_less_often()
     service.run("scheduler", load_config(), body, single_active=True)
