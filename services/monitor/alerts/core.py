@@ -447,7 +447,7 @@ class AlertCore:
             yield from candidates
             return
         counted: Counter[str] = Counter()
-        later: list[_Candidate] = []
+        later: list[tuple[str, _Candidate]] = []  # (its job's user, a candidate not yet alerting)
         for candidate in candidates:
             if candidate.job is None:
                 yield candidate
@@ -455,9 +455,8 @@ class AlertCore:
                 counted[candidate.job.user] += 1
                 yield candidate
             else:
-                later.append(candidate)
-        for candidate in later:
-            user = candidate.job.user if candidate.job is not None else ""
+                later.append((candidate.job.user, candidate))
+        for user, candidate in later:
             if counted[user] < bound:
                 counted[user] += 1
                 yield candidate
