@@ -38,6 +38,10 @@ puts every job inside all of them. `--set nats_events_max_age_seconds=120 --set
 nats_events_duplicate_window_seconds=60` shortens nats-server's so that the run
 passes them, as months of history pass the week the event stream keeps.
 
+One admin token submits every job, so rest's rate limit and the per-user stored-jobs
+quotas are lifted: a burst is taken faster than it runs, and its queue alone would pass
+the 10,000 jobs a user may keep (`rest_user_max_jobs`).
+
 The platform runs with a small bound so that archiving happens during the run:
 `--live-max` (default 500) finished jobs, `--live-seconds` (default 10),
 `--sweep-seconds` (default 1), and the launcher's log retention `--retention-seconds`
@@ -410,6 +414,9 @@ def main() -> None:
             env={}, data_dir=str(data), nats_url=f"nats://127.0.0.1:{free_port()}",
             cluster_file=str(slots64_cluster_file(Path(tmp) / "cluster-slots64.yaml")),
             rest_rate_limit_burst=10_000_000, rest_rate_limit_per_second=10_000_000.0,
+            # One admin submits every job: a burst queues faster than the platform runs it,
+            # and its queue would pass the per-user stored-jobs quota (507s, not memory).
+            rest_user_max_jobs=0, rest_user_max_job_bytes=0,
             live_finished_job_max=args.live_max, live_finished_job_seconds=args.live_seconds,
             history_sweep_seconds=args.sweep_seconds, retention_finished_seconds=args.retention_seconds,
             retention_sweep_seconds=max(1.0, args.retention_seconds / 5), **ports,
