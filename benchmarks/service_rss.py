@@ -410,17 +410,19 @@ def main() -> None:
         ports = {f"{s}_port": free_port() for s in SERVICES}
         if args.history_db:
             args.set.append(f"history_dsn=sqlite+aiosqlite:///{Path(args.history_db).resolve()}")
-        config = load_config(
-            env={}, data_dir=str(data), nats_url=f"nats://127.0.0.1:{free_port()}",
-            cluster_file=str(slots64_cluster_file(Path(tmp) / "cluster-slots64.yaml")),
+        settings: dict[str, Any] = dict(
             rest_rate_limit_burst=10_000_000, rest_rate_limit_per_second=10_000_000.0,
             # One admin submits every job: a burst queues faster than the platform runs it,
             # and its queue would pass the per-user stored-jobs quota (507s, not memory).
             rest_user_max_jobs=0, rest_user_max_job_bytes=0,
             live_finished_job_max=args.live_max, live_finished_job_seconds=args.live_seconds,
             history_sweep_seconds=args.sweep_seconds, retention_finished_seconds=args.retention_seconds,
-            retention_sweep_seconds=max(1.0, args.retention_seconds / 5), **ports,
-            **dict(item.split("=", 1) for item in args.set))
+            retention_sweep_seconds=max(1.0, args.retention_seconds / 5))
+        settings.update(ports)
+        settings.update(item.split("=", 1) for item in args.set)  # --set wins over the defaults above
+        config = load_config(
+            env={}, data_dir=str(data), nats_url=f"nats://127.0.0.1:{free_port()}",
+            cluster_file=str(slots64_cluster_file(Path(tmp) / "cluster-slots64.yaml")), **settings)
         result: dict[str, Any] = {
             "benchmark": "service_rss", "commit": git_commit(), "cpus": os.cpu_count(),
             "data_dir_filesystem": filesystem_of(tmp), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
