@@ -124,6 +124,10 @@ class IndexedJob(msgspec.Struct, kw_only=True, gc=False):
         return _RECORD.decode(self.stored)
 
 
+def _finished(job: IndexedJob) -> bool:
+    return job.status is not None and job.status.state.is_final
+
+
 class _Order:
     """The jobs in one row field's order, kept sorted as rows change (bisect, no re-sort):
     rows with the field ascending by (value, job id), rows without it by job id. Descending
@@ -247,6 +251,9 @@ class JobIndex:
         self.ready = False
         # Per user: (jobs stored, bytes of their records), for the per-user quotas (services/rest/quotas.py).
         self.usage: dict[str, tuple[int, int]] = {}
+        # Per user: how many of those jobs have finished, so that a refusal past the stored-jobs
+        # quota can say whether finished jobs fill it (they leave by themselves) or a queue does.
+        self.finished: dict[str, int] = {}
         # Keys of jobs deleted (their records purged: services/rest/deletion.py) -> when, for the
         # wait before their name is used again. Submissions taken back are deletes, not purges.
         self.purged: dict[str, float] = {}
@@ -305,9 +312,9 @@ class JobIndex:
         old = self.jobs.get(key)
         self._count(old, -1)
         self._unlist(key, old)
-        self._count_bytes(brief.user, 1, len(stored))
         self.jobs[key] = job = IndexedJob(brief=brief, stored=stored, status=self._status.get(key),
                                           schedule=self._schedule.get(key))
+        self._count(job, 1)
         self._relist(key, job)
         self.unsettled.add(key)
         if brief.published:
@@ -339,14 +346,21 @@ class JobIndex:
 
     def _count(self, job: IndexedJob | None, sign: int) -> None:
         if job is not None:
-            self._count_bytes(job.brief.user, sign, sign * len(job.stored))
+            user = job.brief.user
+            count, total = self.usage.get(user, (0, 0))
+            if count + sign <= 0:
+                self.usage.pop(user, None)
+            else:
+                self.usage[user] = (count + sign, total + sign * len(job.stored))
+            if _finished(job):
+                self._count_finished(user, sign)
 
-    def _count_bytes(self, user: str, jobs: int, size: int) -> None:
-        count, total = self.usage.get(user, (0, 0))
-        if count + jobs <= 0:
-            self.usage.pop(user, None)
+    def _count_finished(self, user: str, change: int) -> None:
+        left = self.finished.get(user, 0) + change
+        if left <= 0:
+            self.finished.pop(user, None)
         else:
-            self.usage[user] = (count + jobs, total + size)
+            self.finished[user] = left
 
     def _put_side(self, key: str, value, store: dict, field: str) -> None:
         if value is None:
@@ -356,7 +370,10 @@ class JobIndex:
         job = self.jobs.get(key)
         if job is not None:
             self._unlist(key, job)
+            was_finished = _finished(job)
             setattr(job, field, value)
+            if _finished(job) != was_finished:
+                self._count_finished(job.brief.user, -1 if was_finished else 1)
             self._relist(key, job)
             self.unsettled.add(key)
             self.version += 1
@@ -390,6 +407,7 @@ class JobIndex:
     def _reset(self) -> None:
         self.jobs.clear()
         self.usage.clear()
+        self.finished.clear()
         self.purged.clear()
         self.unpublished.clear()
         self.unsettled.clear()

@@ -7,7 +7,10 @@ configuration's (`rest_user_max_*`, libs/common/config.py; 0: none), and each re
 names the limit, its value, what is used and what to do:
 
 - jobs stored per user (`rest_user_max_jobs`) and the bytes of their records
-  (`rest_user_max_job_bytes`): 507 until the user deletes finished jobs;
+  (`rest_user_max_job_bytes`): 507 until the user deletes finished jobs (which also
+  leave by themselves once the history holds them); a refusal past the first says how
+  many of the user's jobs have finished, and when none has, that a queue fills it and
+  only stopping jobs frees room;
 - live tokens per user (`rest_user_max_tokens`, services/rest/identity/routes.py):
   a sign-in past it ends the user's oldest sign-in; a new application token is 507;
 - submissions of one user being taken at once by one rest process
@@ -35,6 +38,9 @@ from services.rest.job_index import JobIndex
 from services.rest.request import ctx_of
 
 DELETE_REMEDY = "delete finished jobs you no longer need (pai delete JOB, DELETE /api/v2/jobs/{user}~{name})"
+# When none of a user's stored jobs has finished, there is nothing to delete: a queue fills the quota.
+UNFINISHED_REMEDY = ("none of them has finished: stop jobs you no longer need (pai stop JOB, PUT "
+                     "/api/v2/jobs/{user}~{name}/executionType), or submit again once some have ended")
 TOKEN_REMEDY = "revoke tokens you no longer use (GET and DELETE /api/v2/tokens, pai token list/revoke)"
 
 
@@ -80,13 +86,22 @@ async def submitting(request: web.Request, user: str) -> AsyncIterator[None]:
         yield
 
 
-def check_stored_jobs(config: Config, user: str, jobs: int, size: int | None, new_size: int) -> None:
+def check_stored_jobs(config: Config, user: str, jobs: int, size: int | None, new_size: int,
+                      finished: int | None = None) -> None:
     """507 when one more job of `new_size` bytes would pass the user's stored-jobs
-    quotas, `jobs` and `size` (None: not known) being what they store now. Pure."""
+    quotas, `jobs` and `size` (None: not known) being what they store now, `finished`
+    of those jobs ended (None: not known). Pure."""
     if config.rest_user_max_jobs and jobs + 1 > config.rest_user_max_jobs:
-        raise QuotaExceeded(f"{user} has {jobs} jobs stored, the most one user may keep",
-                            limit="rest_user_max_jobs", value=config.rest_user_max_jobs, used=jobs,
-                            remedy=DELETE_REMEDY)
+        if finished is None:
+            message, remedy = f"{user} has {jobs} jobs stored, the most one user may keep", DELETE_REMEDY
+        else:
+            message = f"{user} has {jobs} jobs stored ({finished} finished), the most one user may keep"
+            # Finished jobs also leave by themselves once the history holds them (live_finished_job_seconds).
+            remedy = (f"{DELETE_REMEDY}; finished jobs also leave the count by themselves, about "
+                      f"{config.live_finished_job_seconds / 60:.0f} minutes after they end"
+                      if finished else UNFINISHED_REMEDY)
+        raise QuotaExceeded(message, limit="rest_user_max_jobs", value=config.rest_user_max_jobs, used=jobs,
+                            remedy=remedy)
     limit = config.rest_user_max_job_bytes
     if limit and size is not None and size + new_size > limit:
         raise QuotaExceeded(f"{user}'s jobs take {size} bytes of the store and this one {new_size} more, "
@@ -101,7 +116,7 @@ async def check_submission(request: web.Request, index: JobIndex | None, user: s
         return
     if index is not None and index.ready:
         jobs, size = index.usage.get(user, (0, 0))
-        check_stored_jobs(config, user, jobs, size, new_size)
+        check_stored_jobs(config, user, jobs, size, new_size, index.finished.get(user, 0))
         return
     if config.rest_user_max_jobs:  # the index is loading: count the user's keys (user.name)
         keys = await all_keys(await ctx_of(request).bus.kv(Bucket.JOBS), f"{user}.")

@@ -139,6 +139,9 @@ async def test_a_user_past_their_stored_jobs_is_refused_with_the_limit_named(res
     status, body = await api.submit(alice_token, "j3")
     assert_names_limit(status, body, 507, "rest_user_max_jobs", 3)
     assert body["details"]["used"] == 3
+    # Nothing runs them here: all three wait, so deleting finished jobs would free nothing.
+    assert "(0 finished)" in body["message"], body
+    assert "pai stop" in body["details"]["remedy"], body
     assert (await api.submit(bob_token, "j0"))[0] == 202
 
 
