@@ -97,9 +97,10 @@ def check_stored_jobs(config: Config, user: str, jobs: int, size: int | None, ne
         else:
             message = f"{user} has {jobs} jobs stored ({finished} finished), the most one user may keep"
             # Finished jobs also leave by themselves once the history holds them (live_finished_job_seconds).
-            remedy = (f"{DELETE_REMEDY}; finished jobs also leave the count by themselves, about "
-                      f"{config.live_finished_job_seconds / 60:.0f} minutes after they end"
-                      if finished else UNFINISHED_REMEDY)
+            kept = config.live_finished_job_seconds
+            after = f"{kept / 60:.0f} minutes" if kept >= 120 else f"{kept:.0f} seconds"
+            remedy = (f"{DELETE_REMEDY}; finished jobs also leave the count by themselves, about {after} "
+                      "after they end" if finished else UNFINISHED_REMEDY)
         raise QuotaExceeded(message, limit="rest_user_max_jobs", value=config.rest_user_max_jobs, used=jobs,
                             remedy=remedy)
     limit = config.rest_user_max_job_bytes

@@ -35,6 +35,12 @@ def test_a_refusal_says_how_many_finished_and_what_frees_room(jobs, finished, sa
                                                         "remedy": None}
 
 
+def test_a_short_live_window_is_said_in_seconds():
+    with pytest.raises(QuotaExceeded) as refused:
+        check_stored_jobs(Config(rest_user_max_jobs=1, live_finished_job_seconds=10.0), "alice", 1, 0, 100, 1)
+    assert "about 10 seconds after they end" in refused.value.details["remedy"]
+
+
 def test_under_the_quota_nothing_is_refused():
     check_stored_jobs(CONFIG, "alice", 2, 0, 100, 0)
     check_stored_jobs(Config(rest_user_max_jobs=0), "alice", 10**6, 0, 100, 0)  # 0: no limit
