@@ -115,7 +115,9 @@ class DocumentStore(Generic[T]):
 
     async def follow(self, bus: Connection, stopping: asyncio.Event, on_snapshot: Callable[[Snapshot[T]], None]) -> None:
         """The value now, then every change, to `on_snapshot` until `stopping`; the
-        watch starts again (the value now first) after every reconnect or failure."""
+        watch starts again (the value now first) after every reconnect or failure, and
+        so does nats-py's ordered consumer when it restarts itself under load: a change
+        overtaken by a newer one meanwhile may then not come, the newest always does."""
 
         def on_entry(entry: KeyValue.Entry) -> None:
             deleted = entry.operation in (KV_DEL, KV_PURGE)

@@ -140,15 +140,20 @@ async def test_follow_hands_the_value_now_then_each_change_and_a_delete_as_nothi
     following = asyncio.create_task(store.follow(bus, stopping, seen.append))
     try:
         await _until(lambda: len(seen) == 1)
+        # Each change is waited for before the next: a watch started again (a reconnect,
+        # or the NATS client restarting its consumer under load) hands the value now, so a
+        # change the next one overtook meanwhile may not come, but the newest always does.
         second = await store.write(Doc(text="two"), last=first)
+        await _until(lambda: any(snapshot.revision >= second for snapshot in seen))
         third = await store.kv.put(store.key, b"garbage")
+        await _until(lambda: any(snapshot.revision >= third for snapshot in seen))
         await store.kv.delete(store.key)
         await _until(lambda: any(snapshot.revision > third for snapshot in seen))
     finally:
         stopping.set()
         await asyncio.wait_for(following, 10)
-    # A watch started again (a reconnect, or a failure under load) hands the value now
-    # once more: each revision is counted once, in the order it first came.
+    # A watch started again hands the value now once more: each revision is counted once,
+    # in the order it first came.
     revisions = list({snapshot.revision: snapshot for snapshot in seen}.values())
     assert [snapshot.revision for snapshot in revisions] == sorted(snapshot.revision for snapshot in revisions)
     assert revisions[:3] == [documents.Snapshot(value=Doc(text="one"), revision=first),
