@@ -22,6 +22,7 @@ from aiohttp import web
 
 from libs.common import ids
 from libs.common.errors import NotFound
+from libs.common.messages import TaskState
 from libs.common.records import JobRecord
 from services.rest import job_ssh, jobs_api, views
 from services.rest.history import query as history_query
@@ -171,7 +172,9 @@ def ssh_info(jid: str, rec: JobRecord | None, login: str = "") -> dict[str, Any]
     if rec is not None and rec.attempts:
         for task in rec.current.tasks:
             ports = task.ports.get(SSH_PORT_LABEL)
-            if ports and task.hostIp:
+            # Placed is not enough: its port and host are known before the task starts, and
+            # its server listens only once it runs (and is gone once it ended).
+            if ports and task.hostIp and task.state is TaskState.RUNNING:
                 entry = {"id": f"{task.role}-{task.index}", "taskRoleName": task.role,
                          "taskIndex": task.index, "sshIp": task.hostIp, "sshPort": str(ports[0])}
                 if login:
