@@ -92,15 +92,17 @@ def check_stored_jobs(config: Config, user: str, jobs: int, size: int | None, ne
     quotas, `jobs` and `size` (None: not known) being what they store now, `finished`
     of those jobs ended (None: not known). Pure."""
     if config.rest_user_max_jobs and jobs + 1 > config.rest_user_max_jobs:
-        if finished is None:
-            message, remedy = f"{user} has {jobs} jobs stored, the most one user may keep", DELETE_REMEDY
-        else:
+        message = f"{user} has {jobs} jobs stored, the most one user may keep"
+        remedy = DELETE_REMEDY
+        if finished is not None:
             message = f"{user} has {jobs} jobs stored ({finished} finished), the most one user may keep"
-            # Finished jobs also leave by themselves once the history holds them (live_finished_job_seconds).
-            kept = config.live_finished_job_seconds
-            after = f"{kept / 60:.0f} minutes" if kept >= 120 else f"{kept:.0f} seconds"
-            remedy = (f"{DELETE_REMEDY}; finished jobs also leave the count by themselves, about {after} "
-                      "after they end" if finished else UNFINISHED_REMEDY)
+            if finished:
+                # They also leave by themselves once the history holds them (live_finished_job_seconds).
+                kept = config.live_finished_job_seconds
+                after = f"{kept / 60:.0f} minutes" if kept >= 120 else f"{kept:.0f} seconds"
+                remedy = f"{DELETE_REMEDY}; finished jobs also leave the count by themselves, about {after} after they end"
+            else:
+                remedy = UNFINISHED_REMEDY
         raise QuotaExceeded(message, limit="rest_user_max_jobs", value=config.rest_user_max_jobs, used=jobs,
                             remedy=remedy)
     limit = config.rest_user_max_job_bytes
