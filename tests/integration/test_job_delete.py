@@ -37,6 +37,8 @@ async def test_a_finished_job_is_deleted_everywhere_by_its_owner_or_an_admin_onl
     status, body = await _status(platform, "DELETE", f"/api/v2/jobs/{jid}")  # not finished yet
     assert status == 409 and "stop it first" in body["message"], body
     assert body["details"]["state"] in ("WAITING", "RUNNING") and body["details"]["state"] in body["message"]
+    # Stopped once its task runs: stopped while it waits, it would never have had files to delete.
+    await platform.wait_state(jid, "RUNNING")
     await platform.stop(jid)
     await platform.wait_state(jid, FINAL)
     assert _task_files(platform, f"admin.{name}."), "the launcher keeps the task's files until the job is deleted"
