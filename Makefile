@@ -1,7 +1,16 @@
 # PAI's two entry points: `make up` runs the platform, `make test` runs the tests.
 # Both create the virtualenv .venv and install what they need into it.
 
-PYTHON ?= python3
+# The interpreter .venv is made from (PYTHON=... chooses another). The distribution's
+# CPython (/usr/bin/python3: Debian's is built with profile-guided optimisation and LTO,
+# its executable linking libpython statically) when it is new enough and can make a
+# virtualenv and build the launcher's C extension; else python3 from PATH. A version
+# manager's default build (pyenv without PYTHON_CONFIGURE_OPTS) has none of that and runs
+# every service with 10-15% more CPU (docs/throughput.md, "The interpreter").
+DISTRO_PYTHON := /usr/bin/python3
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell $(DISTRO_PYTHON) -c 'import ensurepip, os, sys, sysconfig; sys.exit(sys.version_info < (3, 11) or not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' >/dev/null 2>&1 && echo $(DISTRO_PYTHON) || echo python3)
+endif
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

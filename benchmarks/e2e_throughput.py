@@ -89,7 +89,7 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector  # noqa: E402
 
 from benchmarks import e2e_profile, e2e_stages, e2e_trace  # noqa: E402
 from benchmarks.jobs import trivial_job  # noqa: E402
-from benchmarks.stats import filesystem_of, percentile, python_loop_seconds  # noqa: E402
+from benchmarks.stats import filesystem_of, interpreter, percentile, python_loop_seconds  # noqa: E402
 from cli.up import SERVICES, Platform  # noqa: E402
 from libs.common import busauth, machine  # noqa: E402
 from libs.common.bus import Bus  # noqa: E402
@@ -599,7 +599,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     configs = ("default", "slots64") if args.config == "both" else (args.config,)
     data_dir_parent = args.data_dir or tempfile.gettempdir()
-    report = {"benchmark": "e2e_throughput", "commit": git_commit(), "cpus": os.cpu_count(),
+    report = {"benchmark": "e2e_throughput", "commit": git_commit(), "cpus": os.cpu_count(), "python": interpreter(),
               "data_dir_parent": data_dir_parent, "data_dir_filesystem": filesystem_of(data_dir_parent),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "configs": []}
     for name in configs:

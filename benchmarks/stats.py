@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import platform
 import re
+import sys
 import time
 
 
@@ -28,6 +30,19 @@ def python_loop_seconds(iterations: int = 5_000_000, tries: int = 3) -> float:
             total += number
         best = min(best, time.process_time() - started)
     return round(best, 3)
+
+
+def interpreter() -> dict[str, object]:
+    """The Python the benchmark (and the platform it starts, which runs on the
+    same interpreter) uses. Its build moves every service's CPU by 10-15%: a
+    distribution's CPython is built with profile-guided optimisation and LTO and
+    links libpython into its executable, a version manager's default build does
+    neither (docs/throughput.md, "The interpreter"). `libpython_shared`: whether
+    libpython was loaded as a shared library, as it is in such a build."""
+    with open("/proc/self/maps") as maps:
+        shared = any("libpython" in line for line in maps)
+    return {"executable": os.path.realpath(sys.executable), "version": platform.python_version(),
+            "libpython_shared": shared}
 
 
 def filesystem_of(path: str) -> dict[str, object]:
