@@ -6,7 +6,7 @@
 # its executable linking libpython statically) when it is new enough and can make a
 # virtualenv and build the launcher's C extension; else python3 from PATH. A version
 # manager's default build (pyenv without PYTHON_CONFIGURE_OPTS) has none of that and runs
-# every service with 10-15% more CPU (docs/throughput.md, "The interpreter").
+# every service with 5-10% more CPU (docs/throughput.md, "The interpreter").
 DISTRO_PYTHON := /usr/bin/python3
 ifeq ($(origin PYTHON),undefined)
 PYTHON := $(shell $(DISTRO_PYTHON) -c 'import ensurepip, os, sys, sysconfig; sys.exit(sys.version_info < (3, 11) or not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' >/dev/null 2>&1 && echo $(DISTRO_PYTHON) || echo python3)

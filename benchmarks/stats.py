@@ -34,7 +34,7 @@ def python_loop_seconds(iterations: int = 5_000_000, tries: int = 3) -> float:
 
 def interpreter() -> dict[str, object]:
     """The Python the benchmark (and the platform it starts, which runs on the
-    same interpreter) uses. Its build moves every service's CPU by 10-15%: a
+    same interpreter) uses. Its build moves every service's CPU by 5-10%: a
     distribution's CPython is built with profile-guided optimisation and LTO and
     links libpython into its executable, a version manager's default build does
     neither (docs/throughput.md, "The interpreter"). `libpython_shared`: whether
