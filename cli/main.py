@@ -57,6 +57,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         overrides["local_cpus"] = args.cpus
     config = load_config(args.config, **overrides)
     platform = Platform(config, print_fn=console.print)
+    try:
+        platform.take_data_dir()
+    except RuntimeError as exc:
+        err_console.print(f"[red]{exc}[/]")
+        return 1
     signal.signal(signal.SIGTERM, platform.request_stop)
     signal.signal(signal.SIGINT, platform.request_stop)
     try:

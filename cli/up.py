@@ -6,12 +6,14 @@ URL and the admin token, and supervises: nats-server or a service that dies is
 started again (the state is in JetStream's store, so each picks up where it
 was). Ctrl-C (or SIGTERM) stops the services, then every task process the local
 backend still runs, then NATS, leaving no process behind. A second `pai up` on the same data dir resumes
-with every job as it was.
+with every job as it was; one started while the first still runs is refused, naming it
+(take_data_dir), before it touches anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import pwd
 import shutil
@@ -35,6 +37,9 @@ SERVICES = ("rest", "scheduler", "launcher", "runtime", "monitor")
 READY_TIMEOUT_SECONDS = 60.0
 RESTART_BACKOFF_SECONDS = 1.0
 SUPERVISE_SECONDS = 0.5
+# Held (flock) by the `pai up` that runs the data dir, with its pid inside; the kernel
+# drops it when that process ends, however it ends.
+DATA_DIR_LOCK = "up.lock"
 
 
 class Platform:
@@ -51,12 +56,42 @@ class Platform:
         # until it is started again (start_service, start_nats, or a benchmark's own
         # _spawn): a test that kills a service starts it itself.
         self._held: set[str] = set()
+        self._lock_fd: int | None = None  # DATA_DIR_LOCK, once take_data_dir got it
 
     @property
     def api_url(self) -> str:
         return f"http://{self.config.host}:{self.config.rest_port}"
 
+    def take_data_dir(self) -> None:
+        """Make the data dir this platform's alone, or raise RuntimeError naming the
+        `pai up` that runs it. Two platforms on one data dir would share its store, its
+        ports and its task processes: the second's services would fail on the first's
+        ports and be started again forever, and its stop would end the first's tasks."""
+        if self._lock_fd is not None:
+            return
+        self.data.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.data / DATA_DIR_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RuntimeError(
+                f"{self.data} is in use by another `pai up` (pid {holder}): stop it first (Ctrl-C where "
+                f"it runs, or kill -INT {holder}) and let it finish stopping, or give this one "
+                "a data dir of its own (--data-dir)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _release_data_dir(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the last descriptor drops the flock
+            self._lock_fd = None
+
     def start(self) -> Connection:
+        self.take_data_dir()
         self.logs.mkdir(parents=True, exist_ok=True)
         self.data.chmod(0o700)  # the bus credentials, the admin token and the store are the platform's alone
         port = int(self.config.nats_url.rsplit(":", 1)[-1])
@@ -198,20 +233,27 @@ class Platform:
 
     def stop(self) -> None:
         self._stopping = True
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self.config.backend == "local":
-            asyncio.run(stop_local_tasks(self.data / "launcher", grace_seconds=min(self.config.grace_seconds, 5.0)))
-        if self.nats is not None:
-            self.nats.stop()
+        if self._lock_fd is None:
+            return  # never took the data dir (another `pai up` runs it): nothing here is ours
+        try:
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            for proc in self.procs.values():
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            if self.config.backend == "local":
+                asyncio.run(
+                    stop_local_tasks(self.data / "launcher", grace_seconds=min(self.config.grace_seconds, 5.0))
+                )
+            if self.nats is not None:
+                self.nats.stop()
+        finally:
+            self._release_data_dir()
 
 
 # -- tasks isolated, secrets sealed ---------------------------------------------

@@ -255,6 +255,7 @@ class ClusterPlatform(Platform):
         self.cluster: NatsCluster | None = None
 
     def start(self) -> Connection:
+        self.take_data_dir()
         self.logs.mkdir(parents=True, exist_ok=True)
         self.data.chmod(0o700)
         self.nats_credentials = load_or_create_credentials(self.data / "nats-credentials.json")
