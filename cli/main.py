@@ -64,6 +64,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     signal.signal(signal.SIGTERM, platform.request_stop)
     signal.signal(signal.SIGINT, platform.request_stop)
+    # A closed terminal too: the platform stops as on Ctrl-C instead of leaving its
+    # nats-server and services running without their supervisor.
+    signal.signal(signal.SIGHUP, platform.request_stop)
     try:
         with console.status("starting nats-server and the five services..."):
             conn = platform.start()

@@ -115,6 +115,20 @@ def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise RuntimeError, saying what to do, when something listens on NATS's
+    `port` already. (A bind with SO_REUSEADDR, as nats-server's own: a port only
+    in TIME_WAIT, from a server stopped a moment ago, counts as free.)"""
+    try:
+        socket.create_server((host, port)).close()
+    except OSError as exc:
+        raise RuntimeError(
+            f"NATS's port {host}:{port} is in use ({exc.strerror}): another nats-server holds it (one "
+            "left running by a `pai up` that was killed?) or another program does; stop it, or give "
+            "PAI another port (nats_url)"
+        ) from None
+
+
 class NatsServer:
     """A JetStream-enabled nats-server with its store in `store_dir`."""
 
@@ -156,6 +170,10 @@ class NatsServer:
         return f"nats://{self.host}:{self.port}"
 
     def start(self) -> NatsServer:
+        # Before the start, not after: wait_for_port below is satisfied by whatever
+        # listens there, so a server left from a `pai up` that was killed would be
+        # taken for this one, and this one's exit on the busy port go unnoticed.
+        check_port_free(self.host, self.port)
         self.store_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         if self.auth is not None:
