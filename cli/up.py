@@ -31,7 +31,7 @@ from libs.common import sealing
 from libs.common.busauth import BusCredentials, load_or_create_credentials
 from libs.common.config import Config
 from libs.common.jetstream_limits import store_settings
-from libs.common.natsserver import NatsServer
+from libs.common.natsserver import NatsServer, embedded_max_procs
 
 SERVICES = ("rest", "scheduler", "launcher", "runtime", "monitor")
 READY_TIMEOUT_SECONDS = 60.0
@@ -124,6 +124,7 @@ class Platform:
             log_file=self.logs / "nats.log",
             auth=self.nats_credentials,
             config_file=self.data / "nats-server.conf",
+            max_procs=embedded_max_procs(self.config.nats_embedded_max_procs),
         ).start()
         self.nats.bootstrap(store_settings(self.config))
 

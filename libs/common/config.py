@@ -207,6 +207,13 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     nats_events_duplicate_window_seconds: float = 0.0
     nats_bucket_max_bytes: int = 0  # every bucket alike
     nats_max_message_bytes: int = 0  # the event stream and every bucket but the lease
+    # GOMAXPROCS of the nats-server `pai up` runs (a NATS of your own is yours to tune);
+    # 0: half this machine's cores, at least one. That server shares the machine with
+    # the five services and the tasks: with a Go thread per core its scheduler spins
+    # idle threads looking for work and moves goroutines between cores, and on two
+    # cores that cost it a quarter more CPU per job (docs/throughput.md,
+    # "nats-server's threads").
+    nats_embedded_max_procs: int = 0
 
     # --- node agent, node health and traces (docs/monitoring.md) ---
     # "agent": sample this node only; "cluster": node health, metrics of every

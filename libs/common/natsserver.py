@@ -115,6 +115,15 @@ def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
 
 
+def embedded_max_procs(configured: int) -> int:
+    """The GOMAXPROCS of an embedded nats-server (Config.nats_embedded_max_procs):
+    `configured` when positive, else half the cores this process may run on, at
+    least one."""
+    if configured > 0:
+        return configured
+    return max(1, len(os.sched_getaffinity(0)) // 2)
+
+
 def check_port_free(host: str, port: int) -> None:
     """Raise RuntimeError, saying what to do, when something listens on NATS's
     `port` already. (A bind with SO_REUSEADDR, as nats-server's own: a port only
@@ -142,7 +151,9 @@ class NatsServer:
         auth: BusCredentials | None = None,
         config_file: Path | None = None,
         tls: TlsFiles | None = None,
+        max_procs: int | None = None,
     ):
+        """`max_procs`: the server's GOMAXPROCS (None: Go's own choice, a thread per core)."""
         self.store_dir = Path(store_dir)
         self.host = host
         self.port = port or free_port(host)
@@ -150,6 +161,7 @@ class NatsServer:
         self.auth = auth
         self.config_file = Path(config_file) if config_file else self.store_dir.parent / "nats-server.conf"
         self.tls = tls
+        self.max_procs = max_procs
         self.proc: subprocess.Popen | None = None
 
     def login(self, user: str) -> Login:
@@ -181,10 +193,12 @@ class NatsServer:
             args = [binary(), "-c", str(busauth.write_server_config(self.config_file, config))]
         else:
             args = [binary(), "-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)]
+        env = None if self.max_procs is None else os.environ | {"GOMAXPROCS": str(self.max_procs)}
         self.proc = subprocess.Popen(
             args,
             stdout=out,
             stderr=out,
+            env=env,
             start_new_session=True,
         )
         wait_for_port(self.host, self.port)

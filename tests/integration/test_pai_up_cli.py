@@ -1,4 +1,4 @@
-"""`pai up` as a user runs it, in a terminal: what a closed terminal does."""
+"""`pai up` as a user runs it, in a terminal, from a config file: what a closed terminal does."""
 
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ pytestmark = pytest.mark.integration
 
 CONFIG_FIELDS = ("data_dir", "nats_url", "cluster_file", "grace_seconds", "container_engine",
                  "rest_port", "scheduler_port", "launcher_port", "runtime_port", "monitor_port")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        pairs = (item.decode(errors="replace").partition("=") for item in f.read().split(b"\0") if item)
+        return {name: value for name, _, value in pairs}
 
 
 def _processes_of(data_dir: str) -> dict[int, str]:
@@ -41,7 +47,8 @@ async def test_a_closed_terminal_stops_pai_up_like_ctrl_c(tmp_path):
     config = platform_config(tmp_path / "pai")
     fields = msgspec.to_builtins(config)
     config_file = tmp_path / "up-config.yaml"
-    config_file.write_text(yaml.safe_dump({name: fields[name] for name in CONFIG_FIELDS}))
+    # The server's GOMAXPROCS, which pai up otherwise chooses: set, so it can be seen passed on.
+    config_file.write_text(yaml.safe_dump({name: fields[name] for name in CONFIG_FIELDS} | {"nats_embedded_max_procs": 3}))
     up = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "cli.main", "up", "--config", str(config_file),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -54,7 +61,10 @@ async def test_a_closed_terminal_stops_pai_up_like_ctrl_c(tmp_path):
             line = await asyncio.wait_for(up.stdout.readline(), timeout=90)
             assert line, f"pai up ended before it was up: {''.join(said)}"
             said.append(line.decode())
-        assert len(_processes_of(str(config.data_path))) >= 6  # nats-server and the five services
+        platform = _processes_of(str(config.data_path))
+        assert len(platform) >= 6  # nats-server and the five services
+        nats = [pid for pid, cmdline in platform.items() if "nats-server" in cmdline.split(" ", 1)[0]]
+        assert len(nats) == 1 and _environ(nats[0]).get("GOMAXPROCS") == "3"
         up.send_signal(signal.SIGHUP)  # what the terminal's closing sends
         rest, _ = await asyncio.wait_for(up.communicate(), timeout=60)
     finally:
