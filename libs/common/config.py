@@ -212,7 +212,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     # the five services and the tasks: with a Go thread per core its scheduler spins
     # idle threads looking for work and moves goroutines between cores, and on two
     # cores that cost it a quarter more CPU per job (docs/throughput.md,
-    # "nats-server's threads").
+    # "nats-server's GOMAXPROCS").
     nats_embedded_max_procs: int = 0
 
     # --- node agent, node health and traces (docs/monitoring.md) ---
