@@ -28,17 +28,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from libs.common import busauth, heap, http_server, shell_metrics, telemetry
 from libs.common.bus import Bus
+from libs.common.bus.publish import PUBLISH_TROUBLE
 from libs.common.config import Config
 from libs.common.subjects import Bucket
 
 log = logging.getLogger("pai.service")
 
 LEASE_SECONDS = 10.0
-# What a lease renewal may meet while NATS fails over; retried within the lease,
-# each try bounded so that several fit in it.
-LEASE_RENEWAL_TROUBLE = (
-    asyncio.TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError,
-)
+# What a lease renewal may meet while NATS fails over or restarts (what any publish may
+# meet, e.g. no stream answering yet while a restarted server recovers its store, and
+# our own bound on a try); retried within the lease, each try bounded so that several
+# fit in it.
+LEASE_RENEWAL_TROUBLE = (asyncio.TimeoutError, *PUBLISH_TROUBLE)
 LEASE_RENEWAL_TIMEOUT = 2.0
 LEASE_RETRY_SECONDS = 0.5
 # How often a service checks that its NATS connection is not closed for good.
