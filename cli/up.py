@@ -37,6 +37,8 @@ SERVICES = ("rest", "scheduler", "launcher", "runtime", "monitor")
 READY_TIMEOUT_SECONDS = 60.0
 RESTART_BACKOFF_SECONDS = 1.0
 SUPERVISE_SECONDS = 0.5
+# How long `stop` gives the services to end after SIGTERM before it kills them.
+SERVICE_STOP_SECONDS = 15.0
 # Held (flock) by the `pai up` that runs the data dir, with its pid inside; the kernel
 # drops it when that process ends, however it ends.
 DATA_DIR_LOCK = "up.lock"
@@ -232,21 +234,26 @@ class Platform:
     def request_stop(self, *_: object) -> None:
         self._stopping = True
 
+    def stop_services(self, grace_seconds: float) -> None:
+        """SIGTERM to every service, and SIGKILL to those still running `grace_seconds`
+        later (all of them together)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_seconds
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
     def stop(self) -> None:
         self._stopping = True
         if self._lock_fd is None:
             return  # never took the data dir (another `pai up` runs it): nothing here is ours
         try:
-            for proc in self.procs.values():
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 15
-            for proc in self.procs.values():
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            self.stop_services(SERVICE_STOP_SECONDS)
             if self.config.backend == "local":
                 asyncio.run(
                     stop_local_tasks(self.data / "launcher", grace_seconds=min(self.config.grace_seconds, 5.0))

@@ -10,8 +10,6 @@ two equal lines in one file are one task attempt started twice.
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -135,16 +133,7 @@ def _stop_quickly(platform: Platform) -> None:
     up to 15 s for it; a chaos data dir is thrown away, so a clean exit buys
     nothing here. Task processes and NATS are still stopped by `Platform.stop`.
     """
-    for proc in platform.procs.values():
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + TEARDOWN_SIGTERM_SECONDS
-    for proc in platform.procs.values():
-        try:
-            proc.wait(timeout=max(0.01, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    platform.stop_services(TEARDOWN_SIGTERM_SECONDS)
     platform.stop()
 
 
